@@ -1,0 +1,225 @@
+"""Qwen3-style decoder with a pluggable residual scheme.
+
+RMSNorm (eps 1e-6), SwiGLU MLP, GQA attention with per-head q/k RMSNorm, RoPE
+(theta 1e4), no biases, N(0, 0.02^2) init, tied embeddings, no dropout.
+With ``qk_norm=False, tie_embeddings=False`` it is the Llama architecture
+(used by the continued-pretraining arm).
+
+The decoder loop never branches on the residual variant: see
+``mhar.residuals.base.Residual``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig, model_config_from_dict
+from .residuals import build_residual
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+def rope_frequencies(cfg: ModelConfig) -> Tensor:
+    """Inverse frequencies (head_dim/2,), with optional Llama-3 frequency scaling."""
+    hd = cfg.resolved_head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    sc = cfg.rope_scaling
+    if sc:
+        factor = float(sc["factor"])
+        lo, hi = float(sc.get("low_freq_factor", 1.0)), float(sc.get("high_freq_factor", 4.0))
+        old = float(sc.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * math.pi / inv
+        lo_wl, hi_wl = old / lo, old / hi
+        smooth = (old / wavelen - lo) / (hi - lo)
+        scaled = torch.where(wavelen > lo_wl, inv / factor, inv)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        is_mid = (wavelen <= lo_wl) & (wavelen >= hi_wl)
+        inv = torch.where(is_mid, mid, scaled)
+    return inv.float()
+
+
+class Rotary(nn.Module):
+    """Precomputed cos/sin tables (rotate-half convention, as in Qwen3/Llama)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.register_buffer("inv_freq", rope_frequencies(cfg), persistent=False)
+
+    def forward(self, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        t = torch.arange(T, device=device, dtype=torch.float32)
+        freqs = torch.outer(t, self.inv_freq.to(device))  # (T, hd/2)
+        emb = torch.cat([freqs, freqs], dim=-1)  # (T, hd)
+        return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: (B, h, T, hd); cos/sin: (T, hd)
+    x1, x2 = x.chunk(2, dim=-1)
+    rot = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rot.float() * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """GQA causal self-attention with optional per-head q/k RMSNorm.
+
+    Accepts x of shape (B, T, D), or (B, T, G, D) with G = n_kv_heads, in which
+    case KV group g (its K/V head and its query heads) reads x[:, :, g] (MHAR-HW).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
+        d = cfg.d_model
+        self.q_proj = nn.Linear(d, self.n_heads * self.hd, bias=False)
+        self.k_proj = nn.Linear(d, self.n_kv * self.hd, bias=False)
+        self.v_proj = nn.Linear(d, self.n_kv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.hd, d, bias=False)
+        self.q_norm = RMSNorm(self.hd, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.hd, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+
+    def _grouped_proj(self, x: Tensor, lin: nn.Linear) -> Tensor:
+        # x: (B, T, G, D); weight rows are grouped by KV head: (G, out/G, D)
+        G = x.shape[2]
+        w = lin.weight.view(G, -1, x.shape[-1])
+        return torch.einsum("btgd,god->btgo", x, w).flatten(2)  # (B, T, out)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        if x.dim() == 4:
+            B, T = x.shape[:2]
+            q, k, v = (self._grouped_proj(x, p) for p in (self.q_proj, self.k_proj, self.v_proj))
+        else:
+            B, T, _ = x.shape
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = self.q_norm(q.view(B, T, self.n_heads, self.hd)).transpose(1, 2)  # (B, h, T, hd)
+        k = self.k_norm(k.view(B, T, self.n_kv, self.hd)).transpose(1, 2)  # (B, kv, T, hd)
+        v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, kv, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.n_kv != self.n_heads:
+            rep = self.n_heads // self.n_kv
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, h, T, hd)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """One transformer layer = two sublayers, each f(RMSNorm(h))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def attn_sublayer(self, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        return self.attn(self.attn_norm(h), cos, sin)
+
+    def mlp_sublayer(self, h: Tensor) -> Tensor:
+        return self.mlp(self.mlp_norm(h))
+
+
+@dataclass
+class ModelOutput:
+    logits: Tensor  # (B, T, V)
+    loss: Optional[Tensor] = None
+    routing: Optional[dict[str, Tensor]] = None  # site -> (B, T, H, N) routing weights
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.rotary = Rotary(cfg)
+        self.residual = build_residual(cfg)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.cfg.init_std
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=std)
+            elif isinstance(m, RMSNorm):
+                nn.init.ones_(m.weight)
+        self.residual.reset_parameters()
+
+    def sublayer(self, i: int, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        block = self.layers[i // 2]
+        return block.attn_sublayer(h, cos, sin) if i % 2 == 0 else block.mlp_sublayer(h)
+
+    def hidden(self, input_ids: Tensor) -> Tensor:
+        """Final-normed hidden states (B, T, D)."""
+        B, T = input_ids.shape
+        cos, sin = self.rotary(T, input_ids.device)
+        res = self.residual
+        state = res.init(self.embed(input_ids))  # (B, T, D)
+        for i in range(self.cfg.n_sublayers):
+            h = res.read(state, i)
+            state = res.write(state, i, self.sublayer(i, h, cos, sin))
+        return self.final_norm(res.readout(state))
+
+    def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, *,
+                collect_routing: bool = False) -> ModelOutput:
+        """input_ids (B, T); labels (B, T) are next-token targets (-100 = ignore)."""
+        self.residual.routing_log = {} if collect_routing else None
+        try:
+            logits = self.lm_head(self.hidden(input_ids))  # (B, T, V)
+        finally:
+            routing, self.residual.routing_log = self.residual.routing_log, None
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return ModelOutput(logits=logits, loss=loss, routing=routing)
+
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        seen, n = set(), 0
+        for p in self.parameters():  # parameters() already de-duplicates tied weights
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            n += p.numel()
+        if exclude_embedding:
+            n -= self.embed.weight.numel()
+        return n
+
+
+def build_model(cfg: ModelConfig | dict) -> Transformer:
+    if isinstance(cfg, dict):
+        cfg = model_config_from_dict(cfg)
+    return Transformer(cfg)

@@ -1,0 +1,98 @@
+"""Depth routing: one operation, several implementations behind one Router interface.
+
+A *Router* owns the storage of the sources (so a fused kernel can keep one
+shared buffer written once) and computes routed reads:
+
+    router = get_router("eager")            # "eager" | "compile" | "fused"
+    st = router.init(emb, capacity=N_max)   # s_0; capacity = most sources ever held
+    h  = router.read(st, query, norm_weight, num_heads, eps)            # (B, T, D)
+    h  = router.read(st, q, g, H, eps, extra=partial)   # + one transient source (Block AttnRes)
+    h, w = router.read(..., return_weights=True)        # w: (B, T, H, N) fp32
+    st = router.append(st, out)             # out becomes a new source
+
+Implementations register themselves in ``ROUTERS``; ``mhar.routing.fused``
+registers "fused" when Triton is importable.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from .reference import route_reference
+
+__all__ = ["Router", "EagerRouter", "CompiledRouter", "ROUTERS", "get_router", "route_reference", "register_router"]
+
+
+class Router:
+    """Interface. State is opaque to callers."""
+
+    name = "abstract"
+
+    def init(self, first: Tensor, capacity: int):  # -> state
+        raise NotImplementedError
+
+    def append(self, state, src: Tensor):  # -> state
+        raise NotImplementedError
+
+    def read(self, state, query: Tensor, norm_weight: Tensor, num_heads: int, eps: float = 1e-6, *,
+             extra: Optional[Tensor] = None, return_weights: bool = False):
+        raise NotImplementedError
+
+    def num_sources(self, state) -> int:
+        raise NotImplementedError
+
+
+class EagerRouter(Router):
+    """Reference: keeps a Python list of sources and stacks them per read."""
+
+    name = "eager"
+
+    def __init__(self, fn: Callable = route_reference):
+        self.fn = fn
+
+    def init(self, first: Tensor, capacity: int):
+        return [first]
+
+    def append(self, state, src: Tensor):
+        return state + [src]
+
+    def num_sources(self, state) -> int:
+        return len(state)
+
+    def read(self, state, query, norm_weight, num_heads, eps=1e-6, *, extra=None, return_weights=False):
+        srcs = state if extra is None else state + [extra]
+        shape = torch.broadcast_shapes(*(s.shape for s in srcs))  # a learnable null source broadcasts
+        srcs = [s if s.shape == shape else s.expand(shape) for s in srcs]
+        return self.fn(torch.stack(srcs, 0), query, norm_weight, num_heads, eps, return_weights)
+
+
+class CompiledRouter(EagerRouter):
+    """Same math, the per-read function compiled with torch.compile."""
+
+    name = "compile"
+
+    def __init__(self):
+        super().__init__(torch.compile(route_reference, dynamic=False))
+
+
+ROUTERS: dict[str, Callable[[], Router]] = {"eager": EagerRouter, "compile": CompiledRouter}
+
+
+def register_router(name: str, factory: Callable[[], Router]) -> None:
+    ROUTERS[name] = factory
+
+
+def get_router(impl: str) -> Router:
+    if impl == "fused" and "fused" not in ROUTERS:
+        try:
+            from . import fused  # noqa: F401  (registers itself)
+        except ImportError as e:  # pragma: no cover - depends on environment
+            raise RuntimeError(
+                f"routing_impl='fused' needs Triton, which failed to import ({e}). "
+                "Install triton (pip install 'mhar[kernels]') or use routing_impl='eager'/'compile'."
+            ) from e
+    if impl not in ROUTERS:
+        raise ValueError(f"unknown routing implementation {impl!r}; available: {', '.join(ROUTERS)}")
+    return ROUTERS[impl]()
