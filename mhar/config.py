@@ -104,6 +104,12 @@ class ModelConfig:
         need(self.d_model % r.heads == 0, "residual.heads",
              f"routing heads H={r.heads} must divide d_model={self.d_model}")
         need(r.hyper_n >= 1, "residual.hyper_n", f"must be >= 1, got {r.hyper_n}")
+        need(r.routing_eps > 0, "residual.routing_eps", f"must be > 0, got {r.routing_eps}")
+        need(self.norm_eps > 0, "norm_eps", f"must be > 0, got {self.norm_eps}")
+        need(self.init_std > 0, "init_std", f"must be > 0, got {self.init_std}")
+        if self.rope_scaling is not None:
+            need("factor" in self.rope_scaling, "rope_scaling",
+                 f"needs a 'factor' key (Llama-3 style scaling), got keys {sorted(self.rope_scaling)}")
         if r.variant == "block_attnres":
             need(1 <= r.blocks <= self.n_sublayers, "residual.blocks",
                  f"must be between 1 and 2*n_layers={self.n_sublayers}, got {r.blocks}")
@@ -194,7 +200,7 @@ def model_config(preset: Optional[str] = None, **overrides: Any) -> ModelConfig:
     """
     data: dict[str, Any] = {}
     if preset is not None:
-        if preset not in PRESETS:
+        if not isinstance(preset, str) or preset not in PRESETS:
             raise ConfigError(f"model.preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         data.update(PRESETS[preset])
     res = overrides.pop("residual", None)

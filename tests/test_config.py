@@ -1,0 +1,77 @@
+"""Model configuration: presets, validation errors that name the field, hashing."""
+from __future__ import annotations
+
+import pytest
+
+from mhar.config import (PRESETS, ConfigError, ModelConfig, ResidualConfig, config_hash, from_dict, model_config,
+                         model_config_from_dict, to_dict)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_every_preset_validates(preset):
+    cfg = model_config(preset, residual={"variant": "mhar", "heads": 8 if preset != "debug" else 4})
+    assert cfg.d_model == PRESETS[preset]["d_model"] and cfg.residual.heads in (4, 8)
+
+
+def test_paper_table1_shapes():
+    want = {"100M": (512, 12, 8, 4, 1536), "350M": (1024, 24, 16, 8, 4096), "1B": (1280, 36, 16, 8, 5120)}
+    for name, shape in want.items():
+        c = model_config(name)
+        assert (c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.d_ff) == shape
+        assert (c.vocab_size, c.rope_theta, c.norm_eps, c.init_std, c.tie_embeddings, c.qk_norm) == (
+            151936, 1e4, 1e-6, 0.02, True, True)
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"residual": {"variant": "mhra"}}, "model.residual.variant"),            # unknown variant
+    ({"residual": {"hedas": 4}}, "model.residual.hedas"),                     # unknown nested key
+    ({"d_modle": 64}, "model.d_modle"),                                       # unknown top-level key
+    ({"residual": {"heads": "4"}}, "model.residual.heads"),                   # wrong type
+    ({"residual": {"hyper_dynamic": "yes"}}, "model.residual.hyper_dynamic"),  # wrong type
+    ({"n_layers": True}, "model.n_layers"),                                   # bool is not an int
+    ({"n_layers": 2.0}, "model.n_layers"),                                    # float is not an int
+    ({"residual": {"variant": "mhar", "heads": 3}}, "model.residual.heads"),  # H does not divide d=64
+    ({"residual": "mhar"}, "model.residual"),                                 # not a mapping
+    ({"n_kv_heads": 3}, "model.n_kv_heads"),                                  # GQA grouping
+    ({"d_model": 0}, "model.d_model"),
+    ({"residual": {"routing_impl": "cuda"}}, "model.residual.routing_impl"),
+    ({"residual": {"variant": "block_attnres", "blocks": 9}}, "model.residual.blocks"),  # 2L = 4 < 9
+    ({"residual": {"hyper_n": 0}}, "model.residual.hyper_n"),
+    ({"rope_scaling": {"low_freq_factor": 1.0}}, "model.rope_scaling"),
+    ({"preset": "2B"}, "model.preset"),
+    ({"preset": ["debug"]}, "model.preset"),
+])
+def test_bad_config_names_the_field(data, field):
+    data = {"preset": "debug", **data}
+    with pytest.raises(ConfigError) as e:
+        model_config_from_dict(data)
+    assert field in str(e.value)
+
+
+def test_error_lists_valid_choices():
+    with pytest.raises(ConfigError, match="mhar_hw"):
+        model_config("debug", residual={"variant": "mhra"})
+    with pytest.raises(ConfigError, match="valid keys of model.residual: .*heads"):
+        model_config("debug", residual={"hedas": 4})
+
+
+def test_int_accepted_for_float_and_roundtrip():
+    cfg = model_config("debug", rope_theta=10000, residual=ResidualConfig(variant="hyper", hyper_n=2))
+    assert isinstance(cfg.rope_theta, float) and cfg.residual.hyper_n == 2
+    again = from_dict(ModelConfig, to_dict(cfg), "model")
+    assert again == cfg
+
+
+def test_model_config_from_dict_equals_model_config():
+    d = {"preset": "tiny", "residual": {"variant": "mhar", "heads": 4}, "max_seq_len": 128}
+    assert model_config_from_dict(d) == model_config("tiny", residual={"variant": "mhar", "heads": 4},
+                                                     max_seq_len=128)
+    assert d["preset"] == "tiny"  # input is not mutated
+
+
+def test_config_hash_is_stable_and_sensitive():
+    a = model_config("debug", residual={"variant": "mhar", "heads": 4})
+    b = model_config_from_dict({"residual": {"heads": 4, "variant": "mhar"}, "preset": "debug"})
+    assert config_hash(a) == config_hash(b) and len(config_hash(a)) == 10
+    assert config_hash(a) != config_hash(model_config("debug", residual={"variant": "mhar", "heads": 2}))
+    assert config_hash({"x": 1, "y": 2}) == config_hash({"y": 2, "x": 1})

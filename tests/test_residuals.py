@@ -1,0 +1,381 @@
+"""Residual variants: registry, exactness at init, and independent naive references.
+
+The naive references below are written from the papers' equations, one token
+at a time in float64 Python arithmetic, and share nothing with mhar.routing or
+mhar.residuals except the model's sublayer modules (attention / MLP with their
+pre-norms), which they call as black boxes.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mhar.config import RESIDUAL_VARIANTS, ConfigError, model_config
+from mhar.model import Transformer, build_model
+from mhar.residuals import RESIDUALS, build_residual
+
+B, T = 2, 7  # T odd on purpose
+VOCAB = 257
+
+# (variant, extra residual config) for every registered variant; hyper in both forms.
+# `debug` has 2 layers (4 sublayers): the defaults blocks=8 and delta_block_layers=4 do not fit it.
+_DEBUG_EXTRA = {"block_attnres": {"blocks": 2}, "mhar_delta": {"delta_block_layers": 1, "heads": 4}}
+ALL_VARIANTS = [(v, _DEBUG_EXTRA.get(v, {})) for v in sorted(RESIDUALS)] + [
+    ("hyper", {"hyper_dynamic": False}), ("mhar", {"heads": 4})]
+ROUTED = [("attnres", {}), ("mhar", {"heads": 4}), ("block_attnres", {"blocks": 2}), ("mhar_hw", {})]
+
+
+def _ids(seed: int = 0, b: int = B, t: int = T) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def _model(variant: str, seed: int = 0, **residual) -> Transformer:
+    torch.manual_seed(seed)
+    return build_model(model_config("debug", residual={"variant": variant, **residual}))
+
+
+def _randomize_routing(model: Transformer, seed: int = 1) -> None:
+    """Non-zero queries (scale 1: far from uniform) and non-trivial key-norm weights."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.residual.named_parameters():
+            if "quer" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif "key_norm" in name:
+                p.copy_(1 + 0.5 * torch.randn(p.shape, generator=g))
+
+
+def _shared_state(src: Transformer, dst: Transformer) -> None:
+    """Copy every non-residual parameter (embedding, sublayers, norms) from src to dst."""
+    sd = {k: v for k, v in src.state_dict().items() if not k.startswith("residual.")}
+    missing, unexpected = dst.load_state_dict(sd, strict=False)
+    assert not unexpected and all(k.startswith("residual.") for k in missing)
+
+
+# --- naive depth routing, written from the equations -------------------------------
+def naive_route(sources: list[torch.Tensor], q: torch.Tensor, g: torch.Tensor, H: int, eps: float) -> torch.Tensor:
+    """out[b,t] per token: k_i = RMSNorm(s_i) g over full D; per head h softmax_i <q_h, k_i[h]>; mix s_i[h]."""
+    Bn, Tn, D = sources[0].shape
+    dh = D // H
+    out = torch.empty(Bn, Tn, D, dtype=torch.float64)
+    q, g = q.double().tolist(), g.double().tolist()
+    for b in range(Bn):
+        for t in range(Tn):
+            vals = [s[b, t].double().tolist() for s in sources]
+            keys = []
+            for v in vals:
+                r = 1.0 / math.sqrt(sum(x * x for x in v) / D + eps)
+                keys.append([x * r * gi for x, gi in zip(v, g)])
+            for h in range(H):
+                lo, hi = h * dh, (h + 1) * dh
+                scores = [sum(q[j] * k[j] for j in range(lo, hi)) for k in keys]
+                m = max(scores)
+                e = [math.exp(s - m) for s in scores]
+                z = sum(e)
+                for j in range(lo, hi):
+                    out[b, t, j] = sum(ei / z * v[j] for ei, v in zip(e, vals))
+    return out.float()
+
+
+def naive_routed_logits(model: Transformer, ids: torch.Tensor, H: int) -> torch.Tensor:
+    """AttnRes (H=1) / MHAR forward: replacement routing over embedding + all sublayer outputs."""
+    res, eps = model.residual, model.cfg.residual.routing_eps
+    cos, sin = model.rotary(ids.shape[1], ids.device)
+    sources = [model.embed(ids)]
+    for i in range(model.cfg.n_sublayers):
+        h = naive_route(sources, res.queries[i], res.key_norms[i], H, eps)
+        sources.append(model.sublayer(i, h, cos, sin))
+    h = naive_route(sources, res.queries[-1], res.key_norms[-1], H, eps)
+    return model.lm_head(model.final_norm(h))
+
+
+def naive_block_logits(model: Transformer, ids: torch.Tensor, blocks: int) -> torch.Tensor:
+    """Block AttnRes: sources b_0 = emb, completed block sums, + the open block's partial sum."""
+    res, eps, S = model.residual, model.cfg.residual.routing_eps, model.cfg.n_sublayers
+    cos, sin = model.rotary(ids.shape[1], ids.device)
+    size = [0] * blocks
+    for i in range(S):  # block sizes: floor(i * blocks / S) assigns sublayer i
+        size[i * blocks // S] += 1
+    done, partial, i = [model.embed(ids)], None, 0
+    for n_in_block in size:
+        partial = None
+        for _ in range(n_in_block):
+            srcs = done + ([partial] if partial is not None else [])
+            out = model.sublayer(i, naive_route(srcs, res.queries[i], res.key_norms[i], 1, eps), cos, sin)
+            partial = out if partial is None else partial + out
+            i += 1
+        done.append(partial)
+    h = naive_route(done, res.queries[-1], res.key_norms[-1], 1, eps)
+    return model.lm_head(model.final_norm(h))
+
+
+def naive_headwise_logits(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
+    """MHAR-HW: attention gets one single-head mixture per KV group, stacked (B, T, G, D)."""
+    res, eps, L = model.residual, model.cfg.residual.routing_eps, model.cfg.n_layers
+    cos, sin = model.rotary(ids.shape[1], ids.device)
+    sources = [model.embed(ids)]
+    for layer in range(L):
+        G = model.cfg.n_kv_heads
+        h = torch.stack([naive_route(sources, res.attn_queries[layer, g], res.attn_key_norms[layer, g], 1, eps)
+                         for g in range(G)], dim=2)
+        sources.append(model.sublayer(2 * layer, h, cos, sin))
+        h = naive_route(sources, res.queries[layer], res.key_norms[layer], 1, eps)
+        sources.append(model.sublayer(2 * layer + 1, h, cos, sin))
+    h = naive_route(sources, res.queries[L], res.key_norms[L], 1, eps)
+    return model.lm_head(model.final_norm(h))
+
+
+def naive_hyper_logits(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
+    """Hyper-connections per the paper, explicit loops over streams; dynamic parts when present."""
+    cfg = model.cfg
+    n = cfg.residual.hyper_n
+    cos, sin = model.rotary(ids.shape[1], ids.device)
+    emb = model.embed(ids)
+    Hs = [emb.clone() for _ in range(n)]  # n copies of the embedding, each (B, T, D)
+    for k, hc in enumerate(model.residual.connections):
+        A_m = hc.static_alpha[:, 0].expand(B, T, n)  # (B, T, n)
+        A_r = hc.static_alpha[:, 1:].expand(B, T, n, n)
+        Bv = hc.static_beta.expand(B, T, n)
+        if hc.dynamic:
+            def norm(x):
+                return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * hc.norm_weight
+            nh = [norm(x) for x in Hs]  # per stream
+            A_m = A_m + hc.dynamic_alpha_scale * torch.stack(
+                [torch.tanh(x @ hc.dynamic_alpha_fn[:, 0]) for x in nh], -1)
+            A_r = A_r + hc.dynamic_alpha_scale * torch.stack(
+                [torch.tanh(x @ hc.dynamic_alpha_fn[:, 1:]) for x in nh], -2)  # row j from stream j
+            Bv = Bv + hc.dynamic_beta_scale * torch.stack([torch.tanh(x @ hc.dynamic_beta_fn) for x in nh], -1)
+        h0 = sum(A_m[..., j, None] * Hs[j] for j in range(n))  # A_m^T H
+        out = model.sublayer(k, h0, cos, sin)
+        Hs = [sum(A_r[..., j, i, None] * Hs[j] for j in range(n)) + Bv[..., i, None] * out for i in range(n)]
+    return model.lm_head(model.final_norm(sum(Hs) / n))
+
+
+# --- registry ------------------------------------------------------------------------
+def test_every_config_variant_is_registered():
+    assert set(RESIDUAL_VARIANTS) == set(RESIDUALS)
+
+
+def test_unregistered_variant_is_a_config_error():
+    cfg = model_config("debug")
+    cfg.residual.variant = "nope"  # bypasses validate(): build_residual must still refuse
+    with pytest.raises(ConfigError, match="residual.variant"):
+        build_residual(cfg)
+
+
+@pytest.mark.parametrize("variant,extra", ALL_VARIANTS, ids=lambda x: str(x) if not isinstance(x, dict) else "")
+def test_forward_backward_every_variant(variant, extra):
+    model = _model(variant, **extra)
+    ids = _ids()
+    out = model(ids, labels=_ids(1))
+    assert out.logits.shape == (B, T, VOCAB)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{variant}: no gradient for {name}"
+        assert torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize("variant,extra", ALL_VARIANTS, ids=lambda x: str(x) if not isinstance(x, dict) else "")
+def test_causal_every_variant(variant, extra):
+    """Changing the last token never changes earlier logits (no leak through the residual)."""
+    model = _model(variant, **extra)
+    _randomize_routing(model)
+    a, b = _ids(), _ids()
+    b[:, -1] = (b[:, -1] + 1) % VOCAB
+    with torch.no_grad():
+        la, lb = model(a).logits, model(b).logits
+    assert torch.equal(la[:, :-1], lb[:, :-1])
+    assert not torch.equal(la[:, -1], lb[:, -1])
+
+
+# --- routed variants -----------------------------------------------------------------
+@pytest.mark.parametrize("variant,extra", [(v, e) for v, e in ALL_VARIANTS if v not in ("baseline", "hyper")],
+                         ids=lambda x: str(x) if not isinstance(x, dict) else "")
+def test_zero_init_routing_is_exactly_uniform(variant, extra):
+    model = _model(variant, **extra)
+    out = model(_ids(), collect_routing=True)
+    assert out.routing, f"{variant} logged no routing weights"
+    for site, w in out.routing.items():  # (B, T, H, N)
+        assert w.shape[:2] == (B, T), site
+        assert torch.equal(w, torch.full_like(w, 1.0 / w.shape[-1])), site
+
+
+@pytest.mark.parametrize("variant,extra", [("baseline", {}), ("hyper", {})])
+def test_unrouted_variants_log_nothing(variant, extra):
+    assert _model(variant, **extra)(_ids(), collect_routing=True).routing == {}
+
+
+def test_routing_log_sites_and_shapes():
+    model = _model("mhar", heads=4)
+    out = model(_ids(), collect_routing=True)
+    S = model.cfg.n_sublayers
+    expect = [f"L{i // 2}.{'attn' if i % 2 == 0 else 'mlp'}" for i in range(S)] + ["final"]
+    assert list(out.routing) == expect
+    for n, site in enumerate(expect):
+        assert out.routing[site].shape == (B, T, 4, n + 1)
+    assert model(_ids()).routing is None
+
+
+def test_mhar_h1_equals_attnres_on_same_weights():
+    a = _model("attnres")
+    _randomize_routing(a)
+    m = _model("mhar", seed=5, heads=1)
+    m.load_state_dict(a.state_dict())
+    ids = _ids()
+    assert (m(ids).logits - a(ids).logits).abs().max().item() <= 1e-6
+
+
+@pytest.mark.parametrize("variant,heads", [("attnres", 1), ("mhar", 1), ("mhar", 4), ("mhar", 64)])
+@torch.no_grad()
+def test_routed_matches_naive_per_token_reference(variant, heads):
+    model = _model(variant, heads=heads)
+    _randomize_routing(model)
+    ids = _ids()
+    ref = naive_routed_logits(model, ids, heads)
+    torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)
+    # the routing is far from uniform, so this comparison is not trivially satisfied
+    w = model(ids, collect_routing=True).routing["final"]
+    assert (w - 1.0 / w.shape[-1]).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3])
+@torch.no_grad()
+def test_block_attnres_matches_naive_reference(blocks):
+    model = _model("block_attnres", blocks=blocks)
+    _randomize_routing(model)
+    ids = _ids()
+    torch.testing.assert_close(model(ids).logits, naive_block_logits(model, ids, blocks), rtol=1e-4, atol=1e-5)
+
+
+@torch.no_grad()
+def test_block_attnres_with_one_sublayer_per_block_is_attnres():
+    blk = _model("block_attnres", blocks=4)  # debug: 2 layers -> 4 sublayers
+    _randomize_routing(blk)
+    att = _model("attnres", seed=3)
+    att.load_state_dict(blk.state_dict())
+    ids = _ids()
+    assert torch.equal(blk(ids).logits, att(ids).logits)
+
+
+def test_block_attnres_routing_sources_count():
+    model = _model("block_attnres", blocks=2)  # blocks {0,1} {2,3}
+    r = model(_ids(), collect_routing=True).routing
+    # N = completed blocks (incl. b_0) + partial-if-open
+    assert {k: v.shape[-1] for k, v in r.items()} == {"L0.attn": 1, "L0.mlp": 2, "L1.attn": 2, "L1.mlp": 3,
+                                                       "final": 3}
+
+
+@torch.no_grad()
+def test_headwise_matches_naive_reference():
+    model = _model("mhar_hw")
+    _randomize_routing(model)
+    ids = _ids()
+    torch.testing.assert_close(model(ids).logits, naive_headwise_logits(model, ids), rtol=1e-4, atol=1e-5)
+    r = model(ids, collect_routing=True).routing
+    G = model.cfg.n_kv_heads
+    assert r["L0.attn"].shape == (B, T, G, 1) and r["L1.attn"].shape == (B, T, G, 3)
+    assert r["L0.mlp"].shape == (B, T, 1, 2) and r["final"].shape == (B, T, 1, 5)
+
+
+@pytest.mark.parametrize("variant,extra,reads", [
+    ("attnres", {}, lambda c: 2 * c.n_layers + 1),
+    ("mhar", {"heads": 4}, lambda c: 2 * c.n_layers + 1),
+    ("block_attnres", {"blocks": 2}, lambda c: 2 * c.n_layers + 1),
+    ("mhar_hw", {}, lambda c: c.n_layers * (c.n_kv_heads + 1) + 1),
+])
+def test_routed_variants_use_the_router(variant, extra, reads):
+    """Every routed read goes through the Router (so eager/compile/fused are interchangeable)."""
+    model = _model(variant, **extra)
+    inner, calls = model.residual.router, []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def read(self, *a, **k):
+            calls.append(a[3])  # num_heads
+            return inner.read(*a, **k)
+
+    ids = _ids()
+    ref = model(ids).logits
+    model.residual.router = Spy()
+    assert torch.equal(model(ids).logits, ref)
+    assert len(calls) == reads(model.cfg)
+
+
+# --- hyper-connections ---------------------------------------------------------------
+def _final_norm_input(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
+    seen = []
+    hook = model.final_norm.register_forward_hook(lambda m, inp, out: seen.append(inp[0]))
+    try:
+        model(ids)
+    finally:
+        hook.remove()
+    return seen[0]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@torch.no_grad()
+def test_hyper_equals_prenorm_at_init(dynamic):
+    base = _model("baseline")
+    for p in base.parameters():  # non-trivial norm weights too
+        p.add_(0.01 * torch.randn_like(p))
+    hyp = _model("hyper", seed=9, hyper_dynamic=dynamic)
+    _shared_state(base, hyp)
+    n, ids = hyp.cfg.residual.hyper_n, _ids()
+    assert n == 4
+    # streams are exact copies of the pre-norm stream: the (mean) readout is x itself
+    torch.testing.assert_close(_final_norm_input(hyp, ids), _final_norm_input(base, ids), rtol=1e-6, atol=0)
+    # hence the same logits as pre-norm with the same sublayer weights
+    torch.testing.assert_close(hyp(ids).logits, base(ids).logits, rtol=1e-6, atol=1e-7)
+
+
+@torch.no_grad()
+def test_hyper_single_stream_is_bit_identical_to_prenorm():
+    base = _model("baseline")
+    hyp = _model("hyper", seed=9, hyper_n=1, hyper_dynamic=True)
+    _shared_state(base, hyp)
+    ids = _ids()
+    assert torch.equal(hyp(ids).logits, base(ids).logits)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@torch.no_grad()
+def test_hyper_matches_naive_reference_off_init(dynamic):
+    model = _model("hyper", hyper_dynamic=dynamic)
+    g = torch.Generator().manual_seed(3)
+    for p in model.residual.parameters():
+        p.add_(0.3 * torch.randn(p.shape, generator=g))
+    ids = _ids()
+    torch.testing.assert_close(model(ids).logits, naive_hyper_logits(model, ids), rtol=1e-4, atol=1e-5)
+
+
+def test_hyper_init_values():
+    res = _model("hyper", hyper_n=4, hyper_dynamic=True).residual
+    n = 4
+    for k, hc in enumerate(res.connections):
+        assert torch.equal(hc.static_alpha[:, 0], torch.eye(n)[k % n])  # A_m = e_{k mod n}
+        assert torch.equal(hc.static_alpha[:, 1:], torch.eye(n))  # A_r = I
+        assert torch.equal(hc.static_beta, torch.ones(n))  # B = 1
+        assert not hc.dynamic_alpha_fn.any() and not hc.dynamic_beta_fn.any()  # W = 0
+        assert hc.dynamic_alpha_scale.item() == pytest.approx(0.01)
+        assert hc.dynamic_beta_scale.item() == pytest.approx(0.01)
+
+
+# --- parameter counts --------------------------------------------------------------
+@pytest.mark.parametrize("preset,extra", [("350M", 100_352), ("1B", 186_880)])
+def test_mhar_parameter_overhead(preset, extra):
+    def count(variant, **kw):
+        with torch.device("meta"):
+            return Transformer(model_config(preset, residual={"variant": variant, **kw})).num_params()
+
+    cfg = model_config(preset)
+    base = count("baseline")
+    assert count("mhar", heads=8) - base == 2 * cfg.d_model * (2 * cfg.n_layers + 1) == extra
+    assert count("attnres") == count("mhar", heads=16)  # zero extra parameters over AttnRes
+    assert count("block_attnres") - base == extra
+    G = cfg.n_kv_heads
+    assert count("mhar_hw") - base == 2 * cfg.d_model * (cfg.n_layers * G + cfg.n_layers + 1)
