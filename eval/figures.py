@@ -1,0 +1,325 @@
+"""Figures (matplotlib, PNG + PDF) generated from result files, never by hand.
+
+    python -m eval.figures {loss_curves,loss_vs_compute,routing_heatmap,head_sweep,forest,cost} \
+        --inputs ... --out PREFIX            # -> PREFIX.png, PREFIX.pdf
+
+Inputs: loss_curves / loss_vs_compute / head_sweep take summary.json files (or run dirs);
+routing_heatmap takes probe JSONs (``eval.probe``) or exported models; forest takes table CSVs
+(``eval.tables``); cost takes benchmark CSVs. Each image records its command and inputs in its
+metadata.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import zlib
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from . import io  # noqa: E402
+
+KINDS = ("loss_curves", "loss_vs_compute", "routing_heatmap", "head_sweep", "forest", "cost")
+VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "inconclusive at this power": "tab:gray"}
+
+
+_COMMAND: list[str] = []  # set by make_figure: the command recorded in the image metadata
+
+
+def save(fig, prefix: str | Path, inputs: Sequence[str | Path]) -> list[Path]:
+    """Save ``fig`` as PREFIX.png and PREFIX.pdf with provenance in the metadata."""
+    prefix = Path(prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    prov = io.provenance(inputs, command=_COMMAND[-1:] or None)
+    desc = json.dumps({k: prov[k] for k in ("command", "inputs", "git", "generated_utc")})
+    png, pdf = prefix.with_name(prefix.name + ".png"), prefix.with_name(prefix.name + ".pdf")
+    fig.savefig(png, dpi=130, bbox_inches="tight", metadata={"Software": "mhar eval.figures", "Description": desc})
+    fig.savefig(pdf, bbox_inches="tight", metadata={"Creator": "mhar eval.figures", "Subject": desc[:2000]})
+    plt.close(fig)
+    return [png, pdf]
+
+
+def _by_size(runs: Sequence[io.RunSummary]) -> dict[str, dict[tuple, dict[int, io.RunSummary]]]:
+    out: dict[str, dict] = {}
+    for g, byseed in io.group_runs(runs).items():
+        out.setdefault(g[1], {})[g] = byseed
+    return out
+
+
+def _mean_band(curves: list[dict[str, np.ndarray]], x: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, min and max loss across seeds on the common steps; x = mean of the x-axis key."""
+    common = set(curves[0]["step"].tolist())
+    for c in curves[1:]:
+        common &= set(c["step"].tolist())
+    steps = np.array(sorted(common))
+    if steps.size == 0:
+        raise io.AnalysisInputError("runs of one group share no validation step; cannot average their curves")
+    L = np.stack([c["loss"][np.searchsorted(c["step"], steps)] for c in curves])  # (seeds, steps)
+    X = np.stack([c[x][np.searchsorted(c["step"], steps)] for c in curves])
+    return X.mean(0), L.mean(0), L.min(0), L.max(0)
+
+
+def _color(label: str) -> str:
+    """One colour per method label across panels and figures."""
+    order = ["baseline", "hyper-conn", "single-head (AttnRes)", "Block AttnRes", "MHAR-HW", "MHAR-delta"]
+    if label.startswith("MHAR H="):
+        idx = 6 + int(np.log2(max(1, int(label.split("=")[1]))))
+    else:
+        idx = order.index(label) if label in order else len(order) + zlib.crc32(label.encode()) % 3
+    return f"C{idx % 10}" if idx < 10 else plt.get_cmap("tab20")(idx % 20)
+
+
+def _grid(n: int, w: float = 5.0, h: float = 3.6):
+    fig, axes = plt.subplots(1, n, figsize=(w * n, h), squeeze=False)
+    return fig, axes[0]
+
+
+def loss_curves(summaries: Sequence[str | Path], out: str | Path, x: str = "step") -> list[Path]:
+    """Validation loss per variant (mean over seeds, band = min..max across seeds), one panel per size."""
+    runs = io.load_summaries(summaries)
+    sizes = _by_size(runs)
+    fig, axes = _grid(len(sizes))
+    for ax, size in zip(axes, sorted(sizes)):
+        for g in sorted(sizes[size], key=lambda g: (g[0], g[2] or 0)):
+            byseed = sizes[size][g]
+            curves = [io.val_curve(r) for r in byseed.values()]
+            xs, m, lo, hi = _mean_band(curves, x)
+            lab = io.variant_label(g[0], g[2])
+            line, = ax.plot(xs, m, color=_color(lab), label=f"{lab} (n={len(curves)})")
+            if len(curves) > 1:
+                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_title(f"{size}: validation loss")
+        ax.set_xlabel({"step": "step", "wall_s": "wall-clock (s)", "flops": "FLOPs"}.get(x, x))
+        ax.set_ylabel("val loss (nats)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return save(fig, out, summaries)
+
+
+def loss_vs_compute(summaries: Sequence[str | Path], out: str | Path) -> list[Path]:
+    """Validation loss against wall-clock (left) and FLOPs (right), mean over seeds; one row per size."""
+    runs = io.load_summaries(summaries)
+    sizes = _by_size(runs)
+    fig, axes = plt.subplots(len(sizes), 2, figsize=(10, 3.6 * len(sizes)), squeeze=False)
+    for row, size in zip(axes, sorted(sizes)):
+        groups = sizes[size]
+        for ax, key, lab in ((row[0], "wall_s", "wall-clock (s)"), (row[1], "flops", "training FLOPs")):
+            for g in sorted(groups, key=lambda g: (g[0], g[2] or 0)):
+                curves = [io.val_curve(r) for r in groups[g].values()]
+                xs, m, lo, hi = _mean_band(curves, key)
+                if not np.isfinite(xs).any():
+                    continue
+                name = io.variant_label(g[0], g[2])
+                ax.plot(xs, m, color=_color(name), label=name)
+                if len(curves) > 1:
+                    ax.fill_between(xs, lo, hi, color=_color(name), alpha=0.2, linewidth=0)
+            ax.set_xlabel(lab)
+            ax.set_ylabel("val loss (nats)")
+            ax.set_xscale("log")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            ax.set_title(f"{size}: loss vs {'wall-clock' if key == 'wall_s' else 'compute'}")
+    fig.tight_layout()
+    return save(fig, out, summaries)
+
+
+def _routing_input(path: Path) -> tuple[str, dict[str, np.ndarray]]:
+    """(title, {site: (H, N) mean routing weights}) from a probe JSON or an exported model."""
+    if path.suffix == ".json":
+        d = json.loads(path.read_text())
+        if "routing_mean" not in d:
+            raise io.AnalysisInputError(f"{path}: no 'routing_mean' (write it with `python -m eval.probe`)")
+        return d.get("model") or path.stem, {k: np.asarray(v) for k, v in d["routing_mean"].items()}
+    import torch
+
+    from mhar.checkpoint import load_model
+
+    from .probe import probe_tokens
+
+    model, tok, _ = load_model(path, routing_impl="eager")
+    ids, _ = probe_tokens(tok, model.cfg.vocab_size, 2, min(128, model.cfg.max_seq_len))
+    with torch.no_grad():
+        r = model(ids, collect_routing=True).routing or {}
+    if not r:
+        raise io.AnalysisInputError(f"{path}: model variant {model.cfg.residual.variant!r} logs no routing weights")
+    return str(path), {k: v.float().mean(dim=(0, 1)).numpy() for k, v in r.items()}
+
+
+def _site_order(name: str) -> tuple:
+    if name == "final":
+        return (10 ** 6, 0)
+    layer, kind = name[1:].split(".")
+    return (int(layer), 0 if kind == "attn" else 1)
+
+
+def routing_heatmap(inputs: Sequence[str | Path], out: str | Path,
+                    references: Sequence[str] = ("head_mean", "uniform")) -> list[Path]:
+    """Per-head routing deviation, site x head: total variation of each head's mean depth distribution
+    from the head-average (left) and from uniform (right); one row of panels per model."""
+    from .probe import routing_deviation
+
+    items = [_routing_input(Path(p)) for p in inputs]
+    fig, axes = plt.subplots(len(items), len(references), figsize=(4.8 * len(references), 6.0 * len(items)),
+                             squeeze=False)
+    for row, (title, rm) in zip(axes, items):
+        sites = sorted(rm, key=_site_order)
+        short = "/".join(Path(title).parts[-4:]) if "/" in title else title  # e.g. mhar/tiny/seed0/model.pt
+        for ax, ref in zip(row, references):
+            M = np.stack([routing_deviation(rm[s], ref) for s in sites])  # (sites, H)
+            im = ax.imshow(M, aspect="auto", cmap="viridis", vmin=0, vmax=max(float(M.max()), 1e-3))
+            ax.set_yticks(range(len(sites)), sites, fontsize=6)
+            ax.set_xticks(range(M.shape[1]))
+            ax.set_xlabel("routing head")
+            ax.set_title(f"{short}\nvs {ref.replace('_', '-')}", fontsize=8)
+            fig.colorbar(im, ax=ax, label="TV distance")
+    fig.tight_layout()
+    return save(fig, out, inputs)
+
+
+def head_sweep(summaries: Sequence[str | Path], out: str | Path) -> list[Path]:
+    """Tail-mean loss against routing heads H (H=1 = AttnRes) as the paired difference to the smallest
+    H swept (mean ± sd over seeds), one line per size, with the paper's 1B sweep: look for the U-shape."""
+    runs = [r for r in io.load_summaries(summaries) if r.variant in ("mhar", "attnres")]
+    if not runs:
+        raise io.AnalysisInputError("head_sweep needs mhar/attnres summaries")
+    fig, axes = _grid(1, w=6.0)
+    ax = axes[0]
+    for size, groups in sorted(_by_size(runs).items()):
+        byh = {(g[2] or 1): byseed for g, byseed in groups.items()}
+        ref = byh[min(byh)]
+        hs = sorted(byh)
+        m, sd = [], []
+        for h in hs:
+            seeds = sorted(set(byh[h]) & set(ref))
+            d = np.array([byh[h][s].tail_mean_val_loss - ref[s].tail_mean_val_loss for s in seeds])
+            m.append(d.mean() if d.size else np.nan)
+            sd.append(d.std(ddof=1) if d.size > 1 else 0.0)
+        ax.errorbar(hs, m, yerr=sd, marker="o", capsize=3, label=f"ours {size} (vs H={min(byh)})")
+    pub = io.load_published()
+    sub = pub[pub["table"] == "heads"].sort_values("heads")
+    v = sub["value"].astype(float).to_numpy()
+    ax.plot(sub["heads"].astype(float), v - v[0], "k--s", alpha=0.6, label="paper 1B (vs H=1)")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("routing heads H")
+    ax.set_ylabel("Δ tail-mean val loss vs smallest H")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("head-count sweep")
+    return save(fig, out, summaries)
+
+
+def forest(table_csvs: Sequence[str | Path], out: str | Path) -> list[Path]:
+    """Paired deltas with 95% CIs (one panel per table CSV); x = published delta, colour = verdict."""
+    import pandas as pd
+
+    panels = []
+    for p in table_csvs:
+        df = pd.read_csv(p)
+        for col in ("comparison", "delta", "ci_low", "ci_high"):
+            if col not in df.columns:
+                raise io.AnalysisInputError(f"{p}: not an eval.tables CSV (missing column {col!r})")
+        df = df[df["comparison"].notna() & df["delta"].notna()]
+        if df.empty:
+            continue
+        if "metric" in df.columns and df["metric"].nunique() > 1:  # one x-axis per unit
+            for metric, sub in df.groupby("metric", sort=False):
+                panels.append((f"{Path(p).stem} ({metric})", sub))
+        else:
+            panels.append((Path(p).stem, df))
+    if not panels:
+        raise io.AnalysisInputError("forest: no comparison rows with a delta in the given tables")
+    heights = [max(1.5, 0.35 * len(df) + 0.8) for _, df in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (name, df) in zip(axes[:, 0], panels):
+        y = np.arange(len(df))[::-1]
+        for yi, (_, r) in zip(y, df.iterrows()):
+            c = VERDICT_COLORS.get(str(r.get("verdict")), "tab:blue")
+            if np.isfinite(r["ci_low"]) and np.isfinite(r["ci_high"]):
+                ax.plot([r["ci_low"], r["ci_high"]], [yi, yi], color=c, lw=2)
+            ax.plot(r["delta"], yi, "o", color=c)
+            if "published_delta" in df.columns and np.isfinite(r.get("published_delta", np.nan)):
+                ax.plot(r["published_delta"], yi, "x", color="k", ms=7)
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(y, [str(s) for s in df["comparison"]], fontsize=7)
+        ax.set_title(f"{name}: paired delta [95% CI] (x = paper)", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    handles = [plt.Line2D([], [], color=c, marker="o", lw=2, label=v) for v, c in VERDICT_COLORS.items()]
+    handles.append(plt.Line2D([], [], color="k", marker="x", lw=0, label="paper"))
+    axes[0, 0].legend(handles=handles, fontsize=7, loc="best")
+    fig.tight_layout()
+    return save(fig, out, table_csvs)
+
+
+def cost(bench_csvs: Sequence[str | Path], out: str | Path) -> list[Path]:
+    """Throughput ratio vs baseline and peak memory, bars per size x routing implementation; paper as x."""
+    df = io.load_bench(bench_csvs)
+    pub = io.load_published()
+    sizes = sorted(df["size"].unique(), key=lambda s: list(io.PAPER_SCALES).index(s) if s in io.PAPER_SCALES else -1)
+    provs = [p for p in ("baseline", "eager", "compile", "fused") if p in set(df["provider"])] + \
+        sorted(set(df["provider"]) - {"baseline", "eager", "compile", "fused"})
+    fig, axes = _grid(2, w=5.5)
+    width = 0.8 / max(1, len(provs))
+    for ax, col, metric, lab in ((axes[0], "ratio", "throughput_ratio", "throughput / baseline"),
+                                 (axes[1], "peak_mem_gb", "peak_mem_gb", "peak memory (GB)")):
+        for j, prov in enumerate(provs):
+            xs = np.arange(len(sizes)) + (j - (len(provs) - 1) / 2) * width
+            vals = [df[(df["size"] == s) & (df["provider"] == prov)][col].astype(float).mean() for s in sizes]
+            ax.bar(xs, np.nan_to_num(vals), width, label=prov)
+            for x, s in zip(xs, sizes):
+                pv = io.published_value(pub, "cost", s, prov, metric) if s in io.PAPER_SCALES else None
+                if pv is not None:
+                    ax.plot(x, pv, "kx", ms=7)
+        ax.set_xticks(range(len(sizes)), sizes)
+        ax.set_ylabel(lab)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7, title="x = paper (H100)", title_fontsize=7)
+    axes[0].set_title("throughput")
+    axes[1].set_title("memory")
+    return save(fig, out, bench_csvs)
+
+
+BUILDERS: dict[str, Callable[..., list[Path]]] = {
+    "loss_curves": loss_curves, "loss_vs_compute": loss_vs_compute, "routing_heatmap": routing_heatmap,
+    "head_sweep": head_sweep, "forest": forest, "cost": cost}
+
+
+def make_figure(kind: str, inputs: Sequence[str | Path], out: str | Path, command: Optional[str] = None) -> list[Path]:
+    """Draw figure ``kind`` from ``inputs`` into OUT.png and OUT.pdf."""
+    if kind not in BUILDERS:
+        raise ValueError(f"unknown figure {kind!r}; choose one of {', '.join(KINDS)}")
+    if not inputs:
+        raise io.AnalysisInputError(f"{kind}: no inputs given")
+    _COMMAND[:] = [command or f"python -m eval.figures {kind} --inputs {' '.join(map(str, inputs))} --out {out}"]
+    try:
+        return BUILDERS[kind](list(inputs), out)
+    finally:
+        _COMMAND.clear()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eval.figures", description=__doc__.split("\n\n")[0])
+    ap.add_argument("kind", choices=KINDS)
+    ap.add_argument("--inputs", "--runs", "--summaries", "--tables", "--bench", dest="inputs", nargs="+",
+                    required=True)
+    ap.add_argument("--out", required=True, help="output prefix; writes PREFIX.png and PREFIX.pdf")
+    a = ap.parse_args(argv)
+    try:
+        cmd = "python -m eval.figures " + " ".join(sys.argv[1:] if argv is None else argv)
+        paths = make_figure(a.kind, a.inputs, a.out, command=cmd)
+    except io.AnalysisInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(map(str, paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,474 @@
+"""Loading helpers for the analysis stage: run summaries, metrics, eval samples, bench CSVs,
+published numbers, and provenance of generated tables/figures.
+
+Formats are the contract in docs/ARCHITECTURE.md ("Run directory", "Evaluation outputs").
+Every loader fails with a message that names the file and the field and says what to do.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+
+PUBLISHED_CSV = Path(__file__).with_name("published.csv")
+PAPER_SCALES = ("100M", "350M", "1B")
+# variants whose routing head count H is part of their identity (attnres is H=1)
+HEADED_VARIANTS = ("mhar", "mhar_delta")
+# what the paper calls each of our variants (tables show both)
+DISPLAY = {"baseline": "baseline", "hyper": "hyper-conn", "attnres": "single-head (AttnRes)",
+           "block_attnres": "Block AttnRes", "mhar": "MHAR", "mhar_hw": "MHAR-HW", "mhar_delta": "MHAR-delta"}
+
+
+class AnalysisInputError(ValueError):
+    """An input file of the analysis stage is missing or malformed (message names file and field)."""
+
+
+# --- run summaries ------------------------------------------------------------------------------
+@dataclass
+class RunSummary:
+    """One training run's ``summary.json`` (plus the residual head count)."""
+
+    path: Path
+    variant: str
+    size: str
+    seed: int
+    config_hash: str
+    heads: Optional[int]
+    tail_mean_val_loss: float
+    val_losses: list[tuple[int, float]] = field(default_factory=list)
+    steps: Optional[int] = None
+    tokens: Optional[float] = None
+    wall_s: Optional[float] = None
+    flops: Optional[float] = None
+    params: Optional[int] = None
+    tokens_per_s: Optional[float] = None
+    peak_mem_gb: Optional[float] = None
+    name: str = ""  # the run's label (path component), e.g. "mhar_h8"; variant is the residual variant
+
+    @property
+    def run_dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def group(self) -> tuple[str, str, Optional[int]]:
+        """(variant, size, heads): runs of one group differ only by seed."""
+        return (self.variant, self.size, self.heads)
+
+    @property
+    def label(self) -> str:
+        return variant_label(self.variant, self.heads)
+
+
+def variant_label(variant: str, heads: Optional[int]) -> str:
+    name = DISPLAY.get(variant, variant)
+    return f"{name} H={heads}" if variant in HEADED_VARIANTS and heads is not None else name
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AnalysisInputError(f"{path}: file not found (did the producing step run?)") from None
+    except json.JSONDecodeError as e:
+        raise AnalysisInputError(f"{path}: not valid JSON ({e}); re-run the step that wrote it") from None
+
+
+def residual_from_config(run_dir: Path) -> dict:
+    """The run's resolved ``model.residual`` section from ``config.yaml`` ({} when absent)."""
+    cfg_path = Path(run_dir) / "config.yaml"
+    if not cfg_path.is_file():
+        return {}
+    import yaml
+
+    try:
+        cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise AnalysisInputError(f"{cfg_path}: not valid YAML ({e})") from None
+    for keys in (("model", "residual"), ("residual",)):
+        node: Any = cfg
+        for k in keys:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            return node
+    return {}
+
+
+def load_summary(path: str | os.PathLike) -> RunSummary:
+    """Read ``summary.json`` (a file or a run directory holding one).
+
+    The summary's ``variant`` is the run's label (a path component, e.g. ``mhar_h8``); the residual
+    variant and head count come from the summary fields ``residual_variant`` / ``heads`` when present,
+    else from the run dir's ``config.yaml`` (``model.residual.variant`` / ``.heads``).
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "summary.json"
+    d = _read_json(p)
+    if not isinstance(d, dict):
+        raise AnalysisInputError(f"{p}: expected a JSON object")
+    for k in ("variant", "size", "seed", "tail_mean_val_loss"):
+        if k not in d or d[k] is None:
+            raise AnalysisInputError(f"{p}: missing field {k!r} (see docs/ARCHITECTURE.md 'Run directory')")
+    name = str(d["variant"])
+    res = residual_from_config(p.parent)
+    variant = str(d.get("residual_variant") or res.get("variant") or name)
+    from mhar.config import RESIDUAL_VARIANTS
+
+    if variant not in RESIDUAL_VARIANTS:
+        raise AnalysisInputError(
+            f"{p}: run label {name!r} is not a residual variant ({', '.join(RESIDUAL_VARIANTS)}) and "
+            f"{p.parent / 'config.yaml'} with model.residual.variant is missing; keep config.yaml beside summary.json")
+    heads = d.get("heads", d.get("residual_heads"))
+    if heads is None:
+        heads = res.get("heads")
+    if heads is None and variant in HEADED_VARIANTS:
+        raise AnalysisInputError(
+            f"{p}: variant {variant!r} needs the routing head count, but neither summary field 'heads' "
+            f"nor {p.parent / 'config.yaml'}: model.residual.heads is present")
+    if variant == "attnres":
+        heads = 1
+    elif variant not in HEADED_VARIANTS:
+        heads = None
+    try:
+        vl = [(int(s), float(v)) for s, v in d.get("val_losses") or []]
+    except (TypeError, ValueError):
+        raise AnalysisInputError(f"{p}: field 'val_losses' must be [[step, loss], ...]") from None
+
+    def opt(k: str, tp=float):
+        v = d.get(k)
+        return None if v is None else tp(v)
+
+    return RunSummary(path=p, variant=variant, size=str(d["size"]), seed=int(d["seed"]),
+                      config_hash=str(d.get("config_hash", "")), heads=None if heads is None else int(heads),
+                      tail_mean_val_loss=float(d["tail_mean_val_loss"]), val_losses=vl, steps=opt("steps", int),
+                      tokens=opt("tokens"), wall_s=opt("wall_s"), flops=opt("flops"), params=opt("params", int),
+                      tokens_per_s=opt("tokens_per_s"), peak_mem_gb=opt("peak_mem_gb"), name=name)
+
+
+def load_summaries(paths: Iterable[str | os.PathLike]) -> list[RunSummary]:
+    runs = [load_summary(p) for p in paths]
+    seen: dict[tuple, Path] = {}
+    for r in runs:
+        key = (*r.group, r.seed, r.config_hash)
+        if key in seen:
+            raise AnalysisInputError(f"{r.path} and {seen[key]} are the same run {key}; pass each run once")
+        seen[key] = r.path
+    return runs
+
+
+def group_runs(runs: Sequence[RunSummary]) -> dict[tuple, dict[int, RunSummary]]:
+    """{(residual variant, size, heads): {seed: run}}."""
+    out: dict[tuple, dict[int, RunSummary]] = {}
+    for r in runs:
+        g = out.setdefault(r.group, {})
+        if r.seed in g:
+            raise AnalysisInputError(
+                f"{r.path} and {g[r.seed].path}: two runs of {r.label} {r.size} seed {r.seed} (labels "
+                f"{r.name!r} vs {g[r.seed].name!r}, config hashes {r.config_hash} vs {g[r.seed].config_hash}); "
+                "pass runs that differ only by seed within one (variant, size, heads) group")
+        g[r.seed] = r
+    return out
+
+
+def load_metrics(run_dir: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+    """(train lines, val lines) of ``metrics.jsonl``; empty lists if the file is absent."""
+    p = Path(run_dir) / "metrics.jsonl"
+    if not p.is_file():
+        return [], []
+    train, val = [], []
+    for i, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise AnalysisInputError(f"{p}:{i}: not valid JSON ({e})") from None
+        (val if d.get("split") == "val" else train).append(d)
+    return train, val
+
+
+def val_curve(run: RunSummary) -> dict[str, np.ndarray]:
+    """Validation curve with compute axes: arrays step, loss, wall_s, flops, tokens.
+
+    Uses ``metrics.jsonl`` val lines when present; otherwise ``summary.val_losses`` with
+    wall-clock/FLOPs/tokens interpolated linearly in step from the run totals.
+    """
+    _, val = load_metrics(run.run_dir)
+    if val:
+        rows = sorted(val, key=lambda d: d["step"])
+        get = lambda k: np.array([float(d.get(k, np.nan)) for d in rows])  # noqa: E731
+        return {"step": get("step"), "loss": get("val_loss"), "wall_s": get("wall_s"),
+                "flops": get("flops"), "tokens": get("tokens")}
+    if not run.val_losses:
+        raise AnalysisInputError(f"{run.path}: no validation curve (neither metrics.jsonl val lines nor val_losses)")
+    step = np.array([s for s, _ in run.val_losses], float)
+    loss = np.array([v for _, v in run.val_losses], float)
+    total = float(run.steps or step.max() or 1)
+    frac = step / total
+    scale = lambda tot: frac * tot if tot is not None else np.full_like(frac, np.nan)  # noqa: E731
+    return {"step": step, "loss": loss, "wall_s": scale(run.wall_s), "flops": scale(run.flops),
+            "tokens": scale(run.tokens)}
+
+
+# --- evaluation outputs -------------------------------------------------------------------------------
+@dataclass
+class EvalTask:
+    """One task of one evaluated model: per-document metrics keyed by doc_id."""
+
+    task: str
+    path: Path
+    docs: dict[Any, dict]  # doc_id -> {"prompt_hash": str|None, "metrics": {name: value}}
+    results: dict
+
+    def metric_names(self) -> list[str]:
+        names: list[str] = []
+        for d in self.docs.values():
+            for k in d["metrics"]:
+                if k not in names:
+                    names.append(k)
+        return names
+
+
+# Document field that groups related questions (clustered standard errors): several HellaSwag items
+# come from one ActivityNet / WikiHow source. A sample's own "group"/"cluster" field takes precedence.
+CLUSTER_FIELDS = {"hellaswag": "source_id"}
+
+
+def eval_tasks(eval_dir: str | os.PathLike) -> list[str]:
+    """Tasks with a samples.jsonl under EVAL_DIR."""
+    root = Path(eval_dir)
+    if not root.is_dir():
+        raise AnalysisInputError(f"{root}: eval directory not found (run `python -m eval.run ... --out {root}`)")
+    return sorted(p.parent.name for p in root.glob("*/samples.jsonl"))
+
+
+def load_eval_task(eval_dir: str | os.PathLike, task: str) -> EvalTask:
+    d = Path(eval_dir) / task
+    sp = d / "samples.jsonl"
+    if not sp.is_file():
+        raise AnalysisInputError(f"{sp}: missing; evaluate task {task!r} into {eval_dir} first")
+    docs: dict[Any, dict] = {}
+    for i, line in enumerate(sp.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise AnalysisInputError(f"{sp}:{i}: not valid JSON ({e})") from None
+        if "doc_id" not in rec or not isinstance(rec.get("metrics"), dict):
+            raise AnalysisInputError(f"{sp}:{i}: each line needs 'doc_id' and a 'metrics' object")
+        group = rec.get("group", rec.get("cluster"))
+        if group is None and task in CLUSTER_FIELDS and isinstance(rec.get("doc"), dict):
+            group = rec["doc"].get(CLUSTER_FIELDS[task])
+        docs[rec["doc_id"]] = {"prompt_hash": rec.get("prompt_hash"), "metrics": rec["metrics"], "group": group}
+    results = _read_json(d / "results.json") if (d / "results.json").is_file() else {}
+    return EvalTask(task=task, path=sp, docs=docs, results=results)
+
+
+def align(a: EvalTask, b: EvalTask) -> list:
+    """doc_ids present in both, in a's order; prompt hashes must agree where both are recorded."""
+    common = [k for k in a.docs if k in b.docs]
+    if not common:
+        raise AnalysisInputError(f"{a.path} and {b.path} share no doc_id; were they evaluated on the same subset?")
+    bad = [k for k in common if a.docs[k]["prompt_hash"] and b.docs[k]["prompt_hash"]
+           and a.docs[k]["prompt_hash"] != b.docs[k]["prompt_hash"]]
+    if bad:
+        raise AnalysisInputError(f"{a.path} vs {b.path}: prompt_hash differs for doc_id(s) {bad[:5]}; the two "
+                                 "evaluations used different prompts (task version / few-shot seed); re-run one")
+    return common
+
+
+def _metric(rec: dict, name: str):
+    m = rec["metrics"]
+    if name in m:
+        return m[name]
+    for k, v in m.items():  # lm-eval style "exact_match,strict-match"
+        if k.split(",")[0] == name:
+            return v
+    raise KeyError(name)
+
+
+def metric_arrays(task: EvalTask, name: str, doc_ids: Sequence) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """Per-document values of metric ``name``: (values, None) for scalar scores, or
+    (loglikelihoods, weights) when the metric is stored as [loglik, weight] (perplexities)."""
+    vals = []
+    for k in doc_ids:
+        try:
+            vals.append(_metric(task.docs[k], name))
+        except KeyError:
+            raise AnalysisInputError(f"{task.path}: doc_id {k!r} has no metric {name!r} "
+                                     f"(available: {list(task.docs[k]['metrics'])})") from None
+    if vals and isinstance(vals[0], (list, tuple)):
+        arr = np.asarray(vals, float)
+        if arr.ndim != 2 or arr.shape[1] != 2:
+            raise AnalysisInputError(f"{task.path}: metric {name!r} must be a number or [loglik, weight]")
+        return arr[:, 0], arr[:, 1]
+    return np.asarray(vals, float), None
+
+
+_SEED_RE = re.compile(r"^seed(\d+)$")
+
+
+def identify_eval(eval_dir: str | os.PathLike) -> dict:
+    """Which run an eval dir belongs to: {variant, size, seed, heads, model}.
+
+    Looks for the model path in any ``<task>/results.json`` (keys model / model_path / model_name),
+    then for a ``.../<variant>/<size>/seed<k>/`` pattern in that path or in the eval dir's own path;
+    the run's summary.json (if found) supplies the head count.
+    """
+    root = Path(eval_dir)
+    candidates: list[Path] = []
+    for rp in sorted(root.glob("*/results.json")):
+        res = _read_json(rp)
+        for k in ("model", "model_path", "model_name", "pretrained"):
+            v = res.get(k) if isinstance(res, dict) else None
+            if isinstance(v, str):
+                candidates.append(Path(v.removeprefix("hf:")))
+        break
+    candidates.append(root.resolve())
+    resolved = []
+    for c in candidates:  # a relative model path is relative to the workflow's working directory
+        if not c.is_absolute():
+            base = next((a for a in root.resolve().parents if (a / c).parent.is_dir()), None)
+            c = (base / c) if base is not None else c
+        resolved.append(c)
+    for c in resolved:
+        parts = c.parts
+        for i in range(len(parts) - 1, 1, -1):
+            m = _SEED_RE.match(parts[i])
+            if m:
+                run_dir = Path(*parts[: i + 1])
+                info = {"variant": parts[i - 2], "size": parts[i - 1], "seed": int(m.group(1)),
+                        "heads": None, "model": str(c)}
+                if (run_dir / "summary.json").is_file():
+                    s = load_summary(run_dir)
+                    info.update(variant=s.variant, size=s.size, heads=s.heads)
+                else:
+                    res = residual_from_config(run_dir)
+                    info["variant"] = str(res.get("variant") or info["variant"])
+                    info["heads"] = 1 if info["variant"] == "attnres" else (
+                        res.get("heads") if info["variant"] in HEADED_VARIANTS else None)
+                return info
+    raise AnalysisInputError(
+        f"{root}: cannot tell which run was evaluated: no results.json model path or eval dir path of the "
+        "form .../<variant>/<size>/seed<k>/...; evaluate into the run dir or record the model path")
+
+
+# --- benchmark CSVs ----------------------------------------------------------------------------------------
+_BENCH_ALIASES = {"tokens_per_s": ("tokens_per_s", "tok_per_s", "throughput", "tokens_per_sec", "tps"),
+                  "peak_mem_gb": ("peak_mem_gb", "peak_mem_gib", "mem_gb", "peak_memory_gb", "memory_gb"),
+                  "size": ("size", "preset", "scale", "model"),
+                  "provider": ("provider", "impl", "routing", "routing_impl", "method", "variant"),
+                  "ratio": ("ratio", "thr_ratio", "throughput_ratio", "rel_throughput")}
+PROVIDER_NAMES = {"baseline": "baseline", "mhar_eager": "eager", "eager": "eager", "reference": "eager",
+                  "mhar_compile": "compile", "compile": "compile", "mhar_fused": "fused", "fused": "fused"}
+
+
+def load_bench(paths: Iterable[str | os.PathLike]):
+    """Concatenate training-throughput benchmark CSVs into one DataFrame with columns size, provider
+    (baseline/eager/compile/fused), tokens_per_s, peak_mem_gb, ratio (throughput / baseline throughput),
+    status, source. CSVs without a throughput column (e.g. routing-op timings) are skipped and listed in
+    ``df.attrs["skipped"]``; memory is taken as reported (GiB when the CSV says ``peak_mem_gib``)."""
+    import pandas as pd
+
+    frames, skipped = [], []
+    for p in paths:
+        p = Path(p)
+        if not p.is_file():
+            raise AnalysisInputError(f"{p}: benchmark CSV not found (run the cost benchmark first)")
+        df = pd.read_csv(p)
+        df.columns = [c.strip().lower() for c in df.columns]
+        cols = {canon: next((a for a in aliases if a in df.columns), None) for canon, aliases in _BENCH_ALIASES.items()}
+        if cols["tokens_per_s"] is None:
+            skipped.append(f"{p} (no tokens_per_s column: not a training-throughput benchmark)")
+            continue
+        for canon in ("size", "provider"):
+            if cols[canon] is None:
+                raise AnalysisInputError(f"{p}: needs a column {canon!r} (or one of {_BENCH_ALIASES[canon]}); "
+                                         f"has {list(df.columns)}")
+        out = pd.DataFrame(index=df.index)
+        for canon, col in cols.items():
+            out[canon] = df[col] if col is not None else np.nan
+        out["status"] = df["status"].astype(str) if "status" in df.columns else "ok"
+        out["tokens_per_s"] = pd.to_numeric(out["tokens_per_s"], errors="coerce")
+        out["provider"] = [PROVIDER_NAMES.get(str(v).lower(), str(v).lower()) for v in out["provider"]]
+        out["size"] = out["size"].astype(str)
+        out["source"] = str(p)
+        frames.append(out)
+    if not frames:
+        raise AnalysisInputError("no training-throughput benchmark CSV among the inputs"
+                                 + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
+    df = pd.concat(frames, ignore_index=True)
+    for size, sub in df.groupby("size"):
+        base = sub.loc[sub["provider"] == "baseline", "tokens_per_s"].astype(float).mean()
+        missing = sub["ratio"].isna()
+        if np.isfinite(base) and base > 0:
+            df.loc[sub.index[missing], "ratio"] = sub.loc[missing, "tokens_per_s"].astype(float) / base
+    df.attrs["skipped"] = skipped
+    return df
+
+
+# --- published numbers -------------------------------------------------------------------------------------
+def load_published(path: str | os.PathLike = PUBLISHED_CSV):
+    import pandas as pd
+
+    df = pd.read_csv(path, dtype={"heads": "Int64"}, keep_default_na=False, na_values=[""])  # "null" is a method
+    for col in ("table", "scale", "method", "metric", "value"):
+        if col not in df.columns:
+            raise AnalysisInputError(f"{path}: missing column {col!r}")
+    df["task"] = df["task"].fillna("")
+    return df
+
+
+def published_value(df, table: str, scale: str, method: str, metric: str, heads: Optional[int] = None,
+                    task: str = "", as_fraction: bool = True) -> Optional[float]:
+    """One published number (percent converted to a fraction), or None when the paper has none."""
+    sel = (df["table"] == table) & (df["scale"] == scale) & (df["method"] == method) & \
+          (df["metric"] == metric) & (df["task"] == task)
+    if heads is not None:
+        sel &= df["heads"].fillna(-1) == heads
+    sub = df[sel & df["value"].notna()]
+    if sub.empty:
+        return None
+    row = sub.iloc[0]
+    v = float(row["value"])
+    if as_fraction and str(row.get("unit", "")) == "percent":
+        v /= 100.0
+    return v
+
+
+def paper_scale(size: str) -> tuple[str, bool]:
+    """(paper scale to compare with, whether the scales match). Non-paper sizes compare with 100M (sign only)."""
+    return (size, True) if size in PAPER_SCALES else ("100M", False)
+
+
+# --- provenance ------------------------------------------------------------------------------------------------
+def provenance(inputs: Sequence[str | os.PathLike], command: Optional[Sequence[str]] = None) -> dict:
+    """Where a generated table/figure came from: command, inputs, git commit, versions, time."""
+    repo = Path(__file__).resolve().parent.parent
+    git = {"commit": None, "dirty": None}
+    try:
+        git["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                       timeout=10).stdout.strip() or None
+        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                            capture_output=True, text=True, timeout=10).stdout
+        git["dirty"] = bool(st.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    versions = {}
+    for mod in ("numpy", "scipy", "statsmodels", "pandas", "matplotlib", "torch"):
+        m = sys.modules.get(mod)
+        if m is not None:
+            versions[mod] = getattr(m, "__version__", "?")
+    return {"command": " ".join(command if command is not None else sys.argv),
+            "inputs": [str(p) for p in inputs], "git": git, "python": platform.python_version(),
+            "versions": versions, "generated_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -1,0 +1,209 @@
+"""Assemble reports/REPORT.md from whatever tables, figures and probe results exist.
+
+    python -m eval.report --reports reports --out reports/REPORT.md
+
+Looks under the reports directory (recursively) for the tables written by ``eval.tables``
+(``<name>.csv`` + ``<name>.md``), the figures written by ``eval.figures`` (``<name>.png``) and
+probe JSONs (``eval.probe``). Each item gets a one-line reading computed from its CSV; whatever
+is absent is listed under "Missing" with the command that makes it, so the report works after
+any subset of the workflow (e.g. only ``reproduce_table1``). Never edit the output by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from . import io
+from . import stats as st
+
+TABLES = {  # name -> (title, input placeholder of the command that makes it)
+    "table1": ("Table 1: tail-mean validation loss", "RUN/summary.json..."),
+    "seeds": ("Seed table", "RUN/summary.json..."),
+    "heads": ("Head-count sweep", "RUN/summary.json..."),
+    "downstream": ("Downstream evaluation", "EVAL_DIR..."),
+    "cpt": ("Continued pretraining", "BASE PLAIN MHAR (eval dirs) or MANIFEST.yaml"),
+    "cost": ("Cost", "results/bench/*.csv"),
+}
+FIGURES = {  # name -> one-line reading of what the figure shows
+    "loss_curves": "validation loss per variant; line = mean over seeds, band = min..max across seeds.",
+    "loss_vs_compute": "validation loss against wall-clock and against training FLOPs: what the routing "
+                       "costs per unit of loss.",
+    "routing_heatmap": "per-head total-variation distance of each head's mean depth distribution from the "
+                       "head-average (left) and from uniform (right), per site: bright = heads that route differently.",
+    "head_sweep": "tail-mean loss vs routing heads H as the paired difference to the smallest H (mean ± sd over "
+                  "seeds), with the paper's 1B sweep (dashed): look for the U-shape.",
+    "forest": "paired deltas with 95% CIs per comparison, coloured by verdict; x = the paper's delta.",
+    "cost": "throughput relative to the baseline and peak memory per routing implementation; x = the paper's "
+            "H100 numbers.",
+}
+
+
+def _find(root: Path, filename: str) -> Optional[Path]:
+    hits = sorted(root.rglob(filename), key=lambda p: (len(p.parts), str(p)))
+    return hits[0] if hits else None
+
+
+def _fmt(x, nd=3) -> str:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "-"
+    return f"{x:+.{nd}f}" if math.isfinite(x) else "-"
+
+
+def table_reading(name: str, csv_path: Path) -> str:
+    """One line summarising a table CSV: verdict counts and the strongest comparison."""
+    import pandas as pd
+
+    df = pd.read_csv(csv_path)
+    if df.empty:
+        return "the table is empty (no comparable runs among the inputs)."
+    parts = []
+    if "verdict" in df.columns:
+        v = df["verdict"].dropna()
+        v = v[v.astype(str).str.len() > 0]
+        if len(v):
+            counts = v.value_counts()
+            order = [st.REPRODUCED, st.NOT_REPRODUCED, st.INCONCLUSIVE, st.NO_REFERENCE]
+            parts.append(", ".join(f"{counts[k]} {k}" for k in order if k in counts) + f" (of {len(v)} comparisons)")
+    if name == "cost" and "ratio" in df.columns:
+        sub = df[df["provider"] != "baseline"]
+        if not sub.empty:
+            parts.append("throughput ratios " + ", ".join(
+                f"{r.provider}@{r.size} {float(r.ratio):.2f}" + (f" (paper {float(r.published_ratio):.2f})"
+                                                                  if pd.notna(r.published_ratio) else "")
+                for r in sub.itertuples() if pd.notna(r.ratio)))
+    elif {"comparison", "delta", "p"} <= set(df.columns):
+        sub = df[df["comparison"].notna() & df["delta"].notna()]
+        if not sub.empty:
+            sub = sub.assign(_p=sub["p"].fillna(2.0)).sort_values("_p")
+            r = sub.iloc[0]
+            ci = f" [{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]" if pd.notna(r.get("ci_low")) else ""
+            p = f", p={float(r['p']):.3g}" if pd.notna(r["p"]) else ""
+            pub = f", paper {_fmt(r['published_delta'])}" if pd.notna(r.get("published_delta")) else ""
+            parts.append(f"strongest: {r['comparison']}: Δ {_fmt(r['delta'])}{ci}{p}{pub}")
+    if name == "heads" and "best" in df.columns:
+        for size, sub in df.groupby("size"):
+            if len(sub) < 2:
+                parts.append(f"{size}: only H={int(sub.iloc[0]['heads'])} present, no sweep")
+                continue
+            b = sub[sub["best"].astype(str) == "True"]
+            if not b.empty:
+                interior = str(b.iloc[0].get("interior_best")) == "True"
+                where = " (interior: U-shape)" if interior else " (at the edge of the sweep)"
+                parts.append(f"{size}: best H={int(b.iloc[0]['heads'])}{where}")
+    return "; ".join(parts) + "." if parts else "no comparisons in this table."
+
+
+def _size_of(model_path: str) -> Optional[str]:
+    parts = Path(model_path).parts
+    for i in range(len(parts) - 1, 0, -1):
+        if parts[i].startswith("seed") and parts[i][4:].isdigit():
+            return parts[i - 1]
+    return None
+
+
+def probe_section(paths: list[Path]) -> list[str]:
+    """Markdown for probe JSONs, with the paper's S=4 values at the model's scale where it has one."""
+    pub = io.load_published()
+    pr = pub[pub["table"] == "probe"]
+
+    def paper(scale: Optional[str], method: str) -> Optional[float]:
+        v = pr[(pr["scale"] == scale) & (pr["method"] == method)]["value"]
+        return float(v.iloc[0]) if len(v) else None
+
+    lines = ["## Mechanism probe", "",
+             "| model | slices | tokens | KL trained | KL null | trained/null | mean source cosine | paper trained / null |",
+             "|---|---|---|---|---|---|---|---|"]
+    for p in paths:
+        d = json.loads(p.read_text())
+        ratio = d["kl_trained"] / d["kl_null"] if d.get("kl_null") else float("nan")
+        size = _size_of(str(d.get("model", "")))
+        pt, pn = paper(size, "attnres"), paper(size, "null")
+        ref = f"{pt:.3f} / {pn:.3f} ({size})" if pt is not None and pn is not None else "- (scale not in paper)"
+        lines.append(f"| {d.get('model', p.name)} | {d.get('slices')} | {d.get('n_tokens')} "
+                     f"({d.get('token_source', '')}) | {d['kl_trained']:.4f} | {d['kl_null']:.4f} | {ratio:.2f} | "
+                     f"{d.get('mean_pairwise_cosine', float('nan')):.3f} | {ref} |")
+    pubtxt = ", ".join(f"{s}: trained {paper(s, 'attnres'):.3f} vs null {paper(s, 'null'):.3f}"
+                       for s in io.PAPER_SCALES if paper(s, "attnres") is not None)
+    lines += ["", f"**Reading:** a trained KL well above its matched-norm null means the slices of the single-head "
+                  f"query point at different depths. Paper (S=4): {pubtxt}.", ""]
+    return lines
+
+
+def build_report(reports: str | Path, out: str | Path) -> str:
+    """Write the report; returns its text."""
+    root, out = Path(reports), Path(out)
+    here = out.parent
+    rel = lambda p: os.path.relpath(p, here)  # noqa: E731
+    lines = ["# MHAR reproduction report", "",
+             "Generated by `python -m eval.report` from the files under "
+             f"`{root}`; do not edit by hand. Tables and figures are regenerated by the workflow.", ""]
+    prov = io.provenance([str(root)])
+    lines += [f"<sub>git {prov['git']['commit'] or 'unknown'}{' (dirty)' if prov['git']['dirty'] else ''}, "
+              f"{prov['generated_utc']}</sub>", "", "## How to read the verdicts", "", st.VERDICT_RULE, ""]
+    missing = []
+    for name, (title, inputs) in TABLES.items():
+        csv_p, md_p = _find(root, f"{name}.csv"), _find(root, f"{name}.md")
+        if csv_p is None or md_p is None:
+            missing.append(f"table `{name}` ({title}): `python -m eval.tables {name} --inputs {inputs} "
+                           f"--out {root}/{name}`")
+            continue
+        body = md_p.read_text().strip().splitlines()
+        if body and body[0].startswith("## "):
+            body = body[1:]
+        lines += [f"## {title}", "", f"**Reading:** {table_reading(name, csv_p)}", ""] + body + \
+                 ["", f"Files: `{rel(csv_p)}`, `{rel(md_p)}`, `{rel(csv_p.with_suffix('.tex'))}`", ""]
+    figs = []
+    for name, reading in FIGURES.items():
+        png = _find(root, f"{name}.png")
+        if png is None:
+            missing.append(f"figure `{name}`: `python -m eval.figures {name} --inputs ... "
+                           f"--out {root}/figures/{name}`")
+            continue
+        figs += [f"### {name}", "", f"![{name}]({rel(png)})", "", f"**Reading:** {reading}", ""]
+    if figs:
+        lines += ["## Figures", ""] + figs
+    probes = [p for p in sorted(root.rglob("*.json")) if p.resolve() != out.resolve() and _is_probe(p)]
+    if probes:
+        lines += probe_section(probes)
+    else:
+        missing.append(f"mechanism probe: `python -m eval.probe --model RUN_DIR/model.pt --out {root}/probe/<name>.json`")
+    lines += ["## Missing", ""] + ([f"- {m}" for m in missing] if missing
+                                   else ["Nothing: every table and figure is present."])
+    text = "\n".join(lines) + "\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, out)
+    return text
+
+
+def _is_probe(p: Path) -> bool:
+    try:
+        d = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        return False
+    return isinstance(d, dict) and "kl_trained" in d and "kl_null" in d
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eval.report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reports", default="reports", help="directory holding tables/figures/probe outputs")
+    ap.add_argument("--out", default="reports/REPORT.md")
+    a = ap.parse_args(argv)
+    if not Path(a.reports).is_dir():
+        print(f"error: {a.reports}: not a directory", file=sys.stderr)
+        return 2
+    build_report(a.reports, a.out)
+    print(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,355 @@
+"""Paired statistics for comparing a variant against its baseline (pure functions).
+
+Everything here takes plain arrays and returns small frozen dataclasses; nothing
+reads files. The pairing unit depends on the comparison:
+
+* seeds (from-scratch runs): seed = data order, so variant and baseline with
+  the same seed are paired -> :func:`paired_t` on tail-mean losses;
+* questions (downstream / CPT): the same item answered by two models ->
+  :func:`mcnemar_exact` for 0/1 scores, :func:`sign_flip_test` and
+  :func:`paired_bootstrap` for any per-question score;
+* documents (perplexity): :func:`bootstrap_perplexity` resamples documents,
+  because perplexity is a ratio of sums and not a mean of per-document scores.
+
+Where questions come in groups (e.g. several items from one source passage),
+:func:`cluster_se` gives the cluster-robust standard error of a mean difference.
+:func:`power_paired` / :func:`mde_paired` say what effect a design of size n with
+the observed pairing correlation could detect; :func:`verdict` turns a paired
+estimate and a published delta into "reproduced" / "not reproduced" /
+"inconclusive at this power" (rule documented on the function).
+
+scipy / statsmodels are used where they already do the job (exact binomial,
+paired t, bootstrap, t-test power); the tests compare every statistic against
+an independent scipy/statsmodels computation.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+__all__ = [
+    "PairedResult", "McNemarResult", "mcnemar_exact", "discordant_counts", "sign_flip_test",
+    "paired_bootstrap", "paired_t", "paired_delta", "bootstrap_perplexity", "perplexity",
+    "cluster_se", "sd_of_difference", "power_paired", "mde_paired", "did_contrasts", "verdict",
+    "REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "NO_REFERENCE", "VERDICT_RULE",
+]
+
+REPRODUCED = "reproduced"
+NOT_REPRODUCED = "not reproduced"
+INCONCLUSIVE = "inconclusive at this power"
+NO_REFERENCE = "no published value"
+
+
+# --- results ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PairedResult:
+    """A paired difference ``a - b`` with its confidence interval and two-sided p-value."""
+
+    estimate: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    n: int
+    method: str
+    se: float = float("nan")
+    confidence: float = 0.95
+
+    @property
+    def excludes_zero(self) -> bool:
+        return bool(np.isfinite(self.ci_low) and np.isfinite(self.ci_high)
+                    and (self.ci_low > 0 or self.ci_high < 0))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    """Exact McNemar test on the discordant pairs: b = a right & b wrong, c = a wrong & b right."""
+
+    b: int
+    c: int
+    p_value: float
+
+    @property
+    def n_discordant(self) -> int:
+        return self.b + self.c
+
+
+def _as_pair(a: Sequence[float], b: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.ndim != 1 or x.shape != y.shape:
+        raise ValueError(f"paired samples must be 1-D and of equal length, got shapes {x.shape} and {y.shape}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("paired samples contain NaN/inf; drop or fix those items before testing")
+    return x, y
+
+
+# --- McNemar ----------------------------------------------------------------------------------
+def discordant_counts(a: Sequence[float], b: Sequence[float]) -> tuple[int, int]:
+    """(b, c) = (#items a=1,b=0 ; #items a=0,b=1) for 0/1 per-question scores."""
+    x, y = _as_pair(a, b)
+    if not (np.isin(x, (0, 1)).all() and np.isin(y, (0, 1)).all()):
+        raise ValueError("discordant_counts needs 0/1 scores (e.g. acc or exact_match per question)")
+    return int(np.sum((x == 1) & (y == 0))), int(np.sum((x == 0) & (y == 1)))
+
+
+def mcnemar_exact(b: int, c: int) -> McNemarResult:
+    """Two-sided exact McNemar test: binomial(min(b,c); b+c, 1/2), doubled and capped at 1."""
+    if b < 0 or c < 0 or int(b) != b or int(c) != c:
+        raise ValueError(f"discordant counts must be non-negative integers, got b={b}, c={c}")
+    b, c = int(b), int(c)
+    if b + c == 0:
+        return McNemarResult(b, c, 1.0)
+    p = sps.binomtest(min(b, c), b + c, 0.5, alternative="two-sided").pvalue
+    return McNemarResult(b, c, float(min(1.0, p)))
+
+
+# --- permutation / bootstrap --------------------------------------------------------------------
+def sign_flip_test(a: Sequence[float], b: Sequence[float], n_resamples: int = 9999,
+                   seed: int = 0) -> tuple[float, float]:
+    """Paired sign-flip permutation test of mean(a - b) = 0; returns (mean difference, two-sided p).
+
+    Exact (all 2^n sign patterns) when 2^n <= n_resamples, otherwise Monte Carlo with
+    p = (#{|null| >= |obs|} + 1) / (n_resamples + 1). Two-sided p is twice the smaller
+    one-sided tail (the convention of ``scipy.stats.permutation_test``), capped at 1.
+    """
+    x, y = _as_pair(a, b)
+    d = x - y
+    n = d.size
+    if n == 0:
+        raise ValueError("sign_flip_test needs at least one pair")
+    obs = d.mean()
+    if 2 ** n <= n_resamples:
+        signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))  # (2^n, n)
+        null = signs @ d / n
+        adj = 0
+    else:
+        rng = np.random.default_rng(seed)
+        null = np.empty(n_resamples)
+        chunk = max(1, min(4096, 2 ** 22 // n))  # chunks keep memory bounded (~32 MB)
+        for s in range(0, n_resamples, chunk):
+            k = min(chunk, n_resamples - s)
+            signs = rng.choice((1.0, -1.0), size=(k, n))
+            null[s:s + k] = signs @ d / n
+        adj = 1
+    tol = 1e-12 * max(1.0, abs(obs))
+    p_ge = (np.sum(null >= obs - tol) + adj) / (null.size + adj)
+    p_le = (np.sum(null <= obs + tol) + adj) / (null.size + adj)
+    return float(obs), float(min(1.0, 2 * min(p_ge, p_le)))
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], statistic: Callable = np.mean,
+                     n_resamples: int = 9999, confidence: float = 0.95, seed: int = 0,
+                     method: str = "percentile") -> tuple[float, float, float]:
+    """Bootstrap CI of ``statistic(a - b)`` resampling pairs (scipy.stats.bootstrap, paired).
+
+    ``statistic`` must accept an ``axis`` keyword (numpy reductions do); it is evaluated vectorized.
+
+    Returns (estimate, ci_low, ci_high). Degenerate data (all differences equal) give a
+    zero-width interval at the estimate.
+    """
+    x, y = _as_pair(a, b)
+    d = x - y
+    est = float(statistic(d))
+    if d.size < 2 or np.all(d == d[0]):
+        return est, est, est
+    res = sps.bootstrap((d,), statistic, n_resamples=n_resamples, confidence_level=confidence, method=method,
+                        rng=np.random.default_rng(seed), vectorized=True, axis=-1, batch=2000)
+    return est, float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def paired_delta(a: Sequence[float], b: Sequence[float], *, binary: Optional[bool] = None,
+                 n_resamples: int = 9999, confidence: float = 0.95, seed: int = 0) -> PairedResult:
+    """Per-question paired difference mean(a - b): bootstrap CI + exact McNemar (0/1) or sign-flip p."""
+    x, y = _as_pair(a, b)
+    if binary is None:
+        binary = bool(np.isin(x, (0, 1)).all() and np.isin(y, (0, 1)).all())
+    est, lo, hi = paired_bootstrap(x, y, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    if binary:
+        p = mcnemar_exact(*discordant_counts(x, y)).p_value
+        method = "bootstrap CI, exact McNemar p"
+    else:
+        p = sign_flip_test(x, y, n_resamples=n_resamples, seed=seed)[1]
+        method = "bootstrap CI, sign-flip permutation p"
+    se = float(np.std(x - y, ddof=1) / math.sqrt(x.size)) if x.size > 1 else float("nan")
+    return PairedResult(est, lo, hi, p, int(x.size), method, se, confidence)
+
+
+# --- seeds: paired t ------------------------------------------------------------------------------
+def paired_t(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedResult:
+    """Paired t-test of mean(a - b) over seeds (scipy.stats.ttest_rel) with its t interval.
+
+    With one pair there is no variance estimate: CI and p are NaN (the verdict is then
+    "inconclusive at this power"). Identical pairs give a zero-width CI and p = 1 when the
+    difference is 0 (p = 0 otherwise).
+    """
+    x, y = _as_pair(a, b)
+    d = x - y
+    n = d.size
+    if n == 0:
+        raise ValueError("paired_t needs at least one pair")
+    est = float(d.mean())
+    if n < 2:
+        return PairedResult(est, float("nan"), float("nan"), float("nan"), n, "paired t (n=1: no test)")
+    sd = float(d.std(ddof=1))
+    if sd == 0.0:
+        return PairedResult(est, est, est, 1.0 if est == 0 else 0.0, n, "paired t (zero variance)", 0.0,
+                            confidence)
+    res = sps.ttest_rel(x, y)
+    ci = res.confidence_interval(confidence_level=confidence)
+    return PairedResult(est, float(ci.low), float(ci.high), float(res.pvalue), n, "paired t over seeds",
+                        sd / math.sqrt(n), confidence)
+
+
+# --- documents: perplexity -----------------------------------------------------------------------
+def perplexity(loglik: Sequence[float], weight: Sequence[float]) -> float:
+    """Corpus perplexity exp(-sum loglik / sum weight) (lm-eval's word/byte perplexity)."""
+    ll, w = np.asarray(loglik, float), np.asarray(weight, float)
+    return float(np.exp(-ll.sum() / w.sum()))
+
+
+def bootstrap_perplexity(loglik_a: Sequence[float], loglik_b: Sequence[float], weight: Sequence[float],
+                         weight_b: Optional[Sequence[float]] = None, n_resamples: int = 4999,
+                         confidence: float = 0.95, seed: int = 0) -> PairedResult:
+    """ppl_a - ppl_b over the same documents; CI by resampling documents, p by per-document swaps.
+
+    ``loglik_*`` are per-document summed log-likelihoods, ``weight`` the per-document word
+    (or byte/token) counts. Under H0 the two models are exchangeable within a document, so the
+    p-value swaps a/b per document at random (a paired permutation test of the ratio statistic).
+    """
+    la, lb = _as_pair(loglik_a, loglik_b)
+    wa = np.asarray(weight, float)
+    wb = wa if weight_b is None else np.asarray(weight_b, float)
+    if wa.shape != la.shape or wb.shape != la.shape:
+        raise ValueError("weights must have one entry per document")
+    if np.any(wa <= 0) or np.any(wb <= 0):
+        raise ValueError("document weights (word/byte counts) must be positive")
+    n = la.size
+    est = perplexity(la, wa) - perplexity(lb, wb)
+    rng = np.random.default_rng(seed)
+    boot, null = np.empty(n_resamples), np.empty(n_resamples)
+    chunk = max(1, min(n_resamples, 2 ** 21 // n))  # bounded memory for large corpora
+    for s in range(0, n_resamples, chunk):
+        k = min(chunk, n_resamples - s)
+        idx = rng.integers(0, n, size=(k, n))  # (k, n) resampled document indices
+        boot[s:s + k] = np.exp(-la[idx].sum(1) / wa[idx].sum(1)) - np.exp(-lb[idx].sum(1) / wb[idx].sum(1))
+        swap = rng.random((k, n)) < 0.5  # (k, n) which documents swap models
+        pa = np.exp(-np.where(swap, lb, la).sum(1) / np.where(swap, wb, wa).sum(1))
+        pb = np.exp(-np.where(swap, la, lb).sum(1) / np.where(swap, wa, wb).sum(1))
+        null[s:s + k] = pa - pb
+    alpha = 1 - confidence
+    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+    tol = 1e-12 * max(1.0, abs(est))
+    p_ge = (np.sum(null >= est - tol) + 1) / (n_resamples + 1)
+    p_le = (np.sum(null <= est + tol) + 1) / (n_resamples + 1)
+    p = min(1.0, 2 * min(p_ge, p_le))  # same two-sided convention as sign_flip_test / scipy
+    return PairedResult(float(est), float(lo), float(hi), float(p), n,
+                        "document bootstrap CI, per-document swap permutation p",
+                        float(np.std(boot, ddof=1)), confidence)
+
+
+# --- clustered questions -------------------------------------------------------------------------
+def cluster_se(values: Sequence[float], clusters: Sequence, confidence: float = 0.95) -> PairedResult:
+    """Mean of ``values`` (e.g. per-question differences a - b) with a cluster-robust SE.
+
+    CR1 sandwich estimator of an intercept-only regression, with the small-sample factor
+    G/(G-1) * (N-1)/(N-1) (as statsmodels' ``cov_type='cluster'``); CI and p use t with G-1 df.
+    """
+    v = np.asarray(values, float)
+    g = np.asarray(clusters)
+    if v.ndim != 1 or g.shape != v.shape:
+        raise ValueError("values and clusters must be 1-D and of equal length")
+    labels, inv = np.unique(g, return_inverse=True)
+    G, N = labels.size, v.size
+    if G < 2:
+        raise ValueError(f"cluster_se needs at least 2 clusters, got {G}")
+    m = v.mean()
+    sums = np.bincount(inv, weights=v - m, minlength=G)  # (G,) cluster score sums
+    var = (G / (G - 1)) * np.sum(sums ** 2) / N ** 2
+    se = math.sqrt(var)
+    df = G - 1
+    if se == 0:
+        return PairedResult(float(m), float(m), float(m), 1.0 if m == 0 else 0.0, N, "cluster-robust (CR1)",
+                            0.0, confidence)
+    tcrit = sps.t.ppf(0.5 + confidence / 2, df)
+    p = 2 * sps.t.sf(abs(m / se), df)
+    return PairedResult(float(m), float(m - tcrit * se), float(m + tcrit * se), float(p), N,
+                        f"cluster-robust (CR1, {G} clusters)", se, confidence)
+
+
+# --- power ------------------------------------------------------------------------------------------
+def sd_of_difference(sd_a: float, sd_b: float, rho: float) -> float:
+    """sd(a - b) for paired measurements with correlation rho."""
+    var = sd_a ** 2 + sd_b ** 2 - 2 * rho * sd_a * sd_b
+    return math.sqrt(max(var, 0.0))
+
+
+def power_paired(delta: float, n: int, sd_diff: float, alpha: float = 0.05) -> float:
+    """Power of the two-sided paired t-test for true mean difference ``delta`` (noncentral t)."""
+    from statsmodels.stats.power import TTestPower
+
+    if n < 2 or sd_diff <= 0:
+        return float("nan")
+    return float(TTestPower().power(effect_size=abs(delta) / sd_diff, nobs=n, alpha=alpha,
+                                    alternative="two-sided"))
+
+
+def mde_paired(n: int, sd_diff: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Minimum detectable |mean difference| of a two-sided paired t-test with n pairs."""
+    from statsmodels.stats.power import TTestPower
+
+    if n < 2 or not np.isfinite(sd_diff) or sd_diff <= 0:
+        return float("nan")
+    es = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power,
+                                  alternative="two-sided")
+    return float(np.asarray(es).item() * sd_diff)
+
+
+# --- continued pretraining: difference-in-differences ---------------------------------------------
+def did_contrasts(base: Sequence[float], plain: Sequence[float], mhar: Sequence[float], *,
+                  binary: Optional[bool] = None, n_resamples: int = 9999, confidence: float = 0.95,
+                  seed: int = 0) -> dict[str, PairedResult]:
+    """The three paired contrasts of a CPT experiment on the same questions.
+
+    ``cpt_gain`` = plain - base (what continued pretraining alone buys),
+    ``total_gain`` = mhar - base, and ``mhar_gain`` = mhar - plain = total - cpt (the
+    difference-in-differences: the only part attributable to MHAR).
+    """
+    b, p = _as_pair(base, plain)
+    _, m = _as_pair(base, mhar)
+    kw = dict(binary=binary, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    return {"cpt_gain": paired_delta(p, b, **kw), "total_gain": paired_delta(m, b, **kw),
+            "mhar_gain": paired_delta(m, p, **kw)}
+
+
+# --- verdict ------------------------------------------------------------------------------------------
+VERDICT_RULE = (
+    "Verdict rule: we compare OUR paired delta (variant - reference, with its CI) to the PUBLISHED delta. "
+    "'reproduced' = our CI excludes 0 and our delta has the published sign; "
+    "'not reproduced' = our CI excludes 0 with the opposite sign, or (only when our scale matches the "
+    "paper's) our CI includes 0 and also excludes the published delta; "
+    "otherwise 'inconclusive at this power' (including n=1, where there is no CI). "
+    "At scales the paper did not run (e.g. the CPU 'tiny' runs) absolute values are not comparable: "
+    "only the sign of the delta is judged."
+)
+
+
+def verdict(result: Optional[PairedResult], published_delta: Optional[float], same_scale: bool) -> str:
+    """Reproduction verdict for one comparison (see ``VERDICT_RULE``)."""
+    if published_delta is None or not np.isfinite(published_delta):
+        return NO_REFERENCE
+    if result is None or not (np.isfinite(result.ci_low) and np.isfinite(result.ci_high)):
+        return INCONCLUSIVE
+    pub_sign = np.sign(published_delta)
+    if result.excludes_zero:
+        # a published delta of exactly 0 ("no difference") is contradicted by any significant delta
+        return REPRODUCED if np.sign(result.estimate) == pub_sign else NOT_REPRODUCED
+    if same_scale and not (result.ci_low <= published_delta <= result.ci_high):
+        return NOT_REPRODUCED
+    return INCONCLUSIVE

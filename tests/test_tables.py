@@ -1,0 +1,336 @@
+"""eval.tables / eval.report / eval.published.csv on synthetic result files with planted effects."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats as sps
+from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
+
+try:  # tests/ on sys.path (pytest's default rootdir-less import mode)
+    import fixtures_analysis as fx
+except ImportError:  # tests imported as a package
+    from tests import fixtures_analysis as fx
+from eval import io, report, stats as st, tables
+
+PAPER = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "PAPER.md"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return fx.make_runs(root)
+
+
+def _read(prefix: Path) -> pd.DataFrame:
+    for ext in (".csv", ".md", ".tex"):
+        assert prefix.with_name(prefix.name + ext).stat().st_size > 0
+    return pd.read_csv(prefix.with_name(prefix.name + ".csv"))
+
+
+# --- published.csv ---------------------------------------------------------------------------
+def test_published_csv_schema_and_units():
+    pub = io.load_published()
+    assert {"table", "scale", "method", "heads", "task", "metric", "value", "source"} <= set(pub.columns)
+    assert pub["source"].notna().all()
+    assert io.published_value(pub, "table1", "1B", "mhar", "tail_mean_val_loss", heads=8) == 2.754
+    assert io.published_value(pub, "downstream", "1B", "mhar", "acc", task="lambada_openai") == pytest.approx(0.16)
+    assert io.published_value(pub, "cost", "1B", "eager", "throughput_ratio") is None  # OOM in the paper
+    assert io.published_value(pub, "cpt_mcnemar", "8B", "mhar_vs_plain", "p_value", task="gsm8k") == 0.004
+
+
+@pytest.mark.skipif(not PAPER.is_file(), reason="shared/reference/PAPER.md not present")
+def test_published_csv_matches_paper_tables():
+    """Parse the markdown tables of PAPER.md independently and compare every number."""
+    text = PAPER.read_text()
+    pub = io.load_published()
+
+    def rows_until_blank(header_start):
+        lines = text[text.index(header_start):].splitlines()
+        out = []
+        for ln in lines[2:]:
+            if not ln.startswith("|"):
+                break
+            out.append([c.strip() for c in ln.strip("|").split("|")])
+        return out
+
+    t1 = rows_until_blank("| scale | baseline | hyper-conn")
+    keys = [("baseline", None), ("hyper", None), ("attnres", 1), ("mhar", 8), ("mhar", 16)]
+    for row in t1:
+        for (m, h), v in zip(keys, row[1:]):
+            assert io.published_value(pub, "table1", row[0], m, "tail_mean_val_loss", heads=h) == float(v.rstrip("."))
+    t2 = rows_until_blank("| scale | method | WikiText-2 ppl")
+    for sc, meth, ppl, lam, hs in t2:
+        m = "mhar" if meth == "MHAR" else "baseline"
+        assert io.published_value(pub, "downstream", sc, m, "word_perplexity", task="wikitext") == float(ppl)
+        assert io.published_value(pub, "downstream", sc, m, "acc", task="lambada_openai", as_fraction=False) == float(lam)
+        assert io.published_value(pub, "downstream", sc, m, "acc", task="hellaswag", as_fraction=False) == float(hs)
+    t3 = rows_until_blank("| task | base | plain CPT | +MHAR |")
+    assert len(t3) == 6
+    got = pub[pub["table"] == "cpt"].pivot_table(index="task", columns="method", values="value", sort=False)
+    for row, (task, r) in zip(t3, got.iterrows()):
+        assert [float(x) for x in row[1:]] == [r["base"], r["plain"], r["mhar"]]
+    cost = rows_until_blank("| routing | 100M thr / GB")
+    names = {"baseline": "baseline", "eager reference": "eager", "torch.compile": "compile",
+             "fused Triton (authors)": "fused"}
+    for row in cost:
+        for scale, cell in zip(io.PAPER_SCALES, row[1:]):
+            if cell.startswith("OOM"):
+                assert io.published_value(pub, "cost", scale, names[row[0]], "throughput_ratio") is None
+                continue
+            thr, gb = (float(x) for x in cell.split(" / "))
+            assert io.published_value(pub, "cost", scale, names[row[0]], "throughput_ratio") == thr
+            assert io.published_value(pub, "cost", scale, names[row[0]], "peak_mem_gb") == gb
+    item = r"[-+][\d.]+\+-[\d.]+"
+    triple = rf"({item}, {item}, {item})"
+    seeds = re.search(rf"HC {triple};\s*single {triple};\s*MHAR {triple}", " ".join(text.split()))
+    for method, grp in zip(("hyper", "attnres", "mhar"), seeds.groups()):
+        for scale, item in zip(io.PAPER_SCALES, grp.split(", ")):
+            d, sd = (float(x) for x in item.split("+-"))
+            assert io.published_value(pub, "seeds", scale, method, "delta_vs_baseline") == d
+            sel = pub[(pub["table"] == "seeds") & (pub["scale"] == scale) & (pub["method"] == method)]
+            assert float(sel["sd"].iloc[0]) == sd
+    probe = re.search(r"trained ([\d.]+) / ([\d.]+)\s+/ ([\d.]+), null ([\d.]+) / ([\d.]+) / ([\d.]+)", text)
+    for i, scale in enumerate(io.PAPER_SCALES):
+        assert io.published_value(pub, "probe", scale, "attnres", "kl_slice_shared") == float(probe.group(1 + i))
+        assert io.published_value(pub, "probe", scale, "null", "kl_slice_shared") == float(probe.group(4 + i))
+    sweep = re.search(r"H = 1/4/8/16 -> ([\d./ ]+)", text).group(1).split(" / ")
+    for h, v in zip((1, 4, 8, 16), sweep):
+        assert io.published_value(pub, "heads", "1B", "mhar", "tail_mean_val_loss", heads=h) == float(v.rstrip("."))
+
+
+# --- from-scratch tables -----------------------------------------------------------------------------
+def test_table1_recovers_planted_deltas_and_pvalues(runs, tmp_path):
+    tables.make_table("table1", runs, tmp_path / "t1")
+    df = _read(tmp_path / "t1")
+    groups = io.group_runs(io.load_summaries(runs))
+    for _, r in df[df["variant"] != "baseline"].iterrows():
+        heads = None if pd.isna(r["heads"]) else int(r["heads"])
+        var = groups[(r["variant"], r["size"], heads)]
+        base = groups[("baseline", r["size"], None)]
+        a = np.array([var[s].tail_mean_val_loss for s in sorted(var)])
+        b = np.array([base[s].tail_mean_val_loss for s in sorted(base)])
+        ref = sps.ttest_rel(a, b)
+        assert r["delta"] == pytest.approx(np.mean(a - b))
+        assert r["p"] == pytest.approx(ref.pvalue)
+        assert r["loss_mean"] == pytest.approx(a.mean()) and r["loss_sd"] == pytest.approx(a.std(ddof=1))
+        assert r["verdict"] == st.REPRODUCED  # all planted effects are negative, like the paper's
+    mh = df[(df["variant"] == "mhar") & (df["heads"] == 4) & (df["size"] == "tiny")].iloc[0]
+    assert mh["delta"] == pytest.approx(-0.04, abs=0.004)
+    assert mh["published_delta"] == pytest.approx(2.969 - 3.031)  # non-paper H -> H=8 row, 100M scale
+    assert not mh["same_scale"]
+    md = (tmp_path / "t1.md").read_text()
+    assert "3.031 (100M)" in md and "MHAR H=4" in md and "Verdict rule" in md
+    tex = (tmp_path / "t1.tex").read_text()
+    body = "\n".join(ln for ln in tex.splitlines() if not ln.startswith("%"))  # % lines are TeX comments
+    assert r"\begin{tabular}" in body and r"$\pm$" in body and "_" not in body.replace(r"\_", "")
+
+
+def test_table1_flags_opposite_sign_as_not_reproduced(tmp_path):
+    paths = fx.make_runs(tmp_path, sizes=("100M",), effects={("mhar", 8): +0.03})
+    tables.make_table("table1", paths, tmp_path / "t1")
+    df = pd.read_csv(tmp_path / "t1.csv")
+    assert df.loc[df["variant"] == "mhar", "verdict"].item() == st.NOT_REPRODUCED
+
+
+def test_single_seed_is_inconclusive(tmp_path):
+    paths = fx.make_runs(tmp_path, sizes=("tiny",), seeds=(0,), effects={("mhar", 4): -0.04})
+    tables.make_table("table1", paths, tmp_path / "t1")
+    df = pd.read_csv(tmp_path / "t1.csv")
+    row = df[df["variant"] == "mhar"].iloc[0]
+    assert row["verdict"] == st.INCONCLUSIVE and pd.isna(row["p"])
+
+
+def test_seeds_table_per_seed_deltas(runs, tmp_path):
+    tables.make_table("seeds", runs, tmp_path / "s")
+    df = _read(tmp_path / "s")
+    groups = io.group_runs(io.load_summaries(runs))
+    r = df[(df["variant"] == "attnres") & (df["size"] == "100M")].iloc[0]
+    a, b = groups[("attnres", "100M", 1)], groups[("baseline", "100M", None)]
+    d = [a[s].tail_mean_val_loss - b[s].tail_mean_val_loss for s in (0, 1, 2)]
+    assert [float(x) for x in r["per_seed_delta"].split()] == pytest.approx(d, abs=1e-4)
+    assert r["delta_sd"] == pytest.approx(np.std(d, ddof=1))
+    assert r["mde80"] == pytest.approx(st.mde_paired(3, np.std(d, ddof=1)))
+    assert r["published_delta"] == -0.043 and r["published_sd"] == 0.003
+
+
+def test_heads_table_finds_planted_u_shape(runs, tmp_path):
+    tables.make_table("heads", runs, tmp_path / "h")
+    df = pd.read_csv(tmp_path / "h.csv")
+    tiny = df[df["size"] == "tiny"].set_index("heads")
+    assert list(tiny.index) == [1, 4, 8, 16]
+    assert tiny["best"].idxmax() == 8 and bool(tiny.loc[8, "interior_best"])
+    assert tiny.loc[8, "published_delta"] == pytest.approx(3.129 - 3.270)  # 1B sweep for non-paper sizes
+    assert pd.isna(tiny.loc[1, "delta"])
+
+
+def test_heads_read_from_config_yaml_when_absent_from_summary(tmp_path):
+    p = fx.write_run(tmp_path, "mhar", "tiny", 0, 3.0, heads=16, heads_in_summary=False, label="mhar_h16")
+    assert "heads" not in json.loads(p.read_text())
+    s = io.load_summary(p)  # the summary's variant is the label; config.yaml has the residual section
+    assert (s.variant, s.heads, s.name, s.label) == ("mhar", 16, "mhar_h16", "MHAR H=16")
+    (p.parent / "config.yaml").unlink()
+    with pytest.raises(io.AnalysisInputError, match="not a residual variant"):
+        io.load_summary(p)  # the label alone does not say what was run
+    q = fx.write_run(tmp_path, "mhar", "tiny", 1, 3.0, heads=16, heads_in_summary=False)
+    (q.parent / "config.yaml").unlink()
+    with pytest.raises(io.AnalysisInputError, match="head count"):
+        io.load_summary(q)
+
+
+def test_bad_inputs_give_clear_errors(tmp_path, capsys):
+    bad = tmp_path / "summary.json"
+    bad.write_text(json.dumps({"variant": "mhar", "size": "tiny", "seed": 0}))
+    assert tables.main(["table1", "--inputs", str(bad), "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "tail_mean_val_loss" in err and str(bad) in err
+    with pytest.raises(io.AnalysisInputError, match="not found"):
+        io.load_summary(tmp_path / "nope.json")
+
+
+def test_same_run_twice_is_an_error(runs, tmp_path):
+    with pytest.raises(io.AnalysisInputError, match="same run"):
+        tables.table1([runs[0], runs[0]])
+
+
+# --- question-level tables ------------------------------------------------------------------------------
+def test_downstream_table_paired_tests(tmp_path):
+    dirs, truth = fx.make_downstream(tmp_path, n_groups=15)
+    assert tables.main(["downstream", "--inputs", *map(str, dirs), "--out", str(tmp_path / "d"),
+                        "--resamples", "999"]) == 0
+    df = _read(tmp_path / "d").set_index("task")
+    lam = df.loc["lambada_openai"]
+    b, c = st.discordant_counts(truth["lam_m"], truth["lam_b"])
+    assert (lam["discordant_variant_better"], lam["discordant_baseline_better"]) == (b, c)
+    assert lam["p"] == pytest.approx(sm_mcnemar(np.array([[0, b], [c, 0]]), exact=True).pvalue)
+    assert lam["delta"] == pytest.approx(np.mean(truth["lam_m"] - truth["lam_b"]))
+    assert lam["verdict"] == st.REPRODUCED and lam["published_delta"] == pytest.approx(0.024)
+    assert not pd.isna(lam["cluster_se"])  # grouped questions -> clustered SE reported
+    assert lam["cluster_se"] == pytest.approx(st.cluster_se(truth["lam_m"] - truth["lam_b"],
+                                                            truth["groups"]).se)
+    wt = df.loc["wikitext"]
+    ppl = lambda ll: np.exp(-ll.sum() / truth["words"].sum())  # noqa: E731
+    assert wt["ours_baseline"] == pytest.approx(ppl(truth["ll_b"]))
+    assert wt["delta"] == pytest.approx(ppl(truth["ll_m"]) - ppl(truth["ll_b"]))
+    assert wt["ci_high"] < 0 and wt["verdict"] == st.REPRODUCED
+
+
+def test_hellaswag_clusters_from_logged_doc(tmp_path):
+    d = tmp_path / "hellaswag"
+    d.mkdir()
+    recs = [{"doc_id": i, "prompt_hash": "h", "metrics": {"acc": i % 2},
+             "doc": {"source_id": f"activitynet~v_{i // 3}", "ctx": "..."}} for i in range(9)]
+    (d / "samples.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    t = io.load_eval_task(tmp_path, "hellaswag")
+    assert [t.docs[i]["group"] for i in range(4)] == ["activitynet~v_0"] * 3 + ["activitynet~v_1"]
+
+
+def test_downstream_rejects_prompt_mismatch(tmp_path):
+    dirs, _ = fx.make_downstream(tmp_path, n=20)
+    sp = dirs[1] / "hellaswag" / "samples.jsonl"
+    lines = [json.loads(x) for x in sp.read_text().splitlines()]
+    lines[3]["prompt_hash"] = "other"
+    sp.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    with pytest.raises(io.AnalysisInputError, match="prompt_hash differs"):
+        tables.downstream_table(dirs, n_resamples=99)
+
+
+def test_cpt_table_difference_in_differences(tmp_path):
+    dirs, arms = fx.make_cpt(tmp_path)
+    tables.make_table("cpt", dirs, tmp_path / "c", n_resamples=1999)
+    r = _read(tmp_path / "c").iloc[0]
+    ref = st.did_contrasts(arms["base"], arms["plain"], arms["mhar"], n_resamples=1999)
+    assert r["cpt_gain"] == pytest.approx(ref["cpt_gain"].estimate)
+    assert r["total_gain"] == pytest.approx(ref["total_gain"].estimate)
+    assert r["delta"] == pytest.approx(ref["mhar_gain"].estimate)
+    assert r["delta"] == pytest.approx(r["total_gain"] - r["cpt_gain"])
+    assert r["p"] == pytest.approx(ref["mhar_gain"].p_value)
+    assert r["metric"] == "exact_match,strict-match" and r["published_delta"] == pytest.approx(0.032)
+    # the same through a manifest that declares the paper's scale
+    man = tmp_path / "cpt.yaml"
+    man.write_text("base: cpt/base\nplain: cpt/plain\nmhar: cpt/mhar\nscale: 8B\n")
+    t = tables.cpt_table([man], n_resamples=999)
+    assert t.rows[0]["same_scale"] and t.rows[0]["delta"] == pytest.approx(r["delta"])
+    with pytest.raises(io.AnalysisInputError, match="three eval dirs"):
+        tables.cpt_table(dirs[:2])
+
+
+def test_cost_table_ratios_and_verdicts(tmp_path):
+    bench = fx.write_bench(tmp_path / "b.csv")
+    tables.make_table("cost", [bench], tmp_path / "cost")
+    df = _read(tmp_path / "cost").set_index(["size", "provider"])
+    raw = pd.read_csv(bench)
+    base = raw[(raw["size"] == "100M") & (raw["provider"] == "baseline")]["tokens_per_s"].mean()
+    fused = raw[(raw["size"] == "100M") & (raw["provider"] == "mhar_fused")]["tokens_per_s"].mean()
+    assert df.loc[("100M", "fused"), "ratio"] == pytest.approx(fused / base)
+    assert df.loc[("100M", "fused"), "published_ratio"] == 0.88
+    assert df.loc[("100M", "fused"), "verdict"] == st.REPRODUCED
+    assert df.loc[("tiny", "fused"), "verdict"] == st.INCONCLUSIVE
+    with pytest.raises(io.AnalysisInputError, match="provider"):
+        bad = tmp_path / "bad.csv"
+        bad.write_text("size,tokens_per_s\n100M,1\n")
+        io.load_bench([bad])
+
+
+def test_cost_table_reads_training_benchmark_format(tmp_path):
+    bench = fx.write_bench_training(tmp_path / "training.csv")
+    op = tmp_path / "routing_op.csv"
+    op.write_text("provider,N,fwd_ms\nfused,9,1.0\n")  # another benchmark's CSV: skipped, not fatal
+    t = tables.cost_table([bench, op])
+    rows = {r["provider"]: r for r in t.rows}
+    assert rows["fused"]["ratio"] == pytest.approx(0.45) and rows["fused"]["peak_mem_gb"] == 21.0
+    assert rows["fused"]["verdict"] == st.NOT_REPRODUCED  # 0.45 < paper 0.55 - 0.10
+    assert rows["compile"]["verdict"] == st.REPRODUCED  # 0.25 >= 0.23 - 0.10
+    assert rows["eager"]["status"] == "OOM" and rows["eager"]["verdict"] == st.NO_REFERENCE
+    assert any("routing_op.csv" in n for n in t.notes)
+    with pytest.raises(io.AnalysisInputError, match="no training-throughput"):
+        io.load_bench([op])
+
+
+def test_identify_eval_with_relative_model_path(tmp_path):
+    """Like the workflow: eval dir results/eval/<hash>/<label>/<size>/seed<k>/<ehash>, model path relative."""
+    run = fx.write_run(tmp_path / "results", "mhar", "tiny", 1, 3.0, heads=8, heads_in_summary=False,
+                       label="mhar_h8").parent
+    rel = run.relative_to(tmp_path) / "model.pt"
+    ev = tmp_path / "results" / "eval" / "hash" / "mhar_h8" / "tiny" / "seed1" / "e1"
+    fx.write_eval(ev, str(rel), {"lambada_openai": np.ones(5)})
+    info = io.identify_eval(ev)
+    assert (info["variant"], info["size"], info["seed"], info["heads"]) == ("mhar", "tiny", 1, 8)
+
+
+# --- report -----------------------------------------------------------------------------------------------
+def test_report_with_only_table1_lists_missing(runs, tmp_path):
+    rep = tmp_path / "reports"
+    tables.make_table("table1", runs, rep / "table1")
+    assert report.main(["--reports", str(rep), "--out", str(rep / "REPORT.md")]) == 0
+    text = (rep / "REPORT.md").read_text()
+    assert "## Table 1" in text and "**Reading:**" in text and "reproduced (of 10 comparisons)" in text
+    missing = text[text.index("## Missing"):]
+    for name in ("seeds", "heads", "downstream", "cpt", "cost", "loss_curves", "forest", "mechanism probe"):
+        assert name in missing
+    assert "table `table1`" not in missing
+
+
+def test_report_with_everything_present(runs, tmp_path):
+    rep = tmp_path / "reports"
+    for k in ("table1", "seeds", "heads"):
+        tables.make_table(k, runs, rep / k)
+    dirs, _ = fx.make_downstream(tmp_path / "ds")
+    tables.make_table("downstream", dirs, rep / "downstream", n_resamples=99)
+    cdirs, _ = fx.make_cpt(tmp_path / "cp", n=200)
+    tables.make_table("cpt", cdirs, rep / "cpt", n_resamples=99)
+    tables.make_table("cost", [fx.write_bench(tmp_path / "b.csv")], rep / "cost")
+    (rep / "figures").mkdir()
+    for name in report.FIGURES:  # report only links images; their content is tested in test_figures
+        (rep / "figures" / f"{name}.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (rep / "probe.json").write_text(json.dumps({"model": "m", "slices": 4, "n_tokens": 10, "kl_trained": 0.3,
+                                                "kl_null": 0.05, "mean_pairwise_cosine": 0.2}))
+    text = report.build_report(rep, rep / "REPORT.md")
+    assert "Nothing: every table and figure is present." in text
+    assert "](figures/forest.png)" in text and "best H=8 (interior: U-shape)" in text
+    assert "trained 0.273 vs null 0.038" in text and "| 0.3000 | 0.0500 | 6.00 |" in text
+    assert "(scale not in paper)" in text
