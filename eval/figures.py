@@ -23,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from . import io  # noqa: E402
+from . import results_io as io  # noqa: E402
 
 KINDS = ("loss_curves", "loss_vs_compute", "routing_heatmap", "head_sweep", "forest", "cost")
 VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "inconclusive at this power": "tab:gray"}

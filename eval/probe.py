@@ -210,7 +210,7 @@ def run_probe(model_path: str | Path, out: str | Path, slices: int = 4, batch: i
     """Load a model, probe it, write the JSON (with provenance) to ``out``; returns the dict."""
     from mhar.checkpoint import load_model
 
-    from .io import provenance
+    from .results_io import provenance
 
     torch.manual_seed(seed)
     model, tok, _ = load_model(model_path, routing_impl="eager")

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from . import io
+from . import results_io as io
 from . import stats as st
 
 TABLES = {  # name -> (title, input placeholder of the command that makes it)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from . import io
+from . import results_io as io
 from . import stats as st
 
 KINDS = ("table1", "downstream", "cpt", "heads", "seeds", "cost")

@@ -14,7 +14,7 @@ try:  # tests/ on sys.path (pytest's default rootdir-less import mode)
     import fixtures_analysis as fx
 except ImportError:  # tests imported as a package
     from tests import fixtures_analysis as fx
-from eval import figures, io, tables
+from eval import figures, results_io as io, tables
 
 
 @pytest.fixture(scope="module")

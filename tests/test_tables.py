@@ -15,7 +15,7 @@ try:  # tests/ on sys.path (pytest's default rootdir-less import mode)
     import fixtures_analysis as fx
 except ImportError:  # tests imported as a package
     from tests import fixtures_analysis as fx
-from eval import io, report, stats as st, tables
+from eval import report, results_io as io, stats as st, tables
 
 PAPER = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "PAPER.md"
 

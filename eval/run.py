@@ -1,0 +1,397 @@
+"""Evaluate one checkpoint on a list of lm-eval tasks, keeping every per-document result.
+
+    python -m eval.run --model RUN_DIR/model.pt --tasks wikitext,lambada_openai,hellaswag,gsm8k,gpqa_main_zeroshot \\
+        --out EVAL_DIR [--limit N | --subset first:N | --subset random:N:SEED] [--device cpu] [--batch-size N]
+    python -m eval.run --model hf:<path or hub name> ...      # a Hugging Face checkpoint (lm-eval's HF model)
+
+Python: ``evaluate_model(model_path, tasks, out_dir, subset="first:200", device="cpu")``.
+
+Outputs per task (docs/ARCHITECTURE.md "Evaluation outputs"):
+  ``OUT/<task>/samples.jsonl``  one line per document: doc_id, prompt_hash, target, metrics, responses
+  ``OUT/<task>/results.json``   aggregate metrics with standard errors, n, subset, model, provenance
+Data: the local mirror when ``MHAR_DATA_DIR`` (or ``data_dir``) is set, else the hub.
+Each task is a separate lm-eval run, so its results do not depend on which other tasks are listed.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .data_local import STANDARD_TASKS, DataSource
+
+log = logging.getLogger("eval.run")
+RESULTS_FILE = "results.json"
+SAMPLES_FILE = "samples.jsonl"
+
+
+# --- which documents ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Subset:
+    """``full`` | ``first:N`` (the paper's protocol: first N documents) | ``random:N:SEED``."""
+
+    kind: str = "full"
+    n: Optional[int] = None
+    seed: Optional[int] = None
+
+    @classmethod
+    def parse(cls, spec: "Optional[str | Subset]") -> "Subset":
+        if isinstance(spec, Subset):
+            return spec
+        if spec is None or spec == "full":
+            return cls()
+        parts = str(spec).split(":")
+        try:
+            if parts[0] == "first" and len(parts) == 2:
+                sub = cls("first", int(parts[1]))
+            elif parts[0] == "random" and len(parts) == 3:
+                sub = cls("random", int(parts[1]), int(parts[2]))
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"subset {spec!r}: expected 'full', 'first:N' or 'random:N:SEED' (N, SEED integers)"
+            ) from None
+        if sub.n is not None and sub.n < 1:
+            raise ValueError(f"subset {spec!r}: N must be >= 1")
+        return sub
+
+    def __str__(self) -> str:
+        return {"full": "full", "first": f"first:{self.n}", "random": f"random:{self.n}:{self.seed}"}[self.kind]
+
+    def doc_ids(self, n_docs: int) -> list[int]:
+        """Selected document indices (ascending) out of ``n_docs``; N is capped at ``n_docs``."""
+        if self.kind == "full":
+            return list(range(n_docs))
+        n = min(self.n, n_docs)
+        if self.kind == "first":
+            return list(range(n))
+        return sorted(random.Random(self.seed).sample(range(n_docs), n))
+
+
+# --- the model ---------------------------------------------------------------------------
+@dataclass
+class ModelSpec:
+    """``hf:<path or name>`` -> lm-eval's HF model; anything else -> our exported model.pt."""
+
+    path: str
+    device: str = "cpu"
+    batch_size: int = 8
+    max_length: Optional[int] = None
+    dtype: Optional[str] = None
+
+    @property
+    def kind(self) -> str:
+        return "hf" if self.path.startswith("hf:") else "mhar"
+
+    def load(self):
+        """Return ``(lm, info)``: an lm-eval LM and the settings that produced it."""
+        from lm_eval.api.registry import get_model
+
+        if self.kind == "hf":
+            args: dict[str, Any] = {"pretrained": self.path[3:], "dtype": self.dtype or "auto"}
+            if self.max_length is not None:
+                args["max_length"] = self.max_length
+            lm = get_model("hf").create_from_arg_obj(args, {"batch_size": self.batch_size, "device": self.device})
+            return lm, {"adapter": "hf", **args, "batch_size": self.batch_size, "device": self.device,
+                        "max_length": lm.max_length}
+        if not Path(self.path).exists():
+            raise FileNotFoundError(f"--model {self.path}: no such checkpoint (expected RUN_DIR/model.pt or hf:<name>)")
+        from .adapter import MharLM
+
+        lm = MharLM(pretrained=self.path, device=self.device, batch_size=self.batch_size,
+                    max_length=self.max_length, dtype=self.dtype)
+        return lm, lm.describe()
+
+
+# --- lm-eval output -> our files --------------------------------------------------------
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    if hasattr(x, "item"):  # numpy / torch scalars
+        return x.item()
+    return str(x)
+
+
+def _metric_key(metric: str, filter_key: str) -> str:
+    return metric if filter_key == "none" else f"{metric},{filter_key}"
+
+
+def prompt_hash(arguments: Sequence[Any]) -> str:
+    """sha256 of all of a document's request arguments (contexts, continuations, gen settings)."""
+    blob = json.dumps(_jsonable(arguments), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def sample_records(samples: list[dict], output_type: str) -> list[dict]:
+    """lm-eval logged samples (one per document and filter) -> one record per document.
+
+    ``metrics`` holds each document's metric value under ``metric`` (filter ``none``) or
+    ``metric,filter``; perplexity-type metrics keep lm-eval's per-document item
+    (``[loglikelihood, n_words|n_bytes]`` for wikitext, the loglikelihood for lambada).
+    """
+    by_doc: dict[int, dict] = {}
+    for s in samples:
+        doc_id = int(s["doc_id"])
+        filt = s.get("filter", "none")
+        rec = by_doc.get(doc_id)
+        if rec is None:
+            target = None if output_type == "loglikelihood_rolling" else _jsonable(s["target"])
+            rec = by_doc[doc_id] = {
+                "doc_id": doc_id,
+                "prompt_hash": prompt_hash(s["arguments"]),
+                "target": target,  # rolling tasks: the document itself (see target_hash)
+                "target_hash": s.get("target_hash"),
+                "doc_hash": s.get("doc_hash"),
+                "metrics": {},
+                "responses": {},
+            }
+            if output_type == "generate_until":
+                rec["generation"] = _jsonable(s["resps"][0][0]) if s["resps"] and s["resps"][0] else None
+        for m in s["metrics"]:
+            rec["metrics"][_metric_key(m, filt)] = _jsonable(s[m])
+        rec["responses"][filt] = _jsonable(s["filtered_resps"])
+    return [by_doc[k] for k in sorted(by_doc)]
+
+
+def aggregate_metrics(task_results: dict) -> dict:
+    """lm-eval's ``{"acc,none": x, "acc_stderr,none": se}`` -> ``{"acc": x, "acc_stderr": se}``.
+
+    Metrics with a filter keep it (``exact_match,strict-match``); a standard error that
+    lm-eval does not provide (``"N/A"``) becomes ``None``.
+    """
+    out = {}
+    for key, value in task_results.items():
+        if "," not in key:
+            continue  # alias, sample_len, ...
+        metric, filt = key.split(",", 1)
+        out[_metric_key(metric, filt)] = None if value == "N/A" else _jsonable(value)
+    return out
+
+
+def fill_missing_stderrs(metrics: dict, samples: list[dict], aggregations: dict, iters: int) -> dict[str, str]:
+    """Bootstrap (over documents) the stderrs lm-eval leaves out (wikitext's perplexities, bits per byte).
+
+    Uses lm-eval's own ``bootstrap_stderr`` on the task's aggregation function; updates
+    ``metrics`` in place and returns ``{metric: how its stderr was obtained}``.
+    """
+    from lm_eval.api.metrics import bootstrap_stderr
+
+    how = {}
+    for name in list(metrics):
+        base, sep, filt = name.partition(",")
+        if base.endswith("_stderr"):
+            continue
+        key = f"{base}_stderr{sep}{filt}"
+        if metrics.get(key) is not None or base not in aggregations:
+            how[name] = "lm-eval" if metrics.get(key) is not None else "none"
+            continue
+        items = [s[base] for s in samples if s.get("filter", "none") == (filt or "none") and base in s]
+        if iters > 0 and len(items) > 1:
+            metrics[key] = float(bootstrap_stderr(aggregations[base], items, iters=iters))
+            how[name] = f"bootstrap over documents ({iters} draws, lm_eval.api.metrics.bootstrap_stderr)"
+        else:
+            how[name] = "none"
+    return how
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _provenance(config: dict) -> dict:
+    try:
+        from mhar.provenance import collect_provenance
+    except ImportError:  # older checkout: minimal fallback
+        import platform
+
+        return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": list(sys.argv),
+                "platform": platform.platform(), "config": config}
+    return collect_provenance(config)
+
+
+@contextlib.contextmanager
+def _caller_rng_kept():
+    """lm-eval reseeds python/numpy/torch RNGs; give the caller (e.g. a training loop) its state back."""
+    import numpy as np
+    import torch
+
+    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+# --- one task ---------------------------------------------------------------------------
+def evaluate_task(lm, model_info: dict, task_name: str, source: DataSource, task_manager, subset: Subset,
+                  out_dir: Path, bootstrap_iters: int = 100000, model_path: str = "") -> dict:
+    """Run ``task_name`` on the selected documents; write samples.jsonl and results.json."""
+    import lm_eval
+    from lm_eval.evaluator import simple_evaluate
+
+    missing = source.missing_files(task_name)
+    if missing:
+        raise FileNotFoundError(
+            f"task {task_name}: local data missing: {', '.join(map(str, missing))} "
+            f"({source.describe()}); see shared/data/MANIFEST.md, or unset MHAR_DATA_DIR to use the hub"
+        )
+    try:
+        task = task_manager.load([task_name])["tasks"][task_name]
+    except KeyError:
+        known = STANDARD_TASKS if not source.is_local else sorted(p for p in task_manager.all_subtasks)
+        raise KeyError(f"unknown task {task_name!r} for {source.describe()}; known: {', '.join(known)}") from None
+    except Exception as e:
+        if source.is_local:
+            raise
+        raise RuntimeError(f"task {task_name}: could not load its Hugging Face hub dataset ({type(e).__name__}: {e}); "
+                           "offline? set MHAR_DATA_DIR to the local mirror (layout of shared/data)") from e
+    n_docs = len(task.eval_docs)
+    doc_ids = subset.doc_ids(n_docs)
+    kwargs: dict[str, Any] = {}
+    if subset.kind == "first":
+        kwargs["limit"] = len(doc_ids)
+    elif subset.kind == "random":
+        kwargs["samples"] = {task_name: doc_ids}
+    t0 = time.time()
+    res = simple_evaluate(model=lm, tasks=[task], log_samples=True, bootstrap_iters=bootstrap_iters,
+                          task_manager=task_manager, **kwargs)
+    wall = time.time() - t0
+    records = sample_records(res["samples"][task_name], task.OUTPUT_TYPE)
+    got = [r["doc_id"] for r in records]
+    if got != doc_ids:
+        raise RuntimeError(f"task {task_name}: lm-eval evaluated documents {got[:10]}... not the selection {doc_ids[:10]}...")
+
+    metrics = aggregate_metrics(res["results"][task_name])
+    stderr_source = fill_missing_stderrs(metrics, res["samples"][task_name], task.aggregation(), bootstrap_iters)
+
+    task_dir = Path(out_dir) / task_name
+    _atomic_write(task_dir / SAMPLES_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    settings = {"task": task_name, "model": model_path, "subset": str(subset), "bootstrap_iters": bootstrap_iters,
+                "data_source": source.describe(), "model_info": model_info}
+    summary = {
+        "task": task_name,
+        "model": model_path,
+        "model_kind": model_info.get("adapter"),
+        "metrics": metrics,
+        "stderr_source": stderr_source,
+        "higher_is_better": _jsonable(res.get("higher_is_better", {}).get(task_name, {})),
+        "n": len(records),
+        "n_docs_total": n_docs,
+        "subset": {"spec": str(subset), **asdict(subset)},
+        "doc_ids": doc_ids,
+        "num_fewshot": _jsonable(res.get("n-shot", {}).get(task_name)),
+        "output_type": task.OUTPUT_TYPE,
+        "data_source": source.describe(),
+        "data_files": source.file_hashes(task_name),
+        "model_info": _jsonable(model_info),
+        "bootstrap_iters": bootstrap_iters,
+        "wall_s": round(wall, 3),
+        "lm_eval": {"version": lm_eval.__version__, "results": _jsonable(res["results"][task_name]),
+                    "version_of_task": _jsonable(res.get("versions", {}).get(task_name)),
+                    "config": _jsonable(res.get("configs", {}).get(task_name))},
+        "samples_file": SAMPLES_FILE,
+        "provenance": _provenance(settings),
+    }
+    _atomic_write(task_dir / RESULTS_FILE, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    return summary
+
+
+# --- public entry points ------------------------------------------------------------------
+def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, out_dir: str | os.PathLike,
+                   subset: Optional[str | Subset] = None, device: Optional[str] = None, batch_size: int = 8,
+                   limit: Optional[int] = None, max_length: Optional[int] = None, dtype: Optional[str] = None,
+                   bootstrap_iters: int = 100000, data_dir: Optional[str | os.PathLike] = None,
+                   lm: Any = None) -> dict[str, dict]:
+    """Evaluate one checkpoint on ``tasks``; returns ``{task: results.json content}``.
+
+    ``model_path``: an exported ``model.pt`` (or its run dir) or ``hf:<path or name>``.
+    ``subset``: ``None``/``"full"``, ``"first:N"``, ``"random:N:SEED"``; ``limit=N`` means ``first:N``.
+    ``data_dir``: local mirror (default ``MHAR_DATA_DIR``; unset -> Hugging Face hub).
+    ``lm``: an already-built lm-eval LM to use instead of loading ``model_path`` (e.g. an
+    in-memory ``MharLM.from_model``); ``model_path`` is then only recorded.
+    """
+    if limit is not None and subset is not None:
+        raise ValueError("give either limit or subset, not both (limit=N is subset='first:N')")
+    sub = Subset.parse(f"first:{int(limit)}" if limit is not None else subset)
+    task_list = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
+    if not task_list:
+        raise ValueError("no tasks given (e.g. --tasks wikitext,lambada_openai)")
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    source = DataSource.from_env(data_dir)
+    with _caller_rng_kept():  # model building and lm-eval consume / reseed the global RNGs
+        if lm is None:
+            lm, info = ModelSpec(str(model_path), device, batch_size, max_length, dtype).load()
+        else:
+            info = lm.describe() if hasattr(lm, "describe") else {"adapter": type(lm).__name__}
+        tm = source.task_manager()
+        out = {}
+        for name in task_list:
+            log.info("evaluating %s on %s (%s, %s)", model_path, name, sub, source.describe())
+            out[name] = evaluate_task(lm, info, name, source, tm, sub, Path(out_dir), bootstrap_iters, str(model_path))
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eval.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="RUN_DIR/model.pt or hf:<path or hub name>")
+    p.add_argument("--tasks", required=True, help=f"comma-separated, e.g. {','.join(STANDARD_TASKS)}")
+    p.add_argument("--out", required=True, help="output dir; writes OUT/<task>/{results.json,samples.jsonl}")
+    sel = p.add_mutually_exclusive_group()
+    sel.add_argument("--limit", type=int, help="first N documents (same as --subset first:N)")
+    sel.add_argument("--subset", help="full | first:N | random:N:SEED")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-length", type=int, default=None, help="context length (default: the model's training context)")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: as stored / HF auto)")
+    p.add_argument("--bootstrap-iters", type=int, default=100000, help="lm-eval bootstrap draws for stderrs (0: none)")
+    p.add_argument("--data-dir", default=None, help="local data mirror (default: $MHAR_DATA_DIR; unset: hub)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    results = evaluate_model(args.model, args.tasks, args.out, subset=args.subset, limit=args.limit,
+                             device=args.device, batch_size=args.batch_size, max_length=args.max_length,
+                             dtype=args.dtype, bootstrap_iters=args.bootstrap_iters, data_dir=args.data_dir)
+    for name, summary in results.items():
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in summary["metrics"].items()
+                          if isinstance(v, (int, float)) and "_stderr" not in k)
+        print(f"{name} (n={summary['n']}): {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

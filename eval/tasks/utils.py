@@ -1,0 +1,128 @@
+"""Helpers for the local-mirror task YAMLs in this folder (offline evaluation).
+
+The YAMLs here reproduce lm-eval's stock tasks (``wikitext``, ``lambada_openai``,
+``hellaswag``, ``gsm8k``, ``gpqa_main_zeroshot``) prompt for prompt; only the data
+source differs. Each YAML names a loader below as its ``custom_dataset``;
+lm-eval calls it as ``loader(**task_metadata, **dataset_kwargs)``, so a loader gets
+``data_files`` (paths relative to the data directory, layout of ``shared/data``)
+and ``data_dir`` (put into the task metadata by ``eval.run``; falls back to
+``MHAR_DATA_DIR``).
+
+Prompt-building functions are the stock lm-eval ones, imported rather than
+rewritten, so the text the model sees is byte-identical to the hub tasks.
+
+GPQA is distributed as a password-protected zip (the password is published in
+the GPQA README to keep the questions out of web crawls). It is decrypted in
+memory only: no decrypted byte ever touches the disk (no temp file, no
+``datasets`` cache file, since the dataset is built in memory).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+import zipfile
+from pathlib import Path
+from typing import Any, Optional
+
+import datasets
+
+# Stock lm-eval prompt code, reused verbatim (identical prompts to the hub tasks).
+from lm_eval.tasks.gpqa.zeroshot.utils import preprocess as _gpqa_preprocess
+from lm_eval.tasks.hellaswag.utils import process_docs as hellaswag_process_docs  # noqa: F401
+from lm_eval.tasks.wikitext.preprocess_wikitext import (  # noqa: F401
+    process_results as wikitext_process_results,
+    wikitext_detokenizer,
+)
+
+# Published in https://github.com/idavidrein/gpqa (README), see shared/data/MANIFEST.md.
+GPQA_PASSWORD = b"deserted-untie-orchid"
+
+
+class LocalDataError(FileNotFoundError):
+    """A local data file is missing or is not the expected file."""
+
+
+def resolve_data_dir(data_dir: Optional[str] = None) -> Path:
+    d = data_dir or os.environ.get("MHAR_DATA_DIR")
+    if not d:
+        raise LocalDataError(
+            "local task needs a data directory: set MHAR_DATA_DIR (layout of shared/data) "
+            "or pass data_dir to eval.run.evaluate_model"
+        )
+    return Path(d).expanduser().resolve()
+
+
+def _resolve_files(data_files: dict[str, str], data_dir: Optional[str]) -> dict[str, str]:
+    root = resolve_data_dir(data_dir)
+    out = {}
+    for split, rel in data_files.items():
+        p = root / rel
+        if not p.is_file():
+            raise LocalDataError(
+                f"split {split!r}: data file {p} not found (MHAR_DATA_DIR={root}); "
+                f"see shared/data/MANIFEST.md for the expected layout"
+            )
+        out[split] = str(p)
+    return out
+
+
+def load_local_json(data_files: dict[str, str], data_dir: Optional[str] = None, **_: Any) -> datasets.DatasetDict:
+    """JSONL files (one split each, paths relative to the data dir) -> DatasetDict."""
+    return datasets.load_dataset("json", data_files=_resolve_files(data_files, data_dir))
+
+
+def read_gpqa_csv(zip_path: str | os.PathLike, member: str, sha256: Optional[str] = None) -> bytes:
+    """Decrypt one CSV member of the GPQA zip into memory (checked against ``sha256``)."""
+    try:
+        with zipfile.ZipFile(zip_path) as zf:
+            raw = zf.read(member, pwd=GPQA_PASSWORD)
+    except KeyError as e:
+        raise LocalDataError(f"{zip_path}: no member {member!r} (expected the GPQA dataset.zip)") from e
+    except RuntimeError as e:  # wrong password / encrypted differently
+        raise LocalDataError(f"{zip_path}: cannot decrypt {member!r}: {e}") from e
+    if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
+        raise LocalDataError(
+            f"{zip_path}:{member}: sha256 {hashlib.sha256(raw).hexdigest()} != expected {sha256} "
+            "(not the published GPQA file; see shared/data/MANIFEST.md)"
+        )
+    return raw
+
+
+def gpqa_shuffled_choices(doc: dict, rng: random.Random) -> dict:
+    """The stock ``gpqa/zeroshot/utils.py::process_docs`` fields for one row, with an explicit RNG."""
+    choices = [
+        _gpqa_preprocess(doc["Incorrect Answer 1"]),
+        _gpqa_preprocess(doc["Incorrect Answer 2"]),
+        _gpqa_preprocess(doc["Incorrect Answer 3"]),
+        _gpqa_preprocess(doc["Correct Answer"]),
+    ]
+    rng.shuffle(choices)
+    gold = choices.index(_gpqa_preprocess(doc["Correct Answer"]))
+    return {"choice1": choices[0], "choice2": choices[1], "choice3": choices[2], "choice4": choices[3],
+            "answer": f"({chr(65 + gold)})"}
+
+
+def load_gpqa_zip(data_files: dict[str, str], zip_member: str, sha256: Optional[str] = None,
+                  choice_shuffle_seed: int = 0, data_dir: Optional[str] = None, **_: Any) -> datasets.DatasetDict:
+    """GPQA from the encrypted zip, in memory, with the answer order fixed once.
+
+    lm-eval's stock ``process_docs`` shuffles the choices with the global RNG every
+    time the docs are read; on an in-memory dataset that would reshuffle between
+    building requests and scoring them. Here the shuffle is done once, in dataset
+    order, with ``random.Random(choice_shuffle_seed)``: the same draws the stock
+    code makes when the global RNG is freshly seeded with that seed, and the same
+    order for every model (so per-question results pair up).
+    """
+    import pandas as pd  # the HF csv builder parses with pandas too (same dtypes)
+
+    (split, rel), = data_files.items()
+    zip_path = _resolve_files({split: rel}, data_dir)[split]
+    frame = pd.read_csv(io.BytesIO(read_gpqa_csv(zip_path, zip_member, sha256)))
+    ds = datasets.Dataset.from_pandas(frame, preserve_index=False)  # in memory, NaN -> null
+    rng = random.Random(choice_shuffle_seed)
+    extra = [gpqa_shuffled_choices(row, rng) for row in ds]
+    for col in ("choice1", "choice2", "choice3", "choice4", "answer"):
+        ds = ds.add_column(col, [e[col] for e in extra])
+    return datasets.DatasetDict({split: ds})
