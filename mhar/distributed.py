@@ -1,0 +1,116 @@
+"""Process-group set-up and model wrapping (DDP, or FSDP2 for the large presets).
+
+Under ``torchrun`` (``WORLD_SIZE`` > 1) :func:`init_distributed` joins the process group
+(NCCL on GPU, gloo on CPU); otherwise it returns a single-process environment and nothing
+here touches ``torch.distributed``. The model itself knows nothing of this module.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+__all__ = ["DistEnv", "init_distributed", "shutdown", "barrier", "all_reduce_mean", "all_reduce_sum",
+           "wrap_model", "no_grad_sync", "resolve_device"]
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    parallel: str = "none"  # none | ddp | fsdp
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(pref: str, local_rank: int = 0) -> torch.device:
+    if pref == "cuda" or (pref == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(device_pref: str = "auto", parallel: str = "ddp") -> DistEnv:
+    """Join the process group when launched by torchrun (or with RANK/WORLD_SIZE set)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    device = resolve_device(device_pref, local)
+    if world > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                                    rank=rank, world_size=world)
+    return DistEnv(rank, world, local, device, parallel if world > 1 else "none")
+
+
+def shutdown(env: DistEnv) -> None:
+    if env.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        dist.barrier()
+
+
+def all_reduce_sum(t: Tensor, env: DistEnv) -> Tensor:
+    if env.distributed:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_mean(t: Tensor, env: DistEnv) -> Tensor:
+    return all_reduce_sum(t, env) / env.world_size
+
+
+def wrap_model(model: nn.Module, env: DistEnv) -> nn.Module:
+    """DDP (gradients averaged over ranks) or FSDP2 (attention/MLP of each layer sharded, then the root)."""
+    if env.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [env.device.index] if env.device.type == "cuda" else None
+        return DDP(model, device_ids=ids)
+    if env.parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        # The decoder calls each block's sublayers (not Block.forward), so the units are the
+        # attention and MLP modules; norms, embeddings and residual parameters go with the root.
+        for layer in model.layers:
+            fully_shard(layer.attn)
+            fully_shard(layer.mlp)
+        fully_shard(model)
+        return model
+    return model
+
+
+@contextlib.contextmanager
+def no_grad_sync(model: nn.Module, env: DistEnv, skip: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce for accumulation micro-steps other than the last."""
+    if not skip or env.parallel == "none":
+        yield
+    elif env.parallel == "ddp":
+        with model.no_sync():
+            yield
+    else:  # FSDP2
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)

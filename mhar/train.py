@@ -1,0 +1,528 @@
+"""Training: ``python -m mhar.train CONFIG [key=value ...] --out RUN_DIR [--stop-after K]``.
+
+AdamW (b1 0.9, b2 0.95, eps 1e-8, wd 0.1 on all parameters), linear warmup then cosine to
+``min_lr_ratio * lr``, global-norm clipping, bf16 autocast on GPU / fp32 on CPU, gradient
+accumulation up to the global batch, DDP or FSDP2 under ``torchrun``. The data order depends only
+on the data seed and data config (``mhar.data.BatchOrder``), so variants with one seed are paired.
+
+Continued-pretraining options (``train.init_from``, ``decay_filter``, ``z_loss``, ``ema_decay``,
+``log_batch_hash``; helpers in ``mhar.cpt.training``) start from an exported model with a fresh
+AdamW, decay only matrix weights, add the z-loss to the objective (the logged loss stays the
+cross-entropy), keep an EMA of the weights (``model.pt`` = EMA, ``model_raw.pt`` = last iterate)
+and log a sha256 of every step's batch. Their defaults leave from-scratch training unchanged.
+
+Run directory (docs/ARCHITECTURE.md "Run directory"): ``config.yaml``, ``metrics.jsonl``,
+``summary.json``, ``provenance.json``, ``model.pt``, ``checkpoint/state.pt``. Re-running into a
+directory that holds the same config resumes (or does nothing if finished); a different config
+is refused. A non-finite loss stops the run with :class:`TrainingDiverged` and leaves the last good
+checkpoint in place.
+
+FLOPs (cumulative, training only; PaLM appendix B convention, no causal-mask discount):
+``flops/token = 6 * N + 12 * n_layers * n_heads * head_dim * seq_len`` where ``N`` counts every
+matmul parameter: all parameters except the input embedding table, plus the output projection
+``d_model * vocab`` when it is tied to the embedding. Routing, norms and elementwise ops are left out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .checkpoint import CheckpointError, atomic_torch_save, save_model
+from .config import ConfigError
+from .cpt.training import EMA, batch_digest, load_init_weights, param_groups, z_loss
+from .data import DataError, TrainData, load_data
+from .distributed import DistEnv, all_reduce_mean, all_reduce_sum, barrier, init_distributed, no_grad_sync, shutdown, wrap_model
+from .model import Transformer
+from .provenance import collect_provenance, utc_now
+from .runconfig import RunConfig, dump_yaml, full_hash, load_run_config, run_config_from_dict, run_hash, yaml_load
+
+__all__ = ["train", "main", "lr_at", "flops_per_token", "TrainingDiverged", "RunDirError", "micro_step",
+           "STATE_FORMAT"]
+
+STATE_FORMAT = "mhar-train-state-v1"
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "provenance.json", "model.pt", "checkpoint")
+
+
+class TrainingDiverged(RuntimeError):
+    """Loss or gradient norm became NaN/inf."""
+
+
+class RunDirError(RuntimeError):
+    """The run directory belongs to a different run (nothing was written)."""
+
+
+# --- small pure pieces ----------------------------------------------------------------------------
+def lr_at(step: int, cfg: RunConfig) -> float:
+    """LR for optimizer update ``step`` (0-based): linear warmup, then cosine to min_lr_ratio * lr."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    span = max(1, t.steps - t.warmup_steps - 1)
+    progress = min(1.0, (step - t.warmup_steps) / span)
+    return t.lr * (t.min_lr_ratio + (1.0 - t.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def flops_per_token(model: Transformer, seq_len: int) -> float:
+    """Training FLOPs per token (see module docstring for the formula)."""
+    c = model.cfg
+    n = model.num_params(exclude_embedding=True)
+    if c.tie_embeddings:
+        n += c.d_model * c.vocab_size
+    return 6.0 * n + 12.0 * c.n_layers * c.n_heads * c.resolved_head_dim * seq_len
+
+
+def micro_step(model: nn.Module, x: Tensor, y: Tensor, autocast: Any) -> Tensor:
+    """Mean next-token loss of one micro-batch (fp32 scalar)."""
+    with autocast:
+        return model(x, labels=y).loss
+
+
+def micro_objective(model: nn.Module, x: Tensor, y: Tensor, autocast: Any, z_weight: float = 0.0
+                    ) -> tuple[Tensor, Tensor]:
+    """(next-token loss, objective to differentiate = loss + z_weight * z-loss) of one micro-batch."""
+    if not z_weight:
+        loss = micro_step(model, x, y, autocast)
+        return loss, loss
+    with autocast:
+        out = model(x, labels=y)
+    return out.loss, out.loss + z_weight * z_loss(out.logits, y)
+
+
+def _autocast(device: torch.device, dtype: str):
+    use_bf16 = dtype == "bf16" or (dtype == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+
+def _peak_mem_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def _rng_state() -> dict:
+    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["numpy"])
+    random.setstate(st["python"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+# --- run directory --------------------------------------------------------------------------------
+@dataclass
+class RunDir:
+    path: Path
+
+    config = property(lambda self: self.path / "config.yaml")
+    metrics = property(lambda self: self.path / "metrics.jsonl")
+    summary = property(lambda self: self.path / "summary.json")
+    provenance = property(lambda self: self.path / "provenance.json")
+    model = property(lambda self: self.path / "model.pt")
+    state = property(lambda self: self.path / "checkpoint" / "state.pt")
+
+    def status(self, cfg: RunConfig) -> str:
+        """'fresh' | 'resume' | 'done'; raises RunDirError for a directory of another run."""
+        if not self.config.is_file():
+            ours = [n for n in RUN_FILES if (self.path / n).exists()]
+            if ours:
+                raise RunDirError(f"{self.path} holds run files ({', '.join(ours)}) but no config.yaml; "
+                                  "refusing to overwrite them. Choose another --out or delete that directory.")
+            return "fresh"
+        try:
+            old = run_config_from_dict(yaml_load(self.config.read_text()))
+        except (ConfigError, Exception) as e:
+            raise RunDirError(f"{self.config} is unreadable ({e}); refusing to overwrite the run in {self.path}") from e
+        if full_hash(old) != full_hash(cfg):
+            diff = _dict_diff(old.to_dict(), cfg.to_dict())
+            raise RunDirError(f"{self.path} holds a run of a different config (differs in: {', '.join(diff[:8])}); "
+                              "refusing to overwrite it. Choose another --out (results/runs/<hash>/... "
+                              "separates configs) or delete that directory.")
+        if self.summary.is_file():
+            return "done"
+        return "resume" if self.state.is_file() else "fresh"
+
+
+def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    keys = sorted(set(a) | set(b))
+    out = []
+    for k in keys:
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _dict_diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out
+
+
+class MetricsLog:
+    """Append-only JSONL (rank 0 only); ``size()`` marks a checkpoint, ``truncate`` rolls back to it."""
+
+    def __init__(self, path: Path, enabled: bool):
+        self.path, self.enabled = path, enabled
+        self._f = None
+
+    def open(self, truncate_to: Optional[int]) -> None:
+        if not self.enabled:
+            return
+        if truncate_to is None or not self.path.is_file():
+            self.path.write_text("")
+        else:
+            with open(self.path, "r+b") as f:
+                f.truncate(truncate_to)
+        self._f = open(self.path, "a")
+
+    def write(self, row: dict) -> None:
+        if self._f is not None:
+            self._f.write(json.dumps(row) + "\n")
+
+    def size(self) -> int:
+        if self._f is None:
+            return 0
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        return self.path.stat().st_size
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+# --- state ----------------------------------------------------------------------------------------
+@dataclass
+class Progress:
+    """Counters that live in the checkpoint."""
+
+    step: int = 0
+    tokens: int = 0
+    flops: float = 0.0
+    wall_s: float = 0.0
+    train_s: float = 0.0
+    val_losses: list = field(default_factory=list)  # [[step, loss], ...]
+    last_ckpt_step: Optional[int] = None
+
+
+def _model_and_optim_state(model: nn.Module, raw: Transformer, opt: torch.optim.Optimizer, env: DistEnv):
+    if env.parallel == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        return get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return raw.state_dict(), opt.state_dict()
+
+
+def save_state(rd: RunDir, cfg: RunConfig, model: nn.Module, raw: Transformer, opt, prog: Progress,
+               metrics_bytes: int, env: DistEnv, ema: Optional[EMA] = None) -> None:
+    model_sd, opt_sd = _model_and_optim_state(model, raw, opt, env)
+    ema_sd = ema.state_dict() if ema is not None else None  # collective under FSDP
+    if env.is_main:
+        atomic_torch_save({
+            "format": STATE_FORMAT, "full_hash": full_hash(cfg), "model": model_sd, "optimizer": opt_sd,
+            "rng": _rng_state(), "progress": prog.__dict__, "metrics_bytes": metrics_bytes,
+            "data": {"seed": cfg.data_seed, "samples_seen": prog.step * cfg.train.global_batch},
+            **({"ema": ema_sd} if ema_sd is not None else {}),
+        }, rd.state)
+    barrier(env)
+
+
+def load_state(rd: RunDir, cfg: RunConfig) -> dict:
+    try:
+        blob = torch.load(rd.state, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise CheckpointError(f"training checkpoint {rd.state} is unreadable or corrupt ({type(e).__name__}: {e}); "
+                              f"nothing was overwritten. Delete {rd.state.parent} to restart the run from step 0.") from e
+    if not isinstance(blob, dict) or blob.get("format") != STATE_FORMAT:
+        raise CheckpointError(f"{rd.state} is not a {STATE_FORMAT} file; delete {rd.state.parent} to restart")
+    if blob.get("full_hash") != full_hash(cfg):
+        raise CheckpointError(f"{rd.state} was written by a different config; delete {rd.state.parent} to restart")
+    return blob
+
+
+def restore(blob: dict, model: nn.Module, raw: Transformer, opt, env: DistEnv) -> Progress:
+    if env.parallel == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(model, opt, model_state_dict=blob["model"], optim_state_dict=blob["optimizer"],
+                       options=StateDictOptions(full_state_dict=True))
+    else:
+        raw.load_state_dict(blob["model"])
+        opt.load_state_dict(blob["optimizer"])
+    _set_rng_state(blob["rng"])
+    return Progress(**blob["progress"])
+
+
+def _export_model(path: Path, model: nn.Module, raw: Transformer, cfg: RunConfig, env: DistEnv, extra: dict) -> None:
+    if env.parallel == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if env.is_main:
+            cpu = Transformer(cfg.model)
+            cpu.load_state_dict(sd)
+            save_model(path, cpu, cfg.data.tokenizer, extra)
+    elif env.is_main:
+        save_model(path, raw, cfg.data.tokenizer, extra)
+    barrier(env)
+
+
+# --- the loop -------------------------------------------------------------------------------------
+class Progressbar:
+    """tqdm on a TTY, periodic log lines otherwise (rank 0 only)."""
+
+    def __init__(self, total: int, start: int, every: int, enabled: bool, log: Callable[[str], None]):
+        self.every, self.enabled, self.log, self.bar = every, enabled, log, None
+        if enabled and sys.stdout.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, dynamic_ncols=True)
+
+    def update(self, step: int, row: dict, tok_s: float) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}", tok_s=f"{tok_s:,.0f}")
+        elif step % self.every == 0:
+            self.log(f"step {step} loss {row['loss']:.4f} lr {row['lr']:.3e} gnorm {row['grad_norm']:.3f} "
+                     f"tokens {row['tokens']:,} tok/s {tok_s:,.0f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: TrainData, cfg: RunConfig, env: DistEnv) -> float:
+    """Token-weighted mean loss over the fixed validation set (identical at every evaluation)."""
+    model.eval()
+    autocast = _autocast(env.device, cfg.train.dtype)
+    total = torch.zeros(2, dtype=torch.float64, device=env.device)
+    for x, y in data.val_batches(cfg.train.micro_batch, env.rank, env.world_size):
+        x, y = x.to(env.device), y.to(env.device)
+        loss = micro_step(model, x, y, autocast)
+        total += torch.stack([loss.double() * y.numel(), torch.tensor(float(y.numel()), device=env.device).double()])
+    total = all_reduce_sum(total, env)
+    model.train()
+    return float(total[0] / total[1])
+
+
+def _log(env: DistEnv) -> Callable[[str], None]:
+    return (lambda msg: print(f"[mhar.train] {msg}", flush=True)) if env.is_main else (lambda msg: None)
+
+
+def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[int] = None) -> Optional[dict]:
+    """Train (or resume, or skip if finished) the run in ``out_dir``; returns the summary dict.
+
+    ``stop_after=k`` checkpoints after step k and returns None (as if the job were killed there).
+    """
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    env = init_distributed(cfg.train.device, cfg.train.parallel)
+    try:
+        return _train(cfg, RunDir(Path(out_dir)), env, stop_after)
+    finally:
+        shutdown(env)
+
+
+def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) -> Optional[dict]:
+    log, t = _log(env), cfg.train
+    status = rd.status(cfg)
+    if status == "done":
+        log(f"{rd.path} already holds the finished run of this config; nothing to do")
+        return json.loads(rd.summary.read_text())
+    blob = load_state(rd, cfg) if status == "resume" else None
+    accum = t.global_batch // (t.micro_batch * env.world_size)
+    if accum * t.micro_batch * env.world_size != t.global_batch:
+        raise ConfigError(f"train.global_batch={t.global_batch} is not divisible by micro_batch*world_size="
+                          f"{t.micro_batch}*{env.world_size}")
+
+    # data: rank 0 tokenizes (once, cached), the others then read the cache
+    if env.is_main:
+        data = load_data(cfg.data, cfg.model.vocab_size, t.global_batch, cfg.data_seed, log)
+    barrier(env)
+    if not env.is_main:
+        data = load_data(cfg.data, cfg.model.vocab_size, t.global_batch, cfg.data_seed, log)
+
+    torch.manual_seed(t.seed)
+    raw = Transformer(cfg.model)
+    if t.init_from:  # continued pretraining: start from exported weights; the optimizer cold-starts
+        load_init_weights(raw, t.init_from)
+    raw = raw.to(env.device)
+    opt_kwargs = dict(lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay)
+    model = wrap_model(raw, env)
+    if env.device.type == "cuda":
+        opt_kwargs["fused"] = True
+    opt = torch.optim.AdamW(param_groups(model, t.weight_decay, t.decay_filter), **opt_kwargs)
+    prog = Progress()
+    if blob is not None:
+        prog = restore(blob, model, raw, opt, env)
+        log(f"resuming {rd.path} from step {prog.step}")
+    ema = EMA(model, t.ema_decay) if t.ema_decay > 0 else None
+    if ema is not None and blob is not None:
+        ema.load_state_dict(blob["ema"])
+    fwd = torch.compile(model) if t.compile else model
+
+    if env.is_main:
+        rd.path.mkdir(parents=True, exist_ok=True)
+        if status == "fresh":
+            rd.config.write_text(dump_yaml(cfg.to_dict()))
+        prov = collect_provenance(cfg.to_dict())
+        prov.update(run_hash=run_hash(cfg), full_hash=full_hash(cfg), start_time=utc_now(), end_time=None,
+                    world_size=env.world_size, parallel=env.parallel, device=str(env.device),
+                    resumed_from_step=prog.step if blob is not None else None)
+        if blob is not None and rd.provenance.is_file():  # keep the first segment's start time
+            old = json.loads(rd.provenance.read_text())
+            prov["start_time"] = old.get("start_time", prov["start_time"])
+            prov["resumes"] = old.get("resumes", []) + [{"step": prog.step, "time_utc": prov["time_utc"]}]
+        rd.provenance.write_text(json.dumps(prov, indent=1, default=str))
+    metrics = MetricsLog(rd.metrics, env.is_main)
+    metrics.open(blob["metrics_bytes"] if blob is not None else None)
+
+    fpt = flops_per_token(raw, cfg.data.seq_len)
+    tokens_per_step = t.global_batch * cfg.data.seq_len
+    autocast = _autocast(env.device, t.dtype)
+    bar = Progressbar(t.steps, prog.step, t.log_every, env.is_main, log)
+    if env.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(env.device)
+    log(f"{cfg.variant}/{cfg.size}/seed{t.seed}: {raw.num_params():,} params, {t.steps} steps x "
+        f"{tokens_per_step:,} tokens, accum {accum}, world {env.world_size}, device {env.device}")
+    seg_start, wall0 = time.time(), prog.wall_s
+    model.train()
+    try:
+        while prog.step < t.steps:
+            t_step = time.time()
+            lr = lr_at(prog.step, cfg)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            loss_sum = torch.zeros((), device=env.device)
+            batches = list(data.micro_batches(prog.step, env.rank, env.world_size, t.micro_batch))
+            for i, (x, y) in enumerate(batches):
+                x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
+                with no_grad_sync(model, env, skip=i < len(batches) - 1):
+                    loss, objective = micro_objective(fwd, x, y, autocast, t.z_loss)
+                    (objective / accum).backward()
+                loss_sum += loss.detach().float()
+            loss_val = float(all_reduce_mean(loss_sum / accum, env))
+            if t.grad_clip > 0:
+                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+            else:
+                gnorm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+            gnorm = float(gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm)
+            if not (math.isfinite(loss_val) and math.isfinite(gnorm)):
+                where = (f"the last good checkpoint (step {prog.last_ckpt_step}) is kept in {rd.state}"
+                         if prog.last_ckpt_step is not None else "no checkpoint had been written yet")
+                raise TrainingDiverged(f"non-finite loss/grad norm at step {prog.step + 1} (loss={loss_val}, "
+                                       f"grad_norm={gnorm}); run stopped, {where}. Lower train.lr or raise "
+                                       "train.warmup_steps, then delete the checkpoint or resume from it.")
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if ema is not None:
+                ema.update()
+            prog.step += 1
+            prog.tokens += tokens_per_step
+            prog.flops += fpt * tokens_per_step
+            prog.train_s += time.time() - t_step
+            prog.wall_s = wall0 + time.time() - seg_start
+            row = {"split": "train", "step": prog.step, "loss": loss_val, "lr": lr, "grad_norm": gnorm,
+                   "tokens": prog.tokens, "wall_s": round(prog.wall_s, 3), "flops": prog.flops}
+            if t.log_batch_hash:
+                row["batch_sha256"] = batch_digest(batches)
+            metrics.write(row)
+            bar.update(prog.step, row, prog.tokens / max(prog.train_s, 1e-9))
+
+            final = prog.step == t.steps
+            if prog.step % t.eval_every == 0 or final:
+                val = evaluate(fwd, data, cfg, env)
+                prog.val_losses.append([prog.step, val])
+                prog.wall_s = wall0 + time.time() - seg_start
+                metrics.write({"split": "val", "step": prog.step, "val_loss": val, "tokens": prog.tokens,
+                               "wall_s": round(prog.wall_s, 3), "flops": prog.flops})
+                log(f"step {prog.step} val_loss {val:.4f}")
+            stopping = stop_after is not None and prog.step >= stop_after and not final
+            if prog.step % t.checkpoint_every == 0 or final or stopping:
+                prog.last_ckpt_step = prog.step
+                save_state(rd, cfg, model, raw, opt, prog, metrics.size(), env, ema)
+                if t.save_model_every_checkpoint and not final:
+                    _export_model(rd.path / "checkpoint" / "model.pt", model, raw, cfg, env, {"step": prog.step})
+            if stopping:
+                log(f"stopped after step {prog.step} (--stop-after); resume by running the same command again")
+                return None
+    finally:
+        bar.close()
+        metrics.close()
+
+    summary = _summary(cfg, raw, prog, env)
+    extra = {"run_hash": run_hash(cfg), "step": prog.step, "variant": cfg.variant, "size": cfg.size, "seed": t.seed}
+    if ema is None:
+        _export_model(rd.model, model, raw, cfg, env, extra)
+    else:  # model.pt holds the EMA weights (what gets evaluated), model_raw.pt the last iterate
+        _export_model(rd.path / "model_raw.pt", model, raw, cfg, env, {**extra, "weights": "raw"})
+        with ema.applied():
+            summary["final_val_loss_ema"] = evaluate(fwd, data, cfg, env)
+            _export_model(rd.model, model, raw, cfg, env, {**extra, "weights": f"ema{t.ema_decay}"})
+    if env.is_main:
+        rd.summary.write_text(json.dumps(summary, indent=1))
+        prov = json.loads(rd.provenance.read_text())
+        prov["end_time"] = utc_now()
+        rd.provenance.write_text(json.dumps(prov, indent=1, default=str))
+        log(f"done: tail-mean val loss {summary['tail_mean_val_loss']:.4f} over the last "
+            f"{len(summary['val_losses'][-t.tail_k:])} evals -> {rd.path}")
+    return summary
+
+
+def _summary(cfg: RunConfig, raw: Transformer, prog: Progress, env: DistEnv) -> dict:
+    t = cfg.train
+    tail = [v for _, v in prog.val_losses[-t.tail_k:]]
+    return {
+        "variant": cfg.variant, "size": cfg.size, "seed": t.seed, "config_hash": run_hash(cfg),
+        "steps": prog.step, "tokens": prog.tokens,
+        "tail_mean_val_loss": float(np.mean(tail)) if tail else None, "tail_k": t.tail_k,
+        "final_val_loss": prog.val_losses[-1][1] if prog.val_losses else None,
+        "val_losses": prog.val_losses, "wall_s": round(prog.wall_s, 3), "flops": prog.flops,
+        "params": raw.num_params(), "tokens_per_s": prog.tokens / max(prog.train_s, 1e-9),
+        "peak_mem_gb": round(_peak_mem_gb(env.device), 3),
+    }
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mhar.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("config", help="run config YAML (see config/train/)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.lr=3e-4")
+    p.add_argument("--out", required=True, help="run directory (created; resumed if it holds this config)")
+    p.add_argument("--stop-after", type=int, default=None, help="checkpoint and exit after this step")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and its hash, then exit")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_run_config(args.config, args.overrides)
+        if args.print_config:
+            print(dump_yaml(cfg.to_dict()) + f"# run_hash: {run_hash(cfg)}")
+            return 0
+        train(cfg, args.out, stop_after=args.stop_after)
+    except (ConfigError, DataError, RunDirError, CheckpointError, TrainingDiverged) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Run config: YAML + dotted overrides, validation errors, hashing, example configs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mhar.config import ConfigError, PRESETS
+from mhar.runconfig import (HASH_EXCLUDE, dump_yaml, full_hash, load_run_config, run_config_from_dict, run_hash,
+                            yaml_load)
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "config" / "train").glob("*.yaml"))
+
+
+def test_yaml_file_and_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model:\n  preset: tiny\n  residual: {variant: mhar, heads: 4}\ntrain:\n  lr: 3e-4\n  steps: 10\n")
+    cfg = load_run_config(f, ["train.steps=20", "model.residual.heads=8", "data.seq_len=128", "meta.size=small",
+                              "train.warmup_steps=2"])
+    assert cfg.train.lr == 3e-4 and isinstance(cfg.train.lr, float)  # YAML-1.2 float, not the string "3e-4"
+    assert cfg.train.steps == 20 and cfg.model.residual.heads == 8 and cfg.data.seq_len == 128
+    assert cfg.model.d_model == PRESETS["tiny"]["d_model"]
+    assert (cfg.variant, cfg.size, cfg.seed, cfg.data_seed) == ("mhar", "small", 0, 0)
+    assert load_run_config(None, ["data.seed=5"]).data_seed == 5
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_run_config(None, ["model.preset=debug", "model.n_layers=3", "train.lr=2e-3"])
+    again = run_config_from_dict(yaml_load(dump_yaml(cfg.to_dict())))
+    assert again.to_dict() == cfg.to_dict() and full_hash(again) == full_hash(cfg)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["train.lrr=1"], "train.lrr"),
+    (["trainer.lr=1"], "trainer"),
+    (["model.residual.variant=nope"], "model.residual.variant"),
+    (["model.d_modell=3"], "model.d_modell"),
+    (["train.steps=ten"], "train.steps: expected int"),
+    (["train.global_batch=10", "train.micro_batch=4"], "train.global_batch"),
+    (["data.seq_len=100000"], "model.max_seq_len"),
+    (["data.holdout=random"], "data.holdout"),
+    (["train.device=tpu"], "train.device"),
+    (["train.lr"], "key=value"),
+])
+def test_bad_config_names_the_key(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_run_config(None, overrides)
+
+
+def test_missing_or_bad_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_run_config(tmp_path / "none.yaml")
+    (tmp_path / "bad.yaml").write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_run_config(tmp_path / "bad.yaml")
+
+
+def test_run_hash_ignores_variant_size_seed_but_not_hyperparameters():
+    base = ["model.preset=debug"]
+    h = run_hash(load_run_config(None, base))
+    for same in (["model.residual.variant=mhar", "model.residual.heads=4"], ["train.seed=3"], ["meta.size=x"],
+                 ["meta.variant=mhar8"], ["train.log_every=1"]):
+        assert run_hash(load_run_config(None, base + same)) == h, same
+    for other in (["train.lr=1e-2"], ["data.seq_len=64"], ["data.corpus=nltk_gutenberg"], ["model.n_layers=3"],
+                  ["train.steps=7"]):
+        assert run_hash(load_run_config(None, base + other)) != h, other
+    # the full hash (run-directory guard) does see variant and seed
+    assert full_hash(load_run_config(None, base + ["train.seed=3"])) != full_hash(load_run_config(None, base))
+    assert "model.residual" in HASH_EXCLUDE
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_example_configs_load(path):
+    cfg = load_run_config(path)
+    assert cfg.train.global_batch % cfg.train.micro_batch == 0
+
+
+def test_example_configs_exist():
+    names = {p.name for p in CONFIGS}
+    assert {"debug.yaml", "cpu_tiny.yaml", "paper_100M.yaml", "gpu_smoke.yaml"} <= names
