@@ -1,7 +1,7 @@
 """Training data: corpora -> tokenize-once memmap shards -> packed sequences -> paired batch order.
 
 Corpus specs (``data.corpus``):
-  * ``tinyshakespeare``  ``<data_dir>/tinyshakespeare/input.txt`` (one document, no held-out split)
+  * ``tinyshakespeare``  ``<data_dir>/tinyshakespeare/input.txt`` (one document, tail hold-out); without a data dir, hub ``karpathy/tiny_shakespeare``
   * ``nltk_gutenberg``   ``<data_dir>/nltk_gutenberg/gutenberg/*.txt`` (each file one document, Latin-1)
   * ``wikitext2``        ``<data_dir>/wikitext-2-raw-v1/{validation,test}.jsonl`` (field ``page``; no train
                          split locally, so usable as ``data.val_corpus`` only); without a data dir it is
@@ -223,7 +223,13 @@ _LOCAL = {
     "wikitext2": ({"validation": "wikitext-2-raw-v1/validation.jsonl", "test": "wikitext-2-raw-v1/test.jsonl"},
                   "utf-8", "page"),
 }
-_HUB_FALLBACK = {"wikitext2": ("Salesforce/wikitext", "wikitext-2-raw-v1", "text")}
+# Used when no local data directory is set (users with internet). The hub copy of
+# tiny-shakespeare ships its own train/validation/test split (parquet, one row per split),
+# which is then used instead of the local file's tail hold-out.
+_HUB_FALLBACK = {
+    "wikitext2": ("Salesforce/wikitext", "wikitext-2-raw-v1", "text"),
+    "tinyshakespeare": ("karpathy/tiny_shakespeare", None, "text"),
+}
 
 
 def _split_of(path: Path) -> Optional[str]:

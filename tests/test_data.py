@@ -140,7 +140,9 @@ def test_unigram_entropy_matches_scipy():
 def test_clear_errors(tmp_path, monkeypatch):
     monkeypatch.delenv("MHAR_DATA_DIR", raising=False)
     with pytest.raises(DataError, match="MHAR_DATA_DIR"):
-        resolve_corpus("tinyshakespeare", None)
+        resolve_corpus("nltk_gutenberg", None)  # local-only corpus: no hub fallback
+    hub = resolve_corpus("tinyshakespeare", None)  # falls back to the hub copy (not contacted here)
+    assert hub.fingerprint() == {"kind": "hf", "path": "karpathy/tiny_shakespeare", "name": None, "text_field": "text"}
     with pytest.raises(DataError, match="no file or directory"):
         resolve_corpus("nope.txt", tmp_path)
     with pytest.raises(DataError, match="does not exist"):
