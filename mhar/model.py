@@ -35,9 +35,14 @@ class RMSNorm(nn.Module):
 
 
 def rope_frequencies(cfg: ModelConfig) -> Tensor:
-    """Inverse frequencies (head_dim/2,), with optional Llama-3 frequency scaling."""
+    """Inverse frequencies (head_dim/2,), with optional Llama-3 frequency scaling.
+
+    Computed in fp32 with the same operations as Hugging Face transformers
+    (``compute_default_rope_parameters`` / ``_compute_llama3_parameters``), so a
+    converted Llama checkpoint reproduces its logits bit for bit (``mhar.cpt``).
+    """
     hd = cfg.resolved_head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))  # fp32
     sc = cfg.rope_scaling
     if sc:
         factor = float(sc["factor"])
@@ -45,12 +50,12 @@ def rope_frequencies(cfg: ModelConfig) -> Tensor:
         old = float(sc.get("original_max_position_embeddings", 8192))
         wavelen = 2 * math.pi / inv
         lo_wl, hi_wl = old / lo, old / hi
-        smooth = (old / wavelen - lo) / (hi - lo)
         scaled = torch.where(wavelen > lo_wl, inv / factor, inv)
-        mid = (1 - smooth) * inv / factor + smooth * inv
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
         is_mid = (wavelen <= lo_wl) & (wavelen >= hi_wl)
         inv = torch.where(is_mid, mid, scaled)
-    return inv.float()
+    return inv
 
 
 class Rotary(nn.Module):
@@ -62,8 +67,11 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", rope_frequencies(cfg), persistent=False)
 
     def forward(self, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        inv = self.inv_freq
+        if inv.dtype != torch.float32:  # model.to(bf16) also casts buffers: recompute at full precision
+            inv = rope_frequencies(self.cfg)
         t = torch.arange(T, device=device, dtype=torch.float32)
-        freqs = torch.outer(t, self.inv_freq.to(device))  # (T, hd/2)
+        freqs = torch.outer(t, inv.to(device))  # (T, hd/2)
         emb = torch.cat([freqs, freqs], dim=-1)  # (T, hd)
         return emb.cos(), emb.sin()
 

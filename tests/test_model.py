@@ -194,3 +194,17 @@ def test_debug_step_is_fast():
         m(ids, labels=ids).loss.backward()
         best = min(best, time.perf_counter() - t0)
     assert best < 1.0, f"debug fwd+bwd took {best:.3f}s"
+
+
+def test_rope_keeps_fp32_frequencies_after_bf16_cast():
+    """model.to(bf16) casts buffers; RoPE angles must still come from fp32 frequencies."""
+    from mhar.model import Rotary, rope_frequencies
+
+    cfg = model_config("debug")
+    rot = Rotary(cfg)
+    ref_cos, ref_sin = rot(300, torch.device("cpu"))
+    rot = rot.to(torch.bfloat16)
+    assert rot.inv_freq.dtype == torch.bfloat16
+    cos, sin = rot(300, torch.device("cpu"))
+    assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin)
+    assert torch.equal(rope_frequencies(cfg), Rotary(cfg).inv_freq)

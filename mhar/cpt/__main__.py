@@ -1,0 +1,6 @@
+"""``python -m mhar.cpt``."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,50 @@
+"""CLI: ``python -m mhar.cpt {convert,export-hf,check-batches}`` (see ``mhar.cpt``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional
+
+from ..checkpoint import CheckpointError
+from ..config import ConfigError
+from .convert import CPTConversionError, convert_hf_llama, export_hf_llama, save_converted
+from .training import compare_batch_logs
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mhar.cpt", description="Continued pretraining: exact Llama -> mhar conversion and checks")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("convert", help="Hugging Face Llama -> mhar checkpoint, refusing anything not exact")
+    c.add_argument("--src", required=True, help="local directory or hub name (e.g. marin-community/marin-8b-base)")
+    c.add_argument("--out", required=True, help="output directory: model.pt + conversion.json")
+    c.add_argument("--variant", default="mhar_delta", choices=["mhar_delta", "baseline"])
+    c.add_argument("--heads", type=int, default=8)
+    c.add_argument("--block-layers", type=int, default=4, help="layers per delta source")
+    c.add_argument("--tokenizer", default=None, help="tokenizer spec to store (default: hf:<src>)")
+    c.add_argument("--revision", default=None)
+    c.add_argument("--device", default="cpu", help="device of the fp32 exactness check")
+    e = sub.add_parser("export-hf", help="baseline Llama-shaped model.pt -> transformers directory")
+    e.add_argument("--model", required=True)
+    e.add_argument("--out", required=True)
+    b = sub.add_parser("check-batches", help="verify two CPT arms saw byte-identical batches")
+    b.add_argument("run_a")
+    b.add_argument("run_b")
+    a = p.parse_args(argv)
+    try:
+        if a.cmd == "convert":
+            model, report = convert_hf_llama(a.src, a.heads, a.block_layers, variant=a.variant,
+                                             revision=a.revision, device=a.device)
+            path = save_converted(model, report, a.out, a.tokenizer or f"hf:{a.src}")
+            print(f"exact conversion (max |diff| = {report.max_abs_diff}) -> {path}")
+        elif a.cmd == "export-hf":
+            from ..checkpoint import load_model
+
+            model, _, _ = load_model(a.model)
+            print(export_hf_llama(model, a.out))
+        else:
+            print(json.dumps(compare_batch_logs(a.run_a, a.run_b), indent=1))
+    except (CPTConversionError, ConfigError, CheckpointError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

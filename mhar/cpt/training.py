@@ -1,0 +1,178 @@
+"""Training pieces of continued pretraining, used by ``mhar.train`` through its CPT options.
+
+``param_groups`` (train.decay_filter), ``z_loss`` (train.z_loss), ``EMA`` (train.ema_decay),
+``batch_digest`` (train.log_batch_hash), ``load_init_weights`` (train.init_from), and
+``compare_batch_logs``, which proves two arms saw byte-identical batches.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..checkpoint import CheckpointError
+from ..config import ConfigError
+from ..model import Transformer
+
+__all__ = ["DECAY_FILTERS", "param_groups", "z_loss", "batch_digest", "EMA", "load_init_weights",
+           "batch_hashes", "compare_batch_logs"]
+
+DECAY_FILTERS = ("all", "matrices")
+
+
+def param_groups(model: nn.Module, weight_decay: float, decay_filter: str = "all") -> list[dict]:
+    """AdamW parameter groups.
+
+    ``all``: one group, every parameter decayed (the from-scratch recipe). ``matrices``: decay only
+    the weights of ``nn.Linear`` layers (attention/MLP projections and an *untied* LM head); no decay
+    on embeddings (nor a head tied to them), norm weights, biases, or the residual variant's own
+    parameters (routing queries, key norms, gates, null source). Works on a DDP/FSDP-wrapped model.
+    """
+    if decay_filter not in DECAY_FILTERS:
+        raise ConfigError(f"train.decay_filter: unknown filter {decay_filter!r}; choose one of {', '.join(DECAY_FILTERS)}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if decay_filter == "all":
+        return [{"params": params, "weight_decay": weight_decay}]
+    skip = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear) and id(m.weight) not in skip}
+    decay = [p for p in params if id(p) in decay_ids]
+    rest = [p for p in params if id(p) not in decay_ids]
+    return [g for g in ({"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0})
+            if g["params"]]
+
+
+def z_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean of logsumexp(logits)^2 over the target positions (PaLM z-loss), fp32 scalar."""
+    lse = torch.logsumexp(logits.float(), dim=-1)  # (B, T)
+    mask = labels != -100
+    return (lse.pow(2) * mask).sum() / mask.sum().clamp(min=1)
+
+
+def batch_digest(batches: list[tuple[Tensor, Tensor]]) -> str:
+    """sha256 of a step's micro-batches (input ids and labels, int64 bytes, in order)."""
+    h = hashlib.sha256()
+    for x, y in batches:
+        for t in (x, y):
+            h.update(str(tuple(t.shape)).encode())
+            h.update(t.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class EMA:
+    """Exponential moving average of the trainable parameters: e <- d * e + (1 - d) * p.
+
+    Starts from the initial weights (for CPT: the converted checkpoint). Works with plain,
+    DDP- and FSDP2-wrapped models (the averages have the parameters' sharding).
+    """
+
+    def __init__(self, model: nn.Module, decay: float):
+        if not 0.0 < decay < 1.0:
+            raise ConfigError(f"train.ema_decay: must be in (0, 1) to keep an EMA, got {decay}")
+        self.decay = decay
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.shadow = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        for e, p in zip(self.shadow, self.params):
+            e.lerp_(p.detach(), 1.0 - self.decay)
+
+    def state_dict(self) -> list[Tensor]:
+        """Full (unsharded) CPU tensors; a collective call under FSDP (every rank must call it)."""
+        return [(e.full_tensor() if hasattr(e, "full_tensor") else e).detach().cpu() for e in self.shadow]
+
+    @torch.no_grad()
+    def load_state_dict(self, tensors: list[Tensor]) -> None:
+        if len(tensors) != len(self.shadow):
+            raise CheckpointError(f"EMA state holds {len(tensors)} tensors, the model has {len(self.shadow)}")
+        for e, full in zip(self.shadow, tensors):
+            if hasattr(e, "device_mesh"):  # DTensor: take this rank's shard of the full tensor
+                from torch.distributed.tensor import distribute_tensor
+
+                full = distribute_tensor(full.to(e.device), e.device_mesh, e.placements)
+            e.copy_(full)
+
+    @contextmanager
+    def applied(self):
+        """Temporarily put the averaged weights into the model (e.g. to export them)."""
+        backup = [p.detach().clone() for p in self.params]
+        with torch.no_grad():
+            for p, e in zip(self.params, self.shadow):
+                p.copy_(e)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, b in zip(self.params, backup):
+                    p.copy_(b)
+
+
+def load_init_weights(model: Transformer, path: str | Path) -> dict:
+    """Load an exported model's weights into ``model`` (the run's own config must match it).
+
+    Returns the checkpoint's ``extra`` dict (e.g. the conversion report). Raises ConfigError
+    naming every model field that differs, so a CPT run never silently trains another shape.
+    """
+    from ..checkpoint import FORMAT
+
+    path = Path(path)
+    try:  # memory-mapped: under torchrun every rank reads the same pages (8B: no 8 x 32 GB copies)
+        blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:
+        raise CheckpointError(f"train.init_from={path}: missing, unreadable or corrupt ({type(e).__name__}: {e}); "
+                              "convert the base first (python -m mhar.cpt convert)") from e
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        raise CheckpointError(f"train.init_from={path}: not an {FORMAT} file")
+    want = {k: v for k, v in asdict(model.cfg).items()}
+    have = dict(blob["model_config"])
+    ignore = {"routing_impl"}  # an implementation choice, not a shape
+    diff = []
+    for k in sorted(set(want) | set(have)):
+        if k == "residual":
+            r_w, r_h = want.get(k) or {}, have.get(k) or {}
+            diff += [f"residual.{kk}: checkpoint {r_h.get(kk)!r} vs run {r_w.get(kk)!r}"
+                     for kk in sorted(set(r_w) | set(r_h)) if kk not in ignore and r_w.get(kk) != r_h.get(kk)]
+        elif want.get(k) != have.get(k):
+            diff.append(f"{k}: checkpoint {have.get(k)!r} vs run {want.get(k)!r}")
+    if diff:
+        raise ConfigError(f"train.init_from={path}: the run's model config differs from the checkpoint's in "
+                          f"{'; '.join(diff[:8])}. Copy the checkpoint's model config into the run config.")
+    model.load_state_dict(blob["state_dict"])
+    return blob.get("extra", {})
+
+
+def batch_hashes(run_dir: str | Path) -> dict[int, str]:
+    """{step: batch_sha256} from a run's metrics.jsonl (runs trained with train.log_batch_hash)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: train the run first")
+    out = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("split") == "train":
+            if "batch_sha256" not in row:
+                raise ValueError(f"{path}: step {row.get('step')} has no batch_sha256; "
+                                 "train with train.log_batch_hash=true")
+            out[int(row["step"])] = row["batch_sha256"]
+    return out
+
+
+def compare_batch_logs(run_a: str | Path, run_b: str | Path) -> dict:
+    """Check that two runs saw byte-identical batches at every step; return a small report.
+
+    Raises ValueError naming the first differing step, or when the step sets differ.
+    """
+    a, b = batch_hashes(run_a), batch_hashes(run_b)
+    if set(a) != set(b):
+        raise ValueError(f"{run_a} and {run_b} logged different steps ({len(a)} vs {len(b)} train steps)")
+    bad = [s for s in sorted(a) if a[s] != b[s]]
+    if bad:
+        raise ValueError(f"{run_a} and {run_b} saw different batches at {len(bad)} step(s), first at step {bad[0]} "
+                         f"({a[bad[0]][:12]} vs {b[bad[0]][:12]}); the arms are not schedule-matched")
+    digest = hashlib.sha256("".join(a[s] for s in sorted(a)).encode()).hexdigest()
+    return {"run_a": str(run_a), "run_b": str(run_b), "steps": len(a), "identical": True, "all_batches_sha256": digest}
