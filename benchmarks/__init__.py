@@ -1,0 +1,1 @@
+"""Benchmark scripts (routing op, training throughput); outputs under results/bench/."""

@@ -1,0 +1,150 @@
+"""Benchmark the routing operation alone: eager / compile / fused, forward and backward.
+
+Two measurements per model size (shapes of mhar.config PRESETS, the paper's microbatch, H heads):
+
+* ``read``: one routing call over all N = 2L+1 sources (the final read), stateful Router API;
+* ``microbatch``: every routing call of one microbatch (2L+1 reads interleaved with
+  appends, sources independent random tensors), as in a training step.
+
+Columns: ms (median, triton.testing.do_bench) for fwd and fwd+bwd (bwd = difference),
+``min_bytes`` = what a one-pass-per-call algorithm must move (fwd: read n sources,
+write the output; bwd: read n sources and dout, write n source gradients), effective
+GB/s = min_bytes / time and its fraction of the measured HBM copy bandwidth.
+
+    PYTHONPATH=. python benchmarks/bench_routing_op.py --sizes 100M 350M 1B --heads 8 \
+        --out results/bench/routing_op.csv
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+import triton.testing
+
+from benchmarks.common import env_columns, measure_hbm_bandwidth, write_csv
+from mhar.config import PRESETS
+from mhar.routing import get_router
+
+MICROBATCH = {"100M": (8, 2048), "350M": (4, 1024), "1B": (2, 1024), "debug": (2, 64), "tiny": (2, 128)}
+
+
+@dataclass
+class Case:
+    size: str
+    B: int
+    T: int
+    D: int
+    H: int
+    N: int  # sources at the final read (2L + 1)
+
+
+def _inputs(c: Case, dtype=torch.bfloat16):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    srcs = [torch.randn(c.B, c.T, c.D, device="cuda", dtype=dtype, generator=g).requires_grad_()
+            for _ in range(c.N)]
+    qs = [(0.1 * torch.randn(c.D, device="cuda", generator=g)).requires_grad_() for _ in range(c.N)]
+    gs = [(1 + 0.1 * torch.randn(c.D, device="cuda", generator=g)).requires_grad_() for _ in range(c.N)]
+    return srcs, qs, gs
+
+
+def _build(router, srcs):
+    st = router.init(srcs[0], capacity=len(srcs))
+    for s in srcs[1:]:
+        st = router.append(st, s)
+    return st
+
+
+def _microbatch(router, srcs, qs, gs, H):
+    st = router.init(srcs[0], capacity=len(srcs))
+    outs = []
+    for i in range(len(srcs)):
+        outs.append(router.read(st, qs[i], gs[i], H))  # reads i+1 sources
+        if i + 1 < len(srcs):
+            st = router.append(st, srcs[i + 1])
+    return outs
+
+
+def min_bytes(ns: list[int], E: int, elt: int = 2) -> tuple[int, int]:
+    """(fwd, bwd) bytes of a one-pass-per-call algorithm for reads over ns sources, E = B*T*D."""
+    fwd = sum((n + 1) * E * elt for n in ns)
+    bwd = sum((2 * n + 1) * E * elt for n in ns)
+    return fwd, bwd
+
+
+def _router(impl: str):
+    if impl == "fused_fp32acc":  # fused, source gradients accumulated in fp32
+        from mhar.routing.fused import FusedRouter
+        return FusedRouter(grad_dtype=torch.float32)
+    return get_router(impl)
+
+
+def bench_case(c: Case, impl: str, mode: str) -> dict:
+    router = _router(impl)
+    srcs, qs, gs = _inputs(c)
+    if mode == "read":
+        st = _build(router, srcs)
+
+        def fwd():
+            return [router.read(st, qs[-1], gs[-1], c.H)]
+        ns = [c.N]
+    else:
+        def fwd():
+            return _microbatch(router, srcs, qs, gs, c.H)
+        ns = list(range(1, c.N + 1))
+    douts = [torch.randn(c.B, c.T, c.D, device="cuda", dtype=torch.bfloat16) for _ in ns]
+    params = srcs + qs + gs
+
+    def fwd_bwd():
+        outs = fwd()
+        torch.autograd.backward(outs, douts[: len(outs)])
+        for p in params:
+            p.grad = None
+    try:
+        fwd_bwd()  # warm-up / compile
+        t_f = triton.testing.do_bench(fwd, warmup=5, rep=50, return_mode="median")
+        t_fb = triton.testing.do_bench(fwd_bwd, warmup=5, rep=50, return_mode="median")
+        status = "ok"
+    except torch.OutOfMemoryError:
+        t_f = t_fb = float("nan")
+        status = "OOM"
+    torch.cuda.empty_cache()
+    bf, bb = min_bytes(ns, c.B * c.T * c.D)
+    return dict(size=c.size, mode=mode, impl=impl, B=c.B, T=c.T, D=c.D, H=c.H, N=c.N, reads=len(ns),
+                status=status, fwd_ms=round(t_f, 4), fwd_bwd_ms=round(t_fb, 4), bwd_ms=round(t_fb - t_f, 4),
+                fwd_min_bytes=bf, bwd_min_bytes=bb,
+                fwd_gbps=round(bf / (t_f * 1e-3) / 1e9, 1), bwd_gbps=round(bb / ((t_fb - t_f) * 1e-3) / 1e9, 1))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", nargs="+", default=["100M", "350M", "1B"])
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--impls", nargs="+", default=["eager", "compile", "fused", "fused_fp32acc"])
+    ap.add_argument("--modes", nargs="+", default=["read", "microbatch"])
+    ap.add_argument("--out", default="results/bench/routing_op.csv")
+    args = ap.parse_args(argv)
+    torch._dynamo.config.cache_size_limit = 512  # compile: one graph per distinct number of sources
+    hbm = measure_hbm_bandwidth()
+    print(f"measured HBM copy bandwidth: {hbm:.0f} GB/s")
+    env = env_columns()
+    rows = []
+    for size in args.sizes:
+        p = PRESETS[size]
+        B, T = MICROBATCH[size]
+        c = Case(size, B, T, p["d_model"], args.heads, 2 * p["n_layers"] + 1)
+        for mode in args.modes:
+            for impl in args.impls:
+                if mode == "microbatch" and impl == "compile":
+                    continue  # 2L+1 distinct graphs to compile: measured in the training benchmark instead
+                r = bench_case(c, impl, mode)
+                r.update(hbm_gbps=round(hbm, 1), fwd_frac_hbm=round(r["fwd_gbps"] / hbm, 3),
+                         bwd_frac_hbm=round(r["bwd_gbps"] / hbm, 3), **env)
+                rows.append(r)
+                print({k: r[k] for k in ("size", "mode", "impl", "status", "fwd_ms", "bwd_ms", "fwd_gbps",
+                                         "bwd_gbps")}, flush=True)
+                write_csv(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""Fused Triton depth routing: the third Router implementation ("fused").
+
+Same math as ``reference.route_reference`` (RMSNorm of keys, one online softmax
+per head over the sources, weighted mix) in one pass over the sources per call,
+see ``_kernels.py``.
+
+Storage. The router state owns ONE shared source buffer ``buf`` (cap, B*T, D),
+allocated once (capacity given at ``init``) and written once per source by
+``append``; reads never stack. The buffer is a plain tensor that autograd does
+not track. Gradients reach the sources through a gradient buffer ``gacc`` of the
+same shape (the buffer's dtype by default), owned by the state:
+
+* ``append`` is an autograd.Function ``_Append(src, token_prev) -> token`` that
+  copies src into buf[n]. Its backward returns ``gacc[n]`` as the gradient of src.
+* ``read`` is an autograd.Function ``_Read(token, q, g, null, extra) -> out`` that
+  takes the newest token as input, so autograd runs the backward of every read
+  that saw source n before the backward of append n (the token chain orders
+  them). Each read's backward adds its source gradients into gacc (no atomics:
+  one program owns a block of tokens; reads run one after another).
+
+Sources may broadcast: a first source of shape (D,) or a stride-0 expansion of a
+(D,) vector (the delta variant's learnable null source) is kept as a vector and
+broadcast inside the kernel. ``extra`` is one transient source read after the
+buffered ones (Block AttnRes' partial block sum). Saved for backward: the
+log-sum-exp (B, T, H) fp32 only (less than the routing weights, (B, T, H, N)),
+plus, for fp32 sources, the output (kept by the next layer anyway); for bf16
+sources the backward makes two passes over the sources (the first recomputes
+<dout, out> per head in fp32, which a bf16-rounded output would spoil).
+
+Not done (see results/bench/NOTES.md): sharing one read of the common prefix of
+sources between consecutive calls; each call re-reads its sources.
+
+The state is linear: appending twice to the same state is an error (the shared
+buffer has one slot per position). Under autocast the buffer takes the autocast
+dtype, so the kernel moves bf16 bytes. The Python glue is hidden from
+torch.compile (``torch.compiler.disable``): a compiled model graph-breaks around
+routing calls and runs the kernels as they are.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import Router, register_router
+from ._kernels import LAUNCHES, route_bwd, route_fwd
+
+__all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES"]
+
+
+def _check_device(t: Tensor) -> None:
+    if t.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            f"routing_impl='fused' runs Triton kernels on CUDA tensors; got a tensor on {t.device}. "
+            "Use routing_impl='eager'/'compile' on CPU (or set TRITON_INTERPRET=1 before importing, for tests)."
+        )
+
+
+@dataclass
+class _Storage:
+    """The shared buffers of one forward pass (one per router.init)."""
+
+    capacity: int  # slots for full (B, T, D) sources
+    null: Optional[Tensor] = None  # (D,) broadcast source 0, autograd-tracked, or None
+    shape: Optional[torch.Size] = None  # (B, T, D) of full sources
+    dtype: Optional[torch.dtype] = None
+    buf: Optional[Tensor] = None  # (capacity, B*T, D), not tracked by autograd
+    n: int = 0  # slots written
+    grad_dtype: Optional[torch.dtype] = None
+    gacc: Optional[Tensor] = None  # (capacity, B*T, D) source gradients
+    g_init: int = 0  # gacc slots [0, g_init) hold valid partial sums
+    reads: int = field(default=0)
+
+
+@dataclass(frozen=True)
+class FusedState:
+    """Handle on a storage: the first ``n`` buffered sources and the token of the newest one."""
+
+    storage: _Storage
+    n: int
+    token: Optional[Tensor]
+
+
+class _Append(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, src: Tensor, token_prev: Optional[Tensor], st: _Storage, slot: int) -> Tensor:
+        st.buf[slot].view(st.shape).copy_(src)
+        ctx.st, ctx.slot, ctx.src_dtype = st, slot, src.dtype
+        ctx.has_prev = token_prev is not None
+        return torch.zeros((), device=src.device, dtype=torch.float32)  # token
+
+    @staticmethod
+    def backward(ctx, _grad_token: Tensor):
+        st = ctx.st
+        if st.gacc is None or ctx.slot >= st.g_init:  # no read ever saw this source
+            grad = torch.zeros(st.shape, device=_grad_token.device, dtype=ctx.src_dtype)
+        else:
+            grad = st.gacc[ctx.slot].view(st.shape).to(ctx.src_dtype)
+        prev = torch.zeros((), device=_grad_token.device) if ctx.has_prev else None
+        return grad, prev, None, None
+
+
+class _Read(torch.autograd.Function):
+    calls = 0  # forward calls (tests: proves the fused path ran)
+
+    @staticmethod
+    def forward(ctx, token, query, norm_weight, null, extra, st: _Storage, n_buf: int, H: int, eps: float,
+                want_scores: bool):
+        _Read.calls += 1
+        B, T, D = st.shape
+        BT = B * T
+        ex = None
+        if extra is not None:
+            ex = extra.reshape(BT, D)
+            if ex.dtype != st.dtype:
+                ex = ex.to(st.dtype)
+            ex = ex.contiguous()
+        q, g = query.contiguous(), norm_weight.contiguous()
+        nul = null.contiguous() if null is not None else None
+        out, lse, scores = route_fwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, H, eps, BT, D, st.dtype,
+                                     store_scores=want_scores)
+        # fp32 output: backward reads <dout, out> from it; otherwise it recomputes it (two passes).
+        ctx.save_for_backward(q, g, nul, ex, out if out.dtype == torch.float32 else None, lse)
+        ctx.st, ctx.n_buf, ctx.H, ctx.eps = st, n_buf, H, eps
+        ctx.has_token, ctx.extra_dtype = token is not None, extra.dtype if extra is not None else None
+        out = out.view(B, T, D)
+        if want_scores:
+            ctx.mark_non_differentiable(scores)
+            return out, scores
+        return out, None
+
+    @staticmethod
+    def backward(ctx, dout: Tensor, _dscores):
+        q, g, nul, ex, out, lse = ctx.saved_tensors
+        st, n_buf = ctx.st, ctx.n_buf
+        B, T, D = st.shape
+        BT = B * T
+        if n_buf and st.gacc is None:
+            st.gacc = torch.empty((st.capacity, BT, D), device=dout.device, dtype=st.grad_dtype)
+        n_init = min(st.g_init, n_buf)
+        dw, dnull, dextra = route_bwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, out,
+                                      dout.reshape(BT, D).contiguous(), lse, st.gacc if n_buf else None,
+                                      n_init, ctx.H, ctx.eps, BT, D)
+        st.g_init = max(st.g_init, n_buf)
+        dq = (dw * g.float()).to(q.dtype) if ctx.needs_input_grad[1] else None
+        dg = (dw * q.float()).to(g.dtype) if ctx.needs_input_grad[2] else None
+        dnull = dnull.to(nul.dtype) if dnull is not None and ctx.needs_input_grad[3] else None
+        dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
+        dtoken = torch.zeros((), device=dout.device) if ctx.has_token else None
+        return dtoken, dq, dg, dnull, dextra, None, None, None, None, None
+
+
+def _broadcast_vector(t: Tensor) -> Optional[Tensor]:
+    """The (D,) vector behind a source that broadcasts over tokens, else None."""
+    if t.dim() == 1:
+        return t
+    if t.numel() == t.shape[-1] or all(s == 0 for s in t.stride()[:-1]):
+        return t[(0,) * (t.dim() - 1)]  # (D,) view
+    return None
+
+
+class FusedRouter(Router):
+    """Router backed by the fused Triton kernels and one shared source buffer per forward.
+
+    grad_dtype: dtype of the source-gradient accumulator. Default None = the
+    buffer's dtype, which rounds like eager autograd (it sums the per-read bf16
+    source gradients in bf16); torch.float32 accumulates exactly at twice the
+    gradient traffic and memory.
+    """
+
+    name = "fused"
+
+    def __init__(self, grad_dtype: Optional[torch.dtype] = None):
+        self.grad_dtype = grad_dtype
+
+    @torch.compiler.disable
+    def init(self, first: Tensor, capacity: int) -> FusedState:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1 (most sources ever held), got {capacity}")
+        _check_device(first)
+        vec = _broadcast_vector(first)
+        st = _Storage(capacity=capacity)
+        if vec is not None:
+            st.null, st.capacity = vec, capacity - 1
+            if first.dim() == 3:
+                self._allocate(st, first.shape, first)
+            return FusedState(st, 0, None)
+        self._allocate(st, first.shape, first)
+        return self._append(FusedState(st, 0, None), first)
+
+    def _allocate(self, st: _Storage, shape, like: Tensor) -> None:
+        if len(shape) != 3:
+            raise ValueError(f"sources must be (B, T, D) (or a broadcast (D,) first source); got shape {tuple(shape)}")
+        dtype = like.dtype
+        if torch.is_autocast_enabled(like.device.type):
+            dtype = torch.get_autocast_dtype(like.device.type)
+        st.shape, st.dtype = torch.Size(shape), dtype
+        st.grad_dtype = self.grad_dtype or dtype
+        B, T, D = shape
+        st.buf = torch.empty((max(st.capacity, 1), B * T, D), device=like.device, dtype=dtype)
+
+    @torch.compiler.disable
+    def append(self, state: FusedState, src: Tensor) -> FusedState:
+        st = state.storage
+        if st.buf is None:
+            self._allocate(st, src.shape, src)
+        return self._append(state, src)
+
+    def _append(self, state: FusedState, src: Tensor) -> FusedState:
+        st = state.storage
+        if state.n != st.n:
+            raise RuntimeError(
+                f"fused router: append to a stale state (state holds {state.n} sources, buffer {st.n}); "
+                "the shared buffer is linear: append only to the newest state"
+            )
+        if st.n >= st.capacity:
+            raise RuntimeError(f"fused router: capacity {st.capacity} exceeded; pass a larger capacity to init()")
+        if src.shape != st.shape:
+            raise ValueError(f"fused router: source shape {tuple(src.shape)} != buffer shape {tuple(st.shape)}")
+        token = _Append.apply(src, state.token, st, st.n)
+        st.n += 1
+        return FusedState(st, st.n, token)
+
+    def num_sources(self, state: FusedState) -> int:
+        return state.n + (state.storage.null is not None)
+
+    @torch.compiler.disable
+    def read(self, state: FusedState, query, norm_weight, num_heads, eps=1e-6, *, extra=None,
+             return_weights=False):
+        st = state.storage
+        D = query.shape[-1]
+        if D % num_heads:
+            raise ValueError(f"num_heads={num_heads} must divide the model width D={D}")
+        if st.shape is None:
+            if extra is None:
+                raise ValueError("fused router: read needs at least one (B, T, D) source to know the shape")
+            self._allocate(st, extra.shape, extra)
+        if extra is not None and extra.shape != st.shape:
+            extra = extra.expand(st.shape)
+        _check_device(query)
+        out, scores = _Read.apply(state.token, query, norm_weight, st.null, extra, st, state.n, num_heads, eps,
+                                  return_weights)
+        st.reads += 1
+        if return_weights:
+            B, T, D = st.shape
+            lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+            return out, torch.exp(scores - lse).view(B, T, num_heads, -1)  # (B, T, H, N) fp32
+        return out
+
+
+def route_fused(sources: Tensor, query: Tensor, norm_weight: Tensor, num_heads: int, eps: float = 1e-6,
+                return_weights: bool = False):
+    """Fused counterpart of ``route_reference`` (same signature): stacked sources (N, B, T, D)."""
+    router = FusedRouter()
+    st = router.init(sources[0], capacity=sources.shape[0])
+    for s in sources[1:]:
+        st = router.append(st, s)
+    return router.read(st, query, norm_weight, num_heads, eps, return_weights=return_weights)
+
+
+register_router("fused", FusedRouter)
