@@ -1,0 +1,104 @@
+# MHAR reproduction workflow: train every variant x size x seed, evaluate, run the
+# statistics and regenerate every table and figure.
+#
+#   snakemake --cores all reproduce_table1                         # CPU default
+#   snakemake --configfile config/paper.yaml --profile profiles/slurm all
+#
+# A --configfile replaces config/config.yaml (it is not merged into it); see docs/WORKFLOW.md.
+#
+# `snakemake --lint` reports one kind of warning, deliberately left: "Specify a conda
+# environment or container for each rule". Every rule runs this repository's own package;
+# its software environment is pyproject.toml (`pip install -e ".[dev]"`), and GPU sites
+# keep their own CUDA build of torch, which a per-rule conda env would replace. Each
+# result records its package versions and hardware (provenance.json).
+
+from snakemake.utils import min_version, validate
+
+min_version("8.0")
+
+
+# The default config applies only when no --configfile is given: a config replaces it.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
+
+validate(config, "config/schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+
+
+rule all:
+    input:
+        f"{REPORTS}/REPORT.md",
+
+
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/stats.smk"
+include: "workflow/rules/tables.smk"
+include: "workflow/rules/figures.smk"
+include: "workflow/rules/cost.smk"
+
+
+# The continued-pretraining arm lives in its own rule file (and config block).
+if HAS_CPT:
+
+    include: "workflow/rules/cpt_common.smk"
+    include: "workflow/rules/cpt.smk"
+
+
+include: "workflow/rules/report.smk"
+
+
+# Cheap jobs run where Snakemake runs (never submitted to a cluster).
+localrules:
+    all,
+    paired_stats,
+    table1,
+    table_seeds,
+    table_heads,
+    table_downstream,
+    table_cost,
+    figure,
+    report,
+    reproduce_table1,
+    reproduce_seeds,
+    reproduce_heads,
+    reproduce_downstream,
+    reproduce_cost,
+    reproduce_cpt,
+
+
+rule reproduce_table1:
+    input:
+        table_files("table1"),
+        figure_files("loss_curves"),
+
+
+rule reproduce_seeds:
+    input:
+        table_files("seeds"),
+
+
+rule reproduce_heads:
+    input:
+        table_files("heads"),
+        figure_files("head_sweep"),
+
+
+rule reproduce_downstream:
+    input:
+        table_files("downstream"),
+
+
+rule reproduce_cost:
+    input:
+        reproduce_cost_inputs,
+
+
+rule reproduce_cpt:
+    input:
+        reproduce_cpt_inputs,

@@ -1,0 +1,306 @@
+# Shared helpers: paths, run configs and their hash, target lists.
+# Every function here is pure config -> strings; the rules stay declarative.
+
+import copy
+import functools
+import sys
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+
+# The repository root holds the `mhar` and `eval` packages: the results hash is
+# computed by the library itself (jobs import them via workflow/scripts/_glue.py).
+REPO = Path(workflow.basedir).resolve()
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from mhar.config import ConfigError, config_hash  # noqa: E402
+from mhar.runconfig import run_config_from_dict, run_hash  # noqa: E402
+
+RESULTS = config["results_dir"].rstrip("/")
+REPORTS = config["reports_dir"].rstrip("/")
+LOGS = f"{RESULTS}/logs"
+RES = config["resources"]
+
+T1_LABELS = config["table1"]["variants"]
+BASELINE = config["table1"]["baseline"]
+
+# One run directory per (hash, variant label, size, seed); see docs/ARCHITECTURE.md.
+RUN = f"{RESULTS}/runs/{{hash}}/{{variant}}/{{size}}/seed{{seed}}"
+# One evaluation directory per run, evaluation-settings hash and task.
+EVAL = f"{RESULTS}/eval/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{ehash}}/{{task}}"
+# One paired comparison per (size, seed, task, treatment) against the baseline label.
+STATS = f"{RESULTS}/stats/{{hash}}/{{ehash}}/{{size}}/seed{{seed}}/{{task}}/{{variant}}/vs_{{baseline}}.json"
+
+
+def _deep_merge(base, over):
+    """`base` updated recursively by `over` (new dict; lists and scalars are replaced)."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def residual_of(label):
+    """Residual config of a variant label (e.g. mhar_h8 -> {variant: mhar, heads: 8})."""
+    if label not in config["variants"]:
+        raise WorkflowError(
+            f"variant label {label!r} is used but not defined under `variants:` in the config; "
+            f"defined labels: {', '.join(config['variants'])}"
+        )
+    return dict(config["variants"][label])
+
+
+def run_config(label, size, seed):
+    """The resolved run-config dict of one run (what `python -m mhar.train` receives)."""
+    over = config.get("size_overrides", {}).get(size, {})
+    cfg = _deep_merge(config["train"], over)
+    return _deep_merge(
+        cfg,
+        {
+            # meta.variant stays the residual variant (the analysis groups runs by
+            # variant + heads); the label is the run's name and its path component.
+            "meta": {"name": label, "size": size},
+            "model": {"preset": size, "residual": residual_of(label)},
+            "train": {"seed": int(seed)},
+        },
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def hash_of(label, size):
+    """Results hash of (label, size): mhar.runconfig.run_hash of the resolved run config."""
+    try:
+        return run_hash(run_config_from_dict(run_config(label, size, 0)))
+    except ConfigError as err:
+        raise WorkflowError(
+            f"invalid run config for variant {label!r}, size {size!r}: {err}"
+        )
+
+
+def run_dir(label, size, seed):
+    return RUN.format(hash=hash_of(label, size), variant=label, size=size, seed=seed)
+
+
+def checked_run_config(wildcards):
+    """Run config for a train job; refuses a path whose hash is not the config's."""
+    want = hash_of(wildcards.variant, wildcards.size)
+    if wildcards.hash != want:
+        raise WorkflowError(
+            f"{RESULTS}/runs/{wildcards.hash}/... does not match the current config "
+            f"(hash {want}); request targets through the rules (e.g. reproduce_table1)"
+        )
+    return run_config(wildcards.variant, wildcards.size, wildcards.seed)
+
+
+def all_sizes():
+    """Every size some target trains (Table 1, head sweep, downstream)."""
+    sizes = list(config["sizes"])
+    for block in ("heads", "downstream"):
+        sizes += [s for s in config[block]["sizes"] if s not in sizes]
+    return sizes
+
+
+def data_run_config(wildcards):
+    """Run config whose data block the shards of results hash `wildcards.hash` are built from."""
+    for size in all_sizes():
+        if hash_of(T1_LABELS[0], size) == wildcards.hash:
+            return run_config(T1_LABELS[0], size, 0)
+    raise WorkflowError(f"no configured size has results hash {wildcards.hash}")
+
+
+def grid(labels, sizes, seeds):
+    return [(v, s, k) for s in sizes for v in labels for k in seeds]
+
+
+def run_files(name, labels, sizes, seeds):
+    """`name` (summary.json, model.pt, ...) of every run in the grid."""
+    return [f"{run_dir(v, s, k)}/{name}" for v, s, k in grid(labels, sizes, seeds)]
+
+
+# --- Table 1 / seed table ---------------------------------------------------------
+def table1_summaries():
+    return run_files("summary.json", T1_LABELS, config["sizes"], config["seeds"])
+
+
+def table1_runs():
+    return [
+        run_dir(v, s, k)
+        for v, s, k in grid(T1_LABELS, config["sizes"], config["seeds"])
+    ]
+
+
+# --- head sweep -------------------------------------------------------------------
+def heads_summaries():
+    h = config["heads"]
+    return run_files("summary.json", h["variants"], h["sizes"], h["seeds"])
+
+
+# --- downstream evaluation ------------------------------------------------------------
+DS = config["downstream"]
+
+
+def eval_settings():
+    """What an evaluation's outputs depend on besides the model and the task (hashed into
+    paths); batch size and device are execution details."""
+    return {"subset": DS["subset"], "bootstrap_iters": DS["bootstrap_iters"]}
+
+
+EHASH = config_hash(eval_settings(), 8)
+
+
+def ds_grid():
+    return grid(DS["variants"], DS["sizes"], DS["seeds"])
+
+
+def eval_dir(label, size, seed, task):
+    return EVAL.format(
+        hash=hash_of(label, size),
+        variant=label,
+        size=size,
+        seed=seed,
+        ehash=EHASH,
+        task=task,
+    )
+
+
+def downstream_results():
+    return [
+        f"{eval_dir(v, s, k, t)}/results.json"
+        for v, s, k in ds_grid()
+        for t in DS["tasks"]
+    ]
+
+
+def downstream_stats():
+    out = []
+    for v, s, k in ds_grid():
+        if v == BASELINE:
+            continue
+        for t in DS["tasks"]:
+            out.append(
+                STATS.format(
+                    hash=hash_of(v, s),
+                    ehash=EHASH,
+                    size=s,
+                    seed=k,
+                    task=t,
+                    variant=v,
+                    baseline=BASELINE,
+                )
+            )
+    return out
+
+
+def paired_samples(wildcards):
+    """samples.jsonl of the treatment and of the baseline for one comparison."""
+    run = dict(size=wildcards.size, seed=wildcards.seed, task=wildcards.task)
+    return {
+        "treatment": f"{eval_dir(wildcards.variant, **run)}/samples.jsonl",
+        "baseline": f"{eval_dir(wildcards.baseline, **run)}/samples.jsonl",
+    }
+
+
+# --- cost ---------------------------------------------------------------------------
+COST = config["cost"]
+COST_HASH = config_hash(COST, 8)
+# A fresh benchmark run (cost.run_benchmark) lands beside, not among, the committed records.
+BENCH_CSV = f"{RESULTS}/bench/{COST_HASH}/training.csv"
+
+
+def bench_csvs():
+    """Committed benchmark records, plus the fresh one when the benchmark is configured."""
+    found = sorted(str(p) for p in Path(COST["bench_dir"]).glob("*.csv"))
+    if COST["run_benchmark"]:
+        found.append(BENCH_CSV)
+    return found
+
+
+# --- resources ---------------------------------------------------------------------------
+def gpu_resources(n):
+    """Scheduler resources of a job on `n` GPUs (local: nvidia_gpu; SLURM plugin: gpu)."""
+    res = {"gpu": n, "nvidia_gpu": n}
+    if n and RES.get("gpu_model"):
+        res["gpu_model"] = RES["gpu_model"]
+    return res
+
+
+# --- target lists ----------------------------------------------------------------------
+def table_files(name):
+    return [f"{REPORTS}/{name}.{ext}" for ext in ("md", "csv", "tex")]
+
+
+def figure_files(name):
+    return [f"{REPORTS}/figures/{name}.{ext}" for ext in ("png", "pdf")]
+
+
+def figure_sources():
+    """Figure name -> its input files, for the figures this config can draw."""
+    src = {
+        "loss_curves": table1_summaries(),
+        "loss_vs_compute": table1_summaries(),
+        "head_sweep": heads_summaries(),
+        "forest": [f"{REPORTS}/seeds.csv", f"{REPORTS}/downstream.csv"],
+    }
+    if bench_csvs():
+        src["cost"] = bench_csvs()
+    return src
+
+
+FIGURES = figure_sources()
+
+
+def figure_inputs(wildcards):
+    return FIGURES[wildcards.figure]
+
+
+HAS_CPT = Path(workflow.basedir, "workflow/rules/cpt.smk").exists() and "cpt" in config
+
+
+def reproduce_cpt_inputs(wildcards):
+    """CPT table, or a clear error when this config has no CPT arm."""
+    if not HAS_CPT:
+        raise WorkflowError(
+            "reproduce_cpt: this config has no `cpt:` block; add one, e.g. "
+            "--configfile config/config.yaml config/cpt.yaml (GPU: config/paper.yaml config/cpt_paper.yaml)"
+        )
+    return cpt_targets()
+
+
+def reproduce_cost_inputs(wildcards):
+    """Cost table, or a clear error when there is nothing to tabulate."""
+    if not bench_csvs():
+        raise WorkflowError(
+            f"reproduce_cost: no benchmark records ({COST['bench_dir']}/*.csv) and cost.run_benchmark "
+            "is false; run `python -m benchmarks.bench_training` on a GPU or set cost.run_benchmark: true"
+        )
+    return table_files("cost")
+
+
+def report_inputs():
+    """Everything REPORT.md summarises (sections without a config block are left out)."""
+    files = []
+    for name in ("table1", "seeds", "heads", "downstream"):
+        files += table_files(name)
+    if bench_csvs():
+        files += table_files("cost")
+    for name in FIGURES:
+        files += figure_files(name)
+    if HAS_CPT:
+        files += cpt_targets()
+    return files
+
+
+# --- wildcard constraints (labels and presets never contain '/') ---------------------
+wildcard_constraints:
+    hash="[0-9a-f]+",
+    ehash="[0-9a-f]+",
+    seed="[0-9]+",
+    variant="[A-Za-z0-9][A-Za-z0-9_.-]*",
+    baseline="[A-Za-z0-9][A-Za-z0-9_.-]*",
+    size="[A-Za-z0-9][A-Za-z0-9_.-]*",
+    task="[A-Za-z0-9_.-]+",
+    figure="|".join(FIGURES),

@@ -1,0 +1,32 @@
+# Cost: tabulate benchmark records (results/bench/*.csv, committed GPU runs);
+# with cost.run_benchmark, also measure training throughput on this machine's GPU.
+
+
+rule bench_throughput:
+    output:
+        BENCH_CSV,
+    log:
+        f"{LOGS}/bench/{COST_HASH}/training.log",
+    resources:
+        **gpu_resources(1),
+        runtime=RES["runtime_min"],
+    params:
+        sizes=COST.get("sizes", config["sizes"]),  # default: the Table 1 sizes
+        providers=COST["providers"],
+        heads=COST["heads"],
+    script:
+        "../scripts/bench.py"
+
+
+rule table_cost:
+    input:
+        csvs=bench_csvs(),
+    output:
+        multiext(f"{REPORTS}/cost", ".md", ".csv", ".tex"),
+    log:
+        f"{LOGS}/reports/cost.log",
+    params:
+        kind="cost",
+        resamples=config["stats"]["resamples"],
+    script:
+        "../scripts/table.py"

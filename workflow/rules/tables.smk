@@ -1,0 +1,59 @@
+# Tables: generated from run summaries / evaluation outputs, never edited by hand.
+# Each writes <reports>/<name>.{md,csv,tex} through eval.tables.
+
+
+rule table1:
+    input:
+        summaries=table1_summaries(),
+    output:
+        multiext(f"{REPORTS}/table1", ".md", ".csv", ".tex"),
+    log:
+        f"{LOGS}/reports/table1.log",
+    params:
+        kind="table1",
+        resamples=config["stats"]["resamples"],
+    script:
+        "../scripts/table.py"
+
+
+rule table_seeds:
+    input:
+        summaries=table1_summaries(),
+    output:
+        multiext(f"{REPORTS}/seeds", ".md", ".csv", ".tex"),
+    log:
+        f"{LOGS}/reports/seeds.log",
+    params:
+        kind="seeds",
+        resamples=config["stats"]["resamples"],
+    script:
+        "../scripts/table.py"
+
+
+rule table_heads:
+    input:
+        summaries=heads_summaries(),
+    output:
+        multiext(f"{REPORTS}/heads", ".md", ".csv", ".tex"),
+    log:
+        f"{LOGS}/reports/heads.log",
+    params:
+        kind="heads",
+        resamples=config["stats"]["resamples"],
+    script:
+        "../scripts/table.py"
+
+
+rule table_downstream:
+    input:
+        results=downstream_results(),
+        stats=downstream_stats(),
+    output:
+        multiext(f"{REPORTS}/downstream", ".md", ".csv", ".tex"),
+    log:
+        f"{LOGS}/reports/downstream.log",
+    params:
+        kind="downstream",
+        resamples=config["stats"]["resamples"],
+    script:
+        "../scripts/table.py"

@@ -1,0 +1,16 @@
+"""Measure training throughput and peak memory on this machine's GPU
+(``python -m benchmarks.bench_training``); writes the benchmark CSV the cost table reads."""
+import sys
+
+from _glue import run_logged, start
+
+sm = snakemake  # noqa: F821  (injected by Snakemake)
+log = start(sm)
+
+# cost.providers -> benchmark variants (routing implementations of MHAR vs the baseline)
+VARIANT_OF = {"baseline": "baseline", "eager": "mhar_eager", "compile": "mhar_compile", "fused": "mhar_fused"}
+cmd = [sys.executable, "-m", "benchmarks.bench_training", "--sizes", *sm.params.sizes,
+       "--variants", *[VARIANT_OF[p] for p in sm.params.providers], "--heads", sm.params.heads,
+       "--out", sm.output[0]]
+log.info("benchmark %s x %s", sm.params.sizes, sm.params.providers)
+run_logged(cmd, sm.log[0], threads=sm.threads)

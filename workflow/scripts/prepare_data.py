@@ -1,0 +1,17 @@
+"""Build (or find) the token shards of a run config's data block; record their metadata."""
+
+import json
+from pathlib import Path
+
+from _glue import start
+from mhar.data import build_shards
+from mhar.runconfig import run_config_from_dict
+
+sm = snakemake  # noqa: F821  (injected by Snakemake)
+log = start(sm)
+
+cfg = run_config_from_dict(sm.params.run_config)
+shards = build_shards(cfg.data, cfg.model.vocab_size, log=log.info)
+record = {"cache_dir": str(shards.path) if shards.path else None, **shards.meta}
+Path(sm.output[0]).write_text(json.dumps(record, indent=1, default=str))
+log.info("shards ready: %s", record["cache_dir"])

@@ -1,0 +1,27 @@
+"""Train one run: write its resolved run config, launch ``python -m mhar.train``.
+
+With ``resources.gpus_per_run > 1`` the trainer is launched under torchrun (DDP on
+one node). Inputs: ``snakemake.params.run_config`` (dict), ``snakemake.params.gpus``.
+"""
+
+from pathlib import Path
+
+from _glue import launcher, run_logged, start
+from mhar.runconfig import dump_yaml, run_config_from_dict
+
+sm = snakemake  # noqa: F821  (injected by Snakemake)
+log = start(sm)
+
+run_dir = Path(sm.output.summary).parent
+cfg = sm.params.run_config
+run_config_from_dict(cfg)  # fail here, naming the field, before any process starts
+cfg_path = Path(sm.log[0]).with_suffix(".run_config.yaml")
+cfg_path.write_text(dump_yaml(cfg))
+log.info("train %s (run config %s)", run_dir, cfg_path)
+
+cmd = [*launcher(int(sm.params.gpus)), "-m", "mhar.train", cfg_path, "--out", run_dir]
+run_logged(cmd, sm.log[0], threads=sm.threads)
+for name in ("summary", "metrics", "model"):
+    if not Path(sm.output[name]).is_file():
+        raise RuntimeError(f"mhar.train finished but did not write {sm.output[name]}; see {sm.log[0]}")
+log.info("done: %s", sm.output.summary)
