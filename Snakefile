@@ -18,9 +18,11 @@ min_version("8.0")
 
 
 # The default config applies only when no --configfile is given: a config replaces it.
+# Default (no --configfile given): the CPU config plus the CPU continued-pretraining arm.
 if not workflow.overwrite_configfiles:
 
     configfile: "config/config.yaml"
+    configfile: "config/cpt.yaml"
 
 
 validate(config, "config/schema.yaml")

@@ -273,7 +273,7 @@ HASH_EXCLUDE = (
     "model.preset", "model.residual",
     "train.seed", "data.seed",
     "train.log_every", "train.checkpoint_every", "train.save_model_every_checkpoint", "train.log_batch_hash",
-    "train.threads",
+    "train.threads", "data.cache_dir",
 )
 
 
@@ -296,6 +296,6 @@ def full_hash(cfg: RunConfig, length: int = 16) -> str:
     """Hash of everything that can change a run's results (used to guard a run directory)."""
     d = cfg.to_dict()
     for key in ("meta.name", "train.log_every", "train.checkpoint_every", "train.save_model_every_checkpoint",
-                "train.threads"):
+                "train.threads", "data.cache_dir"):
         _drop(d, key)
     return config_hash(d, length)

@@ -228,6 +228,24 @@ def gpu_resources(n):
     return res
 
 
+# --- mechanism probe / routing heatmap -------------------------------------------------
+PROBE_VARIANTS = ("attnres", "mhar")
+
+
+def probe_files():
+    """One probe JSON per routed Table 1 label and size (first seed), read by the report."""
+    return [
+        f"{REPORTS}/probe/{s}/{v}.json"
+        for s in config["sizes"]
+        for v in T1_LABELS
+        if residual_of(v)["variant"] in PROBE_VARIANTS
+    ]
+
+
+def probe_model(wildcards):
+    return f"{run_dir(wildcards.variant, wildcards.size, config['seeds'][0])}/model.pt"
+
+
 # --- target lists ----------------------------------------------------------------------
 def table_files(name):
     return [f"{REPORTS}/{name}.{ext}" for ext in ("md", "csv", "tex")]
@@ -247,6 +265,8 @@ def figure_sources():
     }
     if bench_csvs():
         src["cost"] = bench_csvs()
+    if probe_files():
+        src["routing_heatmap"] = probe_files()
     return src
 
 

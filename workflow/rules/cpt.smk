@@ -2,7 +2,7 @@
 # exactly to the plain and the MHAR-delta form, train both arms on identical batches and
 # schedule, evaluate base / plain / MHAR, and tabulate CPT gain vs MHAR gain.
 # Config: the `cpt:` block (mhar.cpt.CPTConfig; config/cpt.yaml documents every key).
-# Results: results/cpt/<hash of the cpt block>/{base,init,runs,eval}/ ; table: reports/cpt_table.*
+# Results: results/cpt/<hash of the cpt block>/{base,init,runs,eval}/ ; table: reports/cpt.*
 
 # Config, paths and functions: workflow/rules/cpt_common.smk.
 
@@ -113,9 +113,9 @@ rule cpt_table:
         ),
         batch_check=f"{CPT_ROOT}/batch_check.json",
     output:
-        multiext(f"{REPORTS}/cpt_table", ".md", ".csv", ".tex"),
+        multiext(f"{REPORTS}/cpt", ".md", ".csv", ".tex"),
     log:
-        f"{LOGS}/reports/cpt_table.log",
+        f"{LOGS}/reports/cpt.log",
     params:
         scale=CPT.scale,
         resamples=config.get("stats", {}).get("resamples", 4999),

@@ -14,7 +14,7 @@ CPT_EVAL_MODEL = {"base": "init/plain", "plain": "runs/plain", "mhar": "runs/mha
 
 
 def cpt_targets():
-    return table_files("cpt_table")
+    return table_files("cpt")
 
 
 def cpt_base_source(wildcards):

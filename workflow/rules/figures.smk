@@ -10,3 +10,18 @@ rule figure:
         f"{LOGS}/reports/figure_{{figure}}.log",
     script:
         "../scripts/figure.py"
+
+
+# Mechanism probe of a trained routed model (first seed): slice KL vs a matched-norm null,
+# source cosine, per-site mean routing weights (the routing_heatmap figure reads these).
+rule probe:
+    input:
+        probe_model,
+    output:
+        f"{REPORTS}/probe/{{size}}/{{variant}}.json",
+    log:
+        f"{LOGS}/reports/probe_{{size}}_{{variant}}.log",
+    params:
+        slices=4,
+    script:
+        "../scripts/probe.py"
