@@ -12,6 +12,9 @@
 # keep their own CUDA build of torch, which a per-rule conda env would replace. Each
 # result records its package versions and hardware (provenance.json).
 
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 min_version("8.0")
@@ -21,11 +24,27 @@ min_version("8.0")
 # Default (no --configfile given): the CPU config plus the CPU continued-pretraining arm.
 if not workflow.overwrite_configfiles:
 
-    configfile: "config/config.yaml"
-    configfile: "config/cpt.yaml"
+    configfile: f"{workflow.basedir}/config/config.yaml"
+    configfile: f"{workflow.basedir}/config/cpt.yaml"
 
 
-validate(config, "config/schema.yaml")
+# On a schema error snakemake prints the whole schema: name the field and the problem instead.
+try:
+    validate(config, "config/schema.yaml")
+except WorkflowError:
+    import jsonschema
+    import yaml
+
+    with open(Path(workflow.basedir) / "config/schema.yaml") as f:
+        schema = yaml.safe_load(f)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    cause = jsonschema.exceptions.best_match(validator.iter_errors(config))
+    if cause is None:
+        raise
+    where = ".".join(map(str, cause.absolute_path)) or "(top level)"
+    raise WorkflowError(
+        f"invalid workflow config at {where}: {cause.message} (see config/schema.yaml)"
+    ) from None
 
 
 include: "workflow/rules/common.smk"

@@ -138,11 +138,14 @@ def _routing_input(path: Path) -> tuple[str, dict[str, np.ndarray]]:
         return d.get("model") or path.stem, {k: np.asarray(v) for k, v in d["routing_mean"].items()}
     import torch
 
-    from mhar.checkpoint import load_model
+    from mhar.checkpoint import CheckpointError, load_model
 
     from .probe import probe_tokens
 
-    model, tok, _ = load_model(path, routing_impl="eager")
+    try:
+        model, tok, _ = load_model(path, routing_impl="eager")
+    except CheckpointError as e:
+        raise io.AnalysisInputError(str(e)) from e
     ids, _ = probe_tokens(tok, model.cfg.vocab_size, 2, min(128, model.cfg.max_seq_len))
     with torch.no_grad():
         r = model(ids, collect_routing=True).routing or {}

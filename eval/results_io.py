@@ -78,8 +78,9 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise AnalysisInputError(f"{path}: file not found (did the producing step run?)") from None
-    except json.JSONDecodeError as e:
-        raise AnalysisInputError(f"{path}: not valid JSON ({e}); re-run the step that wrote it") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise AnalysisInputError(f"{path}: not valid JSON ({e}); re-run the step that wrote it "
+                                 "(or check that this is the right file)") from None
 
 
 def residual_from_config(run_dir: Path) -> dict:
@@ -179,19 +180,24 @@ def group_runs(runs: Sequence[RunSummary]) -> dict[tuple, dict[int, RunSummary]]
     return out
 
 
+def _jsonl_rows(path: Path) -> Iterable[tuple[int, Any]]:
+    """(line number, parsed row) of each non-blank line of a JSONL file."""
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield i, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise AnalysisInputError(f"{path}:{i}: not valid JSON ({e})") from None
+
+
 def load_metrics(run_dir: str | os.PathLike) -> tuple[list[dict], list[dict]]:
     """(train lines, val lines) of ``metrics.jsonl``; empty lists if the file is absent."""
     p = Path(run_dir) / "metrics.jsonl"
     if not p.is_file():
         return [], []
     train, val = [], []
-    for i, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise AnalysisInputError(f"{p}:{i}: not valid JSON ({e})") from None
+    for _, d in _jsonl_rows(p):
         (val if d.get("split") == "val" else train).append(d)
     return train, val
 
@@ -257,13 +263,7 @@ def load_eval_task(eval_dir: str | os.PathLike, task: str) -> EvalTask:
     if not sp.is_file():
         raise AnalysisInputError(f"{sp}: missing; evaluate task {task!r} into {eval_dir} first")
     docs: dict[Any, dict] = {}
-    for i, line in enumerate(sp.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise AnalysisInputError(f"{sp}:{i}: not valid JSON ({e})") from None
+    for i, rec in _jsonl_rows(sp):
         if "doc_id" not in rec or not isinstance(rec.get("metrics"), dict):
             raise AnalysisInputError(f"{sp}:{i}: each line needs 'doc_id' and a 'metrics' object")
         group = rec.get("group", rec.get("cluster"))

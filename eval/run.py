@@ -11,6 +11,8 @@ Outputs per task (docs/ARCHITECTURE.md "Evaluation outputs"):
   ``OUT/<task>/results.json``   aggregate metrics with standard errors, n, subset, model, provenance
 Data: the local mirror when ``MHAR_DATA_DIR`` (or ``data_dir``) is set, else the hub.
 Each task is a separate lm-eval run, so its results do not depend on which other tasks are listed.
+The CLI refuses (exit 2, one ``error:`` line) results of another model or subset already in OUT, and
+bad input (missing / corrupt checkpoint, unknown task, bad subset, missing data files).
 """
 from __future__ import annotations
 
@@ -33,6 +35,10 @@ from .data_local import STANDARD_TASKS, DataSource
 log = logging.getLogger("eval.run")
 RESULTS_FILE = "results.json"
 SAMPLES_FILE = "samples.jsonl"
+
+
+class HubUnavailable(RuntimeError):
+    """A task's Hugging Face hub dataset could not be loaded (offline, wrong name)."""
 
 
 # --- which documents ------------------------------------------------------------------
@@ -102,7 +108,14 @@ class ModelSpec:
             args: dict[str, Any] = {"pretrained": self.path[3:], "dtype": self.dtype or "auto"}
             if self.max_length is not None:
                 args["max_length"] = self.max_length
-            lm = get_model("hf").create_from_arg_obj(args, {"batch_size": self.batch_size, "device": self.device})
+            try:
+                lm = get_model("hf").create_from_arg_obj(args, {"batch_size": self.batch_size, "device": self.device})
+            except OSError as e:  # not found locally nor on the hub (or offline)
+                from mhar.checkpoint import CheckpointError, load_error_brief
+
+                raise CheckpointError(f"--model {self.path}: could not load this Hugging Face model "
+                                      f"({load_error_brief(e)}); check the directory or hub name and the "
+                                      "network (HF_HUB_OFFLINE)") from e
             return lm, {"adapter": "hf", **args, "batch_size": self.batch_size, "device": self.device,
                         "max_length": lm.max_length}
         if not Path(self.path).exists():
@@ -223,13 +236,8 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def _provenance(config: dict) -> dict:
-    try:
-        from mhar.provenance import collect_provenance
-    except ImportError:  # older checkout: minimal fallback
-        import platform
+    from mhar.provenance import collect_provenance
 
-        return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": list(sys.argv),
-                "platform": platform.platform(), "config": config}
     return collect_provenance(config)
 
 
@@ -272,7 +280,7 @@ def evaluate_task(lm, model_info: dict, task_name: str, source: DataSource, task
     except Exception as e:
         if source.is_local:
             raise
-        raise RuntimeError(f"task {task_name}: could not load its Hugging Face hub dataset ({type(e).__name__}: {e}); "
+        raise HubUnavailable(f"task {task_name}: could not load its Hugging Face hub dataset ({type(e).__name__}: {e}); "
                            "offline? set MHAR_DATA_DIR to the local mirror (layout of shared/data)") from e
     n_docs = len(task.eval_docs)
     doc_ids = subset.doc_ids(n_docs)
@@ -380,12 +388,55 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _same_model(a: str, b: str) -> bool:
+    """Same ``hf:`` name, or the same exported file (``RUN_DIR`` and ``RUN_DIR/model.pt`` are one)."""
+    if a.startswith("hf:") or b.startswith("hf:"):
+        return a == b
+    pa, pb = Path(a), Path(b)
+    pa, pb = (p / "model.pt" if p.is_dir() else p for p in (pa, pb))
+    return pa.resolve() == pb.resolve()
+
+
+def existing_results_conflict(out_dir: str | os.PathLike, tasks: str, model: str, subset: Subset) -> Optional[str]:
+    """Why writing into ``out_dir`` would replace results of another model or subset (None: it would not)."""
+    for name in (t.strip() for t in tasks.split(",") if t.strip()):
+        path = Path(out_dir) / name / RESULTS_FILE
+        if not path.is_file():
+            continue
+        try:
+            old = json.loads(path.read_text())
+            same = _same_model(old.get("model", ""), model) and old.get("subset", {}).get("spec") == str(subset)
+        except (OSError, ValueError, AttributeError):
+            same = False
+        if not same:
+            return (f"{path} already holds results of another model or subset; refusing to overwrite it. "
+                    "Choose another --out or delete that directory.")
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        subset = Subset.parse(f"first:{args.limit}" if args.limit is not None else args.subset)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    conflict = existing_results_conflict(args.out, args.tasks, args.model, subset)
+    if conflict:
+        print(f"error: {conflict}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    results = evaluate_model(args.model, args.tasks, args.out, subset=args.subset, limit=args.limit,
-                             device=args.device, batch_size=args.batch_size, max_length=args.max_length,
-                             dtype=args.dtype, bootstrap_iters=args.bootstrap_iters, data_dir=args.data_dir)
+    from mhar.checkpoint import CheckpointError
+
+    try:
+        results = evaluate_model(args.model, args.tasks, args.out, subset=args.subset, limit=args.limit,
+                                 device=args.device, batch_size=args.batch_size, max_length=args.max_length,
+                                 dtype=args.dtype, bootstrap_iters=args.bootstrap_iters, data_dir=args.data_dir)
+    except (CheckpointError, HubUnavailable, FileNotFoundError, KeyError, ValueError) as e:
+        # bad input (model file, task name, data dir, subset, adapter setting): one line, no traceback
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
     for name, summary in results.items():
         shown = ", ".join(f"{k}={v:.4g}" for k, v in summary["metrics"].items()
                           if isinstance(v, (int, float)) and "_stderr" not in k)

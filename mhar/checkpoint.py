@@ -53,7 +53,20 @@ def save_model(path: str | os.PathLike, model, tokenizer: str, extra: Optional[d
     return path
 
 
+def load_error_brief(e: BaseException) -> str:
+    """One line for a failed ``torch.load``: the exception type and the gist of its (long) message."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    first = lines[0] if lines else ""
+    for i, ln in enumerate(lines[:-1]):  # torch's weights_only failure: the real cause follows this marker
+        if ln.endswith("WeightsUnpickler error:"):
+            first = f"weights-only unpickler: {lines[i + 1]}"
+    if len(first) > 160:  # long library messages: the first sentence carries the cause
+        first = first.split(". ")[0][:160]
+    return f"{type(e).__name__}: {first}"
+
+
 def read_checkpoint(path: str | os.PathLike) -> dict:
+    """The raw ``mhar-model-v1`` dict at ``path`` (a file or a run dir holding ``model.pt``)."""
     path = Path(path)
     if path.is_dir():
         path = path / MODEL_FILE
@@ -62,12 +75,19 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
+        if "Unsupported global" in str(e):  # pickled Python objects: a training state, not an export
+            raise CheckpointError(
+                f"{path} is not an exported {FORMAT} model (it holds more than tensors, e.g. a training state "
+                f"such as RUN_DIR/checkpoint/state.pt); pass RUN_DIR/{MODEL_FILE} instead"
+            ) from e
         raise CheckpointError(
-            f"checkpoint {path} is unreadable or corrupt ({type(e).__name__}: {e}); "
+            f"checkpoint {path} is unreadable or corrupt ({load_error_brief(e)}); "
             "delete it and re-run the step that produced it"
         ) from e
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an {FORMAT} file (format={blob.get('format') if isinstance(blob, dict) else type(blob).__name__})")
+        found = blob.get("format") if isinstance(blob, dict) else type(blob).__name__
+        raise CheckpointError(f"{path} is not an {FORMAT} file (format={found}); pass an exported "
+                              f"RUN_DIR/{MODEL_FILE} (or convert a Hugging Face model with python -m mhar.cpt convert)")
     return blob
 
 

@@ -276,7 +276,8 @@ def resolve_corpus(spec: str, data_dir: Optional[Path], text_field: str = "text"
                 path, name, hub_field = _HUB_FALLBACK[spec]
                 return HubCorpus(path, name, hub_field)
             raise DataError(f"data.corpus {spec!r} is read from the local data directory, but none is set: "
-                            f"set MHAR_DATA_DIR or data.data_dir to a directory holding {patterns}")
+                            f"set MHAR_DATA_DIR or data.data_dir to a directory holding "
+                            f"{', '.join(patterns.values())}")
         files = {s: sorted(data_dir.glob(g)) for s, g in patterns.items()}
         missing = [f"{data_dir / g}" for s, g in patterns.items() if not files[s]]
         if missing:

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .checkpoint import CheckpointError, atomic_torch_save, save_model
+from .checkpoint import CheckpointError, atomic_torch_save, load_error_brief, save_model
 from .config import ConfigError
 from .cpt.training import EMA, batch_digest, load_init_weights, param_groups, z_loss
 from .data import DataError, TrainData, load_data
@@ -150,7 +150,7 @@ class RunDir:
             return "fresh"
         try:
             old = run_config_from_dict(yaml_load(self.config.read_text()))
-        except (ConfigError, Exception) as e:
+        except Exception as e:  # a YAML or config error alike
             raise RunDirError(f"{self.config} is unreadable ({e}); refusing to overwrite the run in {self.path}") from e
         if full_hash(old) != full_hash(cfg):
             diff = _dict_diff(old.to_dict(), cfg.to_dict())
@@ -175,18 +175,25 @@ def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 
 class MetricsLog:
-    """Append-only JSONL (rank 0 only); ``size()`` marks a checkpoint, ``truncate`` rolls back to it."""
+    """Append-only JSONL (rank 0 only); ``content()`` is stored in a checkpoint, ``open`` rolls back to it.
+
+    The checkpoint keeps the log's bytes, not only its length: a workflow manager that deletes
+    declared outputs before rerunning a job (Snakemake does) must not cost the resumed run its
+    first segment of metrics.
+    """
 
     def __init__(self, path: Path, enabled: bool):
         self.path, self.enabled = path, enabled
         self._f = None
 
-    def open(self, truncate_to: Optional[int]) -> None:
+    def open(self, truncate_to: Optional[int], saved: Optional[bytes] = None) -> None:
         if not self.enabled:
             return
-        if truncate_to is None or not self.path.is_file():
+        if saved is not None:  # the log as it was at the checkpoint
+            self.path.write_bytes(saved)
+        elif truncate_to is None or not self.path.is_file():
             self.path.write_text("")
-        else:
+        else:  # checkpoint from before logs were stored in it
             with open(self.path, "r+b") as f:
                 f.truncate(truncate_to)
         self._f = open(self.path, "a")
@@ -201,6 +208,12 @@ class MetricsLog:
         self._f.flush()
         os.fsync(self._f.fileno())
         return self.path.stat().st_size
+
+    def content(self) -> Optional[bytes]:
+        if self._f is None:
+            return None
+        n = self.size()  # flushes first
+        return self.path.read_bytes()[:n]
 
     def close(self) -> None:
         if self._f is not None:
@@ -231,13 +244,15 @@ def _model_and_optim_state(model: nn.Module, raw: Transformer, opt: torch.optim.
 
 
 def save_state(rd: RunDir, cfg: RunConfig, model: nn.Module, raw: Transformer, opt, prog: Progress,
-               metrics_bytes: int, env: DistEnv, ema: Optional[EMA] = None) -> None:
+               metrics_bytes: int, env: DistEnv, ema: Optional[EMA] = None,
+               metrics_log: Optional[bytes] = None) -> None:
     model_sd, opt_sd = _model_and_optim_state(model, raw, opt, env)
     ema_sd = ema.state_dict() if ema is not None else None  # collective under FSDP
     if env.is_main:
         atomic_torch_save({
             "format": STATE_FORMAT, "full_hash": full_hash(cfg), "model": model_sd, "optimizer": opt_sd,
             "rng": _rng_state(), "progress": prog.__dict__, "metrics_bytes": metrics_bytes,
+            "metrics_log": metrics_log,
             "data": {"seed": cfg.data_seed, "samples_seen": prog.step * cfg.train.global_batch},
             **({"ema": ema_sd} if ema_sd is not None else {}),
         }, rd.state)
@@ -248,7 +263,7 @@ def load_state(rd: RunDir, cfg: RunConfig) -> dict:
     try:
         blob = torch.load(rd.state, map_location="cpu", weights_only=False)
     except Exception as e:
-        raise CheckpointError(f"training checkpoint {rd.state} is unreadable or corrupt ({type(e).__name__}: {e}); "
+        raise CheckpointError(f"training checkpoint {rd.state} is unreadable or corrupt ({load_error_brief(e)}); "
                               f"nothing was overwritten. Delete {rd.state.parent} to restart the run from step 0.") from e
     if not isinstance(blob, dict) or blob.get("format") != STATE_FORMAT:
         raise CheckpointError(f"{rd.state} is not a {STATE_FORMAT} file; delete {rd.state.parent} to restart")
@@ -395,7 +410,8 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
             prov["resumes"] = old.get("resumes", []) + [{"step": prog.step, "time_utc": prov["time_utc"]}]
         rd.provenance.write_text(json.dumps(prov, indent=1, default=str))
     metrics = MetricsLog(rd.metrics, env.is_main)
-    metrics.open(blob["metrics_bytes"] if blob is not None else None)
+    metrics.open(blob["metrics_bytes"] if blob is not None else None,
+                 blob.get("metrics_log") if blob is not None else None)
 
     fpt = flops_per_token(raw, cfg.data.seq_len)
     tokens_per_step = t.global_batch * cfg.data.seq_len
@@ -431,8 +447,9 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
                 where = (f"the last good checkpoint (step {prog.last_ckpt_step}) is kept in {rd.state}"
                          if prog.last_ckpt_step is not None else "no checkpoint had been written yet")
                 raise TrainingDiverged(f"non-finite loss/grad norm at step {prog.step + 1} (loss={loss_val}, "
-                                       f"grad_norm={gnorm}); run stopped, {where}. Lower train.lr or raise "
-                                       "train.warmup_steps, then delete the checkpoint or resume from it.")
+                                       f"grad_norm={gnorm}); run stopped, {where}. Lower train.lr, raise "
+                                       "train.warmup_steps or set train.grad_clip, and train into a new --out "
+                                       f"(a changed config is refused in {rd.path}).")
             opt.step()
             opt.zero_grad(set_to_none=True)
             if ema is not None:
@@ -460,7 +477,8 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
             stopping = stop_after is not None and prog.step >= stop_after and not final
             if prog.step % t.checkpoint_every == 0 or final or stopping:
                 prog.last_ckpt_step = prog.step
-                save_state(rd, cfg, model, raw, opt, prog, metrics.size(), env, ema)
+                log_bytes = metrics.content()
+                save_state(rd, cfg, model, raw, opt, prog, len(log_bytes or b""), env, ema, log_bytes)
                 if t.save_model_every_checkpoint and not final:
                     _export_model(rd.path / "checkpoint" / "model.pt", model, raw, cfg, env, {"step": prog.step})
             if stopping:

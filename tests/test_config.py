@@ -9,8 +9,16 @@ from mhar.config import (PRESETS, ConfigError, ModelConfig, ResidualConfig, conf
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_every_preset_validates(preset):
-    cfg = model_config(preset, residual={"variant": "mhar", "heads": 8 if preset != "debug" else 4})
-    assert cfg.d_model == PRESETS[preset]["d_model"] and cfg.residual.heads in (4, 8)
+    heads = 8 if preset != "debug" else 4
+    cfg = model_config(preset, residual={"variant": "mhar", "heads": heads})
+    assert all(getattr(cfg, k) == v for k, v in PRESETS[preset].items())  # every preset field applied
+    assert (cfg.residual.variant, cfg.residual.heads) == ("mhar", heads)
+    # the shape constraints attention, GQA, RoPE and head-wise routing need
+    assert cfg.resolved_head_dim * cfg.n_heads == cfg.d_model and cfg.resolved_head_dim % 2 == 0
+    assert cfg.n_heads % cfg.n_kv_heads == 0 and cfg.d_model % heads == 0
+    # an override changes that field only
+    deeper = model_config(preset, n_layers=cfg.n_layers + 1)
+    assert deeper.n_layers == cfg.n_layers + 1 and deeper.d_model == cfg.d_model and deeper.residual.variant == "baseline"
 
 
 def test_paper_table1_shapes():

@@ -21,6 +21,7 @@ import uuid
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -219,6 +220,27 @@ def test_missing_local_file_and_unknown_task_are_clear_errors(tmp_path):
         evaluate_model("mem", ["lambada_openai"], tmp_path, limit=2, lm=lm, data_dir=tmp_path)
     with pytest.raises(KeyError, match="no_such_task"):
         evaluate_model("mem", ["no_such_task"], tmp_path, limit=2, lm=lm)
+
+
+def test_cli_bad_input_is_one_line_error_and_never_overwrites(tmp_path, capsys):
+    good = save_model(tmp_path / "run" / "model.pt", Transformer(model_config("debug")), "byte")
+    torch.save({"rng": np.random.get_state()}, tmp_path / "state.pt")  # pickled objects
+    (tmp_path / "trunc.pt").write_bytes(good.read_bytes()[:500])
+    for model, says in ((tmp_path / "trunc.pt", "corrupt"), (tmp_path / "state.pt", "pass RUN_DIR/model.pt"),
+                        (tmp_path / "nope.pt", "no such checkpoint")):
+        assert main(["--model", str(model), "--tasks", "wikitext", "--out", str(tmp_path / "o"), "--limit", "2"]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+    # results of another model (or subset) in --out are refused before anything runs
+    prior = tmp_path / "o" / "wikitext" / "results.json"
+    prior.parent.mkdir(parents=True)
+    prior.write_text(json.dumps({"model": str(tmp_path / "other.pt"), "subset": {"spec": "first:2"}}))
+    before = prior.read_bytes()
+    for args in (["--model", str(good), "--limit", "2"], ["--model", str(tmp_path / "other.pt"), "--limit", "3"]):
+        assert main([*args, "--tasks", "wikitext", "--out", str(tmp_path / "o")]) == 2
+        assert "refusing to overwrite" in capsys.readouterr().err
+    assert prior.read_bytes() == before
 
 
 # --- GPQA stays encrypted on disk ---------------------------------------------------------------

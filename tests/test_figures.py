@@ -73,6 +73,15 @@ def test_routing_heatmap_from_model(tmp_path):
     path = save_model(tmp_path / "model.pt", m, "byte")
     figures.make_figure("routing_heatmap", [path], tmp_path / "heat")
     _check_image(tmp_path / "heat")
+    # what is plotted: per site, each head's mean depth distribution over the sources seen so far
+    _, rm = figures._routing_input(path)
+    sites = sorted(rm, key=figures._site_order)
+    assert sites == [f"L{i // 2}.{'attn' if i % 2 == 0 else 'mlp'}" for i in range(4)] + ["final"]
+    for n, site in enumerate(sites):
+        assert rm[site].shape == (4, n + 1)
+        np.testing.assert_allclose(rm[site].sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(rm["L0.attn"], 1.0)  # the first sublayer can only read the embedding
+    assert np.abs(rm["final"] - rm["final"].mean(0)).max() > 1e-3  # random queries: heads differ
 
 
 def test_mean_band_matches_numpy(data):

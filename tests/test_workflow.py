@@ -142,6 +142,13 @@ def test_lint_only_justified_warnings(tmp_path):
     assert all(kind.rstrip(".") in header for kind in kinds)
 
 
+def test_snakefmt_formatting():
+    pytest.importorskip("snakefmt")
+    res = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "Snakefile", "workflow/rules"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 def test_multi_gpu_runs_launch_torchrun():
     from _glue import launcher
 

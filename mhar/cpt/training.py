@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import CheckpointError
+from ..checkpoint import CheckpointError, load_error_brief
 from ..config import ConfigError
 from ..model import Transformer
 
@@ -124,7 +124,7 @@ def load_init_weights(model: Transformer, path: str | Path) -> dict:
     try:  # memory-mapped: under torchrun every rank reads the same pages (8B: no 8 x 32 GB copies)
         blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
-        raise CheckpointError(f"train.init_from={path}: missing, unreadable or corrupt ({type(e).__name__}: {e}); "
+        raise CheckpointError(f"train.init_from={path}: missing, unreadable or corrupt ({load_error_brief(e)}); "
                               "convert the base first (python -m mhar.cpt convert)") from e
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise CheckpointError(f"train.init_from={path}: not an {FORMAT} file")

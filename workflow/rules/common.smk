@@ -21,6 +21,11 @@ RESULTS = config["results_dir"].rstrip("/")
 REPORTS = config["reports_dir"].rstrip("/")
 LOGS = f"{RESULTS}/logs"
 RES = config["resources"]
+if config.get("data_dir") and not Path(config["data_dir"]).expanduser().is_dir():
+    raise WorkflowError(
+        f"data_dir {config['data_dir']!r} is not a directory: point it at a local data mirror "
+        "(layout of shared/data), or set it to null to use $MHAR_DATA_DIR / the Hugging Face hub"
+    )
 
 T1_LABELS = config["table1"]["variants"]
 BASELINE = config["table1"]["baseline"]
