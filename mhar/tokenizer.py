@@ -103,7 +103,8 @@ def get_tokenizer(spec: str) -> Tokenizer:
             from tokenizers import Tokenizer as _Tok
 
             return HFTokenizer(_Tok.from_file(str(p)), str(spec))
+    hint = "give a full path" if data_dir() is not None else "set MHAR_DATA_DIR or give a full path"
     raise ValueError(
         f"unknown tokenizer {spec!r}: not 'byte', not 'hf:<hub name>', and no tokenizer.json found at "
-        f"{', '.join(str(c) for c in candidates)}. Set MHAR_DATA_DIR or give a full path."
+        f"{', '.join(str(c) for c in candidates)}; {hint}."
     )
