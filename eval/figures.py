@@ -314,14 +314,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     required=True)
     ap.add_argument("--out", required=True, help="output prefix; writes PREFIX.png and PREFIX.pdf")
     a = ap.parse_args(argv)
-    try:
-        cmd = "python -m eval.figures " + " ".join(sys.argv[1:] if argv is None else argv)
-        paths = make_figure(a.kind, a.inputs, a.out, command=cmd)
-    except io.AnalysisInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(map(str, paths)))
-    return 0
+    return io.run_cli("eval.figures", lambda cmd: make_figure(a.kind, a.inputs, a.out, command=cmd), argv)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,8 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -454,21 +452,26 @@ def paper_scale(size: str) -> tuple[str, bool]:
 # --- provenance ------------------------------------------------------------------------------------------------
 def provenance(inputs: Sequence[str | os.PathLike], command: Optional[Sequence[str]] = None) -> dict:
     """Where a generated table/figure came from: command, inputs, git commit, versions, time."""
-    repo = Path(__file__).resolve().parent.parent
-    git = {"commit": None, "dirty": None}
-    try:
-        git["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                                       timeout=10).stdout.strip() or None
-        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                            capture_output=True, text=True, timeout=10).stdout
-        git["dirty"] = bool(st.strip())
-    except (OSError, subprocess.SubprocessError):
-        pass
+    from mhar.provenance import git_info, utc_now
+
     versions = {}
     for mod in ("numpy", "scipy", "statsmodels", "pandas", "matplotlib", "torch"):
         m = sys.modules.get(mod)
         if m is not None:
             versions[mod] = getattr(m, "__version__", "?")
     return {"command": " ".join(command if command is not None else sys.argv),
-            "inputs": [str(p) for p in inputs], "git": git, "python": platform.python_version(),
-            "versions": versions, "generated_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            "inputs": [str(p) for p in inputs], "git": git_info(), "python": platform.python_version(),
+            "versions": versions, "generated_utc": utc_now()}
+
+
+def run_cli(prog: str, produce, argv: Optional[Sequence[str]]) -> int:
+    """Run ``produce(command)`` for a ``python -m <prog>`` CLI: print the written paths, or one
+    ``error:`` line and exit code 2 on bad input (AnalysisInputError)."""
+    cmd = f"python -m {prog} " + " ".join(sys.argv[1:] if argv is None else argv)
+    try:
+        paths = produce(cmd)
+    except AnalysisInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(map(str, paths)))
+    return 0

@@ -611,14 +611,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", required=True, help="output prefix; writes PREFIX.csv, PREFIX.md, PREFIX.tex")
     ap.add_argument("--resamples", type=int, default=4999, help="bootstrap / permutation resamples")
     a = ap.parse_args(argv)
-    try:
-        cmd = "python -m eval.tables " + " ".join(sys.argv[1:] if argv is None else argv)
-        paths = make_table(a.kind, a.inputs, a.out, a.resamples, command=cmd)
-    except io.AnalysisInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(map(str, paths)))
-    return 0
+    return io.run_cli("eval.tables", lambda cmd: make_table(a.kind, a.inputs, a.out, a.resamples, command=cmd), argv)
 
 
 if __name__ == "__main__":

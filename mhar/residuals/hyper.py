@@ -30,6 +30,8 @@ This variant has no routing weights.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor, nn
 
@@ -50,6 +52,7 @@ class HyperConnection(nn.Module):
     def __init__(self, d_model: int, n: int, k: int, dynamic: bool, eps: float):
         super().__init__()
         self.n, self.k, self.dynamic, self.eps = n, k, dynamic, eps
+        self._pending: Optional[tuple[Tensor, Tensor, Tensor]] = None  # coefficients from width_input
         # Column 0 is A_m, columns 1..n are A_r (the paper's width-connection block of HC).
         self.static_alpha = nn.Parameter(torch.empty(n, n + 1))  # (n, n+1)
         self.static_beta = nn.Parameter(torch.empty(n))  # (n,)  = B
@@ -85,13 +88,18 @@ class HyperConnection(nn.Module):
 
     def width_input(self, H: Tensor) -> Tensor:
         """h = A_m^T H: the sublayer input (B, T, D) from streams H (B, T, n, D)."""
-        alpha, _ = self.coefficients(H)
+        alpha, beta = self.coefficients(H)
+        self._pending = (H, alpha, beta)  # the matching update() reuses them (same H, same sublayer)
         a_m = alpha[..., 0]  # (B, T, n) or (n,)
         return torch.einsum("...j,...jd->...d", a_m.to(H.dtype), H)  # (B, T, D)
 
     def update(self, H: Tensor, out: Tensor) -> Tensor:
         """H_new = A_r^T H + B^T out: streams (B, T, n, D) after the sublayer output out (B, T, D)."""
-        alpha, beta = self.coefficients(H)
+        pending, self._pending = self._pending, None  # never keep activations alive
+        if pending is not None and pending[0] is H:
+            _, alpha, beta = pending
+        else:
+            alpha, beta = self.coefficients(H)
         a_r = alpha[..., 1:].to(H.dtype)  # (B, T, n, n) or (n, n); a_r[j, i] feeds stream j into stream i
         skip = torch.einsum("...ji,...jd->...id", a_r, H)  # (B, T, n, D)
         return skip + beta.to(H.dtype).unsqueeze(-1) * out.unsqueeze(-2)  # (B, T, n, D)
