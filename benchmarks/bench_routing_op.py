@@ -56,10 +56,12 @@ def _build(router, srcs):
 
 
 def _microbatch(router, srcs, qs, gs, H):
+    """Every read of one microbatch; each announces the queries of the reads after it (as the model does)."""
     st = router.init(srcs[0], capacity=len(srcs))
+    Q, G = torch.stack(qs), torch.stack(gs)
     outs = []
     for i in range(len(srcs)):
-        outs.append(router.read(st, qs[i], gs[i], H))  # reads i+1 sources
+        outs.append(router.read(st, Q[i], G[i], H, lookahead=(Q[i + 1:], G[i + 1:])))  # reads i+1 sources
         if i + 1 < len(srcs):
             st = router.append(st, srcs[i + 1])
     return outs
@@ -73,9 +75,15 @@ def min_bytes(ns: list[int], E: int, elt: int = 2) -> tuple[int, int]:
 
 
 def _router(impl: str):
-    if impl == "fused_fp32acc":  # fused, source gradients accumulated in fp32
-        from mhar.routing.fused import FusedRouter
+    """eager | compile | fused (automatic prefix-sharing group) | fused_gK (groups of K reads; fused_g1:
+    no prefix sharing, one pass per read) | fused_fp32acc (source gradients accumulated in fp32)."""
+    from mhar.routing.fused import FusedRouter
+    if impl == "fused_fp32acc":
         return FusedRouter(grad_dtype=torch.float32)
+    if impl.startswith("fused_g"):
+        return FusedRouter(group=int(impl[len("fused_g"):]))
+    if impl == "fused":
+        return FusedRouter()
     return get_router(impl)
 
 
@@ -120,7 +128,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", default=["100M", "350M", "1B"])
     ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--impls", nargs="+", default=["eager", "compile", "fused", "fused_fp32acc"])
+    ap.add_argument("--impls", nargs="+", default=["eager", "compile", "fused_g1", "fused"])
     ap.add_argument("--modes", nargs="+", default=["read", "microbatch"])
     ap.add_argument("--out", default="results/bench/routing_op.csv")
     args = ap.parse_args(argv)
@@ -135,7 +143,7 @@ def main(argv=None) -> None:
         c = Case(size, B, T, p["d_model"], args.heads, 2 * p["n_layers"] + 1)
         for mode in args.modes:
             for impl in args.impls:
-                if mode == "microbatch" and impl == "compile":
+                if mode == "microbatch" and impl == "compile" or mode == "read" and impl.startswith("fused_g"):
                     continue  # 2L+1 distinct graphs to compile: measured in the training benchmark instead
                 r = bench_case(c, impl, mode)
                 r.update(hbm_gbps=round(hbm, 1), fwd_frac_hbm=round(r["fwd_gbps"] / hbm, 3),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -37,7 +38,10 @@ VARIANTS = {
     # fused routing, each block's two sublayer methods compiled (2 graphs shared by all layers) + head/loss:
     # no per-layer recompiles of the decoder loop (see run_one)
     "mhar_fused_sub": {"variant": "mhar", "routing_impl": "fused"},
+    # the same without prefix sharing (MHAR_ROUTING_GROUP=1: one pass over the sources per read)
+    "mhar_fused_sub_g1": {"variant": "mhar", "routing_impl": "fused"},
 }
+ENV = {"mhar_fused_sub_g1": {"MHAR_ROUTING_GROUP": "1"}}
 
 
 def _head_loss(model, h, labels):
@@ -57,6 +61,10 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
         res["heads"] = heads
     cfg = model_config(size, residual=res)
     B, T = MICROBATCH[size]
+    group = ""
+    if res.get("routing_impl") == "fused":  # reads per prefix-sharing group (1: none)
+        from mhar.routing.fused import FusedRouter
+        group = FusedRouter().group_size(cfg.n_sublayers + 1)  # reads per forward: every sublayer + final
     # The decoder loop passes the sublayer index as an int: with graph breaks around routing calls each
     # sublayer is its own compiled frame (one per index), so lift dynamo's recompile limits.
     for name, val in (("cache_size_limit", 1024), ("recompile_limit", 1024), ("accumulated_cache_size_limit", 8192),
@@ -76,7 +84,7 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
     if variant == "baseline_whole":
         cmodel = compile_(model)
         forward = lambda: cmodel(ids, labels=ids).loss  # noqa: E731
-    elif variant == "mhar_fused_sub":
+    elif variant.startswith("mhar_fused_sub"):
         for blk in model.layers:  # one compiled graph per sublayer kind, shared by all layers
             blk.attn_sublayer = compile_(blk.attn_sublayer)
             blk.mlp_sublayer = compile_(blk.mlp_sublayer)
@@ -117,7 +125,8 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
     return dict(size=size, variant=variant, heads=heads if res["variant"] != "baseline" else 0, B=B, T=T,
                 params=model.num_params(), steps=steps, step_ms=round(1e3 * dt / steps, 2),
                 tokens_per_s=round(steps * B * T / dt, 1), peak_mem_gib=round(peak, 3),
-                warmup_s=round(warm_s, 1), final_loss=round(float(loss), 4), status="ok")
+                warmup_s=round(warm_s, 1), final_loss=round(float(loss), 4), status="ok",
+                routing_group=group)
 
 
 def main(argv=None) -> None:
@@ -147,7 +156,8 @@ def main(argv=None) -> None:
                    "--device", args.device, "--backend", args.backend]
             t0 = time.time()
             try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                   env={**os.environ, **ENV.get(variant, {})})
                 lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
                 if lines:
                     row = json.loads(lines[-1][7:])
@@ -167,7 +177,7 @@ def main(argv=None) -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
             keys = ["size", "variant", "heads", "B", "T", "params", "steps", "step_ms", "tokens_per_s",
-                    "peak_mem_gib", "thr_ratio", "mem_ratio", "warmup_s", "final_loss", "status", "wall_s"]
+                    "peak_mem_gib", "thr_ratio", "mem_ratio", "routing_group", "warmup_s", "final_loss", "status", "wall_s"]
             write_csv(args.out, [{**{k: r.get(k) for k in keys}, **env} for r in rows])
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU record of the fused routing work: tests at realistic shapes, routing-op and training benchmarks.
-# Usage (repo root, on the GPU machine):  OUT=dir bash benchmarks/run_gpu.sh [tests] [op] [train:SIZES:VARIANTS]
+# Usage (repo root, on the GPU machine):  OUT=dir bash benchmarks/run_gpu.sh [tests] [op] [op:IMPLS:MODES[:TAG]]
+#                                              [train:SIZES:VARIANTS[:TAG]]
 #   e.g. bash benchmarks/run_gpu.sh tests op "train:100M 350M 1B:baseline mhar_fused_sub mhar_compile:final"
 #   (one (size, variant) takes ~1-2 min, mostly torch.compile; a run has at most 10 min)
 set -o pipefail
@@ -14,7 +15,11 @@ for stage in "$@"; do
     tests)
       MHAR_ROUTING_AUTOTUNE=0 python3 -m pytest -q -rs tests/test_fused_routing.py 2>&1 | tee "$OUT/tests_gpu.log" ;;
     op)
-      python3 benchmarks/bench_routing_op.py --impls eager compile fused --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" ;;
+      python3 benchmarks/bench_routing_op.py --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" ;;
+    op:*)  # op:IMPLS:MODES[:TAG]
+      IFS=: read -r _ impls modes tag <<< "$stage"
+      python3 benchmarks/bench_routing_op.py --impls $impls --modes $modes --out "$OUT/routing_op${tag:+_$tag}.csv" \
+        2>&1 | tee -a "$OUT/routing_op.log" ;;
     train:*)
       IFS=: read -r _ sizes variants tag <<< "$stage"
       python3 -m benchmarks.bench_training --sizes $sizes --variants $variants --heads 8 \

@@ -51,7 +51,8 @@ class BlockAttnRes(Residual):
         blocks, partial = state
         q, g = self.queries[site], self.key_norms[site]
         if self.routing_log is None:
-            return self.router.read(blocks, q, g, 1, self.eps, extra=partial)
+            nxt = (self.queries[site + 1:], self.key_norms[site + 1:]) if site < self.n_sublayers else None
+            return self.router.read(blocks, q, g, 1, self.eps, extra=partial, lookahead=nxt)
         h, w = self.router.read(blocks, q, g, 1, self.eps, extra=partial, return_weights=True)
         self.routing_log[self.site_name(site, self.n_sublayers)] = w.detach()  # (B, T, 1, N)
         return h

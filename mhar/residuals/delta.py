@@ -78,7 +78,8 @@ class DeltaAttnRes(Residual):
     def _gated(self, state: DeltaState, site: int) -> Tensor:
         q, g = self.queries[site], self.key_norms[site]
         if self.routing_log is None:
-            routed = self.router.read(state.sources, q, g, self.heads, self.eps)  # (B, T, D)
+            nxt = (self.queries[site + 1:], self.key_norms[site + 1:]) if site < self.n_sublayers else None
+            routed = self.router.read(state.sources, q, g, self.heads, self.eps, lookahead=nxt)  # (B, T, D)
         else:
             routed, w = self.router.read(state.sources, q, g, self.heads, self.eps, return_weights=True)
             self.routing_log[self.site_name(site, self.n_sublayers)] = w.detach()

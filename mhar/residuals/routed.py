@@ -39,7 +39,8 @@ class MultiHeadAttnRes(Residual):
     def _route(self, state, site: int) -> Tensor:
         q, g = self.queries[site], self.key_norms[site]
         if self.routing_log is None:
-            return self.router.read(state, q, g, self.heads, self.eps)
+            nxt = (self.queries[site + 1:], self.key_norms[site + 1:]) if site < self.n_sublayers else None
+            return self.router.read(state, q, g, self.heads, self.eps, lookahead=nxt)
         h, w = self.router.read(state, q, g, self.heads, self.eps, return_weights=True)
         self.routing_log[self.site_name(site, self.n_sublayers)] = w.detach()
         return h

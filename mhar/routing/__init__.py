@@ -8,6 +8,7 @@ shared buffer written once) and computes routed reads:
     h  = router.read(st, query, norm_weight, num_heads, eps)            # (B, T, D)
     h  = router.read(st, q, g, H, eps, extra=partial)   # + one transient source (Block AttnRes)
     h, w = router.read(..., return_weights=True)        # w: (B, T, H, N) fp32
+    h  = router.read(st, q, g, H, eps, lookahead=(Q_next, G_next))  # hint: the next reads' queries
     st = router.append(st, out)             # out becomes a new source
 
 Implementations register themselves in ``ROUTERS``; ``mhar.routing.fused``
@@ -37,7 +38,10 @@ class Router:
         raise NotImplementedError
 
     def read(self, state, query: Tensor, norm_weight: Tensor, num_heads: int, eps: float = 1e-6, *,
-             extra: Optional[Tensor] = None, return_weights: bool = False):
+             extra: Optional[Tensor] = None, return_weights: bool = False, lookahead=None):
+        """``lookahead``: optional (Q, G), each (M, D), the queries / key norms of the next M reads the caller
+        will issue in order, on this state plus the sources it appends meanwhile. A hint: an implementation
+        may share one pass over the common prefix of sources among them (fused); others ignore it."""
         raise NotImplementedError
 
     def num_sources(self, state) -> int:
@@ -61,7 +65,8 @@ class EagerRouter(Router):
     def num_sources(self, state) -> int:
         return len(state)
 
-    def read(self, state, query, norm_weight, num_heads, eps=1e-6, *, extra=None, return_weights=False):
+    def read(self, state, query, norm_weight, num_heads, eps=1e-6, *, extra=None, return_weights=False,
+             lookahead=None):
         srcs = state if extra is None else state + [extra]
         shape = torch.broadcast_shapes(*(s.shape for s in srcs))  # a learnable null source broadcasts
         srcs = [s if s.shape == shape else s.expand(shape) for s in srcs]

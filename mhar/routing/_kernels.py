@@ -82,9 +82,9 @@ def _fwd_update(x, w, m, l, acc, D, eps):
 @triton.autotune(**_TUNE)
 @triton.jit
 def _route_fwd_kernel(
-    buf_ptr, null_ptr, extra_ptr, q_ptr, g_ptr, out_ptr, lse_ptr, score_ptr,
-    n_buf, buf_stride, BT, D, H, DH, N_TOTAL, eps,
-    HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr,
+    buf_ptr, null_ptr, extra_ptr, q_ptr, g_ptr, out_ptr, lse_ptr, score_ptr, init_ptr, init_lse_ptr,
+    lo, n_buf, buf_stride, BT, D, H, DH, N_TOTAL, eps,
+    HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -100,9 +100,14 @@ def _route_fwd_kernel(
 
     w = tl.load(q_ptr + col, mask=cmask, other=0.0).to(tl.float32) * \
         tl.load(g_ptr + col, mask=cmask, other=0.0).to(tl.float32)  # (HP, DHP)
-    m = tl.full((BLOCK_T, HP), float("-inf"), tl.float32)
-    l = tl.zeros((BLOCK_T, HP), tl.float32)
-    acc = tl.zeros((BLOCK_T, HP, DHP), tl.float32)
+    if HAS_INIT:  # continue a prefix partial (normalised mix P, its log-sum-exp): m = lse, l = 1, acc = P
+        m = tl.load(init_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
+        l = tl.full((BLOCK_T, HP), 1.0, tl.float32)
+        acc = tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        m = tl.full((BLOCK_T, HP), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_T, HP), tl.float32)
+        acc = tl.zeros((BLOCK_T, HP, DHP), tl.float32)
     j0 = 0
     if HAS_NULL:
         nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
@@ -111,16 +116,16 @@ def _route_fwd_kernel(
         if STORE_SCORES:
             tl.store(score_ptr + soffs, s, mask=smask)
         j0 = 1
-    for j in range(0, n_buf):
+    for j in range(lo, n_buf):
         x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
         m, l, acc, s = _fwd_update(x, w, m, l, acc, D, eps)
         if STORE_SCORES:
-            tl.store(score_ptr + soffs + j0 + j, s, mask=smask)
+            tl.store(score_ptr + soffs + j0 + j - lo, s, mask=smask)
     if HAS_EXTRA:
         x = tl.load(extra_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         m, l, acc, s = _fwd_update(x, w, m, l, acc, D, eps)
         if STORE_SCORES:
-            tl.store(score_ptr + soffs + j0 + n_buf, s, mask=smask)
+            tl.store(score_ptr + soffs + j0 + n_buf - lo, s, mask=smask)
     out = acc / l[:, :, None]
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
     lse = m + tl.log(l)
@@ -155,9 +160,9 @@ def _bwd_source(x, w, dout, delta, lse, D, eps):
 @triton.jit
 def _route_bwd_kernel(
     buf_ptr, null_ptr, extra_ptr, q_ptr, g_ptr, out_ptr, dout_ptr, lse_ptr,
-    gacc_ptr, dextra_ptr, dw_part_ptr, dnull_part_ptr,
-    n_buf, n_init, buf_stride, gacc_stride, BT, D, H, DH, eps,
-    HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, TWO_PASS: tl.constexpr,
+    gacc_ptr, dextra_ptr, dw_part_ptr, dnull_part_ptr, init_ptr, init_lse_ptr, dinit_ptr, dinit_lse_ptr,
+    lo, n_buf, acc_lo, acc_hi, buf_stride, gacc_stride, BT, D, H, DH, eps,
+    HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, TWO_PASS: tl.constexpr, HAS_INIT: tl.constexpr,
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -174,15 +179,18 @@ def _route_bwd_kernel(
         tl.load(g_ptr + col, mask=cmask, other=0.0).to(tl.float32)
     dout = tl.load(dout_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     lse = tl.load(lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
+    if HAS_INIT:  # the prefix partial acts as one source with value P and score lse_P (weight a_P)
+        a_p = tl.exp(tl.load(init_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
+                     - lse)
     # delta (BLOCK_T, HP) = <dout_h, out_h> = sum_j a_j <dout_h, x_j,h>. From the saved output when it is
     # fp32; otherwise (bf16 output) a first pass over the sources recomputes it in fp32, since the softmax
     # backward (dv - delta) cancels and a rounded output would dominate the query / norm gradients.
     if TWO_PASS:
-        delta = tl.zeros((BLOCK_T, HP), tl.float32)
+        delta = tl.zeros((BLOCK_T, HP), tl.float32)  # (HAS_INIT needs the one-pass form: no P here)
         if HAS_NULL:
             nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
             delta += _delta_step(tl.zeros((BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :], w, dout, lse, D, eps)
-        for j in range(0, n_buf):
+        for j in range(lo, n_buf):
             x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
             delta += _delta_step(x, w, dout, lse, D, eps)
         if HAS_EXTRA:
@@ -191,6 +199,11 @@ def _route_bwd_kernel(
     else:
         out = tl.load(out_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         delta = tl.sum(dout * out, axis=2)
+    if HAS_INIT:
+        # What the prefix backward needs: dP = a_P dout (the gradient of P) and deff = a_P delta, which equals
+        # <dP, P> - dL/dlse_P (dL/dlse_P = a_P (<dout, P> - delta)), so P itself is not needed in backward.
+        tl.store(dinit_ptr + offs, (a_p[:, :, None] * dout).to(dinit_ptr.dtype.element_ty), mask=mask)
+        tl.store(dinit_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], a_p * delta, mask=smask)
     dw = tl.zeros((BLOCK_T, HP, DHP), tl.float32)  # reduced over tokens once, at the end
     if HAS_NULL:
         nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
@@ -199,12 +212,12 @@ def _route_bwd_kernel(
         dw += dwj
         dnull = tl.sum(tl.where(mask, dx, 0.0), axis=0)  # (HP, DHP)
         tl.store(dnull_part_ptr + pid * D + col, dnull, mask=cmask)
-    for j in range(0, n_buf):
+    for j in range(lo, n_buf):
         x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
         dx, dwj = _bwd_source(x, w, dout, delta, lse, D, eps)
         dw += dwj
         gp = gacc_ptr + j * gacc_stride + offs
-        if j < n_init:
+        if (j >= acc_lo) & (j < acc_hi):
             dx += tl.load(gp, mask=mask, other=0.0).to(tl.float32)
         tl.store(gp, dx.to(gacc_ptr.dtype.element_ty), mask=mask)
     if HAS_EXTRA:
@@ -228,17 +241,18 @@ def _check_index_range(buf: torch.Tensor | None) -> None:
 
 def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, extra: torch.Tensor | None,
               query: torch.Tensor, norm_weight: torch.Tensor, H: int, eps: float, BT: int, D: int,
-              out_dtype: torch.dtype, store_scores: bool = False):
-    """Launch the forward kernel.
+              out_dtype: torch.dtype, store_scores: bool = False, lo: int = 0,
+              init: torch.Tensor | None = None, init_lse: torch.Tensor | None = None):
+    """Launch the forward kernel over buf[lo:n_buf) (after the null source, before ``extra``).
 
-    buf: (cap, BT, D) contiguous (rows [0, n_buf) used) or None; null: (D,) or None;
-    extra: (BT, D) contiguous or None. Returns out (BT, D), lse (BT, H) fp32,
-    scores (BT, H, N_total) fp32 or None.
+    buf: (cap, BT, D) contiguous or None; null: (D,) or None; extra: (BT, D) contiguous or None;
+    init / init_lse: a prefix partial (BT, D) / (BT, H) fp32 to continue from, or None. Returns out
+    (BT, D), lse (BT, H) fp32, scores (BT, H, N) fp32 or None (N = sources read by this call).
     """
     device = query.device
     _check_index_range(buf)
-    n_total = n_buf + (null is not None) + (extra is not None)
-    if n_total == 0:
+    n_total = max(n_buf - lo, 0) + (null is not None) + (extra is not None)
+    if n_total + (init is not None) == 0:
         raise ValueError("routing needs at least one source")
     out = torch.empty(BT, D, device=device, dtype=out_dtype)
     lse = torch.empty(BT, H, device=device, dtype=torch.float32)
@@ -248,20 +262,27 @@ def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, e
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     args = (buf if buf is not None else dummy, null if null is not None else dummy,
             extra if extra is not None else dummy, query, norm_weight, out, lse,
-            scores if scores is not None else lse,
-            n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, n_total, eps)
-    flags = dict(HAS_NULL=null is not None, HAS_EXTRA=extra is not None, STORE_SCORES=store_scores, HP=HP, DHP=DHP)
-    key = ("fwd", D, H, *flags.values(), *(str(a.dtype) for a in args[:8]))
+            scores if scores is not None else lse, init if init is not None else dummy,
+            init_lse if init_lse is not None else lse,
+            lo, n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, n_total, eps)
+    flags = dict(HAS_NULL=null is not None, HAS_EXTRA=extra is not None, STORE_SCORES=store_scores,
+                 HAS_INIT=init is not None, HP=HP, DHP=DHP)
+    key = ("fwd", D, H, *flags.values(), *(str(a.dtype) for a in args[:9]))
     _launch(_route_fwd_kernel, key, grid, args, flags)
     LAUNCHES["route_fwd"] += 1
     return out, lse, scores
 
 
-def route_bwd(buf, n_buf: int, null, extra, query, norm_weight, out, dout, lse, gacc, n_init: int,
-              H: int, eps: float, BT: int, D: int):
-    """Launch the backward kernel. Writes/accumulates gacc[0:n_buf] in place.
+def route_bwd(buf, n_buf: int, null, extra, query, norm_weight, out, dout, lse, gacc, acc_range: tuple[int, int],
+              H: int, eps: float, BT: int, D: int, lo: int = 0, init=None, init_lse=None, dinit=None,
+              dinit_lse=None):
+    """Launch the backward kernel over buf[lo:n_buf). Writes gacc[lo:n_buf) in place: slots inside
+    ``acc_range`` = [a, b) are accumulated into, the others overwritten.
 
     out: the saved fp32 output (BT, D), or None for the two-pass backward (recomputes <dout, out>).
+    init_lse: the log-sum-exp of the prefix partial the forward continued from (its value P is not
+    needed: this needs ``out``); writes dinit = dL/dP (BT, D) and dinit_lse = a_P * <dout, out> (BT, H)
+    fp32, the two inputs of ``prefix_bwd``.
 
     Returns dw (D,) fp32 (= dL/d(q*g)), dnull (D,) fp32 or None, dextra (BT, D) or None.
     """
@@ -277,12 +298,200 @@ def route_bwd(buf, n_buf: int, null, extra, query, norm_weight, out, dout, lse, 
             extra if extra is not None else any_t, query, norm_weight, out if out is not None else any_t, dout, lse,
             gacc if gacc is not None else dw_part, dextra if dextra is not None else any_t, dw_part,
             dnull_part if dnull_part is not None else dw_part,
-            n_buf, n_init, buf.stride(0) if buf is not None else 0, gacc.stride(0) if gacc is not None else 0,
-            BT, D, H, D // H, eps)
-    flags = dict(HAS_NULL=null is not None, HAS_EXTRA=extra is not None, TWO_PASS=out is None, HP=HP, DHP=DHP)
-    key = ("bwd", D, H, *flags.values(), *(str(a.dtype) for a in args[:12]))
+            init if init is not None else any_t, init_lse if init_lse is not None else lse,
+            dinit if dinit is not None else any_t, dinit_lse if dinit_lse is not None else lse,
+            lo, n_buf, acc_range[0], acc_range[1], buf.stride(0) if buf is not None else 0,
+            gacc.stride(0) if gacc is not None else 0, BT, D, H, D // H, eps)
+    if dinit is not None and out is None:
+        raise ValueError("route_bwd: continuing a prefix partial needs the saved output (one-pass form)")
+    flags = dict(HAS_NULL=null is not None, HAS_EXTRA=extra is not None, TWO_PASS=out is None,
+                 HAS_INIT=dinit is not None, HP=HP, DHP=DHP)
+    key = ("bwd", D, H, *flags.values(), *(str(a.dtype) for a in args[:16]))
     block_t = _launch(_route_bwd_kernel, key, grid, args, flags)
     LAUNCHES["route_bwd"] += 1
     n_prog = triton.cdiv(BT, block_t)  # programs of the config just launched
     dnull = dnull_part[:n_prog].sum(0) if dnull_part is not None else None
     return dw_part[:n_prog].sum(0), dnull, dextra
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Prefix sharing: K consecutive reads whose queries are known in advance share ONE pass over their common
+# prefix of sources. The prefix kernel computes, per query k, the normalised partial mix P_k and its
+# log-sum-exp; each read later continues from its partial over the few sources appended since (route_fwd
+# with init=...). In backward, the reads hand dP_k / deff_k back and ONE pass over the prefix computes the
+# K reads' source gradients together (one read-modify-write of each prefix source gradient).
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _prefix_configs() -> list:
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0":
+        return [triton.Config({}, num_warps=4)]
+    return [triton.Config({}, num_warps=nw) for nw in (4, 8, 16)]
+
+
+_PREFIX_TUNE = dict(configs=_prefix_configs(), key=["D", "H", "K", "HAS_NULL"])
+
+
+@triton.autotune(**_PREFIX_TUNE)
+@triton.jit
+def _prefix_fwd_kernel(
+    buf_ptr, null_ptr, q_ptr, g_ptr, p_ptr, lse_ptr,
+    n_buf, buf_stride, BT, D, H, DH, K, eps,
+    HAS_NULL: tl.constexpr, KP: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr,
+):
+    """One token per program; K queries at once: tiles (KP, HP, DHP)."""
+    t = tl.program_id(0).to(tl.int64)
+    kk = tl.arange(0, KP)
+    hh = tl.arange(0, HP)
+    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]  # (HP, DHP)
+    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
+    kmask = kk < K
+    m3 = kmask[:, None, None] & cmask[None, :, :]
+    qoffs = kk[:, None, None] * D + col[None, :, :]  # (KP, HP, DHP) into (K, D)
+    w = tl.load(q_ptr + qoffs, mask=m3, other=0.0).to(tl.float32) * \
+        tl.load(g_ptr + qoffs, mask=m3, other=0.0).to(tl.float32)
+    m = tl.full((KP, HP), float("-inf"), tl.float32)
+    l = tl.zeros((KP, HP), tl.float32)
+    acc = tl.zeros((KP, HP, DHP), tl.float32)
+    if HAS_NULL:
+        x = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / D + eps)
+        s = tl.sum(x[None, :, :] * w, axis=2) * r  # (KP, HP)
+        m_new = tl.maximum(m, s)
+        p = tl.exp(s - m_new)
+        l = l * tl.exp(m - m_new) + p
+        acc = acc * tl.exp(m - m_new)[:, :, None] + p[:, :, None] * x[None, :, :]
+        m = m_new
+    for j in range(0, n_buf):
+        x = tl.load(buf_ptr + j * buf_stride + t * D + col, mask=cmask, other=0.0).to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / D + eps)
+        s = tl.sum(x[None, :, :] * w, axis=2) * r
+        m_new = tl.maximum(m, s)
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)
+        l = l * alpha + p
+        acc = acc * alpha[:, :, None] + p[:, :, None] * x[None, :, :]
+        m = m_new
+    poffs = kk.to(tl.int64)[:, None, None] * (BT * D) + t * D + col[None, :, :]  # (K, BT, D)
+    tl.store(p_ptr + poffs, (acc / l[:, :, None]).to(p_ptr.dtype.element_ty), mask=m3)
+    smask = kmask[:, None] & (hh[None, :] < H)
+    tl.store(lse_ptr + kk.to(tl.int64)[:, None] * (BT * H) + t * H + hh[None, :], m + tl.log(l), mask=smask)
+
+
+@triton.jit
+def _prefix_bwd_source(x, w, dp, deff, lse, D, eps):
+    """Gradient of one source row x (HP, DHP) from K partials, and its (KP, HP, DHP) dL/dw terms."""
+    r = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / D + eps)
+    s = tl.sum(x[None, :, :] * w, axis=2) * r  # (KP, HP)
+    a = tl.exp(s - lse)
+    dv = tl.sum(dp * x[None, :, :], axis=2)
+    ds = a * (dv - deff)
+    c = tl.sum(tl.sum(ds * s, axis=1), axis=0) * r * r / D
+    dsr = ds * r
+    dx = tl.sum(a[:, :, None] * dp + dsr[:, :, None] * w, axis=0) - x * c
+    return dx, dsr[:, :, None] * x[None, :, :]
+
+
+@triton.autotune(**_PREFIX_TUNE, restore_value=["gacc_ptr"])
+@triton.jit
+def _prefix_bwd_kernel(
+    buf_ptr, null_ptr, q_ptr, g_ptr, lse_ptr, dp_ptr, deff_ptr,
+    gacc_ptr, dw_part_ptr, dnull_part_ptr,
+    n_buf, acc_lo, acc_hi, buf_stride, gacc_stride, BT, D, H, DH, K, eps, n_prog,
+    HAS_NULL: tl.constexpr, KP: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr,
+):
+    """Persistent: program pid handles tokens pid, pid + n_prog, ...; dL/dw summed in registers."""
+    pid = tl.program_id(0)
+    kk = tl.arange(0, KP)
+    hh = tl.arange(0, HP)
+    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]
+    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
+    kmask = kk < K
+    m3 = kmask[:, None, None] & cmask[None, :, :]
+    smask = kmask[:, None] & (hh[None, :] < H)
+    qoffs = kk[:, None, None] * D + col[None, :, :]
+    w = tl.load(q_ptr + qoffs, mask=m3, other=0.0).to(tl.float32) * \
+        tl.load(g_ptr + qoffs, mask=m3, other=0.0).to(tl.float32)
+    dw = tl.zeros((KP, HP, DHP), tl.float32)
+    dnull = tl.zeros((HP, DHP), tl.float32)
+    pid64 = pid.to(tl.int64)
+    for it in range(0, tl.cdiv(BT - pid, n_prog)):
+        t = pid64 + it * n_prog
+        poffs = kk.to(tl.int64)[:, None, None] * (BT * D) + t * D + col[None, :, :]
+        loffs = kk.to(tl.int64)[:, None] * (BT * H) + t * H + hh[None, :]
+        dp = tl.load(dp_ptr + poffs, mask=m3, other=0.0).to(tl.float32)
+        lse = tl.load(lse_ptr + loffs, mask=smask, other=0.0)
+        # deff_k = <dP_k, P_k> - dL/dlse_k = a_P delta_k, written by read k's backward
+        deff = tl.load(deff_ptr + loffs, mask=smask, other=0.0)
+        if HAS_NULL:
+            x = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
+            dx, dwj = _prefix_bwd_source(x, w, dp, deff, lse, D, eps)
+            dw += dwj
+            dnull += dx
+        for j in range(0, n_buf):
+            x = tl.load(buf_ptr + j * buf_stride + t * D + col, mask=cmask, other=0.0).to(tl.float32)
+            dx, dwj = _prefix_bwd_source(x, w, dp, deff, lse, D, eps)
+            dw += dwj
+            gp = gacc_ptr + j * gacc_stride + t * D + col
+            if (j >= acc_lo) & (j < acc_hi):
+                dx += tl.load(gp, mask=cmask, other=0.0).to(tl.float32)
+            tl.store(gp, dx.to(gacc_ptr.dtype.element_ty), mask=cmask)
+    tl.store(dw_part_ptr + pid * (K * D) + qoffs, dw, mask=m3)
+    if HAS_NULL:
+        tl.store(dnull_part_ptr + pid * D + col, dnull, mask=cmask)
+
+
+def _num_programs(BT: int, device) -> int:
+    if device.type == "cuda":
+        return min(BT, 2 * torch.cuda.get_device_properties(device).multi_processor_count)
+    return min(BT, 4)
+
+
+def prefix_fwd(buf, n_buf: int, null, Q: torch.Tensor, G: torch.Tensor, H: int, eps: float, BT: int, D: int,
+               out_dtype: torch.dtype):
+    """Partials of K queries Q, G (K, D) over [null] + buf[0:n_buf): P (K, BT, D), lse (K, BT, H) fp32."""
+    K = Q.shape[0]
+    if n_buf + (null is not None) == 0:
+        raise ValueError("prefix routing needs at least one source")
+    _check_index_range(buf)
+    P = torch.empty(K, BT, D, device=Q.device, dtype=out_dtype)
+    lse = torch.empty(K, BT, H, device=Q.device, dtype=torch.float32)
+    HP, DHP = _tiles(D, H)
+    args = (buf if buf is not None else P, null if null is not None else P, Q, G, P, lse,
+            n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, K, eps)
+    flags = dict(HAS_NULL=null is not None, KP=triton.next_power_of_2(K), HP=HP, DHP=DHP)
+    _launch_prefix(_prefix_fwd_kernel, ("pfwd", D, H, K, *flags.values(), *(str(a.dtype) for a in args[:6])),
+                   (BT,), args, flags)
+    LAUNCHES["prefix_fwd"] += 1
+    return P, lse
+
+
+def prefix_bwd(buf, n_buf: int, null, Q, G, lse, dP, deff, gacc, acc_range: tuple[int, int], H: int,
+               eps: float, BT: int, D: int):
+    """Backward of ``prefix_fwd`` given dP (K, BT, D) and deff = <dP, P> - dL/dlse (K, BT, H) fp32: writes
+    gacc[0:n_buf) (slots in acc_range accumulated into), returns dW (K, D) fp32 (= dL/d(Q*G)) and dnull
+    (D,) fp32 or None."""
+    K = Q.shape[0]
+    n_prog = _num_programs(BT, Q.device)
+    dw_part = torch.empty(n_prog, K, D, device=Q.device, dtype=torch.float32)
+    dnull_part = torch.empty(n_prog, D, device=Q.device, dtype=torch.float32) if null is not None else None
+    HP, DHP = _tiles(D, H)
+    args = (buf if buf is not None else dP, null if null is not None else dP, Q, G, lse, dP, deff,
+            gacc if gacc is not None else dw_part, dw_part, dnull_part if dnull_part is not None else dw_part,
+            n_buf, acc_range[0], acc_range[1], buf.stride(0) if buf is not None else 0,
+            gacc.stride(0) if gacc is not None else 0, BT, D, H, D // H, K, eps, n_prog)
+    flags = dict(HAS_NULL=null is not None, KP=triton.next_power_of_2(K), HP=HP, DHP=DHP)
+    _launch_prefix(_prefix_bwd_kernel, ("pbwd", D, H, K, *flags.values(), *(str(a.dtype) for a in args[:8])),
+                   (n_prog,), args, flags)
+    LAUNCHES["prefix_bwd"] += 1
+    return dw_part.sum(0), (dnull_part.sum(0) if dnull_part is not None else None)
+
+
+def _launch_prefix(kernel, key: tuple, grid: tuple, args: tuple, kwargs: dict) -> None:
+    cfg = _TUNED.get(key)
+    if cfg is not None:
+        kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
+        return
+    kernel[grid](*args, **kwargs)
+    if hasattr(kernel.best_config, "all_kwargs") and hasattr(kernel, "fn"):
+        _TUNED[key] = kernel.best_config

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from . import Router, register_router
-from ._kernels import LAUNCHES, route_bwd, route_fwd
+from ._kernels import LAUNCHES, prefix_bwd, prefix_fwd, route_bwd, route_fwd
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES"]
 
@@ -71,8 +71,52 @@ class _Storage:
     n: int = 0  # slots written
     grad_dtype: Optional[torch.dtype] = None
     gacc: Optional[Tensor] = None  # (capacity, B*T, D) source gradients
-    g_init: int = 0  # gacc slots [0, g_init) hold valid partial sums
+    g_valid: list = field(default_factory=list)  # g_valid[j]: gacc slot j holds a valid partial sum
     reads: int = field(default=0)
+    n_reads: int = 0  # reads announced by the first read's lookahead (sets the group size)
+    group: Optional["_Group"] = None  # the open prefix-sharing group, if any
+
+    def grads(self, device) -> Tensor:
+        if self.gacc is None:
+            B, T, D = self.shape
+            self.gacc = torch.empty((self.capacity, B * T, D), device=device, dtype=self.grad_dtype)
+            self.g_valid = [False] * self.capacity
+        return self.gacc
+
+    def acc_range(self, a: int, b: int) -> tuple[int, int]:
+        """Before a kernel writes gacc[a:b): the interval of those slots to accumulate into (the others
+        are overwritten); afterwards all of [a, b) are valid. Invalid slots amid valid ones are zeroed."""
+        valid = [j for j in range(a, b) if self.g_valid[j]]
+        if valid and valid[-1] - valid[0] + 1 != len(valid):
+            for j in range(a, b):
+                if not self.g_valid[j]:
+                    self.gacc[j].zero_()
+            rng = (a, b)
+        else:
+            rng = (valid[0], valid[-1] + 1) if valid else (0, 0)
+        for j in range(a, b):
+            self.g_valid[j] = True
+        return rng
+
+
+@dataclass
+class _Group:
+    """K reads sharing one pass over their common prefix (buf[0:n_prefix) and the null source).
+
+    Created by the first read of the group (which passed ``lookahead``); read k of the group continues
+    from the partial P[k] over the sources appended since. Backward: each read writes dP[k] / dlse[k]
+    here; the prefix backward then reads them in one pass."""
+
+    K: int
+    n_prefix: int
+    qptrs: list  # data_ptr of each read's query (checks that the reads come in the announced order)
+    P: Optional[Tensor] = None  # (K, B, T, D) partial mixes, buffer dtype
+    lse: Optional[Tensor] = None  # (K, B, T, H) fp32
+    dP: Optional[Tensor] = None  # (K, B, T, D) gradients of the partials, written by the reads' backward
+    deff: Optional[Tensor] = None  # (K, B, T, H) fp32: a_P * <dout, out> per read (see route_bwd)
+    next: int = 0  # index of the next read
+    p_dtype: Optional[torch.dtype] = None  # dtype of P (and of its gradient dP)
+    outs: tuple = ()  # the prefix Function's outputs (P_0..P_{K-1}, lse_0..lse_{K-1}), autograd-tracked
 
 
 @dataclass(frozen=True)
@@ -95,7 +139,7 @@ class _Append(torch.autograd.Function):
     @staticmethod
     def backward(ctx, _grad_token: Tensor):
         st = ctx.st
-        if st.gacc is None or ctx.slot >= st.g_init:  # no read ever saw this source
+        if st.gacc is None or not st.g_valid[ctx.slot]:  # no read ever saw this source
             grad = torch.zeros(st.shape, device=_grad_token.device, dtype=ctx.src_dtype)
         else:
             grad = st.gacc[ctx.slot].view(st.shape).to(ctx.src_dtype)
@@ -103,13 +147,17 @@ class _Append(torch.autograd.Function):
         return grad, prev, None, None
 
 
+READS = {"plain": 0, "grouped": 0, "prefix": 0}  # forward calls per kind (tests: prove which path ran)
+
+
 class _Read(torch.autograd.Function):
-    calls = 0  # forward calls (tests: proves the fused path ran)
+    calls = 0  # forward calls of any kind (tests: proves the fused path ran)
 
     @staticmethod
     def forward(ctx, token, query, norm_weight, null, extra, st: _Storage, n_buf: int, H: int, eps: float,
                 want_scores: bool):
         _Read.calls += 1
+        READS["plain"] += 1
         B, T, D = st.shape
         BT = B * T
         ex = None
@@ -138,19 +186,108 @@ class _Read(torch.autograd.Function):
         st, n_buf = ctx.st, ctx.n_buf
         B, T, D = st.shape
         BT = B * T
-        if n_buf and st.gacc is None:
-            st.gacc = torch.empty((st.capacity, BT, D), device=dout.device, dtype=st.grad_dtype)
-        n_init = min(st.g_init, n_buf)
+        gacc = st.grads(dout.device) if n_buf else None
+        rng = st.acc_range(0, n_buf) if n_buf else (0, 0)
         dw, dnull, dextra = route_bwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, out,
-                                      dout.reshape(BT, D).contiguous(), lse, st.gacc if n_buf else None,
-                                      n_init, ctx.H, ctx.eps, BT, D)
-        st.g_init = max(st.g_init, n_buf)
+                                      dout.reshape(BT, D).contiguous(), lse, gacc, rng, ctx.H, ctx.eps, BT, D)
         dq = (dw * g.float()).to(q.dtype) if ctx.needs_input_grad[1] else None
         dg = (dw * q.float()).to(g.dtype) if ctx.needs_input_grad[2] else None
         dnull = dnull.to(nul.dtype) if dnull is not None and ctx.needs_input_grad[3] else None
         dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
         dtoken = torch.zeros((), device=dout.device) if ctx.has_token else None
         return dtoken, dq, dg, dnull, dextra, None, None, None, None, None
+
+
+class _Prefix(torch.autograd.Function):
+    """K partials over the common prefix [null] + buf[0:n): outputs P_0..P_{K-1}, lse_0..lse_{K-1}."""
+
+    @staticmethod
+    def forward(ctx, token, Q, G, null, st: _Storage, grp: _Group, H: int, eps: float):
+        READS["prefix"] += 1
+        B, T, D = st.shape
+        BT, n = B * T, grp.n_prefix
+        Qc, Gc = Q.contiguous(), G.contiguous()
+        nul = null.contiguous() if null is not None else None
+        P, lse = prefix_fwd(st.buf if n else None, n, nul, Qc, Gc, H, eps, BT, D, st.dtype)
+        grp.P, grp.lse, grp.p_dtype = P.view(grp.K, B, T, D), lse.view(grp.K, B, T, H), P.dtype
+        ctx.save_for_backward(Qc, Gc, nul, lse)  # not P: transient, freed after the group's last read
+        ctx.st, ctx.grp, ctx.H, ctx.eps, ctx.has_token = st, grp, H, eps, token is not None
+        ctx.set_materialize_grads(False)
+        return (*grp.P.unbind(0), *grp.lse.unbind(0))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        Q, G, nul, lse = ctx.saved_tensors
+        st, grp = ctx.st, ctx.grp
+        K, n = grp.K, grp.n_prefix
+        B, T, D = st.shape
+        BT = B * T
+        dP, deff = grp.dP, grp.deff
+        if dP is None:  # no read of the group reached backward
+            return (None,) * 8
+        # Read k's backward wrote dP[k] (returned as P_k's gradient) and deff[k]; P_k is internal to the
+        # router, so nothing else can have added to its gradient.
+        for k in range(K):
+            if grads[k] is None or grads[k].data_ptr() != dP[k].data_ptr() or grads[K + k] is not None:
+                raise RuntimeError("fused router: a prefix partial received a gradient from outside its read")
+        gacc = st.grads(dP.device) if n else None
+        rng = st.acc_range(0, n) if n else (0, 0)
+        dW, dnull = prefix_bwd(st.buf if n else None, n, nul, Q, G, lse, dP.view(K, BT, D),
+                               deff.view(K, BT, -1), gacc, rng, ctx.H, ctx.eps, BT, D)
+        grp.dP = grp.deff = None
+        dQ = (dW * G.float()).to(Q.dtype) if ctx.needs_input_grad[1] else None
+        dG = (dW * Q.float()).to(G.dtype) if ctx.needs_input_grad[2] else None
+        dnull = dnull.to(nul.dtype) if dnull is not None and ctx.needs_input_grad[3] else None
+        dtoken = torch.zeros((), device=dP.device) if ctx.has_token else None
+        return dtoken, dQ, dG, dnull, None, None, None, None
+
+
+class _Merge(torch.autograd.Function):
+    """Read k of a group: its prefix partial (P, lse) continued over buf[lo:n) and an optional extra."""
+
+    @staticmethod
+    def forward(ctx, token, query, norm_weight, P, lse_p, extra, st: _Storage, grp: _Group, k: int, n: int,
+                H: int, eps: float):
+        _Read.calls += 1
+        READS["grouped"] += 1
+        B, T, D = st.shape
+        BT, lo = B * T, grp.n_prefix
+        ex = None
+        if extra is not None:
+            ex = extra.reshape(BT, D)
+            ex = (ex if ex.dtype == st.dtype else ex.to(st.dtype)).contiguous()
+        q, g = query.contiguous(), norm_weight.contiguous()
+        out, lse, _ = route_fwd(st.buf if n > lo else None, n, None, ex, q, g, H, eps, BT, D, st.dtype, lo=lo,
+                                init=P.reshape(BT, D), init_lse=lse_p.reshape(BT, H))
+        if k == grp.K - 1:
+            grp.P = None  # the partials are transient: nothing keeps them for backward
+        # Backward takes <dout, out> from the output, as FlashAttention does (in bf16 the output is rounded;
+        # the sublayer that reads it keeps it anyway), so it needs neither P nor a pass over the prefix.
+        ctx.save_for_backward(q, g, lse_p, ex, out, lse)
+        ctx.st, ctx.grp, ctx.k, ctx.n, ctx.H, ctx.eps = st, grp, k, n, H, eps
+        ctx.has_token, ctx.extra_dtype = token is not None, extra.dtype if extra is not None else None
+        return out.view(B, T, D)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, g, lse_p, ex, out, lse = ctx.saved_tensors
+        st, grp, k, n = ctx.st, ctx.grp, ctx.k, ctx.n
+        B, T, D = st.shape
+        BT, lo = B * T, grp.n_prefix
+        if grp.dP is None:
+            grp.dP = torch.empty((grp.K, B, T, D), device=dout.device, dtype=grp.p_dtype)
+            grp.deff = torch.empty_like(grp.lse)
+        gacc = st.grads(dout.device) if n > lo else None
+        rng = st.acc_range(lo, n) if n > lo else (0, 0)
+        dw, _, dextra = route_bwd(st.buf if n > lo else None, n, None, ex, q, g, out,
+                                  dout.reshape(BT, D).contiguous(), lse, gacc, rng, ctx.H, ctx.eps, BT, D, lo=lo,
+                                  init_lse=lse_p.reshape(BT, ctx.H), dinit=grp.dP[k].view(BT, D),
+                                  dinit_lse=grp.deff[k].view(BT, ctx.H))
+        dq = (dw * g.float()).to(q.dtype) if ctx.needs_input_grad[1] else None
+        dg = (dw * q.float()).to(g.dtype) if ctx.needs_input_grad[2] else None
+        dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
+        dtoken = torch.zeros((), device=dout.device) if ctx.has_token else None
+        return dtoken, dq, dg, grp.dP[k], None, dextra, None, None, None, None, None, None
 
 
 def _broadcast_vector(t: Tensor) -> Optional[Tensor]:
@@ -173,8 +310,22 @@ class FusedRouter(Router):
 
     name = "fused"
 
-    def __init__(self, grad_dtype: Optional[torch.dtype] = None):
+    def __init__(self, grad_dtype: Optional[torch.dtype] = None, group: Optional[int] = None):
         self.grad_dtype = grad_dtype
+        if group is None:
+            env = os.environ.get("MHAR_ROUTING_GROUP")
+            group = int(env) if env else None
+        if group is not None and group < 1:
+            raise ValueError(f"group must be >= 1 (1 = no prefix sharing) or None (automatic), got {group}")
+        self.group = group  # reads per prefix-sharing group; None: about sqrt(reads per forward), at most 8
+
+    def group_size(self, n_reads: int) -> int:
+        """Reads per group for a forward of ``n_reads`` routed reads. Traffic per forward + backward is about
+        (K^2 / 2 + 4) per group for the reads' own sources and partials plus 4 passes over each group's
+        prefix (N^2 / 2K in all), least near K = sqrt(N); K is capped at 8 (registers: K x D fp32 per token)."""
+        if self.group is not None:
+            return self.group
+        return max(1, min(8, round(n_reads ** 0.5)))
 
     @torch.compiler.disable
     def init(self, first: Tensor, capacity: int) -> FusedState:
@@ -229,7 +380,11 @@ class FusedRouter(Router):
 
     @torch.compiler.disable
     def read(self, state: FusedState, query, norm_weight, num_heads, eps=1e-6, *, extra=None,
-             return_weights=False):
+             return_weights=False, lookahead=None):
+        """One routed read. ``lookahead = (Q, G)`` (M, D): queries / key norms of the next M reads, which the
+        caller promises to issue in that order, each on this state plus the sources appended meanwhile. The
+        first read of a group then computes the partials of up to ``group`` reads in one pass over the
+        common prefix, and the following reads only add their new sources."""
         st = state.storage
         D = query.shape[-1]
         if D % num_heads:
@@ -241,6 +396,33 @@ class FusedRouter(Router):
         if extra is not None and extra.shape != st.shape:
             extra = extra.expand(st.shape)
         _check_device(query)
+        grp = st.group
+        if grp is not None and (return_weights or grp.next >= grp.K):
+            st.group = grp = None  # finished (or abandoned for an analysis read)
+        if grp is None and not return_weights and lookahead is not None and state.n + (st.null is not None) > 0:
+            if st.reads == 0:  # the first read announces all the others
+                st.n_reads = 1 + lookahead[0].shape[0]
+            K = min(self.group_size(st.n_reads), 1 + lookahead[0].shape[0])
+            if K > 1:
+                Q = torch.cat([query[None], lookahead[0][:K - 1]])
+                G = torch.cat([norm_weight[None], lookahead[1][:K - 1]])
+                grp = st.group = _Group(K=K, n_prefix=state.n,
+                                        qptrs=[query.data_ptr()] + [t.data_ptr() for t in lookahead[0][:K - 1]])
+                outs = _Prefix.apply(state.token, Q, G, st.null, st, grp, num_heads, eps)
+                grp.outs = outs
+        if grp is not None:
+            k = grp.next
+            if query.data_ptr() != grp.qptrs[k] or state.n < grp.n_prefix:
+                raise RuntimeError(
+                    f"fused router: read {k} of a prefix-sharing group got a different query or an older state "
+                    "than announced by lookahead; pass lookahead only for reads issued next, in order")
+            grp.next += 1
+            out = _Merge.apply(state.token, query, norm_weight, grp.outs[k], grp.outs[grp.K + k], extra, st, grp,
+                               k, state.n, num_heads, eps)
+            if grp.next == grp.K:
+                grp.outs = ()  # drop the last references to the partials
+            st.reads += 1
+            return out
         out, scores = _Read.apply(state.token, query, norm_weight, st.null, extra, st, state.n, num_heads, eps,
                                   return_weights)
         st.reads += 1
