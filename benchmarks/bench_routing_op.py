@@ -75,13 +75,15 @@ def min_bytes(ns: list[int], E: int, elt: int = 2) -> tuple[int, int]:
 
 
 def _router(impl: str):
-    """eager | compile | fused (automatic prefix-sharing group) | fused_gK (groups of K reads; fused_g1:
-    no prefix sharing, one pass per read) | fused_fp32acc (source gradients accumulated in fp32)."""
+    """eager | compile | fused (the default: no prefix sharing, one pass per read) | fused_auto (groups of about
+    sqrt(reads)) | fused_gK (groups of K reads) | fused_fp32acc (source gradients accumulated in fp32)."""
     from mhar.routing.fused import FusedRouter
     if impl == "fused_fp32acc":
         return FusedRouter(grad_dtype=torch.float32)
     if impl.startswith("fused_g"):
         return FusedRouter(group=int(impl[len("fused_g"):]))
+    if impl == "fused_auto":
+        return FusedRouter(group="auto")
     if impl == "fused":
         return FusedRouter()
     return get_router(impl)
@@ -128,7 +130,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", default=["100M", "350M", "1B"])
     ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--impls", nargs="+", default=["eager", "compile", "fused_g1", "fused"])
+    ap.add_argument("--impls", nargs="+", default=["eager", "compile", "fused", "fused_auto"])
     ap.add_argument("--modes", nargs="+", default=["read", "microbatch"])
     ap.add_argument("--out", default="results/bench/routing_op.csv")
     args = ap.parse_args(argv)

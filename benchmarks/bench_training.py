@@ -38,10 +38,16 @@ VARIANTS = {
     # fused routing, each block's two sublayer methods compiled (2 graphs shared by all layers) + head/loss:
     # no per-layer recompiles of the decoder loop (see run_one)
     "mhar_fused_sub": {"variant": "mhar", "routing_impl": "fused"},
-    # the same without prefix sharing (MHAR_ROUTING_GROUP=1: one pass over the sources per read)
-    "mhar_fused_sub_g1": {"variant": "mhar", "routing_impl": "fused"},
+    # the same with prefix sharing (MHAR_ROUTING_GROUP=auto: groups of about sqrt(reads) share one pass over
+    # their common prefix, forward and backward); _fwdshare: groups share the forward pass only
+    "mhar_fused_sub_auto": {"variant": "mhar", "routing_impl": "fused"},
+    "mhar_fused_sub_fwdshare": {"variant": "mhar", "routing_impl": "fused"},
+    "mhar_fused_sub_g1": {"variant": "mhar", "routing_impl": "fused"},  # = the default since v4 (group 1)
+    # torch.compile'd routing op (one graph per number of sources) between the compiled sublayers
+    "mhar_compile_sub": {"variant": "mhar", "routing_impl": "compile"},
 }
-ENV = {"mhar_fused_sub_g1": {"MHAR_ROUTING_GROUP": "1"}}
+ENV = {"mhar_fused_sub_g1": {"MHAR_ROUTING_GROUP": "1"}, "mhar_fused_sub_auto": {"MHAR_ROUTING_GROUP": "auto"},
+       "mhar_fused_sub_fwdshare": {"MHAR_ROUTING_GROUP": "auto", "MHAR_ROUTING_SHARED_BWD": "0"}}
 
 
 def _head_loss(model, h, labels):
@@ -50,7 +56,8 @@ def _head_loss(model, h, labels):
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
 
 
-def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device: str, backend: str) -> dict:
+def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device: str, backend: str,
+            graph: bool = False) -> dict:
     """Time one configuration in this process; returns a result row (no provenance)."""
     from mhar.config import model_config
     from mhar.model import build_model
@@ -77,14 +84,15 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
         torch.backends.cuda.enable_mem_efficient_sdp(False)
         torch.backends.cuda.enable_flash_sdp(True)
     model = build_model(cfg).to(device)
+    graph = graph and device == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                            fused=device == "cuda")
+                            fused=device == "cuda", capturable=graph)
     compile_ = (lambda f: torch.compile(f, backend=backend)) if backend != "none" else (lambda f: f)
     ids = torch.randint(0, cfg.vocab_size, (B, T), device=device)
     if variant == "baseline_whole":
         cmodel = compile_(model)
         forward = lambda: cmodel(ids, labels=ids).loss  # noqa: E731
-    elif variant.startswith("mhar_fused_sub"):
+    elif "_sub" in variant:
         for blk in model.layers:  # one compiled graph per sublayer kind, shared by all layers
             blk.attn_sublayer = compile_(blk.attn_sublayer)
             blk.mlp_sublayer = compile_(blk.mlp_sublayer)
@@ -99,26 +107,49 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
         head = compile_(lambda h, labels: _head_loss(model, h, labels))
         forward = lambda: head(hidden(ids), ids)  # noqa: E731
 
-    def step() -> float:
+    def body() -> torch.Tensor:
         with torch.autocast(device, dtype=torch.bfloat16):
             loss = forward()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         opt.step()
-        opt.zero_grad(set_to_none=True)
         return loss.detach()
+
+    def step() -> torch.Tensor:
+        loss = body()
+        opt.zero_grad(set_to_none=True)
+        return loss
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     t0 = time.perf_counter()
-    for _ in range(warmup):
-        loss = step()
+    if graph:
+        # Whole-step CUDA graph (PyTorch's whole-network capture recipe): warm up (compile, autotune) on a side
+        # stream, then capture forward + backward + clipping + capturable fused AdamW once; a step is a replay.
+        # Grads are allocated inside the capture (set to None before it) and overwritten by every replay.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                loss = step()
+        torch.cuda.current_stream().wait_stream(side)
+        sync()
+        torch.cuda.reset_peak_memory_stats()  # the capture allocates exactly what one step does
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            static_loss = body()
+        cuda_graph.replay()
+        run = lambda: (cuda_graph.replay(), static_loss)[1]  # noqa: E731
+    else:
+        for _ in range(warmup):
+            loss = step()
+        run = step
     sync()
     warm_s = time.perf_counter() - t0
-    if device == "cuda":
+    if device == "cuda" and not graph:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     for _ in range(steps):
-        loss = step()
+        loss = run()
     sync()
     dt = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
@@ -126,7 +157,7 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
                 params=model.num_params(), steps=steps, step_ms=round(1e3 * dt / steps, 2),
                 tokens_per_s=round(steps * B * T / dt, 1), peak_mem_gib=round(peak, 3),
                 warmup_s=round(warm_s, 1), final_loss=round(float(loss), 4), status="ok",
-                routing_group=group)
+                routing_group=group, cuda_graph=int(graph))
 
 
 def main(argv=None) -> None:
@@ -140,11 +171,14 @@ def main(argv=None) -> None:
     ap.add_argument("--timeout", type=float, default=300, help="seconds per (size, variant) process")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend, or 'none'")
+    ap.add_argument("--graph", type=int, choices=(0, 1), default=1,
+                    help="1: time whole-step CUDA graph replays (every variant, baseline included); 0: eager steps")
     ap.add_argument("--out", default="results/bench/training.csv")
     ap.add_argument("--one", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
-        row = run_one(args.one[0], args.one[1], args.heads, args.steps, args.warmup, args.device, args.backend)
+        row = run_one(args.one[0], args.one[1], args.heads, args.steps, args.warmup, args.device, args.backend,
+                      graph=bool(args.graph))
         print("RESULT " + json.dumps(row), flush=True)
         return
     env = env_columns()
@@ -153,7 +187,7 @@ def main(argv=None) -> None:
         for variant in args.variants:
             cmd = [sys.executable, "-m", "benchmarks.bench_training", "--one", size, variant,
                    "--heads", str(args.heads), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                   "--device", args.device, "--backend", args.backend]
+                   "--device", args.device, "--backend", args.backend, "--graph", str(args.graph)]
             t0 = time.time()
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
@@ -177,7 +211,7 @@ def main(argv=None) -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
             keys = ["size", "variant", "heads", "B", "T", "params", "steps", "step_ms", "tokens_per_s",
-                    "peak_mem_gib", "thr_ratio", "mem_ratio", "routing_group", "warmup_s", "final_loss", "status", "wall_s"]
+                    "peak_mem_gib", "thr_ratio", "mem_ratio", "routing_group", "cuda_graph", "warmup_s", "final_loss", "status", "wall_s"]
             write_csv(args.out, [{**{k: r.get(k) for k in keys}, **env} for r in rows])
 
 

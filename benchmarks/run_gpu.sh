@@ -23,6 +23,6 @@ for stage in "$@"; do
     train:*)
       IFS=: read -r _ sizes variants tag <<< "$stage"
       python3 -m benchmarks.bench_training --sizes $sizes --variants $variants --heads 8 \
-        --out "$OUT/training${tag:+_$tag}.csv" 2>&1 | tee -a "$OUT/training.log" ;;
+        --out "$OUT/training${tag:+_$tag}_${sizes// /-}.csv" 2>&1 | tee -a "$OUT/training.log" ;;
   esac
 done

@@ -33,7 +33,10 @@ SHAPES = [
 ]
 # Relative-norm tolerance against the float64 reference, per dtype.
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-TOL_GROUPED_BF16 = 5e-2
+# bf16 backward that takes <dout, out> from the bf16-rounded output (one pass, as FlashAttention; the default):
+# measured 2-5e-2 on query / norm gradients at these widths and at D=512, against 0.3-2e-2 for eager bf16 autograd
+# (a wrong term gives errors of order 1).
+TOL_ONEPASS_BF16 = 8e-2
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -105,7 +108,8 @@ def _flat(p):
     return xs
 
 
-def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, group=None):
+def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, group=None, shared_backward=True,
+                  two_pass=False):
     base = _inputs(B, T, D, n_reads, dtype, with_null, with_extra, seed)
     ref_p = _leaves(base, torch.float64, DEV)
     loss_ref = _net(get_router("eager"), ref_p["x"], ref_p["null"], ref_p["qs"], ref_p["gs"], ref_p["Ws"], H,
@@ -114,7 +118,8 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
 
     def run(impl):
         p = _leaves(base, dtype, DEV)
-        router = fused_mod.FusedRouter(group=group) if impl == "fused" else get_router(impl)
+        router = (fused_mod.FusedRouter(group=group, shared_backward=shared_backward, two_pass=two_pass)
+                  if impl == "fused" else get_router(impl))
         loss = _net(router, p["x"], p["null"], p["qs"], p["gs"], p["Ws"], H, p["extra"], lookahead=group is not None)
         return loss, torch.autograd.grad(loss, _flat(p)), p
 
@@ -127,7 +132,7 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
         n_groups = full + (rest > 1)
         assert fused_mod.READS["prefix"] - reads["prefix"] == n_groups
         assert fused_mod.READS["grouped"] - reads["grouped"] == full * group + (rest if rest > 1 else 0)
-        assert fused_mod.LAUNCHES["prefix_bwd"] - launches.get("prefix_bwd", 0) == n_groups
+        assert fused_mod.LAUNCHES["prefix_bwd"] - launches.get("prefix_bwd", 0) == (n_groups if shared_backward else 0)
     names = [f"{k}{i}" for k in ("x", "null", "extra", "qs", "gs", "Ws")
              for i in range(len(p[k]) if isinstance(p[k], list) else (p[k] is not None))]
     # The network itself rounds (bf16 matmuls; fp32 sums over D=4096 on the GPU shapes): fused must be within
@@ -146,11 +151,9 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
         err = (a.double().cpu() - b.double().cpu()).norm().item() / ref_norm[name]
         err_eager = (e.double().cpu() - b.double().cpu()).norm().item() / ref_norm[name]
         bound = max(TOL[dtype], 2 * err_eager)
-        if group is not None and group > 1 and dtype == torch.bfloat16:
-            # Grouped reads take <dout, out> from the bf16 output in backward, as FlashAttention does (exact
-            # in fp32, see the fp32 cases): measured 2-4e-2 on query / norm gradients at these widths and at
-            # D=512, against 0.5-2e-2 for eager bf16 autograd.
-            bound = max(TOL_GROUPED_BF16, 3 * err_eager)
+        if dtype == torch.bfloat16 and not (two_pass and (group or 1) == 1):
+            # <dout, out> from the bf16 output in backward (exact in fp32, see the fp32 cases)
+            bound = max(TOL_ONEPASS_BF16, 3 * err_eager)
         assert err <= bound, f"grad {name}: rel err {err:.2e} > {bound:.2e} (eager {err_eager:.2e})"
 
 
@@ -249,11 +252,12 @@ def _model_grads(variant, impl, heads, seed=0, **res):
     ("mhar_delta", 4, {"delta_block_layers": 1}),
     ("mhar_hw", 1, {}),
 ])
-def test_model_fused_matches_eager(variant, heads, res):
+def test_model_fused_matches_eager(variant, heads, res, monkeypatch):
     """A debug model with routing_impl='fused' gives the eager logits and parameter grads (fp32)."""
     from mhar.residuals import RESIDUALS
     if variant not in RESIDUALS:
         pytest.skip(f"residual variant {variant!r} not implemented yet")
+    monkeypatch.setenv("MHAR_ROUTING_GROUP", "auto")  # prefix sharing on (the default is off)
     calls, prefix = fused_mod._Read.calls, fused_mod.READS["prefix"]
     logits_f, grads_f = _model_grads(variant, "fused", heads, **res)
     assert fused_mod._Read.calls > calls
@@ -305,3 +309,84 @@ def test_router_prefix_sharing_null_and_extra(with_null, with_extra, dtype):
 def test_gpu_prefix_sharing_realistic(N, B, T, D, H, K, dtype):
     """Prefix sharing at the paper's widths (100M: D=512 H=8; 1B: D=1280, H=16 and H=8), several groups."""
     _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=(K == 4), seed=N + K, group=K)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,B,T,D,H,K,with_null,with_extra", [
+    (5, 2, 9, 96, 8, 2, False, False),
+    (7, 2, 13, 48, 4, 4, True, True),  # groups of 4 and 3, null and extra sources
+    (4, 1, 37, 48, 1, 8, True, False),
+])
+def test_router_prefix_sharing_forward_only(N, B, T, D, H, K, with_null, with_extra, dtype):
+    """shared_backward=False: groups share the forward pass over their prefix; each read's backward makes its
+    own pass over all its sources (no prefix backward launched)."""
+    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=N + 3 * K,
+                  group=K, shared_backward=False)
+
+
+@pytest.mark.parametrize("N,B,T,D,H", SHAPES[1:3])
+def test_router_two_pass_bf16(N, B, T, D, H):
+    """two_pass=True: the bf16 backward recomputes <dout, out> in fp32 and meets the plain bf16 tolerance."""
+    _check_router(B, T, D, H, n_reads=N, dtype=torch.bfloat16, with_null=True, with_extra=False, seed=N,
+                  two_pass=True)
+
+
+def test_router_env_options(monkeypatch):
+    monkeypatch.setenv("MHAR_ROUTING_GROUP", "3")
+    monkeypatch.setenv("MHAR_ROUTING_SHARED_BWD", "0")
+    r = fused_mod.FusedRouter()
+    assert r.group == 3 and r.group_size(100) == 3 and r.shared_backward is False
+    monkeypatch.setenv("MHAR_ROUTING_GROUP", "auto")
+    assert fused_mod.FusedRouter().group_size(49) == 7 and fused_mod.FusedRouter().group_size(200) == 8
+    monkeypatch.delenv("MHAR_ROUTING_GROUP")
+    assert fused_mod.FusedRouter().group_size(49) == 1  # default: no sharing
+    with pytest.raises(ValueError, match="group"):
+        fused_mod.FusedRouter(group=0)
+    monkeypatch.setenv("MHAR_ROUTING_GROUP", "three")
+    with pytest.raises(ValueError, match="MHAR_ROUTING_GROUP"):
+        fused_mod.FusedRouter()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("group", [1, 3])
+def test_gpu_cuda_graph_replay(group, monkeypatch):
+    """Forward + backward of a fused-routing MHAR model captured in one CUDA graph (as bench_training does) and
+    replayed on new token ids gives the loss and parameter gradients of an eager step on those ids."""
+    monkeypatch.setenv("MHAR_ROUTING_GROUP", str(group))
+    torch.manual_seed(0)
+    cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused"})
+    model = build_model(cfg).to(DEV)
+    with torch.no_grad():
+        for p in model.residual.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, cfg.vocab_size, (2, 33), generator=gen).to(DEV)
+    new_ids = torch.randint(0, cfg.vocab_size, (2, 33), generator=gen).to(DEV)
+
+    def fwd_bwd():
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        return loss.detach()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            fwd_bwd()
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = fwd_bwd()
+    ids.copy_(new_ids)
+    graph.replay()
+    torch.cuda.synchronize()
+    loss_g = static_loss.clone()
+    grads_g = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    loss_e = fwd_bwd()
+    assert rel(loss_g, loss_e) <= 1e-6
+    for n, p in model.named_parameters():
+        assert rel(grads_g[n], p.grad) <= 1e-5 if p.grad.norm() > 0 else grads_g[n].norm() == 0, n

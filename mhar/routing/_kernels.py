@@ -48,9 +48,12 @@ def _launch(kernel, key: tuple, grid, args: tuple, kwargs: dict) -> int:
 def _configs() -> list:
     """Launch configurations tried by the autotuner (one fixed one under the interpreter, or when
     MHAR_ROUTING_AUTOTUNE=0, e.g. for tests over many shapes)."""
+    env = os.environ.get("MHAR_ROUTING_PREFETCH", "")
+    prefetch = (env == "1",) if env in ("0", "1") else (True, False)
     if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0":
-        return [triton.Config({"BLOCK_T": 2}, num_warps=4)]
-    return [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (1, 2, 4, 8) for nw in (2, 4, 8)]
+        return [triton.Config({"BLOCK_T": 2, "PREFETCH": prefetch[0]}, num_warps=4)]
+    return [triton.Config({"BLOCK_T": bt, "PREFETCH": pf}, num_warps=nw)
+            for bt in (1, 2, 4, 8) for nw in (2, 4, 8) for pf in prefetch]
 
 
 def _prune(configs, named_args, **kwargs):
@@ -63,6 +66,13 @@ def _prune(configs, named_args, **kwargs):
 
 _TUNE = dict(configs=_configs(), key=["D", "H", "HAS_NULL", "HAS_EXTRA"],
              prune_configs_by={"early_config_prune": _prune})
+
+
+@triton.jit
+def _in(i, a, b, BLOCK_T: tl.constexpr):
+    """(BLOCK_T, 1, 1) mask: a <= i < b (a scalar condition as a tensor, for masks)."""
+    v = tl.full((BLOCK_T, 1, 1), i, tl.int32)
+    return (v >= a) & (v < b)
 
 
 @triton.jit
@@ -85,7 +95,7 @@ def _route_fwd_kernel(
     buf_ptr, null_ptr, extra_ptr, q_ptr, g_ptr, out_ptr, lse_ptr, score_ptr, init_ptr, init_lse_ptr,
     lo, n_buf, buf_stride, BT, D, H, DH, N_TOTAL, eps,
     HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr,
+    BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
@@ -116,11 +126,20 @@ def _route_fwd_kernel(
         if STORE_SCORES:
             tl.store(score_ptr + soffs, s, mask=smask)
         j0 = 1
-    for j in range(lo, n_buf):
-        x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
-        m, l, acc, s = _fwd_update(x, w, m, l, acc, D, eps)
-        if STORE_SCORES:
-            tl.store(score_ptr + soffs + j0 + j - lo, s, mask=smask)
+    if PREFETCH:  # issue the load of source j + 1 before the math of source j (two tiles in flight)
+        x_next = tl.load(buf_ptr + lo * buf_stride + offs, mask=mask & _in(lo, lo, n_buf, BLOCK_T), other=0.0)
+        for j in range(lo, n_buf):
+            x = x_next.to(tl.float32)
+            x_next = tl.load(buf_ptr + (j + 1) * buf_stride + offs, mask=mask & _in(j + 1, lo, n_buf, BLOCK_T), other=0.0)
+            m, l, acc, s = _fwd_update(x, w, m, l, acc, D, eps)
+            if STORE_SCORES:
+                tl.store(score_ptr + soffs + j0 + j - lo, s, mask=smask)
+    else:
+        for j in range(lo, n_buf):
+            x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
+            m, l, acc, s = _fwd_update(x, w, m, l, acc, D, eps)
+            if STORE_SCORES:
+                tl.store(score_ptr + soffs + j0 + j - lo, s, mask=smask)
     if HAS_EXTRA:
         x = tl.load(extra_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         m, l, acc, s = _fwd_update(x, w, m, l, acc, D, eps)
@@ -163,7 +182,7 @@ def _route_bwd_kernel(
     gacc_ptr, dextra_ptr, dw_part_ptr, dnull_part_ptr, init_ptr, init_lse_ptr, dinit_ptr, dinit_lse_ptr,
     lo, n_buf, acc_lo, acc_hi, buf_stride, gacc_stride, BT, D, H, DH, eps,
     HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, TWO_PASS: tl.constexpr, HAS_INIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr,
+    BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -182,9 +201,9 @@ def _route_bwd_kernel(
     if HAS_INIT:  # the prefix partial acts as one source with value P and score lse_P (weight a_P)
         a_p = tl.exp(tl.load(init_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
                      - lse)
-    # delta (BLOCK_T, HP) = <dout_h, out_h> = sum_j a_j <dout_h, x_j,h>. From the saved output when it is
-    # fp32; otherwise (bf16 output) a first pass over the sources recomputes it in fp32, since the softmax
-    # backward (dv - delta) cancels and a rounded output would dominate the query / norm gradients.
+    # delta (BLOCK_T, HP) = <dout_h, out_h> = sum_j a_j <dout_h, x_j,h>. From the saved output (one pass; in
+    # bf16 the rounded output costs some accuracy in the query / norm gradients, since the softmax backward
+    # (dv - delta) cancels), or with TWO_PASS recomputed in fp32 by a first pass over the sources.
     if TWO_PASS:
         delta = tl.zeros((BLOCK_T, HP), tl.float32)  # (HAS_INIT needs the one-pass form: no P here)
         if HAS_NULL:
@@ -212,14 +231,28 @@ def _route_bwd_kernel(
         dw += dwj
         dnull = tl.sum(tl.where(mask, dx, 0.0), axis=0)  # (HP, DHP)
         tl.store(dnull_part_ptr + pid * D + col, dnull, mask=cmask)
-    for j in range(lo, n_buf):
-        x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
-        dx, dwj = _bwd_source(x, w, dout, delta, lse, D, eps)
-        dw += dwj
-        gp = gacc_ptr + j * gacc_stride + offs
-        if (j >= acc_lo) & (j < acc_hi):
-            dx += tl.load(gp, mask=mask, other=0.0).to(tl.float32)
-        tl.store(gp, dx.to(gacc_ptr.dtype.element_ty), mask=mask)
+    if PREFETCH:  # loads of source j + 1 and of its gradient slot (if accumulated) before the math of j
+        x_next = tl.load(buf_ptr + lo * buf_stride + offs, mask=mask & _in(lo, lo, n_buf, BLOCK_T), other=0.0)
+        g_next = tl.load(gacc_ptr + lo * gacc_stride + offs,
+                         mask=mask & _in(lo, lo, n_buf, BLOCK_T) & _in(lo, acc_lo, acc_hi, BLOCK_T), other=0.0)
+        for j in range(lo, n_buf):
+            x = x_next.to(tl.float32)
+            g_prev = g_next.to(tl.float32)  # 0 where slot j is overwritten, not accumulated
+            x_next = tl.load(buf_ptr + (j + 1) * buf_stride + offs, mask=mask & _in(j + 1, lo, n_buf, BLOCK_T), other=0.0)
+            g_next = tl.load(gacc_ptr + (j + 1) * gacc_stride + offs,
+                             mask=mask & _in(j + 1, lo, n_buf, BLOCK_T) & _in(j + 1, acc_lo, acc_hi, BLOCK_T), other=0.0)
+            dx, dwj = _bwd_source(x, w, dout, delta, lse, D, eps)
+            dw += dwj
+            tl.store(gacc_ptr + j * gacc_stride + offs, (dx + g_prev).to(gacc_ptr.dtype.element_ty), mask=mask)
+    else:
+        for j in range(lo, n_buf):
+            x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
+            dx, dwj = _bwd_source(x, w, dout, delta, lse, D, eps)
+            dw += dwj
+            gp = gacc_ptr + j * gacc_stride + offs
+            if (j >= acc_lo) & (j < acc_hi):
+                dx += tl.load(gp, mask=mask, other=0.0).to(tl.float32)
+            tl.store(gp, dx.to(gacc_ptr.dtype.element_ty), mask=mask)
     if HAS_EXTRA:
         x = tl.load(extra_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         dx, dwj = _bwd_source(x, w, dout, delta, lse, D, eps)
@@ -279,7 +312,7 @@ def route_bwd(buf, n_buf: int, null, extra, query, norm_weight, out, dout, lse, 
     """Launch the backward kernel over buf[lo:n_buf). Writes gacc[lo:n_buf) in place: slots inside
     ``acc_range`` = [a, b) are accumulated into, the others overwritten.
 
-    out: the saved fp32 output (BT, D), or None for the two-pass backward (recomputes <dout, out>).
+    out: the saved output (BT, D), or None for the two-pass backward (recomputes <dout, out> in fp32).
     init_lse: the log-sum-exp of the prefix partial the forward continued from (its value P is not
     needed: this needs ``out``); writes dinit = dL/dP (BT, D) and dinit_lse = a_P * <dout, out> (BT, H)
     fp32, the two inputs of ``prefix_bwd``.

@@ -24,11 +24,15 @@ broadcast inside the kernel. ``extra`` is one transient source read after the
 buffered ones (Block AttnRes' partial block sum). Saved for backward: the
 log-sum-exp (B, T, H) fp32 only (less than the routing weights, (B, T, H, N)),
 plus, for fp32 sources, the output (kept by the next layer anyway); for bf16
-sources the backward makes two passes over the sources (the first recomputes
-<dout, out> per head in fp32, which a bf16-rounded output would spoil).
+sources too by default (one backward pass; ``two_pass=True``: a first pass recomputes
+<dout, out> per head in fp32 instead of taking it from the bf16-rounded output).
 
-Not done (see results/bench/NOTES.md): sharing one read of the common prefix of
-sources between consecutive calls; each call re-reads its sources.
+Prefix sharing (``group``): reads that announce the next reads' queries (``lookahead``)
+can share one pass over their common prefix (``_Prefix`` computes K partials, each read
+``_Merge``s its newer sources by online softmax); the backward either shares one pass
+over the prefix too (``prefix_bwd``) or runs per read (``shared_backward=False``). Off by
+default: measured slower on the H200 (results/bench/NOTES.md). bf16 backward takes
+<dout, out> from the saved output (one pass) unless ``two_pass=True``.
 
 The state is linear: appending twice to the same state is an error (the shared
 buffer has one slot per position). Under autocast the buffer takes the autocast
@@ -72,6 +76,8 @@ class _Storage:
     grad_dtype: Optional[torch.dtype] = None
     gacc: Optional[Tensor] = None  # (capacity, B*T, D) source gradients
     g_valid: list = field(default_factory=list)  # g_valid[j]: gacc slot j holds a valid partial sum
+    two_pass: bool = False  # bf16 backward recomputes <dout, out> from the sources (see FusedRouter)
+    shared_backward: bool = True  # a prefix-sharing group also shares one backward pass over its prefix
     reads: int = field(default=0)
     n_reads: int = 0  # reads announced by the first read's lookahead (sets the group size)
     group: Optional["_Group"] = None  # the open prefix-sharing group, if any
@@ -170,8 +176,11 @@ class _Read(torch.autograd.Function):
         nul = null.contiguous() if null is not None else None
         out, lse, scores = route_fwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, H, eps, BT, D, st.dtype,
                                      store_scores=want_scores)
-        # fp32 output: backward reads <dout, out> from it; otherwise it recomputes it (two passes).
-        ctx.save_for_backward(q, g, nul, ex, out if out.dtype == torch.float32 else None, lse)
+        # Backward takes <dout, out> from the saved output (one pass over the sources, as FlashAttention does;
+        # the sublayer reading ``out`` keeps it anyway), unless st.two_pass asks it to recompute <dout, out> in
+        # fp32 from the sources (a second pass; exact also for a bf16-rounded output).
+        keep_out = out.dtype == torch.float32 or not st.two_pass
+        ctx.save_for_backward(q, g, nul, ex, out if keep_out else None, lse)
         ctx.st, ctx.n_buf, ctx.H, ctx.eps = st, n_buf, H, eps
         ctx.has_token, ctx.extra_dtype = token is not None, extra.dtype if extra is not None else None
         out = out.view(B, T, D)
@@ -246,7 +255,7 @@ class _Merge(torch.autograd.Function):
     """Read k of a group: its prefix partial (P, lse) continued over buf[lo:n) and an optional extra."""
 
     @staticmethod
-    def forward(ctx, token, query, norm_weight, P, lse_p, extra, st: _Storage, grp: _Group, k: int, n: int,
+    def forward(ctx, token, query, norm_weight, P, lse_p, null, extra, st: _Storage, grp: _Group, k: int, n: int,
                 H: int, eps: float):
         _Read.calls += 1
         READS["grouped"] += 1
@@ -263,17 +272,29 @@ class _Merge(torch.autograd.Function):
             grp.P = None  # the partials are transient: nothing keeps them for backward
         # Backward takes <dout, out> from the output, as FlashAttention does (in bf16 the output is rounded;
         # the sublayer that reads it keeps it anyway), so it needs neither P nor a pass over the prefix.
-        ctx.save_for_backward(q, g, lse_p, ex, out, lse)
+        nul = null.contiguous() if null is not None and not st.shared_backward else None
+        ctx.save_for_backward(q, g, lse_p, nul, ex, out, lse)
         ctx.st, ctx.grp, ctx.k, ctx.n, ctx.H, ctx.eps = st, grp, k, n, H, eps
         ctx.has_token, ctx.extra_dtype = token is not None, extra.dtype if extra is not None else None
         return out.view(B, T, D)
 
     @staticmethod
     def backward(ctx, dout):
-        q, g, lse_p, ex, out, lse = ctx.saved_tensors
+        q, g, lse_p, nul, ex, out, lse = ctx.saved_tensors
         st, grp, k, n = ctx.st, ctx.grp, ctx.k, ctx.n
         B, T, D = st.shape
         BT, lo = B * T, grp.n_prefix
+        dtoken = torch.zeros((), device=dout.device) if ctx.has_token else None
+        if not st.shared_backward:  # this read's own pass over all its sources (the forward's lse is the full one)
+            gacc = st.grads(dout.device) if n else None
+            rng = st.acc_range(0, n) if n else (0, 0)
+            dw, dnull, dextra = route_bwd(st.buf if n else None, n, nul, ex, q, g, out,
+                                          dout.reshape(BT, D).contiguous(), lse, gacc, rng, ctx.H, ctx.eps, BT, D)
+            dq = (dw * g.float()).to(q.dtype) if ctx.needs_input_grad[1] else None
+            dg = (dw * q.float()).to(g.dtype) if ctx.needs_input_grad[2] else None
+            dnull = dnull.to(nul.dtype) if dnull is not None and ctx.needs_input_grad[5] else None
+            dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
+            return dtoken, dq, dg, None, None, dnull, dextra, None, None, None, None, None, None
         if grp.dP is None:
             grp.dP = torch.empty((grp.K, B, T, D), device=dout.device, dtype=grp.p_dtype)
             grp.deff = torch.empty_like(grp.lse)
@@ -286,8 +307,18 @@ class _Merge(torch.autograd.Function):
         dq = (dw * g.float()).to(q.dtype) if ctx.needs_input_grad[1] else None
         dg = (dw * q.float()).to(g.dtype) if ctx.needs_input_grad[2] else None
         dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
-        dtoken = torch.zeros((), device=dout.device) if ctx.has_token else None
-        return dtoken, dq, dg, grp.dP[k], None, dextra, None, None, None, None, None, None
+        return dtoken, dq, dg, grp.dP[k], None, None, dextra, None, None, None, None, None, None
+
+
+def _env_int(name: str) -> Optional[int]:
+    val = os.environ.get(name)
+    if not val:
+        return None
+    try:
+        return int(val)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={val!r}: expected an integer"
+                         + (" or 'auto'" if name == "MHAR_ROUTING_GROUP" else "")) from None
 
 
 def _broadcast_vector(t: Tensor) -> Optional[Tensor]:
@@ -306,24 +337,40 @@ class FusedRouter(Router):
     buffer's dtype, which rounds like eager autograd (it sums the per-read bf16
     source gradients in bf16); torch.float32 accumulates exactly at twice the
     gradient traffic and memory.
+    group: reads per prefix-sharing group: 1 (the default: none), K > 1, or "auto"
+    (about sqrt(reads per forward), see ``group_size``); None reads the env
+    ``MHAR_ROUTING_GROUP`` (same values). No sharing is the default because on the
+    H200 it measured fastest at the paper's sizes (results/bench/NOTES.md): the
+    shared pass saves bytes but the prefix kernels reach lower bandwidth.
+    shared_backward: a group's backward also makes one pass over its prefix for all
+    its reads (``prefix_bwd``); False: every read's backward makes its own pass over
+    all its sources (the forward still shares; env ``MHAR_ROUTING_SHARED_BWD=0|1``).
+    two_pass: the bf16 backward of a plain read recomputes <dout, out> in fp32 from
+    the sources (a second pass) instead of taking it from the bf16 output.
     """
 
     name = "fused"
 
-    def __init__(self, grad_dtype: Optional[torch.dtype] = None, group: Optional[int] = None):
+    def __init__(self, grad_dtype: Optional[torch.dtype] = None, group: Optional[int] = None,
+                 shared_backward: Optional[bool] = None, two_pass: bool = False):
         self.grad_dtype = grad_dtype
         if group is None:
-            env = os.environ.get("MHAR_ROUTING_GROUP")
-            group = int(env) if env else None
-        if group is not None and group < 1:
-            raise ValueError(f"group must be >= 1 (1 = no prefix sharing) or None (automatic), got {group}")
-        self.group = group  # reads per prefix-sharing group; None: about sqrt(reads per forward), at most 8
+            env = os.environ.get("MHAR_ROUTING_GROUP", "").strip()
+            group = "auto" if env == "auto" else (_env_int("MHAR_ROUTING_GROUP") or 1)
+        if group != "auto" and (not isinstance(group, int) or group < 1):
+            raise ValueError(f"group must be an integer >= 1 (1 = no prefix sharing) or 'auto', got {group!r}")
+        self.group = group  # reads per prefix-sharing group; "auto": about sqrt(reads per forward), at most 8
+        if shared_backward is None:
+            env = _env_int("MHAR_ROUTING_SHARED_BWD")
+            shared_backward = bool(env) if env is not None else True
+        self.shared_backward = shared_backward
+        self.two_pass = two_pass
 
     def group_size(self, n_reads: int) -> int:
         """Reads per group for a forward of ``n_reads`` routed reads. Traffic per forward + backward is about
         (K^2 / 2 + 4) per group for the reads' own sources and partials plus 4 passes over each group's
         prefix (N^2 / 2K in all), least near K = sqrt(N); K is capped at 8 (registers: K x D fp32 per token)."""
-        if self.group is not None:
+        if self.group != "auto":
             return self.group
         return max(1, min(8, round(n_reads ** 0.5)))
 
@@ -333,7 +380,7 @@ class FusedRouter(Router):
             raise ValueError(f"capacity must be >= 1 (most sources ever held), got {capacity}")
         _check_device(first)
         vec = _broadcast_vector(first)
-        st = _Storage(capacity=capacity)
+        st = _Storage(capacity=capacity, two_pass=self.two_pass, shared_backward=self.shared_backward)
         if vec is not None:
             st.null, st.capacity = vec, capacity - 1
             if first.dim() == 3:
@@ -417,8 +464,8 @@ class FusedRouter(Router):
                     f"fused router: read {k} of a prefix-sharing group got a different query or an older state "
                     "than announced by lookahead; pass lookahead only for reads issued next, in order")
             grp.next += 1
-            out = _Merge.apply(state.token, query, norm_weight, grp.outs[k], grp.outs[grp.K + k], extra, st, grp,
-                               k, state.n, num_heads, eps)
+            out = _Merge.apply(state.token, query, norm_weight, grp.outs[k], grp.outs[grp.K + k], st.null, extra,
+                               st, grp, k, state.n, num_heads, eps)
             if grp.next == grp.K:
                 grp.outs = ()  # drop the last references to the partials
             st.reads += 1

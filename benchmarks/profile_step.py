@@ -1,0 +1,105 @@
+"""Where the time of a routed step goes: CUDA kernel time vs wall time, top kernels (torch.profiler).
+
+    PYTHONPATH=. python benchmarks/profile_step.py op 350M fused_g1     # every routing call of one microbatch
+    PYTHONPATH=. python benchmarks/profile_step.py train 100M mhar_fused_sub
+
+Prints, per iteration: wall ms (synchronised), summed CUDA kernel ms, kernel count, and the kernels with
+the most CUDA time. Wall >> kernel time means the GPU waits for the CPU (launch / Python overhead).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+def _op_fn(size: str, impl: str):
+    from benchmarks.bench_routing_op import MICROBATCH, Case, _inputs, _microbatch, _router
+    from mhar.config import PRESETS
+    p = PRESETS[size]
+    B, T = MICROBATCH[size]
+    c = Case(size, B, T, p["d_model"], 8, 2 * p["n_layers"] + 1)
+    router = _router(impl)
+    srcs, qs, gs = _inputs(c)
+    douts = [torch.randn(B, T, c.D, device="cuda", dtype=torch.bfloat16) for _ in range(c.N)]
+
+    def fn():
+        outs = _microbatch(router, srcs, qs, gs, c.H)
+        torch.autograd.backward(outs, douts)
+        for t in srcs + qs + gs:
+            t.grad = None
+    return fn
+
+
+def _train_fn(size: str, variant: str):
+    """One optimizer step of bench_training's setup (bf16 autocast, compiled parts, fused AdamW)."""
+    from benchmarks import bench_training as bt
+    from mhar.config import model_config
+    from mhar.model import build_model
+    res = dict(bt.VARIANTS[variant])
+    if res["variant"] != "baseline":
+        res["heads"] = 8
+    cfg = model_config(size, residual=res)
+    B, T = bt.MICROBATCH[size]
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cuda.enable_math_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    model = build_model(cfg).to("cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-4, fused=True)
+    ids = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
+    if variant.startswith("mhar_fused_sub"):
+        for blk in model.layers:
+            blk.attn_sublayer = torch.compile(blk.attn_sublayer)
+            blk.mlp_sublayer = torch.compile(blk.mlp_sublayer)
+        head = torch.compile(lambda h, labels: bt._head_loss(model, h, labels))
+        forward = lambda: head(model.hidden(ids), ids)  # noqa: E731
+    else:
+        hidden = torch.compile(model.hidden)
+        head = torch.compile(lambda h, labels: bt._head_loss(model, h, labels))
+        forward = lambda: head(hidden(ids), ids)  # noqa: E731
+
+    def fn():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = forward()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return fn
+
+
+def main(argv=None) -> None:
+    kind, size, what = (argv or sys.argv[1:])[:3]
+    fn = _op_fn(size, what) if kind == "op" else _train_fn(size, what)
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    iters = 3
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3 / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    wall_noprof = (time.perf_counter() - t0) * 1e3 / iters
+    per = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name][0] += e.device_time_total / 1e3 / iters
+            per[e.name][1] += 1
+    total = sum(v[0] for v in per.values())
+    n = sum(v[1] for v in per.values()) / iters
+    print(f"PROFILE {kind} {size} {what}: wall {wall_noprof:.2f} ms/iter (profiled {wall:.2f}), "
+          f"CUDA kernels {total:.2f} ms/iter, {n:.0f} kernels/iter")
+    for name, (ms, cnt) in sorted(per.items(), key=lambda kv: -kv[1][0])[:14]:
+        print(f"  {ms:8.3f} ms  x{cnt / iters:5.0f}  {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()
