@@ -89,7 +89,7 @@ def _router(impl: str):
     return get_router(impl)
 
 
-def bench_case(c: Case, impl: str, mode: str) -> dict:
+def bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
     router = _router(impl)
     srcs, qs, gs = _inputs(c)
     if mode == "read":
@@ -112,15 +112,20 @@ def bench_case(c: Case, impl: str, mode: str) -> dict:
             p.grad = None
     try:
         fwd_bwd()  # warm-up / compile
-        t_f = triton.testing.do_bench(fwd, warmup=5, rep=50, return_mode="median")
-        t_fb = triton.testing.do_bench(fwd_bwd, warmup=5, rep=50, return_mode="median")
+        if graph:  # replayed CUDA graphs: kernel time without the per-call CPU work (as in a graphed step)
+            fwd()
+            t_f = triton.testing.do_bench_cudagraph(fwd, rep=50, return_mode="median")
+            t_fb = triton.testing.do_bench_cudagraph(fwd_bwd, rep=50, return_mode="median")
+        else:
+            t_f = triton.testing.do_bench(fwd, warmup=5, rep=50, return_mode="median")
+            t_fb = triton.testing.do_bench(fwd_bwd, warmup=5, rep=50, return_mode="median")
         status = "ok"
     except torch.OutOfMemoryError:
         t_f = t_fb = float("nan")
         status = "OOM"
     torch.cuda.empty_cache()
     bf, bb = min_bytes(ns, c.B * c.T * c.D)
-    return dict(size=c.size, mode=mode, impl=impl, B=c.B, T=c.T, D=c.D, H=c.H, N=c.N, reads=len(ns),
+    return dict(size=c.size, mode=mode, impl=impl, cuda_graph=int(graph), B=c.B, T=c.T, D=c.D, H=c.H, N=c.N, reads=len(ns),
                 status=status, fwd_ms=round(t_f, 4), fwd_bwd_ms=round(t_fb, 4), bwd_ms=round(t_fb - t_f, 4),
                 fwd_min_bytes=bf, bwd_min_bytes=bb,
                 fwd_gbps=round(bf / (t_f * 1e-3) / 1e9, 1), bwd_gbps=round(bb / ((t_fb - t_f) * 1e-3) / 1e9, 1))
@@ -132,6 +137,8 @@ def main(argv=None) -> None:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--impls", nargs="+", default=["eager", "compile", "fused", "fused_auto"])
     ap.add_argument("--modes", nargs="+", default=["read", "microbatch"])
+    ap.add_argument("--graph", type=int, choices=(0, 1), default=0,
+                    help="1: time CUDA-graph replays (triton.testing.do_bench_cudagraph): kernel time only")
     ap.add_argument("--out", default="results/bench/routing_op.csv")
     args = ap.parse_args(argv)
     torch._dynamo.config.cache_size_limit = 512  # compile: one graph per distinct number of sources
@@ -147,7 +154,7 @@ def main(argv=None) -> None:
             for impl in args.impls:
                 if mode == "microbatch" and impl == "compile" or mode == "read" and impl.startswith("fused_g"):
                     continue  # 2L+1 distinct graphs to compile: measured in the training benchmark instead
-                r = bench_case(c, impl, mode)
+                r = bench_case(c, impl, mode, graph=bool(args.graph))
                 r.update(hbm_gbps=round(hbm, 1), fwd_frac_hbm=round(r["fwd_gbps"] / hbm, 3),
                          bwd_frac_hbm=round(r["bwd_gbps"] / hbm, 3), **env)
                 rows.append(r)

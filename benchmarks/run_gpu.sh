@@ -2,7 +2,8 @@
 # GPU record of the fused routing work: tests at realistic shapes, routing-op and training benchmarks.
 # Usage (repo root, on the GPU machine):  OUT=dir bash benchmarks/run_gpu.sh [tests] [op] [op:IMPLS:MODES[:TAG]]
 #                                              [train:SIZES:VARIANTS[:TAG]]
-#   e.g. bash benchmarks/run_gpu.sh tests op "train:100M 350M 1B:baseline mhar_fused_sub mhar_compile:final"
+#   e.g. bash benchmarks/run_gpu.sh tests op "train:100M 350M 1B:baseline mhar_fused_sub mhar_compile_sub:final"
+#   OP_GRAPH=1: op stages time CUDA-graph replays (kernel time only)
 #   (one (size, variant) takes ~1-2 min, mostly torch.compile; a run has at most 10 min)
 set -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=16
@@ -18,7 +19,7 @@ for stage in "$@"; do
       python3 benchmarks/bench_routing_op.py --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" ;;
     op:*)  # op:IMPLS:MODES[:TAG]
       IFS=: read -r _ impls modes tag <<< "$stage"
-      python3 benchmarks/bench_routing_op.py --impls $impls --modes $modes --out "$OUT/routing_op${tag:+_$tag}.csv" \
+      python3 benchmarks/bench_routing_op.py --graph ${OP_GRAPH:-0} --impls $impls --modes $modes --out "$OUT/routing_op${tag:+_$tag}.csv" \
         2>&1 | tee -a "$OUT/routing_op.log" ;;
     train:*)
       IFS=: read -r _ sizes variants tag <<< "$stage"
