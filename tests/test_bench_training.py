@@ -1,0 +1,34 @@
+"""The training benchmark's CPU path: one process per (size, variant), a CSV row per run with ratios and
+provenance columns (the GPU numbers themselves come from benchmarks/run_gpu.sh, results/bench/)."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_training_cpu_rows(tmp_path, monkeypatch):
+    from benchmarks import bench_training
+    monkeypatch.chdir(ROOT)  # the per-run processes import `benchmarks` from the repository root
+    out = tmp_path / "training.csv"
+    bench_training.main(["--sizes", "debug", "--variants", "baseline", "mhar_eager", "--device", "cpu",
+                         "--backend", "none", "--steps", "1", "--warmup", "1", "--graph", "0",
+                         "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert [r["variant"] for r in rows] == ["baseline", "mhar_eager"]
+    assert all(r["status"] == "ok" and float(r["tokens_per_s"]) > 0 for r in rows)
+    base, mhar = rows
+    assert float(mhar["thr_ratio"]) == pytest.approx(float(mhar["tokens_per_s"]) / float(base["tokens_per_s"]),
+                                                    rel=1e-3)
+    assert int(mhar["params"]) > int(base["params"])  # routing adds parameters
+    assert mhar["cuda_graph"] == "0" and "bench_training" in mhar["command"] and mhar["torch"]
+
+
+def test_bench_training_rejects_unknown_variant(capsys):
+    from benchmarks import bench_training
+    with pytest.raises(SystemExit):
+        bench_training.main(["--variants", "mhar_turbo", "--device", "cpu"])
+    assert "invalid choice" in capsys.readouterr().err
