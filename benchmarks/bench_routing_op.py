@@ -17,6 +17,7 @@ GB/s = min_bytes / time and its fraction of the measured HBM copy bandwidth.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -144,7 +145,7 @@ def main(argv=None) -> None:
     torch._dynamo.config.cache_size_limit = 512  # compile: one graph per distinct number of sources
     hbm = measure_hbm_bandwidth()
     print(f"measured HBM copy bandwidth: {hbm:.0f} GB/s")
-    env = env_columns()
+    env = env_columns("benchmarks.bench_routing_op", argv if argv is not None else sys.argv[1:])
     rows = []
     for size in args.sizes:
         p = PRESETS[size]

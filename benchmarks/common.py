@@ -15,8 +15,12 @@ import torch
 from mhar.provenance import git_info, hardware_info, package_versions
 
 
-def env_columns() -> dict:
-    """Provenance columns appended to every benchmark row."""
+def env_columns(module: str | None = None, argv: list[str] | None = None) -> dict:
+    """Provenance columns appended to every benchmark row.
+
+    ``command`` is the exact command line that reproduces the rows: ``python -m MODULE ARGV`` when the
+    script's ``main(argv)`` was called programmatically, else this process's own ``sys.argv``.
+    """
     hw, pk = hardware_info(), package_versions()
     gpu = hw["gpus"][0]["name"] if hw["gpus"] else hw["cpu"]
     return {
@@ -26,7 +30,8 @@ def env_columns() -> dict:
         "torch": pk["torch"],
         "triton": pk["triton"],
         "git_commit": git_info()["commit"],
-        "command": "PYTHONPATH=. python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "command": "PYTHONPATH=. python " + " ".join(
+            shlex.quote(a) for a in (["-m", module, *argv] if module and argv is not None else sys.argv)),
     }
 
 

@@ -24,7 +24,9 @@ def test_bench_training_cpu_rows(tmp_path, monkeypatch):
     assert float(mhar["thr_ratio"]) == pytest.approx(float(mhar["tokens_per_s"]) / float(base["tokens_per_s"]),
                                                     rel=1e-3)
     assert int(mhar["params"]) > int(base["params"])  # routing adds parameters
-    assert mhar["cuda_graph"] == "0" and "bench_training" in mhar["command"] and mhar["torch"]
+    assert mhar["cuda_graph"] == "0" and mhar["torch"]
+    # the recorded command reproduces these rows, even when main() is called from another process
+    assert mhar["command"].startswith("PYTHONPATH=. python -m benchmarks.bench_training --sizes debug")
 
 
 def test_bench_training_rejects_unknown_variant(capsys):
