@@ -192,19 +192,27 @@ class _Read(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: Tensor, _dscores):
         q, g, nul, ex, out, lse = ctx.saved_tensors
-        st, n_buf = ctx.st, ctx.n_buf
-        B, T, D = st.shape
-        BT = B * T
-        gacc = st.grads(dout.device) if n_buf else None
-        rng = st.acc_range(0, n_buf) if n_buf else (0, 0)
-        dw, dnull, dextra = route_bwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, out,
-                                      dout.reshape(BT, D).contiguous(), lse, gacc, rng, ctx.H, ctx.eps, BT, D)
-        dq = (dw * g.float()).to(q.dtype) if ctx.needs_input_grad[1] else None
-        dg = (dw * q.float()).to(g.dtype) if ctx.needs_input_grad[2] else None
-        dnull = dnull.to(nul.dtype) if dnull is not None and ctx.needs_input_grad[3] else None
-        dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
+        dq, dg, dnull, dextra = _full_backward(ctx, ctx.n_buf, q, g, nul, ex, out, lse, dout, null_index=3)
         dtoken = torch.zeros((), device=dout.device) if ctx.has_token else None
         return dtoken, dq, dg, dnull, dextra, None, None, None, None, None
+
+
+def _full_backward(ctx, n: int, q, g, nul, ex, out, lse, dout, null_index: int):
+    """One read's own backward pass over all its sources ([null] + buf[0:n) + [extra]): accumulates the
+    buffered sources' gradients into gacc; returns the gradients of query, norm weight, null and extra
+    (None where autograd needs none; ``null_index`` is the null input's position in the Function)."""
+    st = ctx.st
+    B, T, D = st.shape
+    BT = B * T
+    gacc = st.grads(dout.device) if n else None
+    rng = st.acc_range(0, n) if n else (0, 0)
+    dw, dnull, dextra = route_bwd(st.buf if n else None, n, nul, ex, q, g, out,
+                                  dout.reshape(BT, D).contiguous(), lse, gacc, rng, ctx.H, ctx.eps, BT, D)
+    dq = (dw * g.float()).to(q.dtype) if ctx.needs_input_grad[1] else None
+    dg = (dw * q.float()).to(g.dtype) if ctx.needs_input_grad[2] else None
+    dnull = dnull.to(nul.dtype) if dnull is not None and ctx.needs_input_grad[null_index] else None
+    dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
+    return dq, dg, dnull, dextra
 
 
 class _Prefix(torch.autograd.Function):
@@ -286,14 +294,7 @@ class _Merge(torch.autograd.Function):
         BT, lo = B * T, grp.n_prefix
         dtoken = torch.zeros((), device=dout.device) if ctx.has_token else None
         if not st.shared_backward:  # this read's own pass over all its sources (the forward's lse is the full one)
-            gacc = st.grads(dout.device) if n else None
-            rng = st.acc_range(0, n) if n else (0, 0)
-            dw, dnull, dextra = route_bwd(st.buf if n else None, n, nul, ex, q, g, out,
-                                          dout.reshape(BT, D).contiguous(), lse, gacc, rng, ctx.H, ctx.eps, BT, D)
-            dq = (dw * g.float()).to(q.dtype) if ctx.needs_input_grad[1] else None
-            dg = (dw * q.float()).to(g.dtype) if ctx.needs_input_grad[2] else None
-            dnull = dnull.to(nul.dtype) if dnull is not None and ctx.needs_input_grad[5] else None
-            dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
+            dq, dg, dnull, dextra = _full_backward(ctx, n, q, g, nul, ex, out, lse, dout, null_index=5)
             return dtoken, dq, dg, None, None, dnull, dextra, None, None, None, None, None, None
         if grp.dP is None:
             grp.dP = torch.empty((grp.K, B, T, D), device=dout.device, dtype=grp.p_dtype)
