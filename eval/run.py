@@ -338,7 +338,7 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
                    subset: Optional[str | Subset] = None, device: Optional[str] = None, batch_size: int = 8,
                    limit: Optional[int] = None, max_length: Optional[int] = None, dtype: Optional[str] = None,
                    bootstrap_iters: int = 100000, data_dir: Optional[str | os.PathLike] = None,
-                   lm: Any = None) -> dict[str, dict]:
+                   lm: Any = None, overwrite: bool = False) -> dict[str, dict]:
     """Evaluate one checkpoint on ``tasks``; returns ``{task: results.json content}``.
 
     ``model_path``: an exported ``model.pt`` (or its run dir) or ``hf:<path or name>``.
@@ -346,6 +346,8 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     ``data_dir``: local mirror (default ``MHAR_DATA_DIR``; unset -> Hugging Face hub).
     ``lm``: an already-built lm-eval LM to use instead of loading ``model_path`` (e.g. an
     in-memory ``MharLM.from_model``); ``model_path`` is then only recorded.
+    ``overwrite``: replace results of another model or subset already in ``out_dir`` (default: refuse
+    with ``FileExistsError`` before anything runs; results of the same model and subset are redone).
     """
     if limit is not None and subset is not None:
         raise ValueError("give either limit or subset, not both (limit=N is subset='first:N')")
@@ -353,6 +355,9 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     task_list = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
     if not task_list:
         raise ValueError("no tasks given (e.g. --tasks wikitext,lambada_openai)")
+    conflict = None if overwrite else existing_results_conflict(out_dir, ",".join(task_list), str(model_path), sub)
+    if conflict:
+        raise FileExistsError(conflict.replace("another --out", "another out_dir") + " (or pass overwrite=True)")
     if device is None:
         import torch
 

@@ -241,6 +241,10 @@ def test_cli_bad_input_is_one_line_error_and_never_overwrites(tmp_path, capsys):
         assert main([*args, "--tasks", "wikitext", "--out", str(tmp_path / "o")]) == 2
         assert "refusing to overwrite" in capsys.readouterr().err
     assert prior.read_bytes() == before
+    # the Python API refuses too, before loading anything (a missing model would otherwise be the error)
+    with pytest.raises(FileExistsError, match="refusing to overwrite"):
+        evaluate_model(tmp_path / "nope.pt", "wikitext", tmp_path / "o", limit=2)
+    assert prior.read_bytes() == before
 
 
 # --- GPQA stays encrypted on disk ---------------------------------------------------------------
