@@ -1,0 +1,102 @@
+"""What bounds MHAR's training-throughput ratio when routing makes one pass over its sources per read.
+
+Per size (the paper's microbatch, bf16 sources of E = B*T*D elements): the routing reads of one
+microbatch see n = 1, 2, ..., 2L+1 sources (each sublayer reads the embedding and every earlier
+sublayer output; the final norm reads all 2L+1; ``routing_reads`` counts them on a real model in the
+tests). One byte "unit" = sum_n n * E * 2 bytes. Moved per microbatch:
+
+* ``design``: this repository's fused kernels: forward reads the sources (1 unit), backward reads them
+  and read-modify-writes a gradient slot per source (3 units): 4 units;
+* ``min``: any one-pass-per-read algorithm (``bench_routing_op.min_bytes``: forward reads the sources and
+  writes the output, backward reads sources and dout and writes each source gradient once).
+
+At the measured HBM bandwidth (``hbm_gbps`` of routing_op.csv) that is ``ideal_ms``; with the measured
+baseline step (training.csv) the throughput ratio cannot exceed base / (base + ideal), whatever the
+kernels. The measured ratio and step gap (MHAR fused minus baseline) are printed beside it.
+
+    PYTHONPATH=. python -m benchmarks.traffic_bound --training results/bench/training.csv \
+        --op results/bench/routing_op.csv --out results/bench/traffic_bound.csv
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from benchmarks.bench_routing_op import MICROBATCH, min_bytes
+from benchmarks.common import write_csv
+from mhar.provenance import git_info
+from mhar.config import PRESETS
+
+BYTES_PER_ELT = 2  # bf16 sources under autocast
+
+
+def routing_reads(n_layers: int) -> list[int]:
+    """Sources seen by each routing read of one forward: 2L sublayer reads (1..2L), then the final read."""
+    return list(range(1, 2 * n_layers + 2))
+
+
+def unit_bytes(size: str) -> int:
+    """One pass over the sources of every read of one microbatch (bytes)."""
+    B, T = MICROBATCH[size]
+    cfg = PRESETS[size]
+    return sum(routing_reads(cfg["n_layers"])) * B * T * cfg["d_model"] * BYTES_PER_ELT
+
+
+def bound_rows(training: list[dict], hbm_gbps: float, fused: str = "mhar_fused_sub") -> list[dict]:
+    rows = []
+    for size in ("100M", "350M", "1B"):
+        base = next((r for r in training if r["size"] == size and r["variant"] == "baseline"
+                     and r.get("status", "ok") == "ok"), None)
+        if base is None:
+            continue
+        cfg, (B, T) = PRESETS[size], MICROBATCH[size]
+        unit = unit_bytes(size)
+        mb_f, mb_b = min_bytes(routing_reads(cfg["n_layers"]), B * T * cfg["d_model"], BYTES_PER_ELT)
+        base_ms = float(base["step_ms"])
+        row = dict(size=size, reads=2 * cfg["n_layers"] + 1, unit_gb=round(unit / 1e9, 3), hbm_gbps=hbm_gbps,
+                   base_ms=base_ms)
+        row.update({k: base.get(k, "") for k in ("gpu", "driver", "torch", "triton")})  # of the measurements used
+        for name, nbytes in (("design", 4 * unit), ("min", mb_f + mb_b)):
+            ideal = nbytes / (hbm_gbps * 1e9) * 1e3
+            row[f"{name}_gb"] = round(nbytes / 1e9, 3)
+            row[f"{name}_ideal_ms"] = round(ideal, 2)
+            row[f"{name}_bound_ratio"] = round(base_ms / (base_ms + ideal), 4)
+        run = next((r for r in training if r["size"] == size and r["variant"] == fused
+                    and r.get("status", "ok") == "ok"), None)
+        row["measured_ratio"] = round(base_ms / float(run["step_ms"]), 4) if run else None
+        row["measured_gap_ms"] = round(float(run["step_ms"]) - base_ms, 2) if run else None
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--training", default="results/bench/training.csv", help="bench_training.py CSV")
+    ap.add_argument("--op", default="results/bench/routing_op.csv", help="bench_routing_op.py CSV (hbm_gbps)")
+    ap.add_argument("--hbm-gbps", type=float, help="HBM bandwidth in GB/s (default: from --op)")
+    ap.add_argument("--out", default="results/bench/traffic_bound.csv")
+    args = ap.parse_args(argv)
+    for p in [args.training] + ([] if args.hbm_gbps else [args.op]):
+        if not Path(p).is_file():
+            print(f"error: {p} not found (run the GPU benchmarks first: benchmarks/run_gpu.sh)", file=sys.stderr)
+            return 2
+    training = list(csv.DictReader(open(args.training, newline="")))
+    hbm = args.hbm_gbps or float(next(csv.DictReader(open(args.op, newline="")))["hbm_gbps"])
+    rows = bound_rows(training, hbm)
+    if not rows:
+        print(f"error: {args.training} has no baseline rows at 100M / 350M / 1B", file=sys.stderr)
+        return 2
+    cmd = "PYTHONPATH=. python -m benchmarks.traffic_bound " + " ".join(argv if argv is not None else sys.argv[1:])
+    write_csv(args.out, [{**r, "git_commit": git_info()["commit"], "command": cmd, "inputs": f"{args.training} {'' if args.hbm_gbps else args.op}".strip()}
+                         for r in rows])
+    for r in rows:
+        print(f"{r['size']:>5}: {r['reads']} reads, unit {r['unit_gb']} GB; bound {r['design_bound_ratio']:.3f} "
+              f"(this design) / {r['min_bound_ratio']:.3f} (write-once ideal); measured {r['measured_ratio']} "
+              f"(gap {r['measured_gap_ms']} ms vs {r['design_ideal_ms']} ms ideal)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The traffic model behind the fused-routing throughput bound (benchmarks/traffic_bound.py): the reads it
+assumes are the reads a real model makes, and the bound follows from bytes, bandwidth and baseline step."""
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from benchmarks import traffic_bound as tb
+from benchmarks.bench_routing_op import MICROBATCH, min_bytes
+from mhar.config import PRESETS, model_config
+from mhar.model import Transformer
+
+
+@pytest.mark.parametrize("variant,heads", [("mhar", 4), ("attnres", 1)])
+def test_routing_reads_match_a_real_forward(variant, heads):
+    model = Transformer(model_config("debug", residual={"variant": variant, "heads": heads, "routing_impl": "eager"}))
+    seen = []
+    routers = {id(m.router): m.router for m in model.modules() if hasattr(m, "router")}
+    assert routers, "no routed residual found"
+    for r in routers.values():
+        orig = r.read
+
+        def read(state, *a, _orig=orig, _r=r, **k):
+            seen.append(_r.num_sources(state) + (k.get("extra") is not None))
+            return _orig(state, *a, **k)
+        r.read = read
+    with torch.no_grad():
+        model(torch.randint(0, model.cfg.vocab_size, (1, 8)))
+    assert seen == tb.routing_reads(model.cfg.n_layers)
+
+
+def test_unit_bytes_and_bounds():
+    cfg = PRESETS["1B"]
+    B, T = MICROBATCH["1B"]
+    E = B * T * cfg["d_model"]
+    n = 2 * cfg["n_layers"] + 1
+    assert tb.unit_bytes("1B") == n * (n + 1) // 2 * E * 2  # sum of 1..N sources, bf16
+    rows = [dict(size="1B", variant="baseline", step_ms="50", status="ok", gpu="G", torch="t", triton="tr"),
+            dict(size="1B", variant="mhar_fused_sub", step_ms="80", status="ok")]
+    hbm = 4000.0
+    (r,) = tb.bound_rows(rows, hbm)
+    ideal = 4 * tb.unit_bytes("1B") / (hbm * 1e9) * 1e3
+    assert r["design_ideal_ms"] == pytest.approx(ideal, abs=0.01)
+    assert r["design_bound_ratio"] == pytest.approx(50 / (50 + ideal), abs=1e-4)
+    mf, mb = min_bytes(tb.routing_reads(cfg["n_layers"]), E)
+    assert r["min_gb"] == pytest.approx((mf + mb) / 1e9, abs=1e-3) and r["min_gb"] < r["design_gb"]
+    assert r["measured_ratio"] == pytest.approx(50 / 80, abs=1e-4) and r["measured_gap_ms"] == 30
+    assert r["gpu"] == "G"
+    # infinite bandwidth: no bound
+    (r_inf,) = tb.bound_rows(rows, 1e12)
+    assert r_inf["design_bound_ratio"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_cli_writes_provenance_and_refuses_missing_input(tmp_path, capsys):
+    training = tmp_path / "training.csv"
+    with training.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["size", "variant", "step_ms", "status", "gpu", "torch", "triton"])
+        w.writeheader()
+        w.writerow(dict(size="100M", variant="baseline", step_ms="36", status="ok", gpu="G", torch="t", triton="tr"))
+    out = tmp_path / "bound.csv"
+    assert tb.main(["--training", str(training), "--hbm-gbps", "4000", "--out", str(out)]) == 0
+    (row,) = csv.DictReader(out.open())
+    assert row["size"] == "100M" and row["measured_ratio"] == "" and row["command"].endswith(f"--out {out}")
+    assert tb.main(["--training", str(tmp_path / "none.csv"), "--hbm-gbps", "1", "--out", str(out)]) == 2
+    assert "not found" in capsys.readouterr().err
