@@ -17,7 +17,6 @@ GB/s = min_bytes / time and its fraction of the measured HBM copy bandwidth.
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -145,7 +144,7 @@ def main(argv=None) -> None:
     torch._dynamo.config.cache_size_limit = 512  # compile: one graph per distinct number of sources
     hbm = measure_hbm_bandwidth()
     print(f"measured HBM copy bandwidth: {hbm:.0f} GB/s")
-    env = env_columns("benchmarks.bench_routing_op", argv if argv is not None else sys.argv[1:])
+    env = env_columns("benchmarks.bench_routing_op", argv)
     rows = []
     for size in args.sizes:
         p = PRESETS[size]

@@ -181,7 +181,7 @@ def main(argv=None) -> None:
                       graph=bool(args.graph))
         print("RESULT " + json.dumps(row), flush=True)
         return
-    env = env_columns("benchmarks.bench_training", argv if argv is not None else sys.argv[1:])
+    env = env_columns("benchmarks.bench_training", argv)
     rows = []
     for size in args.sizes:
         for variant in args.variants:

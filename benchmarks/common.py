@@ -15,12 +15,15 @@ import torch
 from mhar.provenance import git_info, hardware_info, package_versions
 
 
-def env_columns(module: str | None = None, argv: list[str] | None = None) -> dict:
-    """Provenance columns appended to every benchmark row.
+def command_line(module: str | None = None, argv: list[str] | None = None) -> str:
+    """The command that reproduces a script's output: ``python -m MODULE ARGV`` (``argv`` None: this
+    process's arguments), or this process's own ``sys.argv`` when no module is named."""
+    args = ["-m", module, *(sys.argv[1:] if argv is None else argv)] if module else sys.argv
+    return "PYTHONPATH=. python " + " ".join(shlex.quote(a) for a in args)
 
-    ``command`` is the exact command line that reproduces the rows: ``python -m MODULE ARGV`` when the
-    script's ``main(argv)`` was called programmatically, else this process's own ``sys.argv``.
-    """
+
+def env_columns(module: str | None = None, argv: list[str] | None = None) -> dict:
+    """Provenance columns appended to every benchmark row (``command``: see ``command_line``)."""
     hw, pk = hardware_info(), package_versions()
     gpu = hw["gpus"][0]["name"] if hw["gpus"] else hw["cpu"]
     return {
@@ -30,8 +33,7 @@ def env_columns(module: str | None = None, argv: list[str] | None = None) -> dic
         "torch": pk["torch"],
         "triton": pk["triton"],
         "git_commit": git_info()["commit"],
-        "command": "PYTHONPATH=. python " + " ".join(
-            shlex.quote(a) for a in (["-m", module, *argv] if module and argv is not None else sys.argv)),
+        "command": command_line(module, argv),
     }
 
 

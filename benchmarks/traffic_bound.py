@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.bench_routing_op import MICROBATCH, min_bytes
-from benchmarks.common import write_csv
+from benchmarks.common import command_line, write_csv
 from mhar.provenance import git_info
 from mhar.config import PRESETS
 
@@ -88,9 +88,10 @@ def main(argv=None) -> int:
     if not rows:
         print(f"error: {args.training} has no baseline rows at 100M / 350M / 1B", file=sys.stderr)
         return 2
-    cmd = "PYTHONPATH=. python -m benchmarks.traffic_bound " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_csv(args.out, [{**r, "git_commit": git_info()["commit"], "command": cmd, "inputs": f"{args.training} {'' if args.hbm_gbps else args.op}".strip()}
-                         for r in rows])
+    inputs = args.training if args.hbm_gbps else f"{args.training} {args.op}"
+    prov = {"git_commit": git_info()["commit"], "command": command_line("benchmarks.traffic_bound", argv),
+            "inputs": inputs}
+    write_csv(args.out, [{**r, **prov} for r in rows])
     for r in rows:
         print(f"{r['size']:>5}: {r['reads']} reads, unit {r['unit_gb']} GB; bound {r['design_bound_ratio']:.3f} "
               f"(this design) / {r['min_bound_ratio']:.3f} (write-once ideal); measured {r['measured_ratio']} "
