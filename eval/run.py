@@ -357,7 +357,7 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
         raise ValueError("no tasks given (e.g. --tasks wikitext,lambada_openai)")
     conflict = None if overwrite else existing_results_conflict(out_dir, ",".join(task_list), str(model_path), sub)
     if conflict:
-        raise FileExistsError(conflict.replace("another --out", "another out_dir") + " (or pass overwrite=True)")
+        raise FileExistsError(conflict)
     if device is None:
         import torch
 
@@ -415,21 +415,12 @@ def existing_results_conflict(out_dir: str | os.PathLike, tasks: str, model: str
             same = False
         if not same:
             return (f"{path} already holds results of another model or subset; refusing to overwrite it. "
-                    "Choose another --out or delete that directory.")
+                    "Choose another output directory (--out) or delete that one (Python: overwrite=True).")
     return None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        subset = Subset.parse(f"first:{args.limit}" if args.limit is not None else args.subset)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    conflict = existing_results_conflict(args.out, args.tasks, args.model, subset)
-    if conflict:
-        print(f"error: {conflict}", file=sys.stderr)
-        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from mhar.checkpoint import CheckpointError
 
@@ -437,8 +428,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results = evaluate_model(args.model, args.tasks, args.out, subset=args.subset, limit=args.limit,
                                  device=args.device, batch_size=args.batch_size, max_length=args.max_length,
                                  dtype=args.dtype, bootstrap_iters=args.bootstrap_iters, data_dir=args.data_dir)
-    except (CheckpointError, HubUnavailable, FileNotFoundError, KeyError, ValueError) as e:
-        # bad input (model file, task name, data dir, subset, adapter setting): one line, no traceback
+    except (CheckpointError, HubUnavailable, FileNotFoundError, FileExistsError, KeyError, ValueError) as e:
+        # bad input (model file, task name, data dir, subset, adapter setting, results of another model in
+        # --out): one line, no traceback
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {msg}", file=sys.stderr)
         return 2

@@ -345,6 +345,9 @@ def test_router_env_options(monkeypatch):
     monkeypatch.setenv("MHAR_ROUTING_GROUP", "three")
     with pytest.raises(ValueError, match="MHAR_ROUTING_GROUP"):
         fused_mod.FusedRouter()
+    monkeypatch.setenv("MHAR_ROUTING_GROUP", "0")  # refused, not silently read as the default
+    with pytest.raises(ValueError, match="group"):
+        fused_mod.FusedRouter()
 
 
 @pytest.mark.gpu

@@ -357,7 +357,8 @@ class FusedRouter(Router):
         self.grad_dtype = grad_dtype
         if group is None:
             env = os.environ.get("MHAR_ROUTING_GROUP", "").strip()
-            group = "auto" if env == "auto" else (_env_int("MHAR_ROUTING_GROUP") or 1)
+            group = "auto" if env == "auto" else _env_int("MHAR_ROUTING_GROUP")
+            group = 1 if group is None else group
         if group != "auto" and (not isinstance(group, int) or group < 1):
             raise ValueError(f"group must be an integer >= 1 (1 = no prefix sharing) or 'auto', got {group!r}")
         self.group = group  # reads per prefix-sharing group; "auto": about sqrt(reads per forward), at most 8
