@@ -158,9 +158,10 @@ class Block(nn.Module):
 
 @dataclass
 class ModelOutput:
-    logits: Tensor  # (B, T, V)
+    logits: Optional[Tensor]  # (B, T, V); None on the training path (``z_weight`` given)
     loss: Optional[Tensor] = None
     routing: Optional[dict[str, Tensor]] = None  # site -> (B, T, H, N) routing weights
+    objective: Optional[Tensor] = None  # training path: loss + z_weight * z-loss (what to differentiate)
 
 
 class Transformer(nn.Module):
@@ -202,12 +203,35 @@ class Transformer(nn.Module):
             state = res.write(state, i, self.sublayer(i, h, cos, sin))
         return self.final_norm(res.readout(state))
 
+    def head_loss(self, h: Tensor, labels: Tensor, z_weight: float = 0.0) -> tuple[Tensor, Tensor]:
+        """(mean next-token cross-entropy, CE + z_weight * z-loss), fp32 scalars, from the final-normed
+        hidden states ``h`` (B, T, D). The z-loss is mean(logsumexp(logits)^2) over target positions (PaLM).
+        The training step (``mhar.step``) compiles this method on its own, so the fp32 logits stay fused."""
+        flat = self.lm_head(h).float().flatten(0, 1)  # (B*T, V)
+        target = labels.flatten()
+        loss = F.cross_entropy(flat, target, ignore_index=-100)
+        if not z_weight:
+            return loss, loss
+        mask = target != -100
+        z = (torch.logsumexp(flat, dim=-1).pow(2) * mask).sum() / mask.sum().clamp(min=1)
+        return loss, loss + z_weight * z
+
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, *,
-                collect_routing: bool = False) -> ModelOutput:
-        """input_ids (B, T); labels (B, T) are next-token targets (-100 = ignore)."""
+                collect_routing: bool = False, z_weight: Optional[float] = None) -> ModelOutput:
+        """input_ids (B, T); labels (B, T) are next-token targets (-100 = ignore).
+
+        ``z_weight`` (a float, with labels) selects the training path: no logits are returned, the loss
+        comes from :meth:`head_loss` and ``objective`` = loss + z_weight * z-loss."""
         self.residual.routing_log = {} if collect_routing else None
         try:
-            logits = self.lm_head(self.hidden(input_ids))  # (B, T, V)
+            h = self.hidden(input_ids)
+            if z_weight is not None:
+                if labels is None:
+                    raise ValueError("z_weight (the training path) needs labels")
+                loss, objective = self.head_loss(h, labels, z_weight)
+                return ModelOutput(logits=None, loss=loss, objective=objective,
+                                   routing=self.residual.routing_log)
+            logits = self.lm_head(h)  # (B, T, V)
         finally:
             routing, self.residual.routing_log = self.residual.routing_log, None
         loss = None

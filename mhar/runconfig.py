@@ -93,7 +93,8 @@ class TrainConfig:
     log_every: int = 10
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16
-    compile: bool = False
+    compile: Any = "auto"  # auto (CUDA: compile the step's pieces; CPU: eager) | true | false (mhar.step)
+    cuda_graph: Any = "auto"  # auto (one CUDA process with compile: replay the whole step) | true | false
     threads: int = 0  # CPU intra-op threads (torch.set_num_threads); 0 = torch's default
     parallel: str = "ddp"  # ddp | fsdp (FSDP2 fully_shard; only used under torchrun)
     # Continued pretraining (mhar.cpt; defaults leave from-scratch training unchanged):
@@ -163,6 +164,9 @@ class RunConfig:
         need(t.device in ("auto", "cpu", "cuda"), "train.device", f"unknown device {t.device!r}; choose auto, cpu or cuda")
         need(t.dtype in ("auto", "fp32", "bf16"), "train.dtype", f"unknown dtype {t.dtype!r}; choose auto, fp32 or bf16")
         need(t.parallel in ("ddp", "fsdp"), "train.parallel", f"unknown parallel mode {t.parallel!r}; choose ddp or fsdp")
+        for key in ("compile", "cuda_graph"):
+            v = getattr(t, key)
+            need(v == "auto" or isinstance(v, bool), f"train.{key}", f"expected auto, true or false, got {v!r}")
         need(t.decay_filter in ("all", "matrices"), "train.decay_filter",
              f"unknown filter {t.decay_filter!r}; choose all or matrices")
         need(t.z_loss >= 0, "train.z_loss", f"must be >= 0, got {t.z_loss}")

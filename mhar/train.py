@@ -32,7 +32,6 @@ import random
 import resource
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -43,15 +42,16 @@ from torch import Tensor, nn
 
 from .checkpoint import CheckpointError, atomic_torch_save, load_error_brief, save_model
 from .config import ConfigError
-from .cpt.training import EMA, batch_digest, load_init_weights, param_groups, z_loss
+from .cpt.training import EMA, batch_digest, load_init_weights, param_groups
 from .data import DataError, TrainData, load_data
 from .distributed import DistEnv, all_reduce_mean, all_reduce_sum, barrier, init_distributed, no_grad_sync, shutdown, wrap_model
 from .model import Transformer
 from .provenance import collect_provenance, utc_now
 from .runconfig import RunConfig, dump_yaml, full_hash, load_run_config, run_config_from_dict, run_hash, yaml_load
+from .step import (StepResult, Throughput, TrainStep, autocast_for, build_optimizer, micro_forward, peak_flops,
+                   plan_step)
 
-__all__ = ["train", "main", "lr_at", "flops_per_token", "TrainingDiverged", "RunDirError", "micro_step",
-           "STATE_FORMAT"]
+__all__ = ["train", "main", "lr_at", "flops_per_token", "TrainingDiverged", "RunDirError", "STATE_FORMAT"]
 
 STATE_FORMAT = "mhar-train-state-v1"
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "provenance.json", "model.pt", "checkpoint")
@@ -83,28 +83,6 @@ def flops_per_token(model: Transformer, seq_len: int) -> float:
     if c.tie_embeddings:
         n += c.d_model * c.vocab_size
     return 6.0 * n + 12.0 * c.n_layers * c.n_heads * c.resolved_head_dim * seq_len
-
-
-def micro_step(model: nn.Module, x: Tensor, y: Tensor, autocast: Any) -> Tensor:
-    """Mean next-token loss of one micro-batch (fp32 scalar)."""
-    with autocast:
-        return model(x, labels=y).loss
-
-
-def micro_objective(model: nn.Module, x: Tensor, y: Tensor, autocast: Any, z_weight: float = 0.0
-                    ) -> tuple[Tensor, Tensor]:
-    """(next-token loss, objective to differentiate = loss + z_weight * z-loss) of one micro-batch."""
-    if not z_weight:
-        loss = micro_step(model, x, y, autocast)
-        return loss, loss
-    with autocast:
-        out = model(x, labels=y)
-    return out.loss, out.loss + z_weight * z_loss(out.logits, y)
-
-
-def _autocast(device: torch.device, dtype: str):
-    use_bf16 = dtype == "bf16" or (dtype == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
 
 def _peak_mem_gb(device: torch.device) -> float:
@@ -329,11 +307,11 @@ class Progressbar:
 def evaluate(model: nn.Module, data: TrainData, cfg: RunConfig, env: DistEnv) -> float:
     """Token-weighted mean loss over the fixed validation set (identical at every evaluation)."""
     model.eval()
-    autocast = _autocast(env.device, cfg.train.dtype)
+    autocast = autocast_for(env.device, cfg.train.dtype)
     total = torch.zeros(2, dtype=torch.float64, device=env.device)
     for x, y in data.val_batches(cfg.train.micro_batch, env.rank, env.world_size):
         x, y = x.to(env.device), y.to(env.device)
-        loss = micro_step(model, x, y, autocast)
+        loss = micro_forward(model, x, y, autocast)[0]
         total += torch.stack([loss.double() * y.numel(), torch.tensor(float(y.numel()), device=env.device).double()])
     total = all_reduce_sum(total, env)
     model.train()
@@ -382,11 +360,11 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
     if t.init_from:  # continued pretraining: start from exported weights; the optimizer cold-starts
         load_init_weights(raw, t.init_from)
     raw = raw.to(env.device)
-    opt_kwargs = dict(lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay)
     model = wrap_model(raw, env)
-    if env.device.type == "cuda":
-        opt_kwargs["fused"] = True
-    opt = torch.optim.AdamW(param_groups(model, t.weight_decay, t.decay_filter), **opt_kwargs)
+    plan = plan_step(raw, env.device, compile=t.compile, cuda_graph=t.cuda_graph, world_size=env.world_size,
+                     parallel=env.parallel)
+    opt = build_optimizer(model, param_groups(model, t.weight_decay, t.decay_filter), t.lr, (t.beta1, t.beta2),
+                          t.eps, plan, env.device)
     prog = Progress()
     if blob is not None:
         prog = restore(blob, model, raw, opt, env)
@@ -394,7 +372,10 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
     ema = EMA(model, t.ema_decay) if t.ema_decay > 0 else None
     if ema is not None and blob is not None:
         ema.load_state_dict(blob["ema"])
-    fwd = torch.compile(model) if t.compile else model
+    step_fn = TrainStep(model, raw, opt, plan, device=env.device, dtype=t.dtype, grad_clip=t.grad_clip,
+                        z_weight=t.z_loss, grad_sync=lambda i, n: no_grad_sync(model, env, skip=i < n - 1),
+                        reduce_mean=lambda v: all_reduce_mean(v, env))
+    fwd = model  # compiled pieces (if any) are in place on the model
 
     if env.is_main:
         rd.path.mkdir(parents=True, exist_ok=True)
@@ -415,56 +396,45 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
 
     fpt = flops_per_token(raw, cfg.data.seq_len)
     tokens_per_step = t.global_batch * cfg.data.seq_len
-    autocast = _autocast(env.device, t.dtype)
+    peak = peak_flops(env.device)
     bar = Progressbar(t.steps, prog.step, t.log_every, env.is_main, log)
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)
     log(f"{cfg.variant}/{cfg.size}/seed{t.seed}: {raw.num_params():,} params, {t.steps} steps x "
-        f"{tokens_per_step:,} tokens, accum {accum}, world {env.world_size}, device {env.device}")
+        f"{tokens_per_step:,} tokens, accum {accum}, world {env.world_size}, device {env.device}; "
+        f"step: {plan.describe()}")
     seg_start, wall0 = time.time(), prog.wall_s
+    speed = Throughput(tokens_per_step, fpt, peak, env.world_size)
     model.train()
     try:
         while prog.step < t.steps:
-            t_step = time.time()
+            t_step = time.perf_counter()
             lr = lr_at(prog.step, cfg)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            loss_sum = torch.zeros((), device=env.device)
             batches = list(data.micro_batches(prog.step, env.rank, env.world_size, t.micro_batch))
-            for i, (x, y) in enumerate(batches):
-                x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
-                with no_grad_sync(model, env, skip=i < len(batches) - 1):
-                    loss, objective = micro_objective(fwd, x, y, autocast, t.z_loss)
-                    (objective / accum).backward()
-                loss_sum += loss.detach().float()
-            loss_val = float(all_reduce_mean(loss_sum / accum, env))
-            if t.grad_clip > 0:
-                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-            else:
-                gnorm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-            gnorm = float(gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm)
-            if not (math.isfinite(loss_val) and math.isfinite(gnorm)):
+            res: StepResult = step_fn(batches, lr)
+            loss_val, gnorm = res.loss, res.grad_norm
+            if not res.finite:
                 where = (f"the last good checkpoint (step {prog.last_ckpt_step}) is kept in {rd.state}"
                          if prog.last_ckpt_step is not None else "no checkpoint had been written yet")
                 raise TrainingDiverged(f"non-finite loss/grad norm at step {prog.step + 1} (loss={loss_val}, "
                                        f"grad_norm={gnorm}); run stopped, {where}. Lower train.lr, raise "
                                        "train.warmup_steps or set train.grad_clip, and train into a new --out "
                                        f"(a changed config is refused in {rd.path}).")
-            opt.step()
-            opt.zero_grad(set_to_none=True)
             if ema is not None:
                 ema.update()
+            step_s = time.perf_counter() - t_step
             prog.step += 1
             prog.tokens += tokens_per_step
             prog.flops += fpt * tokens_per_step
-            prog.train_s += time.time() - t_step
+            prog.train_s += step_s
             prog.wall_s = wall0 + time.time() - seg_start
             row = {"split": "train", "step": prog.step, "loss": loss_val, "lr": lr, "grad_norm": gnorm,
-                   "tokens": prog.tokens, "wall_s": round(prog.wall_s, 3), "flops": prog.flops}
+                   "tokens": prog.tokens, "wall_s": round(prog.wall_s, 3), "flops": prog.flops,
+                   **speed.add(step_s)}
             if t.log_batch_hash:
                 row["batch_sha256"] = batch_digest(batches)
             metrics.write(row)
-            bar.update(prog.step, row, prog.tokens / max(prog.train_s, 1e-9))
+            bar.update(prog.step, row, speed.recent_tokens_per_s())
 
             final = prog.step == t.steps
             if prog.step % t.eval_every == 0 or final:
@@ -489,6 +459,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
         metrics.close()
 
     summary = _summary(cfg, raw, prog, env)
+    summary.update(speed.summary(plan))
     extra = {"run_hash": run_hash(cfg), "step": prog.step, "variant": cfg.variant, "size": cfg.size, "seed": t.seed}
     if ema is None:
         _export_model(rd.model, model, raw, cfg, env, extra)
