@@ -125,6 +125,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "debug": dict(vocab_size=257, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192, max_seq_len=256),
     # a few M parameters; trains usefully on CPU in minutes (byte-level vocab)
     "tiny": dict(vocab_size=257, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=768, max_seq_len=512),
+    # ~25M non-embedding parameters, byte-level: what one GPU trains on ~10M tokens in seconds (gpu_small)
+    "small": dict(vocab_size=257, d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, d_ff=1536, max_seq_len=1024),
     "100M": dict(vocab_size=QWEN3_VOCAB, d_model=512, n_layers=12, n_heads=8, n_kv_heads=4, d_ff=1536,
                  max_seq_len=2048),
     "350M": dict(vocab_size=QWEN3_VOCAB, d_model=1024, n_layers=24, n_heads=16, n_kv_heads=8, d_ff=4096,

@@ -33,6 +33,8 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from .config import ConfigError
+
 __all__ = ["StepPlan", "StepResult", "TrainStep", "plan_step", "build_optimizer", "autocast_for", "peak_flops",
            "micro_forward", "Throughput", "GRAPH_WARMUP"]
 
@@ -82,7 +84,7 @@ def _flag(value: Any, key: str) -> Optional[bool]:
         return None
     if isinstance(value, bool):
         return value
-    raise ValueError(f"{key}: expected auto, true or false, got {value!r}")
+    raise ConfigError(f"{key}: expected auto, true or false, got {value!r}")
 
 
 def _traceable_routing(raw: nn.Module) -> bool:
@@ -105,10 +107,10 @@ def plan_step(raw: nn.Module, device: torch.device, *, compile: Any = "auto", cu
         graph = cuda and single and do_compile
     else:
         graph = want_graph
-        if graph and not cuda:
-            raise ValueError("train.cuda_graph: true needs train.device cuda")
         if graph and not single:
-            raise ValueError("train.cuda_graph: true is not supported under DDP/FSDP (torchrun); use auto or false")
+            raise ConfigError("train.cuda_graph: true is not supported under DDP/FSDP (torchrun); use auto or false")
+        if graph and not cuda:
+            raise ConfigError("train.cuda_graph: true needs train.device cuda")
     why = "CUDA, one process" if cuda and single else ("CUDA, %d processes (%s)" % (world_size, parallel) if cuda
                                                        else "CPU: eager")
     return StepPlan(kind, graph, cuda, why)

@@ -16,11 +16,18 @@ def test_bench_training_cpu_rows(tmp_path, monkeypatch):
     out = tmp_path / "training.csv"
     bench_training.main(["--sizes", "debug", "--variants", "baseline", "mhar_eager", "--device", "cpu",
                          "--backend", "none", "--steps", "1", "--warmup", "1", "--graph", "0",
-                         "--out", str(out)])
+                         "--trainer-steps", "6", "--out", str(out)])
     rows = list(csv.DictReader(out.open()))
-    assert [r["variant"] for r in rows] == ["baseline", "mhar_eager"]
+    assert [(r["variant"], r["mode"]) for r in rows] == [("baseline", "step"), ("baseline", "trainer"),
+                                                         ("mhar_eager", "step"), ("mhar_eager", "trainer")]
     assert all(r["status"] == "ok" and float(r["tokens_per_s"]) > 0 for r in rows)
-    base, mhar = rows
+    # the trainer rows come from real `python -m mhar.train` runs of the same model
+    assert rows[0]["params"] == rows[1]["params"] and rows[2]["params"] == rows[3]["params"]
+    assert rows[1]["step_plan"].startswith("compile=none cuda_graph=False")
+    t_base, t_mhar = rows[1], rows[3]
+    assert float(t_mhar["thr_ratio"]) == pytest.approx(float(t_mhar["tokens_per_s"]) / float(t_base["tokens_per_s"]),
+                                                      rel=1e-3)
+    base, mhar = rows[0], rows[2]
     assert float(mhar["thr_ratio"]) == pytest.approx(float(mhar["tokens_per_s"]) / float(base["tokens_per_s"]),
                                                     rel=1e-3)
     assert int(mhar["params"]) > int(base["params"])  # routing adds parameters
