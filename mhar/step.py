@@ -111,8 +111,7 @@ def plan_step(raw: nn.Module, device: torch.device, *, compile: Any = "auto", cu
             raise ConfigError("train.cuda_graph: true is not supported under DDP/FSDP (torchrun); use auto or false")
         if graph and not cuda:
             raise ConfigError("train.cuda_graph: true needs train.device cuda")
-    why = "CUDA, one process" if cuda and single else ("CUDA, %d processes (%s)" % (world_size, parallel) if cuda
-                                                       else "CPU: eager")
+    why = ("CUDA, one process" if single else f"CUDA, {world_size} processes ({parallel})") if cuda else "CPU"
     return StepPlan(kind, graph, cuda, why)
 
 

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One GPU session, in stages (repo root of the GPU machine; each stage appends to $OUT):
+#   OUT=dir bash benchmarks/gpu_session.sh setup tests op "train:100M 1B:baseline mhar_fused:40" infer \
+#       "workflow:all:540" pack
+# Stages
+#   setup                      install carried wheels (.whl/, see README "GPU quick start") into /tmp/site; versions
+#   tests                      the GPU tests: fused routing kernels, the training step, generation (skip without CUDA)
+#   op                         routing op alone: every kernel version side by side (bench_routing_op.py)
+#   train:SIZES:VARIANTS[:N]   bench_training.py: the library step per (size, variant), then N trainer steps
+#   infer                      bench_inference.py: prefill / decode / memory, baseline vs MHAR
+#   workflow:TARGET:SECONDS    snakemake --configfile config/gpu_small.yaml TARGET (resumable: rerun continues)
+#   dryrun                     snakemake -n of the same target (must plan nothing after a complete run)
+#   pack                       the workflow's small records (no weights) + reports/gpu_small -> $OUT/gpu_small.tgz
+# Data for the workflow: $MHAR_DATA_DIR (default .gpudata/data: a copy of the needed files of shared/data).
+set -o pipefail
+export PYTHONPATH=".:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=16
+export MHAR_DATA_DIR=${MHAR_DATA_DIR:-$PWD/.gpudata/data}
+export PATH="/tmp/site/bin:$PATH"
+OUT=${OUT:-results/gpu/session}
+mkdir -p "$OUT"
+SMK=(python3 -m snakemake --configfile config/gpu_small.yaml --profile profiles/local --resources nvidia_gpu=4
+     --cores 16 --scheduler greedy)
+for stage in "$@"; do
+  echo "=== $(date -u +%H:%M:%S) stage $stage" | tee -a "$OUT/session.log"
+  case "$stage" in
+    setup)
+      if ls .whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+          2>&1 | tail -3
+      fi
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+      python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+      python3 -c "import snakemake, lm_eval, datasets; print('snakemake', snakemake.__version__, 'lm_eval', lm_eval.__version__, 'datasets', datasets.__version__)" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt" ;;
+    tests)
+      timeout 240 python3 -m pytest -q -rs -x tests/test_fused_routing.py tests/test_step.py \
+        $(ls tests/test_generation.py 2>/dev/null) 2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
+    op)
+      timeout 180 python3 -m benchmarks.bench_routing_op --graph 1 --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" | tail -20 ;;
+    train:*)
+      IFS=: read -r _ sizes variants nsteps <<< "$stage"
+      python3 -m benchmarks.bench_training --sizes $sizes --variants $variants --heads 8 --steps 20 --warmup 6 \
+        --trainer-steps "${nsteps:-0}" --out "$OUT/training_${sizes// /-}.csv" 2>&1 | tee -a "$OUT/training.log" \
+        | grep -v "^\[mhar.train\]" | tail -20 ;;
+    infer)
+      timeout 150 python3 -m benchmarks.bench_inference --out "$OUT/inference.csv" 2>&1 | tee "$OUT/inference.log" | tail -12 ;;
+    workflow:*)
+      IFS=: read -r _ target secs <<< "$stage"
+      "${SMK[@]}" --unlock "$target" > /dev/null 2>&1
+      timeout "${secs:-540}" "${SMK[@]}" --keep-going "$target" > "$OUT/workflow_$target.log" 2>&1
+      echo "snakemake exit $?"; grep -E "steps \([0-9]+%\) done|Error|error:" "$OUT/workflow_$target.log" | tail -8 ;;
+    dryrun)
+      "${SMK[@]}" -n all 2>&1 | tee "$OUT/dryrun_after.log" | tail -5 ;;
+    pack)
+      find results/runs results/eval results/stats results/logs reports/gpu_small -type f \
+        ! -name '*.pt' ! -name '*.safetensors' ! -path '*/checkpoint/*' 2>/dev/null > /tmp/pack.list
+      tar czf "$OUT/gpu_small.tgz" -T /tmp/pack.list && ls -la "$OUT/gpu_small.tgz" ;;
+  esac
+done
