@@ -360,3 +360,121 @@ def test_report_with_everything_present(runs, tmp_path):
     assert "](figures/forest.png)" in text and "best H=8 (interior: U-shape)" in text
     assert "trained 0.273 vs null 0.038" in text and "| 0.3000 | 0.0500 | 6.00 |" in text
     assert "(scale not in paper)" in text
+
+
+# --- pairing checks, run identity, multi-seed downstream, CPT batch check (issue 14 / 18) -----------------------
+def test_mismatched_configs_exit_2_naming_both_runs(tmp_path, capsys):
+    """A baseline at one config paired with MHAR at another was 'reproduced, p = 0.0005'."""
+    paths = []
+    for seed in (0, 1, 2):
+        paths.append(fx.write_run(tmp_path, "baseline", "100M", seed, 3.03 + 0.01 * seed, config_hash="lr1e-4"))
+        paths.append(fx.write_run(tmp_path, "mhar", "100M", seed, 2.97 + 0.01 * seed, heads=8, label="mhar_h8",
+                                  config_hash="lr3e-3"))
+    for kind in ("table1", "seeds", "heads"):
+        if kind == "heads":  # H=8 vs H=1 (AttnRes) at another config
+            paths += [fx.write_run(tmp_path, "attnres", "100M", s, 3.0, heads=1, config_hash="lr1e-4") for s in (0, 1, 2)]
+        out = tmp_path / kind
+        assert tables.main([kind, "--inputs", *map(str, paths), "--out", str(out)]) == 2, kind
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: cannot pair"), err
+        assert "config_hash" in err[0] and "lr1e-4" in err[0] and "lr3e-3" in err[0]
+        assert not out.with_suffix(".csv").exists()
+
+
+def test_seed_mismatch_is_an_error_and_the_seed_column_shows_the_paired_seeds(tmp_path, capsys):
+    base = [fx.write_run(tmp_path, "baseline", "tiny", s, 4.0 + 0.01 * s) for s in (0, 1, 2)]
+    mh = [fx.write_run(tmp_path, "mhar", "tiny", s, 3.95 + 0.01 * s, heads=8, label="mhar_h8") for s in (0, 1)]
+    assert tables.main(["table1", "--inputs", *map(str, base + mh), "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "seed sets differ" in err[0] and "[0, 1]" in err[0] and "[0, 1, 2]" in err[0]
+    assert "mhar_h8" in err[0] and "baseline" in err[0]
+    t = tables.table1(base[:2] + mh)
+    row = next(r for r in t.rows if r["variant"] == "mhar")
+    assert row["seeds"] == "0 1" and row["n_pairs"] == 2
+
+
+def test_run_identity_comes_from_the_record_not_the_path(tmp_path):
+    """Moving a run folder does not change its table row (summary.json 'run' block)."""
+    paths = []
+    for seed in (0, 1, 2):
+        for variant, heads, tail in (("baseline", None, 3.03), ("mhar", 8, 2.97)):
+            label = "mhar_h8" if variant == "mhar" else variant
+            where = tmp_path / "moved" / f"x{seed}{variant}"  # a path that says nothing about the run
+            paths.append(fx.write_run(tmp_path, variant, "100M", seed, tail + 0.01 * np.sin(seed), heads=heads,
+                                      label=label, run_block=True, root_dir=where))
+            (where / "config.yaml").unlink()  # the run block alone identifies it
+            s = json.loads((where / "summary.json").read_text())
+            s["variant"] = "renamed"  # flat keys are only a fallback
+            (where / "summary.json").write_text(json.dumps(s))
+    t = tables.table1(paths)
+    rows = {r["method"]: r for r in t.rows}
+    assert set(rows) == {"baseline", "MHAR H=8"} and rows["MHAR H=8"]["seeds"] == "0 1 2"
+    assert rows["MHAR H=8"]["run_label"] == "mhar_h8" and rows["MHAR H=8"]["config_hash"] == fx.CONFIG_HASH
+
+
+def _eval_of(tmp_path, variant, heads, seed, values, config_hash=fx.CONFIG_HASH, task="lambada_openai"):
+    label = "mhar_h8" if variant == "mhar" else variant
+    run = {"label": label, "residual": {"variant": variant, "heads": heads or 1}, "size": "100M", "seed": seed,
+           "config_hash": config_hash}
+    return fx.write_eval(tmp_path / "evals" / f"e{variant}{seed}{config_hash}", "hf:somewhere/model",
+                         {task: np.asarray(values, float)}, run=run)
+
+
+def test_downstream_b4_c0_is_not_reproduced_by_the_bootstrap_ci(tmp_path):
+    """One seed, b=4, c=0 of 200: exact McNemar p = 0.125 decides (was 'reproduced' from the CI)."""
+    b = np.zeros(200)
+    b[50:100] = 1.0
+    a = b.copy()
+    a[:4] = 1.0
+    dirs = [_eval_of(tmp_path, "baseline", None, 0, b), _eval_of(tmp_path, "mhar", 8, 0, a)]
+    t = tables.downstream_table(dirs, n_resamples=1999)
+    r = t.rows[0]
+    assert r["p"] == pytest.approx(sm_mcnemar(np.array([[50, 4], [0, 146]]), exact=True).pvalue)
+    assert r["ci_low"] > 0 and r["verdict"] == vd.INCONCLUSIVE and r["test"] == "bootstrap CI, exact McNemar p"
+
+
+def test_downstream_several_seeds_use_the_seed_as_unit(tmp_path):
+    rng = np.random.default_rng(3)
+    dirs, accs = [], {"baseline": [], "mhar": []}
+    for seed in (0, 1, 2):
+        u = rng.random(300)
+        b = (u < 0.4).astype(float)
+        a = (u < 0.4 + 0.05 * (seed - 1) + 0.01).astype(float)  # per-seed gains -0.04, +0.01, +0.06
+        dirs += [_eval_of(tmp_path, "baseline", None, seed, b), _eval_of(tmp_path, "mhar", 8, seed, a)]
+        accs["baseline"].append(b.mean())
+        accs["mhar"].append(a.mean())
+    t = tables.downstream_table(dirs, n_resamples=99)
+    r = t.rows[0]
+    ref = sps.ttest_rel(accs["mhar"], accs["baseline"])
+    assert r["p"] == pytest.approx(ref.pvalue) and r["n"] == 3 and r["seeds"] == "0 1 2"
+    assert "over 3 seed" in r["test"] and r["verdict"] != vd.REPRODUCED and len(t.rows) == 1
+
+
+def test_downstream_mismatched_config_or_seeds_exit_2(tmp_path, capsys):
+    v = np.r_[np.ones(20), np.zeros(20)]
+    dirs = [_eval_of(tmp_path, "baseline", None, 0, v, config_hash="aaa"), _eval_of(tmp_path, "mhar", 8, 0, v,
+                                                                                    config_hash="bbb")]
+    assert tables.main(["downstream", "--inputs", *map(str, dirs), "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(dirs[0]) in err[0] and str(dirs[1]) in err[0] and "config_hash" in err[0]
+    dirs2 = [_eval_of(tmp_path, "baseline", None, 0, v), _eval_of(tmp_path, "baseline", None, 1, v),
+             _eval_of(tmp_path, "mhar", 8, 0, v)]
+    assert tables.main(["downstream", "--inputs", *map(str, dirs2), "--out", str(tmp_path / "d")]) == 2
+    assert "seed sets differ" in capsys.readouterr().err
+
+
+def test_cpt_failed_batch_check_gets_no_verdict(tmp_path):
+    dirs, _ = fx.make_cpt(tmp_path, n=300)
+    man = tmp_path / "cpt.yaml"
+    for identical, judged in ((True, True), (False, False)):
+        man.write_text("base: cpt/base\nplain: cpt/plain\nmhar: cpt/mhar\nscale: 8B\n"
+                       f"batch_check: {{identical: {str(identical).lower()}, steps: 10}}\n")
+        t = tables.cpt_table([man], n_resamples=199)
+        r = t.rows[0]
+        if judged:
+            assert r["verdict"] in (vd.REPRODUCED, vd.INCONCLUSIVE, vd.NOT_REPRODUCED) or \
+                r["verdict"].startswith(vd.EFFECT_DIFFERS)
+            assert r["p_holm"] is not None
+        else:
+            assert r["verdict"] == f"{vd.NOT_JUDGED}: CPT batch check failed" and r.get("p_holm") is None
+            assert any("did NOT see identical batches" in n for n in t.notes)
