@@ -37,9 +37,10 @@ FIGURES = {  # name -> one-line reading of what the figure shows
                        "head-average (left) and from uniform (right), per site: bright = heads that route differently.",
     "head_sweep": "tail-mean loss vs routing heads H as the paired difference to the smallest H (mean ± sd over "
                   "seeds), with the paper's 1B sweep (dashed): look for the U-shape.",
-    "forest": "paired deltas with 95% CIs per comparison, coloured by verdict; x = the paper's delta.",
-    "cost": "throughput relative to the baseline and peak memory per routing implementation; x = the paper's "
-            "H100 numbers.",
+    "forest": "paired deltas with 95% CIs per comparison of Table 1 and the downstream table (n per row), "
+              "coloured by verdict; x = the paper's delta.",
+    "cost": "the cost table drawn: throughput relative to the baseline (± 2 SE over repeats) and peak memory per "
+            "routing implementation; x = the paper's H100 numbers; OOM / unmeasured cells are labelled.",
 }
 
 
@@ -68,11 +69,15 @@ def table_reading(name: str, csv_path: Path) -> str:
         v = df["verdict"].dropna()
         v = v[v.astype(str).str.len() > 0]
         if len(v):
-            counts = v.value_counts()
+            counts = v.astype(str).str.split(":").str[0].value_counts()  # "effect differs: smaller (..)" -> kind
             order = [vd.REPRODUCED, vd.NOT_REPRODUCED, vd.INCONCLUSIVE, vd.INSUFFICIENT, vd.NO_REFERENCE]
             order += sorted(k for k in counts.index if k not in order)  # effect differs / not judged / OOM
             parts.append(", ".join(f"{counts[k]} {k}" for k in order if k in counts) + f" (of {len(v)} comparisons)")
-    if name == "cost" and "ratio" in df.columns:
+    if name == "seeds" and "per_seed_delta" in df.columns:
+        parts.append("descriptive; the test and verdict of these deltas are Table 1's (counted once there): "
+                     + ", ".join(f"{r.method}@{r.size} mean Δ {_fmt(r.delta)} over seeds {r.seeds}"
+                                 for r in df.itertuples()))
+    elif name == "cost" and "ratio" in df.columns:
         sub = df[df["provider"] != "baseline"]
         if not sub.empty:
             parts.append("throughput ratios " + ", ".join(
