@@ -478,3 +478,20 @@ def test_cpt_failed_batch_check_gets_no_verdict(tmp_path):
         else:
             assert r["verdict"] == f"{vd.NOT_JUDGED}: CPT batch check failed" and r.get("p_holm") is None
             assert any("did NOT see identical batches" in n for n in t.notes)
+
+
+def test_report_setup_comes_from_the_run_records(tmp_path):
+    paths = [fx.write_run(tmp_path, v, "100M", s, 3.0 - 0.01 * (v == "mhar") + 0.001 * s, heads=8 if v == "mhar" else None,
+                          label="mhar_h8" if v == "mhar" else None) for v in ("baseline", "mhar") for s in (0, 1)]
+    for p in paths:
+        (p.parent / "provenance.json").write_text(json.dumps(
+            {"hardware": {"cpu": "x86", "gpus": [{"name": "NVIDIA H200", "memory_gb": 139}] * 2}}))
+    rep = tmp_path / "rep"
+    tables.make_table("table1", paths, rep / "table1")
+    text = report.build_report(rep, rep / "REPORT.md")
+    setup = text[text.index("## Setup"):text.index("## How to read")]
+    row = next(ln for ln in setup.splitlines() if ln.startswith("| 100M"))
+    s0 = json.loads(paths[0].read_text())
+    assert "| 0 1 |" in row and f"| {s0['steps']} |" in row and f"| {s0['tail_k']} |" in row
+    assert "tinyshakespeare" in row and "byte" in row and "2x NVIDIA H200" in row
+    assert text.index("## Setup") < text.index("## How to read") < text.index("## Table 1")
