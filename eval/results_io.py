@@ -82,27 +82,8 @@ def _read_json(path: Path) -> Any:
                                  "(or check that this is the right file)") from None
 
 
-def residual_from_config(run_dir: Path) -> dict:
-    """The run's resolved ``model.residual`` section from ``config.yaml`` ({} when absent)."""
-    cfg_path = Path(run_dir) / "config.yaml"
-    if not cfg_path.is_file():
-        return {}
-    import yaml
-
-    try:
-        cfg = yaml.safe_load(cfg_path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise AnalysisInputError(f"{cfg_path}: not valid YAML ({e})") from None
-    for keys in (("model", "residual"), ("residual",)):
-        node: Any = cfg
-        for k in keys:
-            node = node.get(k) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            return node
-    return {}
-
-
 def _yaml(path: Path) -> dict:
+    """A YAML mapping ({} when the file is absent); malformed YAML is an AnalysisInputError."""
     if not path.is_file():
         return {}
     import yaml
@@ -112,6 +93,18 @@ def _yaml(path: Path) -> dict:
     except yaml.YAMLError as e:
         raise AnalysisInputError(f"{path}: not valid YAML ({e})") from None
     return d if isinstance(d, dict) else {}
+
+
+def residual_from_config(run_dir: Path) -> dict:
+    """The run's resolved ``model.residual`` section from ``config.yaml`` ({} when absent)."""
+    cfg = _yaml(Path(run_dir) / "config.yaml")
+    for keys in (("model", "residual"), ("residual",)):
+        node: Any = cfg
+        for k in keys:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            return node
+    return {}
 
 
 def run_setup(run_dir: Path) -> dict:
