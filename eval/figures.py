@@ -242,8 +242,9 @@ def _n_label(r) -> str:
         v = r.get(col)
         if v is not None and np.isfinite(float(v)) and (col == "n_pairs" or float(v) > 1):
             return f"n={int(v)} {unit}"
-    v = r.get("n")
-    return f"n={int(v)} items" if v is not None and np.isfinite(float(v)) else "n=?"
+    v, unit = r.get("n"), r.get("unit")
+    unit = unit if isinstance(unit, str) and unit else "items"
+    return f"n={int(v)} {unit}" if v is not None and np.isfinite(float(v)) else "n=?"
 
 
 def _delta_unit(name: str, df) -> str:

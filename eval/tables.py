@@ -524,6 +524,7 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
                          "ours_baseline": float(np.mean([c.value_b for c in per_seed])),
                          "published_variant": pv, "published_baseline": pb, "published_delta": pdelta,
                          "same_scale": same, "published_scale": scale, "mde80": mde, "test": res.method,
+                         "unit": "seeds" if not one else "documents" if c0.kind == "perplexity" else "questions",
                          "discordant_variant_better": c0.mcnemar.b if (one and c0.mcnemar) else None,
                          "discordant_baseline_better": c0.mcnemar.c if (one and c0.mcnemar) else None,
                          "mcnemar_p": c0.mcnemar.p_value if (one and c0.mcnemar) else None,
@@ -534,7 +535,7 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
     _judge(rows, results)
     cols = [Column("size", lambda r: r["size"]), Column("method", lambda r: r["method"]),
             Column("seeds", lambda r: r["seeds"]), Column("task / metric", lambda r: f"{r['task']} {r['metric']}"),
-            Column("n", lambda r: f"{r['n']} {'seeds' if r['n_seeds'] > 1 else 'items'}"),
+            Column("n", lambda r: f"{r['n']} {r['unit']}"),
             Column("baseline", lambda r: f_num(r["ours_baseline"])),
             Column("variant", lambda r: f_num(r["ours_variant"])),
             Column("Δ [95% CI]", lambda r: f_ci(r["delta"], r["ci_low"], r["ci_high"])),
@@ -702,7 +703,9 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
     notes = ["ratio = tokens/s of the routing implementation / mean tokens/s of the baseline at the same size; "
              "SE from repeat measurements (variant and baseline, delta method) where the records have repeats; "
              "memory as the benchmark reports it (torch peak allocated).",
-             "Paper: cost table (single H100); eager 1B was OOM (>80 GB).", vd.COST_RULE] + \
+             "Paper: cost table (single H100); eager 1B was OOM (>80 GB).",
+             "Verdicts: eval/verdict.py COST_RULE (quoted once at the top of REPORT.md): two-sided tolerance 0.10 "
+             "plus 2 SE of the repeats."] + \
         [f"skipped: {s}" for s in df.attrs.get("skipped", [])]
     return Table("cost", "Cost: throughput and memory by routing implementation", rows, cols, notes,
                  io.provenance(bench_csvs))

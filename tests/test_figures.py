@@ -147,7 +147,8 @@ def test_forest_and_head_sweep_say_n_and_units(data, monkeypatch):
     figures.make_figure("forest", data["tables"], data["root"] / "f")
     labels = [t.get_text() for ax in figs[0].axes for t in ax.get_yticklabels()]
     assert labels and all("n=" in x for x in labels)
-    assert any("seeds" in x for x in labels) and any("items" in x for x in labels)
+    assert any("seeds" in x for x in labels) and any("questions" in x for x in labels)
+    assert any("documents" in x for x in labels)  # wikitext perplexity: the document is the unit
     assert "nats" in figs[0].axes[0].get_xlabel()
     figures.make_figure("head_sweep", data["runs"], data["root"] / "h")
     leg = [t.get_text() for t in figs[1].axes[0].get_legend().get_texts()]
