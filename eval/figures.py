@@ -339,13 +339,15 @@ def cost(inputs: Sequence[str | Path], out: str | Path) -> list[Path]:
             n = [int(c["n_ok"].iloc[0]) if len(c) and "n_ok" in c.columns and pd_ok(c["n_ok"].iloc[0]) else 0
                  for c in cells]
             ax.bar(xs[ok], val[ok], width, label=f"{prov} (n={max(n) if n else 0} runs)" if ax is axes[0] else prov,
-                   color=f"C{j}", yerr=None if err is None else np.where(np.isfinite(err[ok]), err[ok], 0.0),
-                   capsize=2)
+                   color=f"C{j}")
+            if err is not None and np.isfinite(err[ok]).any():  # no bar from a single measurement
+                good = ok & np.isfinite(err)
+                ax.errorbar(xs[good], val[good], yerr=err[good], fmt="none", ecolor="k", capsize=2, lw=1)
             for x, c, v in zip(xs, cells, val):
-                if not np.isfinite(v) and len(c):  # measured-but-failed (OOM) or absent: say so
-                    status = str(c["status"].iloc[0]) if "status" in c.columns else ""
-                    ax.text(x, 0.02, "OOM" if "OOM" in status.upper() else "n/a", rotation=90, ha="center",
-                            va="bottom", fontsize=7, color="tab:red", transform=ax.get_xaxis_transform())
+                if not np.isfinite(v):  # failed (OOM) or never measured: say so, draw nothing
+                    status = str(c["status"].iloc[0]) if len(c) and "status" in c.columns else ""
+                    ax.text(x, 0.02, "OOM" if "OOM" in status.upper() else "not measured", rotation=90,
+                            ha="center", va="bottom", fontsize=7, color="tab:red", transform=ax.get_xaxis_transform())
                 pv = c[pcol].iloc[0] if len(c) and pcol in c.columns else None
                 if pd_ok(pv):
                     ax.plot(x, float(pv), "kx", ms=7)
@@ -353,7 +355,8 @@ def cost(inputs: Sequence[str | Path], out: str | Path) -> list[Path]:
         ax.set_xlabel("model size")
         ax.set_ylabel(lab)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=7, title="x = paper (H100); bar = ± 2 SE over repeats", title_fontsize=7)
+    axes[0].legend(fontsize=7, title="x = paper (H100); error bar = ± 2 SE over repeats (n > 1)",
+                   title_fontsize=7, loc="upper center", bbox_to_anchor=(1.1, -0.15), ncol=len(provs))
     axes[0].set_title("throughput")
     axes[1].set_title("memory")
     return save(fig, out, inputs)
