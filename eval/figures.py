@@ -297,7 +297,7 @@ def forest(table_csvs: Sequence[str | Path], out: str | Path) -> list[Path]:
     handles = [plt.Line2D([], [], color=c, marker="o", lw=2, label=v) for v, c in VERDICT_COLORS.items()]
     handles.append(plt.Line2D([], [], color="tab:blue", marker="o", lw=2, label="no verdict"))
     handles.append(plt.Line2D([], [], color="k", marker="x", lw=0, label="paper"))
-    axes[0, 0].legend(handles=handles, fontsize=7, loc="best")
+    axes[-1, 0].legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4)
     fig.tight_layout()
     return save(fig, out, table_csvs)
 
