@@ -58,7 +58,6 @@ rule all:
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
-include: "workflow/rules/stats.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/cost.smk"
@@ -77,7 +76,6 @@ include: "workflow/rules/report.smk"
 # Cheap jobs run where Snakemake runs (never submitted to a cluster).
 localrules:
     all,
-    paired_stats,
     table1,
     table_seeds,
     table_heads,

@@ -5,8 +5,10 @@
 
 Inputs: loss_curves / loss_vs_compute / head_sweep take summary.json files (or run dirs);
 routing_heatmap takes probe JSONs (``eval.probe``) or exported models; forest takes table CSVs
-(``eval.tables``); cost takes benchmark CSVs. Each image records its command and inputs in its
-metadata.
+(``eval.tables``); cost takes the cost table's CSV (or benchmark CSVs, which it turns into that
+table first), so figure and table always show the same numbers. Error bars and bands say what
+they are and over how many units (n); missing measurements (OOM, not run) are marked, never
+drawn as zero. Each image records its command and inputs in its metadata.
 """
 from __future__ import annotations
 
@@ -26,7 +28,13 @@ import numpy as np  # noqa: E402
 from . import results_io as io  # noqa: E402
 
 KINDS = ("loss_curves", "loss_vs_compute", "routing_heatmap", "head_sweep", "forest", "cost")
-VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "inconclusive at this power": "tab:gray"}
+VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "effect differs": "tab:orange",
+                  "inconclusive at this power": "tab:gray", "insufficient evidence": "silver"}
+
+
+def _verdict_color(v) -> str:
+    v = str(v)
+    return next((c for k, c in VERDICT_COLORS.items() if v.startswith(k)), "tab:blue")
 
 
 _COMMAND: list[str] = []  # set by make_figure: the command recorded in the image metadata
@@ -91,7 +99,8 @@ def loss_curves(summaries: Sequence[str | Path], out: str | Path, x: str = "step
             curves = [io.val_curve(r) for r in byseed.values()]
             xs, m, lo, hi = _mean_band(curves, x)
             lab = io.variant_label(g[0], g[2])
-            line, = ax.plot(xs, m, color=_color(lab), label=f"{lab} (n={len(curves)})")
+            line, = ax.plot(xs, m, color=_color(lab), label=f"{lab} (mean of n={len(curves)} seeds"
+                                                              + (", band min..max)" if len(curves) > 1 else ")"))
             if len(curves) > 1:
                 ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_title(f"{size}: validation loss")
@@ -110,13 +119,16 @@ def loss_vs_compute(summaries: Sequence[str | Path], out: str | Path) -> list[Pa
     for row, size in zip(axes, sorted(sizes)):
         groups = sizes[size]
         for ax, key, lab in ((row[0], "wall_s", "wall-clock (s)"), (row[1], "flops", "training FLOPs")):
+            unmeasured = []
             for g in sorted(groups, key=lambda g: (g[0], g[2] or 0)):
                 curves = [io.val_curve(r) for r in groups[g].values()]
                 xs, m, lo, hi = _mean_band(curves, key)
-                if not np.isfinite(xs).any():
-                    continue
                 name = io.variant_label(g[0], g[2])
-                ax.plot(xs, m, color=_color(name), label=name)
+                if not np.isfinite(xs).any():
+                    unmeasured.append(name)
+                    continue
+                ax.plot(xs, m, color=_color(name), label=f"{name} (n={len(curves)} seeds"
+                                                          + (", band min..max)" if len(curves) > 1 else ")"))
                 if len(curves) > 1:
                     ax.fill_between(xs, lo, hi, color=_color(name), alpha=0.2, linewidth=0)
             ax.set_xlabel(lab)
@@ -125,6 +137,9 @@ def loss_vs_compute(summaries: Sequence[str | Path], out: str | Path) -> list[Pa
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
             ax.set_title(f"{size}: loss vs {'wall-clock' if key == 'wall_s' else 'compute'}")
+            if unmeasured:
+                ax.text(0.02, 0.02, "not measured: " + ", ".join(unmeasured), transform=ax.transAxes, fontsize=7,
+                        color="tab:red")
     fig.tight_layout()
     return save(fig, out, summaries)
 
@@ -197,13 +212,16 @@ def head_sweep(summaries: Sequence[str | Path], out: str | Path) -> list[Path]:
         byh = {(g[2] or 1): byseed for g, byseed in groups.items()}
         ref = byh[min(byh)]
         hs = sorted(byh)
-        m, sd = [], []
+        m, sd, ns = [], [], []
         for h in hs:
             seeds = sorted(set(byh[h]) & set(ref))
             d = np.array([byh[h][s].tail_mean_val_loss - ref[s].tail_mean_val_loss for s in seeds])
             m.append(d.mean() if d.size else np.nan)
-            sd.append(d.std(ddof=1) if d.size > 1 else 0.0)
-        ax.errorbar(hs, m, yerr=sd, marker="o", capsize=3, label=f"ours {size} (vs H={min(byh)})")
+            sd.append(d.std(ddof=1) if d.size > 1 else np.nan)  # no bar from one seed (not a zero bar)
+            ns.append(d.size)
+        n_txt = f"n={min(ns)}" if min(ns) == max(ns) else f"n={min(ns)}..{max(ns)}"
+        ax.errorbar(hs, m, yerr=sd, marker="o", capsize=3,
+                    label=f"ours {size} vs H={min(byh)}: mean ± sd over {n_txt} paired seeds")
     pub = io.load_published()
     sub = pub[pub["table"] == "heads"].sort_values("heads")
     v = sub["value"].astype(float).to_numpy()
@@ -211,11 +229,32 @@ def head_sweep(summaries: Sequence[str | Path], out: str | Path) -> list[Path]:
     ax.axhline(0, color="k", lw=0.6)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("routing heads H")
-    ax.set_ylabel("Δ tail-mean val loss vs smallest H")
+    ax.set_ylabel("Δ tail-mean val loss vs smallest H (nats)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title("head-count sweep")
     return save(fig, out, summaries)
+
+
+def _n_label(r) -> str:
+    """How many units a CI rests on, e.g. 'n=3 seeds' / 'n=200 items'."""
+    for col, unit in (("n_pairs", "seeds"), ("n_seeds", "seeds")):
+        v = r.get(col)
+        if v is not None and np.isfinite(float(v)) and (col == "n_pairs" or float(v) > 1):
+            return f"n={int(v)} {unit}"
+    v, unit = r.get("n"), r.get("unit")
+    unit = unit if isinstance(unit, str) and unit else "items"
+    return f"n={int(v)} {unit}" if v is not None and np.isfinite(float(v)) else "n=?"
+
+
+def _delta_unit(name: str, df) -> str:
+    if name.startswith("table1") or name.startswith("seeds") or name.startswith("heads"):
+        return "Δ tail-mean val loss (nats; < 0 = better)"
+    if "metric" in df.columns and df["metric"].nunique() == 1:
+        m = str(df["metric"].iloc[0]).split(",")[0]
+        unit = "perplexity" if "perplexity" in m else "fraction" if m in ("acc", "acc_norm", "exact_match") else m
+        return f"Δ {m} ({unit})"
+    return "paired Δ (variant - reference)"
 
 
 def forest(table_csvs: Sequence[str | Path], out: str | Path) -> list[Path]:
@@ -244,49 +283,90 @@ def forest(table_csvs: Sequence[str | Path], out: str | Path) -> list[Path]:
     for ax, (name, df) in zip(axes[:, 0], panels):
         y = np.arange(len(df))[::-1]
         for yi, (_, r) in zip(y, df.iterrows()):
-            c = VERDICT_COLORS.get(str(r.get("verdict")), "tab:blue")
+            c = _verdict_color(r.get("verdict"))
             if np.isfinite(r["ci_low"]) and np.isfinite(r["ci_high"]):
                 ax.plot([r["ci_low"], r["ci_high"]], [yi, yi], color=c, lw=2)
             ax.plot(r["delta"], yi, "o", color=c)
             if "published_delta" in df.columns and np.isfinite(r.get("published_delta", np.nan)):
                 ax.plot(r["published_delta"], yi, "x", color="k", ms=7)
         ax.axvline(0, color="k", lw=0.8)
-        ax.set_yticks(y, [str(s) for s in df["comparison"]], fontsize=7)
-        ax.set_title(f"{name}: paired delta [95% CI] (x = paper)", fontsize=9)
+        ax.set_yticks(y, [f"{c} ({_n_label(r)})" for c, (_, r) in zip(df["comparison"], df.iterrows())], fontsize=7)
+        ax.set_title(f"{name}: paired delta, bar = 95% CI (x = paper)", fontsize=9)
+        ax.set_xlabel(_delta_unit(name, df))
         ax.grid(axis="x", alpha=0.3)
     handles = [plt.Line2D([], [], color=c, marker="o", lw=2, label=v) for v, c in VERDICT_COLORS.items()]
+    handles.append(plt.Line2D([], [], color="tab:blue", marker="o", lw=2, label="no verdict"))
     handles.append(plt.Line2D([], [], color="k", marker="x", lw=0, label="paper"))
-    axes[0, 0].legend(handles=handles, fontsize=7, loc="best")
+    axes[-1, 0].legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4)
     fig.tight_layout()
     return save(fig, out, table_csvs)
 
 
-def cost(bench_csvs: Sequence[str | Path], out: str | Path) -> list[Path]:
-    """Throughput ratio vs baseline and peak memory, bars per size x routing implementation; paper as x."""
-    df = io.load_bench(bench_csvs)
-    pub = io.load_published()
-    sizes = sorted(df["size"].unique(), key=lambda s: list(io.PAPER_SCALES).index(s) if s in io.PAPER_SCALES else -1)
-    provs = [p for p in ("baseline", "eager", "compile", "fused") if p in set(df["provider"])] + \
-        sorted(set(df["provider"]) - {"baseline", "eager", "compile", "fused"})
+def _cost_rows(inputs: Sequence[str | Path]):
+    """The cost table's rows: read from its CSV, or built by eval.tables from benchmark CSVs (one code path)."""
+    import pandas as pd
+
+    if len(inputs) == 1:
+        head = pd.read_csv(inputs[0], nrows=0).columns
+        if {"provider", "ratio", "verdict", "published_ratio"} <= set(head):
+            return pd.read_csv(inputs[0])
+    from .tables import cost_table
+
+    return pd.DataFrame(cost_table(inputs).rows)
+
+
+def cost(inputs: Sequence[str | Path], out: str | Path) -> list[Path]:
+    """Throughput ratio vs baseline (± 2 SE over repeats) and peak memory, bars per size x routing
+    implementation; x = the paper's H100 number; OOM / unmeasured cells are labelled, not drawn as zero."""
+    df = _cost_rows(inputs)
+    sizes = sorted(df["size"].astype(str).unique(), key=lambda s: (s not in io.PAPER_SCALES,
+                   list(io.PAPER_SCALES).index(s) if s in io.PAPER_SCALES else 0, s))
+    known = ("baseline", "eager", "compile", "fused")
+    provs = [p for p in known if p in set(df["provider"])] + sorted(set(df["provider"]) - set(known))
     fig, axes = _grid(2, w=5.5)
     width = 0.8 / max(1, len(provs))
-    for ax, col, metric, lab in ((axes[0], "ratio", "throughput_ratio", "throughput / baseline"),
-                                 (axes[1], "peak_mem_gb", "peak_mem_gb", "peak memory (GB)")):
+    for ax, col, pcol, lab in ((axes[0], "ratio", "published_ratio", "throughput / baseline (ratio)"),
+                               (axes[1], "peak_mem_gb", "published_mem_gb", "peak memory (GB)")):
         for j, prov in enumerate(provs):
             xs = np.arange(len(sizes)) + (j - (len(provs) - 1) / 2) * width
-            vals = [df[(df["size"] == s) & (df["provider"] == prov)][col].astype(float).mean() for s in sizes]
-            ax.bar(xs, np.nan_to_num(vals), width, label=prov)
-            for x, s in zip(xs, sizes):
-                pv = io.published_value(pub, "cost", s, prov, metric) if s in io.PAPER_SCALES else None
-                if pv is not None:
-                    ax.plot(x, pv, "kx", ms=7)
+            cells = [df[(df["size"].astype(str) == s) & (df["provider"] == prov)] for s in sizes]
+            val = np.array([float(c[col].iloc[0]) if len(c) and pd_ok(c[col].iloc[0]) else np.nan for c in cells])
+            err = None
+            if col == "ratio" and "ratio_se" in df.columns:
+                err = np.array([2 * float(c["ratio_se"].iloc[0]) if len(c) and pd_ok(c["ratio_se"].iloc[0]) else np.nan
+                                for c in cells])
+            ok = np.isfinite(val)
+            n = [int(c["n_ok"].iloc[0]) if len(c) and "n_ok" in c.columns and pd_ok(c["n_ok"].iloc[0]) else 0
+                 for c in cells]
+            ax.bar(xs[ok], val[ok], width, label=f"{prov} (n={max(n) if n else 0} runs)" if ax is axes[0] else prov,
+                   color=f"C{j}")
+            if err is not None and np.isfinite(err[ok]).any():  # no bar from a single measurement
+                good = ok & np.isfinite(err)
+                ax.errorbar(xs[good], val[good], yerr=err[good], fmt="none", ecolor="k", capsize=2, lw=1)
+            for x, c, v in zip(xs, cells, val):
+                if not np.isfinite(v):  # failed (OOM) or never measured: say so, draw nothing
+                    status = str(c["status"].iloc[0]) if len(c) and "status" in c.columns else ""
+                    ax.text(x, 0.02, "OOM" if "OOM" in status.upper() else "not measured", rotation=90,
+                            ha="center", va="bottom", fontsize=7, color="tab:red", transform=ax.get_xaxis_transform())
+                pv = c[pcol].iloc[0] if len(c) and pcol in c.columns else None
+                if pd_ok(pv):
+                    ax.plot(x, float(pv), "kx", ms=7)
         ax.set_xticks(range(len(sizes)), sizes)
+        ax.set_xlabel("model size")
         ax.set_ylabel(lab)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=7, title="x = paper (H100)", title_fontsize=7)
+    axes[0].legend(fontsize=7, title="x = paper (H100); error bar = ± 2 SE over repeats (n > 1)",
+                   title_fontsize=7, loc="upper center", bbox_to_anchor=(1.1, -0.15), ncol=len(provs))
     axes[0].set_title("throughput")
     axes[1].set_title("memory")
-    return save(fig, out, bench_csvs)
+    return save(fig, out, inputs)
+
+
+def pd_ok(v) -> bool:
+    try:
+        return v is not None and np.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
 
 
 BUILDERS: dict[str, Callable[..., list[Path]]] = {

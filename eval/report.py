@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import results_io as io
-from . import stats as st
+from . import verdict as vd
 
 TABLES = {  # name -> (title, input placeholder of the command that makes it)
     "table1": ("Table 1: tail-mean validation loss", "RUN/summary.json..."),
@@ -37,9 +37,10 @@ FIGURES = {  # name -> one-line reading of what the figure shows
                        "head-average (left) and from uniform (right), per site: bright = heads that route differently.",
     "head_sweep": "tail-mean loss vs routing heads H as the paired difference to the smallest H (mean ± sd over "
                   "seeds), with the paper's 1B sweep (dashed): look for the U-shape.",
-    "forest": "paired deltas with 95% CIs per comparison, coloured by verdict; x = the paper's delta.",
-    "cost": "throughput relative to the baseline and peak memory per routing implementation; x = the paper's "
-            "H100 numbers.",
+    "forest": "paired deltas with 95% CIs per comparison of Table 1 and the downstream table (n per row), "
+              "coloured by verdict; x = the paper's delta.",
+    "cost": "the cost table drawn: throughput relative to the baseline (± 2 SE over repeats) and peak memory per "
+            "routing implementation; x = the paper's H100 numbers; OOM / unmeasured cells are labelled.",
 }
 
 
@@ -68,10 +69,15 @@ def table_reading(name: str, csv_path: Path) -> str:
         v = df["verdict"].dropna()
         v = v[v.astype(str).str.len() > 0]
         if len(v):
-            counts = v.value_counts()
-            order = [st.REPRODUCED, st.NOT_REPRODUCED, st.INCONCLUSIVE, st.NO_REFERENCE]
+            counts = v.astype(str).str.split(":").str[0].value_counts()  # "effect differs: smaller (..)" -> kind
+            order = [vd.REPRODUCED, vd.NOT_REPRODUCED, vd.INCONCLUSIVE, vd.INSUFFICIENT, vd.NO_REFERENCE]
+            order += sorted(k for k in counts.index if k not in order)  # effect differs / not judged / OOM
             parts.append(", ".join(f"{counts[k]} {k}" for k in order if k in counts) + f" (of {len(v)} comparisons)")
-    if name == "cost" and "ratio" in df.columns:
+    if name == "seeds" and "per_seed_delta" in df.columns:
+        parts.append("descriptive; the test and verdict of these deltas are Table 1's (counted once there): "
+                     + ", ".join(f"{r.method}@{r.size} mean Δ {_fmt(r.delta)} over seeds {r.seeds}"
+                                 for r in df.itertuples()))
+    elif name == "cost" and "ratio" in df.columns:
         sub = df[df["provider"] != "baseline"]
         if not sub.empty:
             parts.append("throughput ratios " + ", ".join(
@@ -98,6 +104,43 @@ def table_reading(name: str, csv_path: Path) -> str:
                 where = " (interior: U-shape)" if interior else " (at the edge of the sweep)"
                 parts.append(f"{size}: best H={int(b.iloc[0]['heads'])}{where}")
     return "; ".join(parts) + "." if parts else "no comparisons in this table."
+
+
+SETUP_COLUMNS = (("params", "parameters"), ("tokens", "training tokens"), ("steps", "steps"),
+                 ("tail_k", "tail (evals averaged)"), ("corpus", "corpus"), ("tokenizer", "tokenizer"),
+                 ("seq_len", "sequence length"), ("hardware", "hardware"))
+
+
+def _setup_value(v) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)) or str(v) in ("", "nan"):
+        return "-"
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, int) and abs(v) >= 10 ** 6:
+        return f"{v / 1e6:,.1f}M"
+    return str(v)
+
+
+def setup_section(table1_csv: Optional[Path]) -> list[str]:
+    """The experimental setup as the runs' own records state it (via table1.csv: one row per size)."""
+    lines = ["## Setup", ""]
+    if table1_csv is None:
+        return lines + ["Table 1 was not generated, so the setup of the runs is not summarised here.", ""]
+    import pandas as pd
+
+    df = pd.read_csv(table1_csv)
+    have = [(k, lab) for k, lab in SETUP_COLUMNS if k in df.columns]
+    if df.empty or not have:
+        return lines + ["The run records carry no setup fields (re-generate table1 from current summaries).", ""]
+    lines += ["| size | seeds | " + " | ".join(lab for _, lab in have) + " |",
+              "|" + "---|" * (len(have) + 2)]
+    for size, sub in df.groupby("size", sort=False):
+        r = sub.iloc[0]
+        seeds = sorted({str(s) for x in sub.get("seeds", pd.Series(dtype=str)).dropna() for s in str(x).split()})
+        lines.append(f"| {size} | {' '.join(seeds) or '-'} | " +
+                     " | ".join(_setup_value(r[k]) for k, _ in have) + " |")
+    return lines + ["", "Read from each run's summary.json, config.yaml (data) and provenance.json (hardware); "
+                        "values of the first run of each size (runs of one size share the pairing hash).", ""]
 
 
 def _size_of(model_path: str) -> Optional[str]:
@@ -146,7 +189,9 @@ def build_report(reports: str | Path, out: str | Path) -> str:
              f"`{root}`; do not edit by hand. Tables and figures are regenerated by the workflow.", ""]
     prov = io.provenance([str(root)])
     lines += [f"<sub>git {prov['git']['commit'] or 'unknown'}{' (dirty)' if prov['git']['dirty'] else ''}, "
-              f"{prov['generated_utc']}</sub>", "", "## How to read the verdicts", "", st.VERDICT_RULE, ""]
+              f"{prov['generated_utc']}</sub>", ""]
+    t1 = _find(root, "table1.csv")
+    lines += setup_section(t1) + ["## How to read the verdicts", "", vd.VERDICT_RULE, "", vd.COST_RULE, ""]
     missing = []
     for name, (title, inputs) in TABLES.items():
         csv_p, md_p = _find(root, f"{name}.csv"), _find(root, f"{name}.md")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,9 @@ class RunSummary:
     params: Optional[int] = None
     tokens_per_s: Optional[float] = None
     peak_mem_gb: Optional[float] = None
-    name: str = ""  # the run's label (path component), e.g. "mhar_h8"; variant is the residual variant
+    name: str = ""  # the run's label, e.g. "mhar_h8"; variant is the residual variant
+    tail_k: Optional[int] = None
+    setup: dict = field(default_factory=dict)  # corpus, tokenizer, seq_len, hardware (from the run's records)
 
     @property
     def run_dir(self) -> Path:
@@ -81,17 +82,22 @@ def _read_json(path: Path) -> Any:
                                  "(or check that this is the right file)") from None
 
 
-def residual_from_config(run_dir: Path) -> dict:
-    """The run's resolved ``model.residual`` section from ``config.yaml`` ({} when absent)."""
-    cfg_path = Path(run_dir) / "config.yaml"
-    if not cfg_path.is_file():
+def _yaml(path: Path) -> dict:
+    """A YAML mapping ({} when the file is absent); malformed YAML is an AnalysisInputError."""
+    if not path.is_file():
         return {}
     import yaml
 
     try:
-        cfg = yaml.safe_load(cfg_path.read_text()) or {}
+        d = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise AnalysisInputError(f"{cfg_path}: not valid YAML ({e})") from None
+        raise AnalysisInputError(f"{path}: not valid YAML ({e})") from None
+    return d if isinstance(d, dict) else {}
+
+
+def residual_from_config(run_dir: Path) -> dict:
+    """The run's resolved ``model.residual`` section from ``config.yaml`` ({} when absent)."""
+    cfg = _yaml(Path(run_dir) / "config.yaml")
     for keys in (("model", "residual"), ("residual",)):
         node: Any = cfg
         for k in keys:
@@ -101,12 +107,69 @@ def residual_from_config(run_dir: Path) -> dict:
     return {}
 
 
+def run_setup(run_dir: Path) -> dict:
+    """What the report's setup section needs from a run's records: corpus, tokenizer, sequence length
+    (config.yaml ``data``) and hardware (provenance.json ``hardware``); missing entries are left out."""
+    cfg = _yaml(Path(run_dir) / "config.yaml")
+    data = cfg.get("data") if isinstance(cfg.get("data"), dict) else {}
+    out = {k: data[k] for k in ("corpus", "tokenizer", "seq_len") if data.get(k) is not None}
+    prov_p = Path(run_dir) / "provenance.json"
+    if prov_p.is_file():
+        try:
+            hw = (json.loads(prov_p.read_text()) or {}).get("hardware") or {}
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            hw = {}
+        gpus = [g.get("name") for g in hw.get("gpus") or [] if isinstance(g, dict)]
+        if gpus:
+            out["hardware"] = f"{len(gpus)}x {gpus[0]}"
+        elif hw.get("cpu"):
+            out["hardware"] = f"CPU {hw['cpu']}"
+    return out
+
+
+def run_identity(record: dict, where: Path, run_dir: Optional[Path] = None) -> dict:
+    """{label, variant, heads, size, seed, config_hash} of a run from a record's ``run`` block
+    (summary.json / results.json), falling back to the flat keys and the run dir's config.yaml of
+    older records. Never from the path."""
+    run = record.get("run") if isinstance(record.get("run"), dict) else {}
+    res = run.get("residual") if isinstance(run.get("residual"), dict) else {}
+    if not res and run_dir is not None:
+        res = residual_from_config(run_dir)
+    label = run.get("label") or record.get("variant")
+    size, seed = run.get("size", record.get("size")), run.get("seed", record.get("seed"))
+    for k, v in (("variant (run.label)", label), ("size", size), ("seed", seed)):
+        if v is None:
+            raise AnalysisInputError(f"{where}: missing field {k!r} (neither the 'run' block nor the flat key; "
+                                     "see docs/ARCHITECTURE.md 'Run directory')")
+    variant = str(res.get("variant") or record.get("residual_variant") or label)
+    from mhar.config import RESIDUAL_VARIANTS
+
+    if variant not in RESIDUAL_VARIANTS:
+        raise AnalysisInputError(
+            f"{where}: run label {label!r} is not a residual variant ({', '.join(RESIDUAL_VARIANTS)}) and neither "
+            "the record's run.residual nor config.yaml with model.residual.variant is there; keep config.yaml "
+            "beside summary.json")
+    heads = res.get("heads") if res.get("heads") is not None else record.get("heads", record.get("residual_heads"))
+    if heads is None and variant in HEADED_VARIANTS:
+        raise AnalysisInputError(
+            f"{where}: variant {variant!r} needs the routing head count, but neither run.residual.heads, the "
+            "summary field 'heads' nor config.yaml: model.residual.heads is present")
+    if variant == "attnres":
+        heads = 1
+    elif variant not in HEADED_VARIANTS:
+        heads = None
+    return {"label": str(label), "variant": variant, "heads": None if heads is None else int(heads),
+            "size": str(size), "seed": int(seed),
+            "config_hash": str(run.get("config_hash") or record.get("config_hash") or "")}
+
+
 def load_summary(path: str | os.PathLike) -> RunSummary:
     """Read ``summary.json`` (a file or a run directory holding one).
 
-    The summary's ``variant`` is the run's label (a path component, e.g. ``mhar_h8``); the residual
-    variant and head count come from the summary fields ``residual_variant`` / ``heads`` when present,
-    else from the run dir's ``config.yaml`` (``model.residual.variant`` / ``.heads``).
+    The run's identity (label, residual variant and heads, size, seed, pairing hash) comes from the
+    summary's ``run`` block; older summaries fall back to the flat keys (``variant`` = the label,
+    ``size``, ``seed``, ``config_hash``, ``heads``) and the run dir's ``config.yaml``
+    (``model.residual``). Moving a run folder never changes what it is.
     """
     p = Path(path)
     if p.is_dir():
@@ -114,29 +177,9 @@ def load_summary(path: str | os.PathLike) -> RunSummary:
     d = _read_json(p)
     if not isinstance(d, dict):
         raise AnalysisInputError(f"{p}: expected a JSON object")
-    for k in ("variant", "size", "seed", "tail_mean_val_loss"):
-        if k not in d or d[k] is None:
-            raise AnalysisInputError(f"{p}: missing field {k!r} (see docs/ARCHITECTURE.md 'Run directory')")
-    name = str(d["variant"])
-    res = residual_from_config(p.parent)
-    variant = str(d.get("residual_variant") or res.get("variant") or name)
-    from mhar.config import RESIDUAL_VARIANTS
-
-    if variant not in RESIDUAL_VARIANTS:
-        raise AnalysisInputError(
-            f"{p}: run label {name!r} is not a residual variant ({', '.join(RESIDUAL_VARIANTS)}) and "
-            f"{p.parent / 'config.yaml'} with model.residual.variant is missing; keep config.yaml beside summary.json")
-    heads = d.get("heads", d.get("residual_heads"))
-    if heads is None:
-        heads = res.get("heads")
-    if heads is None and variant in HEADED_VARIANTS:
-        raise AnalysisInputError(
-            f"{p}: variant {variant!r} needs the routing head count, but neither summary field 'heads' "
-            f"nor {p.parent / 'config.yaml'}: model.residual.heads is present")
-    if variant == "attnres":
-        heads = 1
-    elif variant not in HEADED_VARIANTS:
-        heads = None
+    if d.get("tail_mean_val_loss") is None:
+        raise AnalysisInputError(f"{p}: missing field 'tail_mean_val_loss' (see docs/ARCHITECTURE.md 'Run directory')")
+    ident = run_identity(d, p, p.parent)
     try:
         vl = [(int(s), float(v)) for s, v in d.get("val_losses") or []]
     except (TypeError, ValueError):
@@ -146,11 +189,12 @@ def load_summary(path: str | os.PathLike) -> RunSummary:
         v = d.get(k)
         return None if v is None else tp(v)
 
-    return RunSummary(path=p, variant=variant, size=str(d["size"]), seed=int(d["seed"]),
-                      config_hash=str(d.get("config_hash", "")), heads=None if heads is None else int(heads),
+    return RunSummary(path=p, variant=ident["variant"], size=ident["size"], seed=ident["seed"],
+                      config_hash=ident["config_hash"], heads=ident["heads"],
                       tail_mean_val_loss=float(d["tail_mean_val_loss"]), val_losses=vl, steps=opt("steps", int),
                       tokens=opt("tokens"), wall_s=opt("wall_s"), flops=opt("flops"), params=opt("params", int),
-                      tokens_per_s=opt("tokens_per_s"), peak_mem_gb=opt("peak_mem_gb"), name=name)
+                      tokens_per_s=opt("tokens_per_s"), peak_mem_gb=opt("peak_mem_gb"), name=ident["label"],
+                      tail_k=opt("tail_k", int), setup=run_setup(p.parent))
 
 
 def load_summaries(paths: Iterable[str | os.PathLike]) -> list[RunSummary]:
@@ -313,52 +357,40 @@ def metric_arrays(task: EvalTask, name: str, doc_ids: Sequence) -> tuple[np.ndar
     return np.asarray(vals, float), None
 
 
-_SEED_RE = re.compile(r"^seed(\d+)$")
-
-
 def identify_eval(eval_dir: str | os.PathLike) -> dict:
-    """Which run an eval dir belongs to: {variant, size, seed, heads, model}.
+    """Which run an eval dir belongs to: {label, variant, heads, size, seed, config_hash, model}.
 
-    Looks for the model path in any ``<task>/results.json`` (keys model / model_path / model_name),
-    then for a ``.../<variant>/<size>/seed<k>/`` pattern in that path or in the eval dir's own path;
-    the run's summary.json (if found) supplies the head count.
+    Read from the ``run`` block that ``eval.run`` copies from the model into each
+    ``<task>/results.json``; older results fall back to the run directory of the recorded model path
+    (``model`` / ``model_path`` / ``pretrained``: the directory holding ``summary.json``). Never from
+    the eval dir's own path.
     """
     root = Path(eval_dir)
-    candidates: list[Path] = []
-    for rp in sorted(root.glob("*/results.json")):
-        res = _read_json(rp)
-        for k in ("model", "model_path", "model_name", "pretrained"):
-            v = res.get(k) if isinstance(res, dict) else None
-            if isinstance(v, str):
-                candidates.append(Path(v.removeprefix("hf:")))
-        break
-    candidates.append(root.resolve())
-    resolved = []
-    for c in candidates:  # a relative model path is relative to the workflow's working directory
-        if not c.is_absolute():
+    rps = sorted(root.glob("*/results.json"))
+    if not rps:
+        raise AnalysisInputError(f"{root}: no <task>/results.json; evaluate into this directory first "
+                                 "(python -m eval.run ... --out DIR)")
+    res = _read_json(rps[0])
+    res = res if isinstance(res, dict) else {}
+    model = next((res[k] for k in ("model", "model_path", "model_name", "pretrained") if isinstance(res.get(k), str)),
+                 None)
+    if isinstance(res.get("run"), dict):
+        info = run_identity(res, rps[0])
+        info["model"] = model
+        return info
+    if model is not None:
+        c = Path(model.removeprefix("hf:"))
+        if not c.is_absolute():  # relative to the working directory of the workflow that wrote it
             base = next((a for a in root.resolve().parents if (a / c).parent.is_dir()), None)
             c = (base / c) if base is not None else c
-        resolved.append(c)
-    for c in resolved:
-        parts = c.parts
-        for i in range(len(parts) - 1, 1, -1):
-            m = _SEED_RE.match(parts[i])
-            if m:
-                run_dir = Path(*parts[: i + 1])
-                info = {"variant": parts[i - 2], "size": parts[i - 1], "seed": int(m.group(1)),
-                        "heads": None, "model": str(c)}
-                if (run_dir / "summary.json").is_file():
-                    s = load_summary(run_dir)
-                    info.update(variant=s.variant, size=s.size, heads=s.heads)
-                else:
-                    res = residual_from_config(run_dir)
-                    info["variant"] = str(res.get("variant") or info["variant"])
-                    info["heads"] = 1 if info["variant"] == "attnres" else (
-                        res.get("heads") if info["variant"] in HEADED_VARIANTS else None)
-                return info
+        for run_dir in (c, c.parent):
+            if (run_dir / "summary.json").is_file():
+                s = load_summary(run_dir)
+                return {"label": s.name, "variant": s.variant, "heads": s.heads, "size": s.size, "seed": s.seed,
+                        "config_hash": s.config_hash, "model": str(c)}
     raise AnalysisInputError(
-        f"{root}: cannot tell which run was evaluated: no results.json model path or eval dir path of the "
-        "form .../<variant>/<size>/seed<k>/...; evaluate into the run dir or record the model path")
+        f"{rps[0]}: cannot tell which run was evaluated: no 'run' block and no model path whose run directory "
+        "holds summary.json; re-evaluate with the current eval.run (it records the run) or keep the run dir")
 
 
 # --- benchmark CSVs ----------------------------------------------------------------------------------------

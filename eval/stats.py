@@ -14,9 +14,8 @@ reads files. The pairing unit depends on the comparison:
 Where questions come in groups (e.g. several items from one source passage),
 :func:`cluster_se` gives the cluster-robust standard error of a mean difference.
 :func:`power_paired` / :func:`mde_paired` say what effect a design of size n with
-the observed pairing correlation could detect; :func:`verdict` turns a paired
-estimate and a published delta into "reproduced" / "not reproduced" /
-"inconclusive at this power" (rule documented on the function).
+the observed pairing correlation could detect. Which of these decides a table's
+verdict, and how, is ``eval.verdict`` (one function per unit of evidence).
 
 scipy / statsmodels are used where they already do the job (exact binomial,
 paired t, bootstrap, t-test power); the tests compare every statistic against
@@ -35,14 +34,8 @@ from scipy import stats as sps
 __all__ = [
     "PairedResult", "McNemarResult", "mcnemar_exact", "discordant_counts", "sign_flip_test",
     "paired_bootstrap", "paired_t", "paired_delta", "bootstrap_perplexity", "perplexity",
-    "cluster_se", "sd_of_difference", "power_paired", "mde_paired", "did_contrasts", "verdict",
-    "REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "NO_REFERENCE", "VERDICT_RULE",
+    "cluster_se", "sd_of_difference", "power_paired", "mde_paired", "did_contrasts",
 ]
-
-REPRODUCED = "reproduced"
-NOT_REPRODUCED = "not reproduced"
-INCONCLUSIVE = "inconclusive at this power"
-NO_REFERENCE = "no published value"
 
 
 # --- results ----------------------------------------------------------------------------------
@@ -111,13 +104,60 @@ def mcnemar_exact(b: int, c: int) -> McNemarResult:
 
 
 # --- permutation / bootstrap --------------------------------------------------------------------
+# Both resampling tests keep memory bounded at any n: work arrays hold at most ~2^20 elements
+# (8 MB of float64), and the common case (few distinct differences: 0/1 scores, exact match,
+# integer ratings) is drawn in its exact compressed form, O(distinct values) per resample.
+# Measured on a shared 2-core CPU, 10^6 pairs x 9999 resamples: 0/1 scores 0.04 s (sign-flip) and
+# 0.02 s (bootstrap); continuous scores ~12 s (sign-flip, byte-table path); the continuous bootstrap
+# is O(n) per resample (~15 ms at 10^6), peak memory < 250 MB throughout.
+_BLOCK = 2 ** 20  # elements per work array
+_FEW = 4096  # at most this many distinct |differences| -> compressed exact form
+_SIGNS8 = 1.0 - 2.0 * ((np.arange(256)[:, None] >> np.arange(8)) & 1)  # (256, 8): every sign pattern of 8 items
+
+
+def _sign_flip_null_sums(d: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k draws of sum_i s_i d_i with independent fair signs s_i (Monte Carlo sign-flip null), shape (k,).
+
+    Few distinct |d| values: the sum over the c_j items with |d| = v_j is v_j (2 Binomial(c_j, 1/2) - c_j),
+    exactly the same distribution at O(#values) per draw. Otherwise items are taken 8 at a time: one
+    random byte picks their sign pattern, whose signed sum is looked up in a (blocks, 256) table;
+    tables and random bytes are built in bounded chunks.
+    """
+    nz = d[d != 0]
+    vals, counts = np.unique(np.abs(nz), return_counts=True)
+    out = np.zeros(k)
+    if vals.size == 0:
+        return out
+    if vals.size <= _FEW:
+        kr = max(1, _BLOCK // vals.size)
+        for s in range(0, k, kr):
+            kk = min(kr, k - s)
+            heads = rng.binomial(counts, 0.5, size=(kk, vals.size))  # (kk, values)
+            out[s:s + kk] = (2.0 * heads - counts) @ vals
+        return out
+    blocks = np.concatenate([nz, np.zeros((-nz.size) % 8)]).reshape(-1, 8)  # (nb, 8)
+    nb = blocks.shape[0]
+    cb = min(nb, 2048)  # blocks per table chunk: (cb, 256) float64 = 4 MB
+    for c0 in range(0, nb, cb):
+        table = (blocks[c0:c0 + cb] @ _SIGNS8.T).ravel()  # (m * 256,)
+        m = table.size // 256
+        offset = np.arange(m, dtype=np.intp) * 256
+        kr = max(1, _BLOCK // m)
+        for s in range(0, k, kr):
+            kk = min(kr, k - s)
+            pattern = rng.integers(0, 256, size=(kk, m), dtype=np.uint8)
+            out[s:s + kk] += np.take(table, pattern + offset).sum(1)
+    return out
+
+
 def sign_flip_test(a: Sequence[float], b: Sequence[float], n_resamples: int = 9999,
                    seed: int = 0) -> tuple[float, float]:
     """Paired sign-flip permutation test of mean(a - b) = 0; returns (mean difference, two-sided p).
 
     Exact (all 2^n sign patterns) when 2^n <= n_resamples, otherwise Monte Carlo with
-    p = (#{|null| >= |obs|} + 1) / (n_resamples + 1). Two-sided p is twice the smaller
+    p = (#{null >= obs} + 1) / (n_resamples + 1) per tail. Two-sided p is twice the smaller
     one-sided tail (the convention of ``scipy.stats.permutation_test``), capped at 1.
+    Memory is bounded at any n; 10^6 items x 9999 resamples take seconds (see ``_sign_flip_null_sums``).
     """
     x, y = _as_pair(a, b)
     d = x - y
@@ -125,18 +165,12 @@ def sign_flip_test(a: Sequence[float], b: Sequence[float], n_resamples: int = 99
     if n == 0:
         raise ValueError("sign_flip_test needs at least one pair")
     obs = d.mean()
-    if 2 ** n <= n_resamples:
+    if n < 31 and 2 ** n <= n_resamples:
         signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))  # (2^n, n)
         null = signs @ d / n
         adj = 0
     else:
-        rng = np.random.default_rng(seed)
-        null = np.empty(n_resamples)
-        chunk = max(1, min(4096, 2 ** 22 // n))  # chunks keep memory bounded (~32 MB)
-        for s in range(0, n_resamples, chunk):
-            k = min(chunk, n_resamples - s)
-            signs = rng.choice((1.0, -1.0), size=(k, n))
-            null[s:s + k] = signs @ d / n
+        null = _sign_flip_null_sums(d, n_resamples, np.random.default_rng(seed)) / n
         adj = 1
     tol = 1e-12 * max(1.0, abs(obs))
     p_ge = (np.sum(null >= obs - tol) + adj) / (null.size + adj)
@@ -144,12 +178,45 @@ def sign_flip_test(a: Sequence[float], b: Sequence[float], n_resamples: int = 99
     return float(obs), float(min(1.0, 2 * min(p_ge, p_le)))
 
 
+def _bootstrap_means(d: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k bootstrap means of d (resampling items with replacement), shape (k,), bounded memory.
+
+    Few distinct values: the resample is fully described by how often each value is drawn,
+    Multinomial(n, frequencies), the same distribution at O(#values) per draw. Otherwise indices
+    are drawn in chunks of at most 2^20.
+    """
+    n = d.size
+    vals, counts = np.unique(d, return_counts=True)
+    out = np.empty(k)
+    if vals.size <= _FEW:
+        kr = max(1, _BLOCK // vals.size)
+        for s in range(0, k, kr):
+            kk = min(kr, k - s)
+            out[s:s + kk] = rng.multinomial(n, counts / n, size=kk) @ vals / n
+        return out
+    if n >= _BLOCK:
+        for s in range(k):
+            acc = 0.0
+            for c0 in range(0, n, _BLOCK):
+                acc += d[rng.integers(0, n, size=min(_BLOCK, n - c0))].sum()
+            out[s] = acc / n
+        return out
+    kr = max(1, _BLOCK // n)
+    for s in range(0, k, kr):
+        kk = min(kr, k - s)
+        out[s:s + kk] = d[rng.integers(0, n, size=(kk, n))].mean(1)
+    return out
+
+
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], statistic: Callable = np.mean,
                      n_resamples: int = 9999, confidence: float = 0.95, seed: int = 0,
                      method: str = "percentile") -> tuple[float, float, float]:
-    """Bootstrap CI of ``statistic(a - b)`` resampling pairs (scipy.stats.bootstrap, paired).
+    """Bootstrap CI of ``statistic(a - b)`` resampling pairs.
 
-    ``statistic`` must accept an ``axis`` keyword (numpy reductions do); it is evaluated vectorized.
+    The default (mean, percentile) is computed here with bounded memory at any n (exact compressed
+    draws for few distinct differences, chunked index draws otherwise); any other statistic or
+    method goes to ``scipy.stats.bootstrap`` (paired, vectorized, in batches of at most 2^20
+    elements). ``statistic`` must accept an ``axis`` keyword (numpy reductions do).
 
     Returns (estimate, ci_low, ci_high). Degenerate data (all differences equal) give a
     zero-width interval at the estimate.
@@ -159,8 +226,14 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], statistic: Callable
     est = float(statistic(d))
     if d.size < 2 or np.all(d == d[0]):
         return est, est, est
+    alpha = 1 - confidence
+    if statistic is np.mean and method == "percentile":
+        boot = _bootstrap_means(d, n_resamples, np.random.default_rng(seed))
+        lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+        return est, float(lo), float(hi)
     res = sps.bootstrap((d,), statistic, n_resamples=n_resamples, confidence_level=confidence, method=method,
-                        rng=np.random.default_rng(seed), vectorized=True, axis=-1, batch=2000)
+                        rng=np.random.default_rng(seed), vectorized=True, axis=-1,
+                        batch=max(1, _BLOCK // d.size))
     return est, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -186,7 +259,7 @@ def paired_t(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -
     """Paired t-test of mean(a - b) over seeds (scipy.stats.ttest_rel) with its t interval.
 
     With one pair there is no variance estimate: CI and p are NaN (the verdict is then
-    "inconclusive at this power"). Identical pairs give a zero-width CI and p = 1 when the
+    "insufficient evidence"). Identical pairs give a zero-width CI and p = 1 when the
     difference is 0 (p = 0 otherwise).
     """
     x, y = _as_pair(a, b)
@@ -326,30 +399,3 @@ def did_contrasts(base: Sequence[float], plain: Sequence[float], mhar: Sequence[
     kw = dict(binary=binary, n_resamples=n_resamples, confidence=confidence, seed=seed)
     return {"cpt_gain": paired_delta(p, b, **kw), "total_gain": paired_delta(m, b, **kw),
             "mhar_gain": paired_delta(m, p, **kw)}
-
-
-# --- verdict ------------------------------------------------------------------------------------------
-VERDICT_RULE = (
-    "Verdict rule: we compare OUR paired delta (variant - reference, with its CI) to the PUBLISHED delta. "
-    "'reproduced' = our CI excludes 0 and our delta has the published sign; "
-    "'not reproduced' = our CI excludes 0 with the opposite sign, or (only when our scale matches the "
-    "paper's) our CI includes 0 and also excludes the published delta; "
-    "otherwise 'inconclusive at this power' (including n=1, where there is no CI). "
-    "At scales the paper did not run (e.g. the CPU 'tiny' runs) absolute values are not comparable: "
-    "only the sign of the delta is judged."
-)
-
-
-def verdict(result: Optional[PairedResult], published_delta: Optional[float], same_scale: bool) -> str:
-    """Reproduction verdict for one comparison (see ``VERDICT_RULE``)."""
-    if published_delta is None or not np.isfinite(published_delta):
-        return NO_REFERENCE
-    if result is None or not (np.isfinite(result.ci_low) and np.isfinite(result.ci_high)):
-        return INCONCLUSIVE
-    pub_sign = np.sign(published_delta)
-    if result.excludes_zero:
-        # a published delta of exactly 0 ("no difference") is contradicted by any significant delta
-        return REPRODUCED if np.sign(result.estimate) == pub_sign else NOT_REPRODUCED
-    if same_scale and not (result.ci_low <= published_delta <= result.ci_high):
-        return NOT_REPRODUCED
-    return INCONCLUSIVE

@@ -6,11 +6,15 @@ writes PREFIX.csv (raw numbers), PREFIX.md and PREFIX.tex (formatted, with notes
 Inputs: table1/heads/seeds take summary.json files (or run dirs); downstream takes eval dirs of the
 baseline and the variants (which run each dir belongs to is read from results.json / the path);
 cpt takes three eval dirs base, plain, mhar (or one JSON/YAML manifest {base, plain, mhar, scale});
-cost takes benchmark CSVs. Runs are grouped by (variant, size, residual heads) and paired by seed.
+cost takes benchmark CSVs. Runs are grouped by (variant, size, residual heads) and paired by seed;
+which run a file belongs to is read from its records (the ``run`` block, else the flat keys /
+config.yaml of older records), never from its path. Two groups are paired only when they have the
+same size, the same seeds and the same pairing hash (``config_hash``: the resolved config without the
+residual variant); otherwise the command exits 2 with one ``error:`` line naming both runs.
 
-Every table CSV carries the common columns ``comparison, delta, ci_low, ci_high, p,
-published_delta, verdict`` (empty where not applicable) so forest plots and the report can read
-any of them. The verdict rule is ``eval.stats.VERDICT_RULE``.
+Every table CSV carries the common columns ``comparison, delta, ci_low, ci_high, p, p_holm,
+published_delta, judged, verdict`` (empty where not applicable) so forest plots and the report can
+read any of them. Tests, multiplicity and the verdict rule live in ``eval.verdict``.
 """
 from __future__ import annotations
 
@@ -27,19 +31,16 @@ import numpy as np
 
 from . import results_io as io
 from . import stats as st
+from . import verdict as vd
 
 KINDS = ("table1", "downstream", "cpt", "heads", "seeds", "cost")
-COMMON = ["comparison", "delta", "ci_low", "ci_high", "p", "published_delta", "verdict"]
+COMMON = ["comparison", "delta", "ci_low", "ci_high", "p", "p_holm", "published_delta", "judged", "verdict"]
 # the metric the paper reports for each task (lm-eval names); lower_is_better for perplexities
 PRIMARY_METRIC = {"wikitext": "word_perplexity", "lambada_openai": "acc", "lambada": "acc", "hellaswag": "acc",
                   "gsm8k": "exact_match", "gpqa_main_zeroshot": "acc", "mmlu": "acc",
                   "minerva_math": "exact_match", "humaneval": "pass@1", "mbpp": "pass@1"}
-COST_TOLERANCE = 0.10
-COST_RULE = (f"Cost verdict: throughput ratio vs baseline on our GPU; 'reproduced' if ours >= published - "
-             f"{COST_TOLERANCE:.2f}, 'not reproduced' if lower; sizes the paper did not run are inconclusive. "
-             "Hardware differs from the paper's single H100, so ratios, not tokens/s, are compared.")
-SCALE_NOTE = ("Sizes the paper did not run (e.g. CPU 'tiny') are compared with the paper's 100M numbers by the "
-              "sign of the paired delta only; absolute values are not comparable across scales.")
+RULE_POINTER = ("Verdicts: eval/verdict.py VERDICT_RULE (quoted once at the top of REPORT.md); p = the test named "
+                "in the notes, p (Holm) = adjusted across this table's rows.")
 
 
 @dataclass
@@ -194,10 +195,41 @@ def _published_loss(pub, size: str, variant: str, heads: Optional[int]) -> tuple
     return v, (v - base if v is not None and base is not None else None), same
 
 
-def _seed_pairs(a: dict[int, io.RunSummary], b: dict[int, io.RunSummary]) -> tuple[list[int], np.ndarray, np.ndarray]:
-    seeds = sorted(set(a) & set(b))
-    return (seeds, np.array([a[s].tail_mean_val_loss for s in seeds]),
-            np.array([b[s].tail_mean_val_loss for s in seeds]))
+def _judge(rows: list[dict], results: list[Optional[st.PairedResult]], judge: Optional[list[bool]] = None) -> None:
+    """Holm across the family (the rows that carry a test), then the verdict of each judged row."""
+    judge = judge or [res is not None for res in results]
+    adj = vd.holm([res.p_value if (res is not None and j) else None for res, j in zip(results, judge)])
+    for row, res, j, pa in zip(rows, results, judge, adj):
+        if not j:
+            continue
+        row["p_holm"] = pa if math.isfinite(pa) else None
+        row["judged"] = vd.judged_on(bool(row.get("same_scale")))
+        row["verdict"] = vd.decide(res, row.get("published_delta"), bool(row.get("same_scale")),
+                                   pa if math.isfinite(pa) else None)
+
+
+def _describe(r: io.RunSummary) -> str:
+    return f"{r.name} ({r.size}, seed {r.seed}, config_hash {r.config_hash or '-'}, {r.run_dir})"
+
+
+def pair_groups(var: dict[int, io.RunSummary], ref: dict[int, io.RunSummary]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """(seeds, variant values, reference values) of two run groups that may be paired: same size, same
+    seeds, same pairing hash per seed. Anything else is an AnalysisInputError naming both runs."""
+    v0, r0 = next(iter(var.values())), next(iter(ref.values()))
+    if v0.size != r0.size:
+        raise io.AnalysisInputError(f"cannot pair {_describe(v0)} with {_describe(r0)}: sizes differ")
+    if set(var) != set(ref):
+        raise io.AnalysisInputError(
+            f"cannot pair {v0.name} {v0.size} (seeds {sorted(var)}, e.g. {v0.run_dir}) with {r0.name} {r0.size} "
+            f"(seeds {sorted(ref)}, e.g. {r0.run_dir}): seed sets differ; pass the same seeds for both")
+    seeds = sorted(var)
+    for s in seeds:
+        if var[s].config_hash != ref[s].config_hash:
+            raise io.AnalysisInputError(
+                f"cannot pair {_describe(var[s])} with {_describe(ref[s])}: the resolved configs differ in more "
+                "than the residual variant (config_hash); train both from one config")
+    return (seeds, np.array([var[s].tail_mean_val_loss for s in seeds]),
+            np.array([ref[s].tail_mean_val_loss for s in seeds]))
 
 
 _ORDER = {v: i for i, v in enumerate(("baseline", "hyper", "attnres", "block_attnres", "mhar", "mhar_hw", "mhar_delta"))}
@@ -209,21 +241,33 @@ def _group_key(g: tuple) -> tuple:
     return (_SIZE_ORDER.get(s, 99), s, _ORDER.get(v, 99), v, h or 0)
 
 
+def _seeds_text(seeds: Sequence[int]) -> str:
+    return " ".join(map(str, seeds))
+
+
+P_COLS = [lambda: Column("p", lambda r: f_p(r.get("p"))), lambda: Column("p (Holm)", lambda r: f_p(r.get("p_holm")))]
+JUDGE_COLS = [lambda: Column("judged", lambda r: r.get("judged") or "-"),
+              lambda: Column("verdict", lambda r: r.get("verdict") or "-")]
+
+
 def table1(summaries: Sequence[str | Path], published=None) -> Table:
-    """Tail-mean validation loss, variant x size: mean ± sd over seeds, paired delta vs baseline."""
+    """Tail-mean validation loss, variant x size: mean ± sd over seeds, paired delta vs baseline (seeds = unit)."""
     pub = io.load_published() if published is None else published
     runs = io.load_summaries(summaries)
     groups = io.group_runs(runs)
-    rows = []
+    rows, results = [], []
     for g in sorted(groups, key=_group_key):
         variant, size, heads = g
         byseed = groups[g]
         losses = np.array([r.tail_mean_val_loss for r in byseed.values()])
+        first = byseed[min(byseed)]
         row = {"size": size, "variant": variant, "heads": heads, "method": io.variant_label(variant, heads),
-               "n_seeds": len(byseed), "loss_mean": float(losses.mean()),
+               "seeds": _seeds_text(sorted(byseed)), "n_seeds": len(byseed), "loss_mean": float(losses.mean()),
                "loss_sd": float(losses.std(ddof=1)) if losses.size > 1 else None,
                "config_hash": ",".join(sorted({r.config_hash for r in byseed.values()})),
-               "run_label": ",".join(sorted({r.name for r in byseed.values()}))}
+               "run_label": ",".join(sorted({r.name for r in byseed.values()})),
+               "params": first.params, "tokens": first.tokens, "steps": first.steps, "tail_k": first.tail_k,
+               **{k: first.setup.get(k) for k in ("corpus", "tokenizer", "seq_len", "hardware")}}
         pub_loss, pub_delta, same = _published_loss(pub, size, variant, heads)
         row.update(published_loss=pub_loss, published_delta=pub_delta, same_scale=same,
                    published_scale=io.paper_scale(size)[0],
@@ -231,33 +275,35 @@ def table1(summaries: Sequence[str | Path], published=None) -> Table:
         base = groups.get(("baseline", size, None))
         res = None
         if variant != "baseline" and base:
-            seeds, a, b = _seed_pairs(byseed, base)
-            if seeds:
-                res = st.paired_t(a, b)
-                row["n_pairs"] = len(seeds)
-                row["mde80"] = st.mde_paired(len(seeds), float(np.std(a - b, ddof=1)) if len(seeds) > 1 else math.nan)
+            seeds, a, b = pair_groups(byseed, base)
+            res = vd.seed_evidence(a, b)
+            row.update(seeds=_seeds_text(seeds), n_pairs=len(seeds), test=res.method,
+                       mde80=st.mde_paired(len(seeds), float(np.std(a - b, ddof=1)) if len(seeds) > 1 else math.nan))
         row.update(_paired_cols(res))
-        row["verdict"] = "" if variant == "baseline" else st.verdict(res, pub_delta, same)
         if variant == "baseline":
             row["comparison"] = ""
         rows.append(row)
+        results.append(res)
+    _judge(rows, results)
     cols = [Column("size", lambda r: r["size"]), Column("method", lambda r: r["method"]),
-            Column("seeds", lambda r: str(r["n_seeds"])),
+            Column("seeds", lambda r: r["seeds"]),
             Column("tail-mean val loss", lambda r: f_sd(r["loss_mean"], r["loss_sd"])),
             Column("Δ vs baseline [95% CI]", lambda r: f_ci(r["delta"], r["ci_low"], r["ci_high"])),
-            Column("paired p", lambda r: f_p(r["p"])),
+            *(c() for c in P_COLS),
             Column("paper loss", lambda r: _with_scale(f_num(r["published_loss"]), r)),
             Column("paper Δ", lambda r: _with_scale(f_ci(r["published_delta"], None, None), r)),
-            Column("verdict", lambda r: r["verdict"] or "-")]
-    notes = ["Δ = variant - baseline on the same seeds (seed = data order, so runs are paired); paired t-test "
-             "over seeds (n=1 gives no CI).", "Paper: Table 1 (anneal corpus, 20K steps); MHAR with H not in "
-             "{8, 16} is compared with the paper's H=8 row.", SCALE_NOTE, st.VERDICT_RULE]
+            *(c() for c in JUDGE_COLS)]
+    notes = ["Δ = variant - baseline on the same seeds (seed = data order, so runs are paired; 'seeds' lists the "
+             "seeds actually paired). Unit: the seed; test: paired t over seeds (t interval); one seed gives no CI.",
+             "Paper: Table 1 (anneal corpus, 20K steps); MHAR with H not in {8, 16} is compared with the paper's "
+             "H=8 row.", vd.SCALE_NOTE, RULE_POINTER]
     return Table("table1", "Table 1: tail-mean validation loss (ours vs paper)", rows, cols, notes,
                  io.provenance(summaries))
 
 
 def seeds_table(summaries: Sequence[str | Path], published=None) -> Table:
-    """Per-seed paired deltas vs baseline, mean ± per-seed sd, against the paper's seed table."""
+    """Per-seed paired deltas vs baseline (descriptive), against the paper's seed table. The test and the
+    verdict of these very deltas are Table 1's (same runs, same test): not repeated, so not counted twice."""
     pub = io.load_published() if published is None else published
     groups = io.group_runs(io.load_summaries(summaries))
     rows = []
@@ -266,11 +312,8 @@ def seeds_table(summaries: Sequence[str | Path], published=None) -> Table:
         base = groups.get(("baseline", size, None))
         if variant == "baseline" or not base:
             continue
-        seeds, a, b = _seed_pairs(groups[g], base)
-        if not seeds:
-            continue
+        seeds, a, b = pair_groups(groups[g], base)
         d = a - b
-        res = st.paired_t(a, b)
         scale, same = io.paper_scale(size)
         pd_ = io.published_value(pub, "seeds", scale, variant, "delta_vs_baseline")
         psd = None
@@ -280,29 +323,29 @@ def seeds_table(summaries: Sequence[str | Path], published=None) -> Table:
         label = io.variant_label(variant, heads)
         rows.append({"size": size, "variant": variant, "heads": heads, "method": label,
                      "run_label": ",".join(sorted({r.name for r in groups[g].values()})),
-                     "seeds": " ".join(map(str, seeds)),
+                     "seeds": _seeds_text(seeds),
                      "n_pairs": len(seeds), "per_seed_delta": " ".join(f"{x:+.4f}" for x in d),
-                     "delta_sd": float(d.std(ddof=1)) if d.size > 1 else None,
+                     "delta": float(d.mean()), "delta_sd": float(d.std(ddof=1)) if d.size > 1 else None,
                      "pairing_corr": float(np.corrcoef(a, b)[0, 1]) if d.size > 2 and a.std() > 0 and b.std() > 0 else None,
                      "mde80": st.mde_paired(len(seeds), float(d.std(ddof=1))) if d.size > 1 else None,
                      "published_delta": pd_, "published_sd": psd, "same_scale": same, "published_scale": scale,
-                     "comparison": f"{label} - baseline ({size}, seeds)", **_paired_cols(res),
-                     "verdict": st.verdict(res, pd_, same)})
+                     "comparison": f"{label} - baseline ({size}, seeds)"})
     cols = [Column("size", lambda r: r["size"]), Column("method", lambda r: r["method"]),
             Column("seeds", lambda r: r["seeds"]), Column("per-seed Δ", lambda r: r["per_seed_delta"]),
             Column("mean Δ ± sd", lambda r: f_sd(r["delta"], r["delta_sd"])),
-            Column("95% CI", lambda r: f"[{f_num(r['ci_low'])}, {f_num(r['ci_high'])}]"),
-            Column("p", lambda r: f_p(r["p"])), Column("MDE (80%)", lambda r: f_num(r.get("mde80"))),
-            Column("paper Δ ± sd", lambda r: _with_scale(f_sd(r["published_delta"], r["published_sd"]), r)),
-            Column("verdict", lambda r: r["verdict"])]
+            Column("MDE (80%)", lambda r: f_num(r.get("mde80"))),
+            Column("paper Δ ± sd", lambda r: _with_scale(f_sd(r["published_delta"], r["published_sd"]), r))]
     notes = ["Paired by seed (data order). sd = per-seed sd of the paired differences; MDE = smallest |Δ| a "
              "two-sided paired t-test with these seeds detects with 80% power at alpha 0.05.",
-             "Paper: seed table of the FineWeb-Edu replication (3 seeds).", SCALE_NOTE, st.VERDICT_RULE]
-    return Table("seeds", "Seed table: paired deltas vs baseline", rows, cols, notes, io.provenance(summaries))
+             "Descriptive: the test and verdict of these deltas are in Table 1 (same runs, same paired t), so each "
+             "result is counted once.",
+             "Paper: seed table of the FineWeb-Edu replication (3 seeds)."]
+    return Table("seeds", "Seed table: per-seed paired deltas vs baseline", rows, cols, notes,
+                 io.provenance(summaries))
 
 
 def heads_table(summaries: Sequence[str | Path], published=None) -> Table:
-    """Routing head-count sweep: loss vs H (H=1 = AttnRes), paired delta vs H=1."""
+    """Routing head-count sweep: loss vs H (H=1 = AttnRes), paired delta vs the smallest H (seeds = unit)."""
     pub = io.load_published() if published is None else published
     groups = io.group_runs(io.load_summaries(summaries))
     by_size: dict[str, dict[int, dict]] = {}
@@ -312,7 +355,7 @@ def heads_table(summaries: Sequence[str | Path], published=None) -> Table:
             if h in by_size.setdefault(size, {}):
                 raise io.AnalysisInputError(f"size {size}: both attnres and mhar H=1 runs given; pass one of them")
             by_size[size][h] = runs
-    rows = []
+    rows, results = [], []
     for size in sorted(by_size, key=lambda s: _SIZE_ORDER.get(s, 99)):
         hs = by_size[size]
         ref_h = min(hs)
@@ -325,29 +368,32 @@ def heads_table(summaries: Sequence[str | Path], published=None) -> Table:
         best = min(means, key=means.get)
         for h in sorted(hs):
             losses = np.array([r.tail_mean_val_loss for r in hs[h].values()])
-            res = None
+            res, seeds = None, sorted(hs[h])
             if h != ref_h:
-                seeds, a, b = _seed_pairs(hs[h], hs[ref_h])
-                res = st.paired_t(a, b) if seeds else None
+                seeds, a, b = pair_groups(hs[h], hs[ref_h])
+                res = vd.seed_evidence(a, b)
             pl, pref = pub_of(h), pub_of(ref_h)
             pdelta = pl - pref if (pl is not None and pref is not None and h != ref_h) else None
-            rows.append({"size": size, "heads": h, "n_seeds": len(losses), "loss_mean": float(losses.mean()),
+            rows.append({"size": size, "heads": h, "seeds": _seeds_text(seeds), "n_seeds": len(losses),
+                         "loss_mean": float(losses.mean()),
                          "loss_sd": float(losses.std(ddof=1)) if losses.size > 1 else None,
                          "best": h == best, "interior_best": best not in (min(hs), max(hs)),
                          "published_loss": pl, "published_table": f"{ptab}:{pscale}", "published_scale": pscale,
-                         "published_delta": pdelta, "same_scale": same,
-                         "comparison": "" if h == ref_h else f"H={h} - H={ref_h} ({size})", **_paired_cols(res),
-                         "verdict": "" if h == ref_h else st.verdict(res, pdelta, same)})
+                         "published_delta": pdelta, "same_scale": same, "test": res.method if res else None,
+                         "comparison": "" if h == ref_h else f"H={h} - H={ref_h} ({size})", **_paired_cols(res)})
+            results.append(res)
+    _judge(rows, results)
     cols = [Column("size", lambda r: r["size"]), Column("H", lambda r: str(r["heads"]) + (" *" if r["best"] else "")),
-            Column("seeds", lambda r: str(r["n_seeds"])),
+            Column("seeds", lambda r: r["seeds"]),
             Column("tail-mean val loss", lambda r: f_sd(r["loss_mean"], r["loss_sd"])),
             Column("Δ vs smallest H [95% CI]", lambda r: f_ci(r["delta"], r["ci_low"], r["ci_high"])),
-            Column("p", lambda r: f_p(r["p"])), Column("paper loss", lambda r: _with_scale(f_num(r["published_loss"]), r)),
+            *(c() for c in P_COLS), Column("paper loss", lambda r: _with_scale(f_num(r["published_loss"]), r)),
             Column("paper Δ", lambda r: _with_scale(f_ci(r["published_delta"], None, None), r)),
-            Column("verdict", lambda r: r["verdict"] or "-")]
+            *(c() for c in JUDGE_COLS)]
     notes = ["* = lowest mean loss; the paper's U-shape means the best H is interior (neither the smallest nor "
-             "the largest H swept).", "H=1 is single-head AttnRes. Paper: 1B head sweep (8 KV heads) for 1B and "
-             "non-paper sizes, Table 1 (H=1/8/16) for 100M/350M.", SCALE_NOTE, st.VERDICT_RULE]
+             "the largest H swept).", "Unit: the seed (paired t over seeds vs the smallest H).",
+             "H=1 is single-head AttnRes. Paper: 1B head sweep (8 KV heads) for 1B and "
+             "non-paper sizes, Table 1 (H=1/8/16) for 100M/350M.", vd.SCALE_NOTE, RULE_POINTER]
     return Table("heads", "Routing head-count sweep", rows, cols, notes, io.provenance(summaries))
 
 
@@ -369,7 +415,7 @@ def primary_metric(task: io.EvalTask) -> str:
 
 @dataclass
 class Comparison:
-    """a - b on the same documents of one task."""
+    """a - b on the same documents of one task; ``result`` is the deciding evidence (eval.verdict)."""
 
     value_a: float
     value_b: float
@@ -381,79 +427,131 @@ class Comparison:
 
 
 def compare_task(a: io.EvalTask, b: io.EvalTask, metric: str, *, n_resamples: int = 4999, seed: int = 0) -> Comparison:
+    """One model per arm: the question-level (or document-level) evidence of eval.verdict."""
     ids = io.align(a, b)
     xa, wa = io.metric_arrays(a, metric, ids)
     xb, wb = io.metric_arrays(b, metric, ids)
     if wa is not None:
         if wb is None:
             raise io.AnalysisInputError(f"{a.path} vs {b.path}: metric {metric!r} stored differently")
-        res = st.bootstrap_perplexity(xa, xb, wa, wb, n_resamples=n_resamples, seed=seed)
+        res = vd.perplexity_evidence(xa, xb, wa, wb, n_resamples=n_resamples, seed=seed)
         z = 2.8016  # z_{0.975} + z_{0.80}
         return Comparison(st.perplexity(xa, wa), st.perplexity(xb, wb), res, z * res.se, "perplexity")
-    res = st.paired_delta(xa, xb, n_resamples=n_resamples, seed=seed)
-    binary = "McNemar" in res.method
+    groups = [a.docs[k].get("group") for k in ids]
+    clusters = groups if all(g is not None for g in groups) else None
+    res = vd.question_evidence(xa, xb, clusters, n_resamples=n_resamples, seed=seed)
+    binary = bool(np.isin(xa, (0, 1)).all() and np.isin(xb, (0, 1)).all())
     d = xa - xb
     mde = st.mde_paired(d.size, float(np.std(d, ddof=1))) if d.size > 1 else None
-    groups = [a.docs[k].get("group") for k in ids]
-    cl = None
-    if all(g is not None for g in groups) and len(set(groups)) >= 2:
-        cl = st.cluster_se(d, np.array([str(g) for g in groups]))
+    cl = res if res.method.startswith("cluster") else None
     mc = st.mcnemar_exact(*st.discordant_counts(xa, xb)) if binary else None
     return Comparison(float(xa.mean()), float(xb.mean()), res, mde, "binary" if binary else "score", mc, cl)
 
 
+def _eval_groups(eval_dirs: Sequence[str | Path]) -> dict[tuple, dict[int, tuple[Path, dict]]]:
+    """{(variant, heads, size): {seed: (eval dir, identity)}} from the records of each eval dir."""
+    out: dict[tuple, dict[int, tuple[Path, dict]]] = {}
+    for d in eval_dirs:
+        d = Path(d)
+        info = io.identify_eval(d)
+        g = out.setdefault((info["variant"], info["heads"], info["size"]), {})
+        if info["seed"] in g:
+            raise io.AnalysisInputError(f"{d} and {g[info['seed']][0]}: two evaluations of {info['label']} "
+                                        f"{info['size']} seed {info['seed']}; pass each run's eval dir once")
+        g[info["seed"]] = (d, info)
+    return out
+
+
+def _pair_evals(var: dict[int, tuple[Path, dict]], ref: dict[int, tuple[Path, dict]]) -> list[int]:
+    (vd0, vi0), (rd0, ri0) = next(iter(var.values())), next(iter(ref.values()))
+    if set(var) != set(ref):
+        raise io.AnalysisInputError(
+            f"cannot pair {vi0['label']} {vi0['size']} (seeds {sorted(var)}, e.g. {vd0}) with {ri0['label']} "
+            f"{ri0['size']} (seeds {sorted(ref)}, e.g. {rd0}): seed sets differ; evaluate the same seeds for both")
+    for s in sorted(var):
+        (dv, iv), (dr, ir) = var[s], ref[s]
+        if iv["config_hash"] != ir["config_hash"]:
+            raise io.AnalysisInputError(
+                f"cannot pair {iv['label']} seed {s} ({dv}, config_hash {iv['config_hash'] or '-'}) with {ir['label']} "
+                f"seed {s} ({dr}, config_hash {ir['config_hash'] or '-'}): the resolved configs differ in more than "
+                "the residual variant; train both from one config")
+    return sorted(var)
+
+
 def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resamples: int = 4999) -> Table:
-    """Zero-shot downstream metrics: each variant vs the baseline of the same size and seed, per task."""
+    """Zero-shot downstream metrics: each variant vs the baseline of the same size on the same seeds, per task.
+
+    One seed: questions (or documents) are the unit; several seeds: the seed is (eval.verdict)."""
     pub = io.load_published() if published is None else published
-    infos = [(Path(d), io.identify_eval(d)) for d in eval_dirs]
-    bases = {(i["size"], i["seed"]): d for d, i in infos if i["variant"] == "baseline"}
-    rows = []
-    missing = []
-    for d, info in sorted(infos, key=lambda x: (_SIZE_ORDER.get(x[1]["size"], 99), _ORDER.get(x[1]["variant"], 99),
-                                                 x[1]["heads"] or 0, x[1]["seed"])):
-        if info["variant"] == "baseline":
+    groups = _eval_groups(eval_dirs)
+    rows, results, missing = [], [], []
+    for key in sorted(groups, key=lambda g: (_SIZE_ORDER.get(g[2], 99), _ORDER.get(g[0], 99), g[1] or 0)):
+        variant, heads, size = key
+        if variant == "baseline":
             continue
-        bdir = bases.get((info["size"], info["seed"]))
-        if bdir is None:
-            missing.append(f"{d} (no baseline eval for size {info['size']} seed {info['seed']})")
+        var = groups[key]
+        ref = groups.get(("baseline", None, size))
+        if ref is None:
+            missing.append(f"{next(iter(var.values()))[0]} (no baseline eval for size {size})")
             continue
-        label = io.variant_label(info["variant"], info["heads"])
-        scale, same = io.paper_scale(info["size"])
-        for task in sorted(set(io.eval_tasks(d)) & set(io.eval_tasks(bdir))):
-            ta, tb = io.load_eval_task(d, task), io.load_eval_task(bdir, task)
-            metric = primary_metric(ta)
-            c = compare_task(ta, tb, metric, n_resamples=n_resamples)
+        seeds = _pair_evals(var, ref)
+        label = io.variant_label(variant, heads)
+        scale, same = io.paper_scale(size)
+        tasks = set.intersection(*(set(io.eval_tasks(d)) for s in seeds for d in (var[s][0], ref[s][0])))
+        for task in sorted(tasks):
+            per_seed = []
+            for s in seeds:
+                ta, tb = io.load_eval_task(var[s][0], task), io.load_eval_task(ref[s][0], task)
+                metric = primary_metric(ta)
+                per_seed.append(compare_task(ta, tb, metric, n_resamples=n_resamples))
+            c0 = per_seed[0]
+            if len(seeds) == 1:
+                res, mde = c0.result, c0.mde80
+            else:
+                va, vb = [c.value_a for c in per_seed], [c.value_b for c in per_seed]
+                res = vd.seed_level_evidence(va, vb)
+                sd = float(np.std(np.subtract(va, vb), ddof=1))
+                mde = st.mde_paired(len(seeds), sd)
             mname = metric.split(",")[0]
-            pv = io.published_value(pub, "downstream", scale, "mhar", mname, task=task) \
-                if info["variant"] == "mhar" else None
+            pv = io.published_value(pub, "downstream", scale, "mhar", mname, task=task) if variant == "mhar" else None
             pb = io.published_value(pub, "downstream", scale, "baseline", mname, task=task)
             pdelta = pv - pb if pv is not None and pb is not None else None
-            rows.append({"size": info["size"], "seed": info["seed"], "variant": info["variant"],
-                         "heads": info["heads"], "method": label, "task": task, "metric": metric,
-                         "n": c.result.n, "ours_variant": c.value_a, "ours_baseline": c.value_b,
+            one = len(seeds) == 1
+            rows.append({"size": size, "seeds": _seeds_text(seeds), "n_seeds": len(seeds), "variant": variant,
+                         "heads": heads, "method": label, "task": task, "metric": metric,
+                         "n": c0.result.n if one else len(seeds), "n_questions": len(io.align(ta, tb)),
+                         "ours_variant": float(np.mean([c.value_a for c in per_seed])),
+                         "ours_baseline": float(np.mean([c.value_b for c in per_seed])),
                          "published_variant": pv, "published_baseline": pb, "published_delta": pdelta,
-                         "same_scale": same, "published_scale": scale, "mde80": c.mde80, "test": c.result.method,
-                         "discordant_variant_better": c.mcnemar.b if c.mcnemar else None,
-                         "discordant_baseline_better": c.mcnemar.c if c.mcnemar else None,
-                         "cluster_se": c.cluster.se if c.cluster else None,
-                         "cluster_p": c.cluster.p_value if c.cluster else None,
-                         "comparison": f"{label} - baseline: {task} ({info['size']}, seed {info['seed']})",
-                         **_paired_cols(c.result), "verdict": st.verdict(c.result, pdelta, same)})
+                         "same_scale": same, "published_scale": scale, "mde80": mde, "test": res.method,
+                         "unit": "seeds" if not one else "documents" if c0.kind == "perplexity" else "questions",
+                         "discordant_variant_better": c0.mcnemar.b if (one and c0.mcnemar) else None,
+                         "discordant_baseline_better": c0.mcnemar.c if (one and c0.mcnemar) else None,
+                         "mcnemar_p": c0.mcnemar.p_value if (one and c0.mcnemar) else None,
+                         "cluster_se": c0.cluster.se if (one and c0.cluster) else None,
+                         "comparison": f"{label} - baseline: {task} ({size}, seeds {_seeds_text(seeds)})",
+                         **_paired_cols(res)})
+            results.append(res)
+    _judge(rows, results)
     cols = [Column("size", lambda r: r["size"]), Column("method", lambda r: r["method"]),
-            Column("seed", lambda r: str(r["seed"])), Column("task / metric", lambda r: f"{r['task']} {r['metric']}"),
-            Column("n", lambda r: str(r["n"])), Column("baseline", lambda r: f_num(r["ours_baseline"])),
+            Column("seeds", lambda r: r["seeds"]), Column("task / metric", lambda r: f"{r['task']} {r['metric']}"),
+            Column("n", lambda r: f"{r['n']} {r['unit']}"),
+            Column("baseline", lambda r: f_num(r["ours_baseline"])),
             Column("variant", lambda r: f_num(r["ours_variant"])),
             Column("Δ [95% CI]", lambda r: f_ci(r["delta"], r["ci_low"], r["ci_high"])),
-            Column("p", lambda r: f_p(r["p"])), Column("MDE (80%)", lambda r: f_num(r["mde80"])),
+            Column("test", lambda r: r["test"]), *(c() for c in P_COLS),
+            Column("MDE (80%)", lambda r: f_num(r["mde80"])),
             Column("paper base / MHAR", lambda r: _with_scale(
                 f"{f_num(r['published_baseline'])} / {f_num(r['published_variant'])}", r)),
             Column("paper Δ", lambda r: _with_scale(f_ci(r["published_delta"], None, None), r)),
-            Column("verdict", lambda r: r["verdict"])]
-    notes = ["Paired by document (same doc_id and prompt). Accuracy: bootstrap CI of the difference, exact "
-             "McNemar p; perplexity: bootstrap over documents, per-document swap permutation p. Accuracies are "
-             "fractions (the paper's percentages / 100).",
+            *(c() for c in JUDGE_COLS)]
+    notes = ["Paired by document (same doc_id and prompt) and by seed. One seed: 0/1 scores use the exact McNemar p "
+             "with a percentile-bootstrap CI, or the cluster-robust t (CR1, clusters - 1 df) when questions share a "
+             "context (HellaSwag); perplexity uses the document bootstrap with per-document swap p. Several seeds: "
+             "paired t over seeds of the per-seed metric. The column 'test' names the test whose p is printed. "
+             "Accuracies are fractions (the paper's percentages / 100).",
              "Paper: Table 2 (zero-shot, 200 examples); its MHAR rows are compared with our MHAR runs of any H.",
-             SCALE_NOTE, st.VERDICT_RULE] + [f"skipped: {m}" for m in missing]
+             vd.SCALE_NOTE, RULE_POINTER] + [f"skipped: {m}" for m in missing]
     return Table("downstream", "Downstream zero-shot evaluation (paired vs baseline)", rows, cols, notes,
                  io.provenance([str(d) for d in eval_dirs]))
 
@@ -475,13 +573,21 @@ def _cpt_inputs(inputs: Sequence[str | Path]) -> tuple[Path, Path, Path, Optiona
     raise io.AnalysisInputError("cpt takes three eval dirs (base plain mhar) or one manifest file")
 
 
+def batch_check_passed(batch_check: Optional[dict]) -> Optional[bool]:
+    """True / False from a CPT batch check record ({identical: bool, ...}); None when there is none."""
+    if batch_check is None:
+        return None
+    return isinstance(batch_check, dict) and batch_check.get("identical") is True
+
+
 def cpt_table(inputs: Sequence[str | Path], published=None, n_resamples: int = 4999) -> Table:
     """Continued pretraining: CPT gain, total gain, and MHAR gain (difference-in-differences) per task."""
     pub = io.load_published() if published is None else published
     base_d, plain_d, mhar_d, scale, batch_check = _cpt_inputs(inputs)
     same = scale == "8B"
+    checked = batch_check_passed(batch_check)
     tasks = sorted(set(io.eval_tasks(base_d)) & set(io.eval_tasks(plain_d)) & set(io.eval_tasks(mhar_d)))
-    rows = []
+    rows, results = [], []
     for task in tasks:
         tb, tp, tm = (io.load_eval_task(d, task) for d in (base_d, plain_d, mhar_d))
         metric = primary_metric(tm)
@@ -499,13 +605,17 @@ def cpt_table(inputs: Sequence[str | Path], published=None, n_resamples: int = 4
                "mhar": gain.value_a, "published_base": pb, "published_plain": pp, "published_mhar": pm,
                "published_delta": pdelta, "same_scale": same, "mde80": gain.mde80,
                "comparison": f"MHAR - plain CPT: {task}", **_paired_cols(gain.result), "test": gain.result.method,
-               "verdict": st.verdict(gain.result, pdelta, same)}
+               "batch_check": {None: "absent", True: "identical", False: "FAILED"}[checked]}
         for name, c in (("cpt_gain", cpt), ("total_gain", total)):
             row.update({name: c.result.estimate, f"{name}_ci_low": c.result.ci_low,
                         f"{name}_ci_high": c.result.ci_high, f"{name}_p": c.result.p_value})
         if gain.mcnemar:
             row.update(discordant_mhar_better=gain.mcnemar.b, discordant_plain_better=gain.mcnemar.c)
+        if checked is False:
+            row["verdict"] = f"{vd.NOT_JUDGED}: CPT batch check failed"
         rows.append(row)
+        results.append(gain.result)
+    _judge(rows, results, [checked is not False] * len(rows))
     cols = [Column("task / metric", lambda r: f"{r['task']} {r['metric']}"), Column("n", lambda r: str(r["n"])),
             Column("base / plain / MHAR", lambda r: f"{f_num(r['base'])} / {f_num(r['plain'])} / {f_num(r['mhar'])}"),
             Column("CPT gain (plain-base)", lambda r: f_ci(r["cpt_gain"], r["cpt_gain_ci_low"], r["cpt_gain_ci_high"])
@@ -513,20 +623,23 @@ def cpt_table(inputs: Sequence[str | Path], published=None, n_resamples: int = 4
             Column("total (MHAR-base)", lambda r: f_ci(r["total_gain"], r["total_gain_ci_low"], r["total_gain_ci_high"])
                    + f", p {f_p(r['total_gain_p'])}"),
             Column("MHAR gain (MHAR-plain)", lambda r: f_ci(r["delta"], r["ci_low"], r["ci_high"])),
-            Column("p", lambda r: f_p(r["p"])),
+            *(c() for c in P_COLS),
             Column("discordant", lambda r: f"{r['discordant_mhar_better']} vs {r['discordant_plain_better']}"
                    if _ok(r.get("discordant_mhar_better")) else "-"),
             Column("paper base / plain / MHAR", lambda r: f"{f_num(r['published_base'])} / "
                    f"{f_num(r['published_plain'])} / {f_num(r['published_mhar'])}"),
             Column("paper MHAR gain", lambda r: f_ci(r["published_delta"], None, None)),
-            Column("verdict", lambda r: r["verdict"])]
+            *(c() for c in JUDGE_COLS)]
     notes = ["The MHAR contribution is only MHAR - plain CPT (the difference-in-differences: total gain minus the "
              "CPT gain); the gain over base is mostly the continued pretraining itself and is never credited to MHAR.",
-             "All three arms are paired on the same questions; 0/1 scores: bootstrap CI + exact McNemar p "
-             "(discordant = MHAR right & plain wrong vs the reverse).",
+             "All three arms are paired on the same questions (one model per arm, so the question is the unit); 0/1 "
+             "scores: exact McNemar p with a bootstrap CI (discordant = MHAR right & plain wrong vs the reverse). "
+             "Holm runs over the MHAR-gain rows only; the CPT and total gains are context, not verdicts.",
              f"Paper: Table 3 (Marin-8B, ~10B tokens). Scale of this run: {scale or 'unspecified'}; "
              + ("same as the paper." if same else "differs from the paper's 8B, so only signs are judged."),
-             st.VERDICT_RULE]
+             RULE_POINTER]
+    if checked is False:
+        notes.append("The two CPT arms did NOT see identical batches (batch check failed): no verdict is given.")
     if batch_check is not None:
         notes.append("Batch identity of the two CPT arms (manifest batch_check): "
                      + json.dumps(batch_check, sort_keys=True, default=str)[:300])
@@ -535,50 +648,64 @@ def cpt_table(inputs: Sequence[str | Path], published=None, n_resamples: int = 4
 
 
 # --- cost ---------------------------------------------------------------------------------------------
+def _mean_se(x) -> tuple[Optional[float], Optional[float], int]:
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return None, None, 0
+    return float(x.mean()), (float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else None), int(x.size)
+
+
 def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
     """Throughput (ratio to baseline) and peak memory per routing implementation and size."""
     pub = io.load_published() if published is None else published
     df = io.load_bench(bench_csvs)
     prov_order = {p: i for i, p in enumerate(("baseline", "eager", "compile", "fused"))}
+    base_tps = {size: _mean_se(sub.loc[sub["provider"] == "baseline", "tokens_per_s"])
+                for size, sub in df.groupby("size")}
     rows = []
     for (size, provider), sub in sorted(df.groupby(["size", "provider"]),
                                         key=lambda kv: (_SIZE_ORDER.get(kv[0][0], 99), kv[0][0],
                                                         prov_order.get(kv[0][1], 99), kv[0][1])):
-        tps = sub["tokens_per_s"].astype(float)
-        ratio = sub["ratio"].astype(float)
+        tps_m, tps_se, n_ok = _mean_se(sub["tokens_per_s"])
+        r, r_se, _ = _mean_se(sub["ratio"])
+        bm, bse, _ = base_tps.get(size, (None, None, 0))
+        if r is not None and tps_m and bm and (tps_se is not None or bse is not None):
+            # delta method: spread of the variant and of the baseline repeats
+            r_se = r * math.sqrt(((tps_se or 0.0) / tps_m) ** 2 + ((bse or 0.0) / bm) ** 2)
         mem = sub["peak_mem_gb"].astype(float)
         scale, same = io.paper_scale(size)
         pr = io.published_value(pub, "cost", scale, provider, "throughput_ratio") if same else None
         pm = io.published_value(pub, "cost", scale, provider, "peak_mem_gb") if same else None
-        r = float(ratio.mean()) if ratio.notna().any() else None
-        if provider == "baseline":
-            v = ""
-        elif not same:
-            v = st.INCONCLUSIVE
-        elif pr is None:
-            v = st.NO_REFERENCE
-        else:
-            v = st.REPRODUCED if (r is not None and r >= pr - COST_TOLERANCE) else st.NOT_REPRODUCED
-        bad = sorted(set(sub["status"]) - {"ok", "nan"})
-        rows.append({"size": size, "provider": provider, "n": len(sub), "status": ",".join(bad) or "ok",
-                     "tokens_per_s": float(tps.mean()) if tps.notna().any() else None,
-                     "tokens_per_s_sd": float(tps.std(ddof=1)) if tps.notna().sum() > 1 else None,
-                     "ratio": r, "peak_mem_gb": float(mem.mean()) if mem.notna().any() else None,
-                     "published_ratio": pr, "published_mem_gb": pm,
+        bad = sorted(set(sub["status"].astype(str)) - {"ok", "nan"})
+        status = ",".join(bad) or "ok"
+        oom = n_ok == 0 and any(b.upper() == vd.OOM for b in bad)
+        v = "" if provider == "baseline" else vd.cost_verdict(r, pr, same, se=r_se, status=vd.OOM if oom else "ok")
+        rows.append({"size": size, "provider": provider, "n": len(sub), "n_ok": n_ok, "status": status,
+                     "tokens_per_s": tps_m, "tokens_per_s_sd": float(sub["tokens_per_s"].astype(float).std(ddof=1))
+                     if n_ok > 1 else None,
+                     "ratio": r, "ratio_se": r_se, "peak_mem_gb": float(mem.mean()) if mem.notna().any() else None,
+                     "published_ratio": pr, "published_mem_gb": pm, "same_scale": same,
                      "comparison": "" if provider == "baseline" else f"{provider} / baseline throughput ({size})",
                      "delta": (r - 1.0) if (r is not None and provider != "baseline") else None,
                      "published_delta": (pr - 1.0) if (pr is not None and provider != "baseline") else None,
                      "verdict": v, "sources": ";".join(sorted(set(sub["source"])))})
     cols = [Column("size", lambda r: r["size"]), Column("routing", lambda r: r["provider"]),
+            Column("n", lambda r: str(r["n_ok"])),
             Column("tokens/s", lambda r: f_sd(r["tokens_per_s"], r["tokens_per_s_sd"], 0)
                    if _ok(r["tokens_per_s"]) else r["status"]),
-            Column("ratio", lambda r: f_num(r["ratio"], 2)), Column("peak GB", lambda r: f_num(r["peak_mem_gb"], 1)),
+            Column("ratio ± SE", lambda r: f_sd(r["ratio"], r["ratio_se"], 2) if _ok(r["ratio"]) else
+                   (vd.OOM if vd.OOM in r["status"].upper() else "-")),
+            Column("peak GB", lambda r: f_num(r["peak_mem_gb"], 1)),
             Column("paper ratio", lambda r: f_num(r["published_ratio"], 2)),
             Column("paper GB", lambda r: f_num(r["published_mem_gb"], 1)),
             Column("verdict", lambda r: r["verdict"] or "-")]
-    notes = ["ratio = tokens/s of the routing implementation / tokens/s of the baseline at the same size; "
+    notes = ["ratio = tokens/s of the routing implementation / mean tokens/s of the baseline at the same size; "
+             "SE from repeat measurements (variant and baseline, delta method) where the records have repeats; "
              "memory as the benchmark reports it (torch peak allocated).",
-             "Paper: cost table (single H100); eager 1B was OOM (>80 GB).", COST_RULE] + \
+             "Paper: cost table (single H100); eager 1B was OOM (>80 GB).",
+             "Verdicts: eval/verdict.py COST_RULE (quoted once at the top of REPORT.md): two-sided tolerance 0.10 "
+             "plus 2 SE of the repeats."] + \
         [f"skipped: {s}" for s in df.attrs.get("skipped", [])]
     return Table("cost", "Cost: throughput and memory by routing implementation", rows, cols, notes,
                  io.provenance(bench_csvs))

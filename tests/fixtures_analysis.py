@@ -18,13 +18,16 @@ CONFIG_HASH = "abc123def0"
 
 def write_run(root: Path, variant: str, size: str, seed: int, tail: float, heads: Optional[int] = None,
               heads_in_summary: bool = True, steps: int = 200, every: int = 20, tail_k: int = 3,
-              label: Optional[str] = None) -> Path:
+              label: Optional[str] = None, config_hash: str = CONFIG_HASH, run_block: bool = False,
+              root_dir: Optional[Path] = None) -> Path:
     """One run dir whose validation curve ends at ``tail`` (tail-mean of the last ``tail_k`` evals).
 
     Like mhar.train: the summary's ``variant`` is the run label (path component, e.g. ``mhar_h8``);
-    the residual variant and heads live in config.yaml (heads also in the summary if asked)."""
+    the residual variant and heads live in config.yaml (heads also in the summary if asked). With
+    ``run_block`` the summary also carries the ``run`` identity block of current mhar.train, and
+    ``root_dir`` puts the run anywhere (its path then says nothing about the run)."""
     label = label or variant
-    d = root / "runs" / CONFIG_HASH / label / size / f"seed{seed}"
+    d = root_dir or root / "runs" / config_hash / label / size / f"seed{seed}"
     d.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(zlib.crc32(f"{variant}{size}{seed}{heads}".encode()))
     evals = list(range(every, steps + 1, every))
@@ -40,16 +43,21 @@ def write_run(root: Path, variant: str, size: str, seed: int, tail: float, heads
             lines.append({"split": "val", "step": s, "val_loss": curve[evals.index(s)], "tokens": s * tok_per_step,
                           "wall_s": s * s_per_step, "flops": s * flops_per_step})
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    summary = {"variant": label, "size": size, "seed": seed, "config_hash": CONFIG_HASH, "steps": steps,
+    summary = {"variant": label, "size": size, "seed": seed, "config_hash": config_hash, "steps": steps,
                "tokens": steps * tok_per_step, "tail_mean_val_loss": float(np.mean(curve[-tail_k:])),
                "tail_k": tail_k, "final_val_loss": curve[-1], "val_losses": [[s, v] for s, v in zip(evals, curve)],
                "wall_s": steps * s_per_step, "flops": steps * flops_per_step, "params": 1000,
                "tokens_per_s": tok_per_step / s_per_step, "peak_mem_gb": 0.1}
     if heads is not None and heads_in_summary:
         summary["heads"] = heads
+    if run_block:
+        summary["run"] = {"label": label, "residual": {"variant": variant, "heads": heads if heads is not None else 1},
+                          "size": size, "seed": seed, "data_seed": seed, "config_hash": config_hash,
+                          "identity_hash": f"{config_hash}-{label}-{seed}"}
     (d / "summary.json").write_text(json.dumps(summary))
     (d / "config.yaml").write_text(f"model:\n  preset: {size}\n  residual:\n    variant: {variant}\n"
-                                   f"    heads: {heads if heads is not None else 1}\n")
+                                   f"    heads: {heads if heads is not None else 1}\n"
+                                   f"data:\n  corpus: tinyshakespeare\n  tokenizer: byte\n  seq_len: 128\n")
     return d / "summary.json"
 
 
@@ -72,7 +80,7 @@ def make_runs(root: Path, sizes=("tiny", "100M"), seeds=(0, 1, 2), effects: Opti
 
 
 def write_eval(eval_dir: Path, model_path: str, tasks: dict[str, np.ndarray | tuple], groups=None,
-               metric: str = "acc") -> Path:
+               metric: str = "acc", run: Optional[dict] = None) -> Path:
     """Eval dir: tasks maps name -> per-doc 0/1 array (stored as ``metric``), or (loglik, words) for a
     perplexity task."""
     for task, vals in tasks.items():
@@ -91,7 +99,10 @@ def write_eval(eval_dir: Path, model_path: str, tasks: dict[str, np.ndarray | tu
                 rec["group"] = int(groups[i])
             lines.append(json.dumps(rec))
         (d / "samples.jsonl").write_text("\n".join(lines) + "\n")
-        (d / "results.json").write_text(json.dumps({"model": model_path, "n": n, "subset": "first:200"}))
+        res = {"model": model_path, "n": n, "subset": "first:200"}
+        if run is not None:
+            res["run"] = run
+        (d / "results.json").write_text(json.dumps(res))
     return eval_dir
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from matplotlib.image import imread
@@ -115,3 +116,40 @@ def test_bad_figure_inputs(data, tmp_path, capsys):
         bad = tmp_path / "p.json"
         bad.write_text("{}")
         figures.make_figure("routing_heatmap", [bad], tmp_path / "h")
+
+
+def _capture(monkeypatch):
+    figs = []
+    monkeypatch.setattr(figures, "save", lambda fig, out, inputs: figs.append(fig) or [])
+    return figs
+
+
+def test_cost_figure_draws_the_cost_table_and_marks_oom(tmp_path, monkeypatch):
+    """The committed cost.png once showed 0.49/0.26/0.25 beside a table saying 0.83/0.73/0.69: the figure
+    now draws the table's own rows (from its CSV), and an OOM cell is labelled, not a zero bar."""
+    bench = fx.write_bench_training(tmp_path / "training.csv")
+    tables.make_table("cost", [bench], tmp_path / "cost")
+    figs = _capture(monkeypatch)
+    figures.make_figure("cost", [tmp_path / "cost.csv"], tmp_path / "fig")
+    ax = figs[0].axes[0]
+    heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+    table = pd.read_csv(tmp_path / "cost.csv")
+    assert heights == sorted(round(x, 6) for x in table["ratio"].dropna())  # eager OOM: no bar at all
+    assert any(t.get_text() == "OOM" for t in ax.texts)
+    assert "ratio" in ax.get_ylabel() and "GB" in figs[0].axes[1].get_ylabel()
+    assert all("n=" in t.get_text() for t in ax.get_legend().get_texts())
+    figures.make_figure("cost", [bench], tmp_path / "fig2")  # from bench CSVs: the same table, built first
+    assert sorted(round(p.get_height(), 6) for p in figs[1].axes[0].patches) == heights
+
+
+def test_forest_and_head_sweep_say_n_and_units(data, monkeypatch):
+    figs = _capture(monkeypatch)
+    figures.make_figure("forest", data["tables"], data["root"] / "f")
+    labels = [t.get_text() for ax in figs[0].axes for t in ax.get_yticklabels()]
+    assert labels and all("n=" in x for x in labels)
+    assert any("seeds" in x for x in labels) and any("questions" in x for x in labels)
+    assert any("documents" in x for x in labels)  # wikitext perplexity: the document is the unit
+    assert "nats" in figs[0].axes[0].get_xlabel()
+    figures.make_figure("head_sweep", data["runs"], data["root"] / "h")
+    leg = [t.get_text() for t in figs[1].axes[0].get_legend().get_texts()]
+    assert any("n=2 paired seeds" in x for x in leg) and "nats" in figs[1].axes[0].get_ylabel()

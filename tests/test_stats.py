@@ -12,6 +12,7 @@ from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
 from statsmodels.stats.weightstats import DescrStatsW
 
 from eval import stats as st
+from eval import verdict as vd
 
 
 # --- McNemar -------------------------------------------------------------------------------------
@@ -107,12 +108,6 @@ def test_paired_t_matches_statsmodels():
         assert r.p_value == pytest.approx(p, rel=1e-9)
         assert (r.ci_low, r.ci_high) == pytest.approx((lo, hi), rel=1e-9)
         assert r.se == pytest.approx(ds.std_mean, rel=1e-9)
-
-
-def test_paired_t_single_seed_has_no_ci_and_is_inconclusive():
-    r = st.paired_t([2.9], [3.0])
-    assert r.estimate == pytest.approx(-0.1) and math.isnan(r.ci_low) and math.isnan(r.p_value)
-    assert st.verdict(r, -0.05, same_scale=True) == st.INCONCLUSIVE
 
 
 def test_paired_inputs_validated():
@@ -241,7 +236,7 @@ def test_did_does_not_credit_cpt_gain_to_mhar():
     res = st.did_contrasts(base, plain, mh, n_resamples=2000)
     assert res["cpt_gain"].excludes_zero and res["total_gain"].excludes_zero
     assert not res["mhar_gain"].excludes_zero
-    assert st.verdict(res["mhar_gain"], 0.03, same_scale=False) == st.INCONCLUSIVE
+    assert vd.decide(res["mhar_gain"], 0.03, same_scale=False) == vd.INCONCLUSIVE
 
 
 def test_did_continuous_scores():
@@ -256,20 +251,184 @@ def test_did_continuous_scores():
     assert "sign-flip" in res["mhar_gain"].method
 
 
-# --- verdict ---------------------------------------------------------------------------------------------------
-def _res(est, lo, hi):
-    return st.PairedResult(est, lo, hi, 0.01, 3, "test")
+# --- scale: 10^6 items, bounded memory -------------------------------------------------------------------------
+def _peak_mb(fn):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        out = fn()
+        return out, tracemalloc.get_traced_memory()[1] / 2 ** 20
+    finally:
+        tracemalloc.stop()
+
+
+def test_resampling_at_a_million_items_is_fast_and_bounded():
+    """Was 4.8 GB at 10^5 and MemoryError at 10^6 (bootstrap), 138 s for sign-flip at 10^6."""
+    import time
+
+    rng = np.random.default_rng(20)
+    n = 10 ** 6
+    a, b = (rng.random(n) < 0.52).astype(float), (rng.random(n) < 0.50).astype(float)
+    t0 = time.perf_counter()
+    (obs, p), mb1 = _peak_mb(lambda: st.sign_flip_test(a, b, n_resamples=9999))
+    (est, lo, hi), mb2 = _peak_mb(lambda: st.paired_bootstrap(a, b, n_resamples=9999))
+    assert time.perf_counter() - t0 < 20 and max(mb1, mb2) < 200
+    d = a - b
+    se = d.std(ddof=1) / math.sqrt(n)
+    assert obs == pytest.approx(d.mean()) and est == pytest.approx(d.mean())
+    assert lo == pytest.approx(d.mean() - 1.96 * se, abs=0.1 * se) and hi == pytest.approx(d.mean() + 1.96 * se, abs=0.1 * se)
+    x, y = rng.normal(0.003, 1, 200_000), rng.normal(0, 1, 200_000)  # continuous: the chunked general path
+    (obs2, p2), mb3 = _peak_mb(lambda: st.sign_flip_test(x, y, n_resamples=999, seed=1))
+    assert mb3 < 200
+    z = (x - y).mean() / math.sqrt(np.sum((x - y) ** 2)) * 200_000
+    assert abs(p2 - 2 * sps.norm.sf(abs(z))) < 0.05  # sign-flip null is ~N(0, sum d^2 / n^2) at this n
+
+
+def test_compressed_sign_flip_matches_exact_binomial():
+    """0/1 scores: the sign-flip null of the discordant pairs is 2 Binomial(b+c, 1/2) - (b+c), so its
+    two-sided p is McNemar's exact p (Monte Carlo error only)."""
+    rng = np.random.default_rng(21)
+    a, b = rng.integers(0, 2, 400).astype(float), rng.integers(0, 2, 400).astype(float)
+    a[:30] = 1.0
+    b[:30] = 0.0
+    _, p = st.sign_flip_test(a, b, n_resamples=40_000, seed=2)
+    ref = sm_mcnemar(np.array([[0, st.discordant_counts(a, b)[0]], [st.discordant_counts(a, b)[1], 0]]),
+                     exact=True).pvalue
+    assert abs(p - ref) < 0.01 + 0.1 * ref
+
+
+def test_compressed_bootstrap_matches_scipy_on_discrete_scores():
+    rng = np.random.default_rng(22)
+    a, b = rng.integers(0, 2, 300).astype(float), rng.integers(0, 3, 300).astype(float)
+    est, lo, hi = st.paired_bootstrap(a, b, n_resamples=8000, seed=0)
+    ref = sps.bootstrap((a - b,), _mean, n_resamples=8000, method="percentile", vectorized=True,
+                        rng=np.random.default_rng(1)).confidence_interval
+    half = (ref.high - ref.low) / 2
+    assert abs(lo - ref.low) < 0.08 * half and abs(hi - ref.high) < 0.08 * half
+
+
+# --- verdict (eval.verdict) ------------------------------------------------------------------------------------
+def _res(est, lo, hi, p=0.01, n=3):
+    return st.PairedResult(est, lo, hi, p, n, "test")
 
 
 @pytest.mark.parametrize("res,pub,same,expected", [
-    (_res(-0.05, -0.08, -0.02), -0.09, False, st.REPRODUCED),
-    (_res(-0.05, -0.08, -0.02), -0.09, True, st.REPRODUCED),
-    (_res(0.05, 0.02, 0.08), -0.09, False, st.NOT_REPRODUCED),
-    (_res(-0.005, -0.02, 0.01), -0.09, True, st.NOT_REPRODUCED),  # CI rules out the published delta
-    (_res(-0.005, -0.02, 0.01), -0.09, False, st.INCONCLUSIVE),   # other scale: sign only
-    (_res(-0.05, -0.12, 0.02), -0.09, True, st.INCONCLUSIVE),
-    (_res(-0.05, -0.08, -0.02), 0.0, True, st.NOT_REPRODUCED),    # paper: no difference
-    (_res(-0.05, -0.08, -0.02), None, True, st.NO_REFERENCE),
+    (_res(-0.05, -0.08, -0.02), -0.05, False, vd.REPRODUCED),
+    (_res(-0.05, -0.08, -0.02), -0.06, True, vd.REPRODUCED),
+    (_res(0.05, 0.02, 0.08), -0.09, False, vd.NOT_REPRODUCED),
+    (_res(-0.005, -0.02, 0.01, p=0.4), -0.09, True, vd.NOT_REPRODUCED),  # CI rules out the published delta
+    (_res(-0.005, -0.02, 0.01, p=0.4), -0.09, False, vd.INCONCLUSIVE),   # other scale: sign only
+    (_res(-0.05, -0.12, 0.02, p=0.2), -0.09, True, vd.INCONCLUSIVE),
+    (_res(-0.05, -0.08, -0.02), 0.0, True, vd.NOT_REPRODUCED),    # paper: no difference
+    (_res(-0.05, -0.08, -0.02), None, True, vd.NO_REFERENCE),
+    (_res(-0.05, -0.08, -0.02, p=0.2), -0.05, True, vd.INCONCLUSIVE),  # CI excludes 0 but the printed p does not
 ])
 def test_verdict_rule(res, pub, same, expected):
-    assert st.verdict(res, pub, same) == expected
+    assert vd.decide(res, pub, same) == expected
+
+
+def test_paired_t_single_seed_has_no_ci_and_is_insufficient():
+    r = st.paired_t([2.9], [3.0])
+    assert r.estimate == pytest.approx(-0.1) and math.isnan(r.ci_low) and math.isnan(r.p_value)
+    assert vd.decide(vd.seed_evidence([2.9], [3.0]), -0.05, same_scale=True) == vd.INSUFFICIENT
+
+
+def test_mcnemar_b4_c0_decides_by_the_exact_p_not_the_bootstrap_ci():
+    """b=4, c=0 of 200: the percentile CI excludes 0 but exact McNemar p = 0.125 (was 'reproduced')."""
+    a, b = np.zeros(200), np.zeros(200)
+    a[:4] = 1.0
+    a[10:60] = b[10:60] = 1.0
+    r = vd.question_evidence(a, b, n_resamples=4999)
+    assert r.p_value == pytest.approx(sm_mcnemar(np.array([[50, 4], [0, 146]]), exact=True).pvalue)
+    assert r.p_value == pytest.approx(0.125) and r.ci_low > 0  # the CI alone would have said "significant"
+    assert vd.decide(r, 0.024, same_scale=True) == vd.INCONCLUSIVE
+    assert vd.decide(r, 0.024, same_scale=False) == vd.INCONCLUSIVE
+
+
+@pytest.mark.parametrize("a,b", [([1.0], [0.0]), ([1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]),
+                                 ([3.5, 3.6, 3.7], [3.6, 3.7, 3.8]), ([3.5, 3.75, 4.0], [3.75, 4.0, 4.25])])
+def test_zero_width_or_single_unit_is_insufficient(a, b):
+    """One question, or all differences equal: CI [d, d], nothing to judge (was 'reproduced')."""
+    for res in ((vd.question_evidence(a, b, n_resamples=99),) if len(a) != 3 else ()) + (vd.seed_evidence(a, b),):
+        assert vd.decide(res, float(np.mean(np.subtract(a, b))), same_scale=True) == vd.INSUFFICIENT
+
+
+@pytest.mark.parametrize("factor,word", [(1 / 3, "smaller"), (10.0, "larger")])
+def test_magnitude_at_the_paper_scale(factor, word):
+    """Our delta a third / ten times the published one, CI tight around ours (was 'reproduced')."""
+    rng = np.random.default_rng(30)
+    pub = -0.06
+    base = 3.0 + rng.normal(0, 0.05, 8)
+    var = base + pub * factor + rng.normal(0, 0.002, 8)
+    r = vd.seed_evidence(var, base)
+    assert r.p_value < 1e-6 and not (r.ci_low <= pub <= r.ci_high)
+    ratio = r.estimate / pub
+    got = vd.decide(r, pub, same_scale=True)
+    assert got == f"{vd.EFFECT_DIFFERS}: {word} (ratio {ratio:.2g})"
+    assert abs(ratio - factor) < 0.1 * factor
+    assert vd.decide(r, pub, same_scale=False) == vd.REPRODUCED and vd.judged_on(False) == "sign only"
+
+
+def test_clustered_questions_decide_by_the_cluster_robust_p():
+    """8 clusters with shared shocks: iid tests are wildly overconfident; the cluster-robust t decides."""
+    rng = np.random.default_rng(31)
+    g = np.repeat(np.arange(8), 125)
+    m = np.array([0.5, -0.3, 0.45, -0.2, 0.5, -0.1, 0.35, -0.25])  # per-cluster discordance: + a better, - b
+    u, b = rng.random(1000), (rng.random(1000) < 0.4).astype(float)
+    a = b.copy()
+    pos, neg = (m[g] > 0) & (u < np.abs(m[g])), (m[g] < 0) & (u < np.abs(m[g]))
+    a[pos], b[pos], a[neg], b[neg] = 1.0, 0.0, 0.0, 1.0
+    iid = vd.question_evidence(a, b, n_resamples=999)
+    r = vd.question_evidence(a, b, clusters=g, n_resamples=999)
+    fit = sm.OLS(a - b, np.ones(1000)).fit(cov_type="cluster", cov_kwds={"groups": g}, use_t=True)
+    assert r.p_value == pytest.approx(fit.pvalues[0], rel=1e-8) and r.se == pytest.approx(fit.bse[0], rel=1e-10)
+    assert "cluster" in r.method and "7 df" in r.method
+    assert iid.p_value < 1e-6 < 0.05 < r.p_value
+    assert vd.decide(r, float((a - b).mean()), same_scale=False) == vd.INCONCLUSIVE
+    assert vd.decide(iid, float((a - b).mean()), same_scale=False) == vd.REPRODUCED
+
+
+def test_seed_level_evidence_for_several_seeds():
+    accs_a, accs_b = [0.61, 0.58, 0.64], [0.55, 0.57, 0.56]
+    r = vd.seed_level_evidence(accs_a, accs_b)
+    ref = sps.ttest_rel(accs_a, accs_b)
+    assert r.p_value == pytest.approx(ref.pvalue) and r.n == 3 and "seed" in r.method
+
+
+def test_holm_matches_statsmodels():
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(32)
+    for m in (1, 2, 5, 13):
+        p = rng.uniform(0, 0.1, m) ** 2
+        p[rng.integers(0, m)] = p.min()  # ties
+        assert vd.holm(p) == pytest.approx(multipletests(p, method="holm")[1].tolist(), rel=1e-12)
+    got = vd.holm([0.01, None, 0.04, float("nan"), 0.03])  # missing rows are not part of the family
+    assert math.isnan(got[1]) and math.isnan(got[3])
+    assert [got[0], got[2], got[4]] == pytest.approx(multipletests([0.01, 0.04, 0.03], method="holm")[1].tolist())
+
+
+def test_holm_changes_a_borderline_verdict():
+    r = _res(-0.05, -0.09, -0.01, p=0.02)
+    assert vd.decide(r, -0.05, True) == vd.REPRODUCED
+    assert vd.decide(r, -0.05, True, p_adjusted=vd.holm([0.02, 0.03, 0.04])[0]) == vd.INCONCLUSIVE
+
+
+@pytest.mark.parametrize("ours,paper,se,expected", [
+    (0.45, 0.55, None, vd.REPRODUCED),          # exactly at 0.55 - 0.10: was 'not reproduced' by float rounding
+    (0.65, 0.55, None, vd.REPRODUCED),          # exactly at 0.55 + 0.10
+    (0.44, 0.55, None, f"{vd.EFFECT_DIFFERS}: lower (ratio 0.8)"),
+    (0.90, 0.55, None, f"{vd.EFFECT_DIFFERS}: higher (ratio 1.6)"),  # two-sided: much faster is not the paper
+    (0.40, 0.55, 0.03, vd.REPRODUCED),          # within tolerance + 2 SE of the repeats
+    (None, 0.55, None, vd.INSUFFICIENT),
+])
+def test_cost_verdict(ours, paper, se, expected):
+    assert 0.45 < 0.55 - 0.10  # the float trap the verdict must survive
+    assert vd.cost_verdict(ours, paper, True, se=se) == expected
+
+
+def test_cost_verdict_oom_and_other_scales():
+    assert vd.cost_verdict(None, 0.3, True, status="OOM") == vd.OOM
+    assert vd.cost_verdict(0.5, 0.5, False).startswith(vd.NOT_JUDGED)
+    assert vd.cost_verdict(0.5, None, True) == vd.NO_REFERENCE

@@ -34,8 +34,6 @@ BASELINE = config["table1"]["baseline"]
 RUN = f"{RESULTS}/runs/{{hash}}/{{variant}}/{{size}}/seed{{seed}}"
 # One evaluation directory per run, evaluation-settings hash and task.
 EVAL = f"{RESULTS}/eval/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{ehash}}/{{task}}"
-# One paired comparison per (size, seed, task, treatment) against the baseline label.
-STATS = f"{RESULTS}/stats/{{hash}}/{{ehash}}/{{size}}/seed{{seed}}/{{task}}/{{variant}}/vs_{{baseline}}.json"
 
 
 def _deep_merge(base, over):
@@ -180,35 +178,6 @@ def downstream_results():
     ]
 
 
-def downstream_stats():
-    out = []
-    for v, s, k in ds_grid():
-        if v == BASELINE:
-            continue
-        for t in DS["tasks"]:
-            out.append(
-                STATS.format(
-                    hash=hash_of(v, s),
-                    ehash=EHASH,
-                    size=s,
-                    seed=k,
-                    task=t,
-                    variant=v,
-                    baseline=BASELINE,
-                )
-            )
-    return out
-
-
-def paired_samples(wildcards):
-    """samples.jsonl of the treatment and of the baseline for one comparison."""
-    run = dict(size=wildcards.size, seed=wildcards.seed, task=wildcards.task)
-    return {
-        "treatment": f"{eval_dir(wildcards.variant, **run)}/samples.jsonl",
-        "baseline": f"{eval_dir(wildcards.baseline, **run)}/samples.jsonl",
-    }
-
-
 # --- cost ---------------------------------------------------------------------------
 COST = config["cost"]
 COST_HASH = config_hash(COST, 8)
@@ -266,10 +235,11 @@ def figure_sources():
         "loss_curves": table1_summaries(),
         "loss_vs_compute": table1_summaries(),
         "head_sweep": heads_summaries(),
-        "forest": [f"{REPORTS}/seeds.csv", f"{REPORTS}/downstream.csv"],
+        # figures that draw a table's numbers read that table's CSV: same inputs, one code path
+        "forest": [f"{REPORTS}/table1.csv", f"{REPORTS}/downstream.csv"],
     }
     if bench_csvs():
-        src["cost"] = bench_csvs()
+        src["cost"] = [f"{REPORTS}/cost.csv"]
     if probe_files():
         src["routing_heatmap"] = probe_files()
     return src

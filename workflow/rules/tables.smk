@@ -1,5 +1,7 @@
 # Tables: generated from run summaries / evaluation outputs, never edited by hand.
-# Each writes <reports>/<name>.{md,csv,tex} through eval.tables.
+# Each writes <reports>/<name>.{md,csv,tex} through eval.tables. The downstream table reads the
+# per-question samples itself (there is no separate paired-stats step): its verdicts need the
+# whole family (Holm across rows) and, with several seeds, every seed at once (seed-level test).
 
 
 rule table1:
@@ -47,7 +49,6 @@ rule table_heads:
 rule table_downstream:
     input:
         results=downstream_results(),
-        stats=downstream_stats(),
     output:
         multiext(f"{REPORTS}/downstream", ".md", ".csv", ".tex"),
     log:
