@@ -51,7 +51,7 @@ for stage in "$@"; do
     dryrun)
       "${SMK[@]}" -n all 2>&1 | tee "$OUT/dryrun_after.log" | tail -5 ;;
     pack)
-      find results/runs results/eval results/stats results/logs reports/gpu_small -type f \
+      find results/runs results/eval results/logs reports/gpu_small -type f \
         ! -name '*.pt' ! -name '*.safetensors' ! -path '*/checkpoint/*' 2>/dev/null > /tmp/pack.list
       tar czf "$OUT/gpu_small.tgz" -T /tmp/pack.list && ls -la "$OUT/gpu_small.tgz" ;;
   esac
