@@ -94,6 +94,11 @@ class MharLM(TemplateLM):
             raise ValueError(f"MharLM: unknown argument(s) {sorted(kwargs)}; see eval/adapter.py for the valid ones")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif str(device).startswith("cuda") and not torch.cuda.is_available():
+            import logging
+
+            logging.getLogger(__name__).warning("MharLM: device %s is not available; using cpu", device)
+            device = "cpu"  # lm-eval's CLI defaults to cuda:0; its hf model falls back the same way
         self._device = torch.device(device)
         if (pretrained is None) == (model is None):
             raise ValueError("MharLM: give exactly one of pretrained=<path to model.pt> or model=<Transformer>")
