@@ -140,4 +140,6 @@ def test_gsm8k_generations_match_hf(pair):
     gens_a = [s["resps"][0][0] for s in a]
     gens_b = [s["resps"][0][0] for s in b]
     assert gens_a == gens_b
+    c = _run(_mhar(path, use_cache=False), "gsm8k", 3, **kw)  # the full-recompute path agrees too
+    assert [s["resps"][0][0] for s in c] == gens_b
     assert any(g.strip() for g in gens_a)  # something was generated (not an empty-output tie)
