@@ -308,32 +308,11 @@ class MharLM(TemplateLM):
         def hit(_row: int, toks: list[int]) -> bool:
             return bool(until) and any(s in self.tok_decode(toks) for s in until)
 
-        if hasattr(self.model, "generate"):
-            gen = self.model.generate(contexts, max_new, stop_ids=[self.eot_token_id], should_stop=hit,
-                                      use_cache=self.use_cache, max_length=self.max_length)
-        else:  # a bare logits model: recompute every step
-            gen = self._generate_recompute(contexts, max_new, hit)
+        if not hasattr(self.model, "generate"):
+            raise ValueError("MharLM: generate_until needs a model with .generate (a mhar.model.Transformer)")
+        gen = self.model.generate(contexts, max_new, stop_ids=[self.eot_token_id], should_stop=hit,
+                                  use_cache=self.use_cache, max_length=self.max_length)
         return [postprocess_generated_text(self.tok_decode(g), list(until), None) for g in gen]
-
-    def _generate_recompute(self, contexts: list[list[int]], max_new: int, hit) -> list[list[int]]:
-        gen: list[list[int]] = [[] for _ in contexts]
-        active = list(range(len(contexts)))
-        for _ in range(max_new):
-            if not active:
-                break
-            windows = [(contexts[i] + gen[i])[-self.max_length:] for i in active]
-            h = self._hidden(self._pad(windows))  # (B, T, V)
-            last = torch.stack([h[j, len(w) - 1] for j, w in enumerate(windows)])
-            nxt = self._log_probs(last).argmax(-1).tolist()
-            still = []
-            for i, tok in zip(active, nxt):
-                if tok == self.eot_token_id:
-                    continue
-                gen[i].append(tok)
-                if not hit(i, gen[i]):
-                    still.append(i)
-            active = still
-        return gen
 
     def _gen_settings(self, gen_kwargs: dict) -> tuple[list[str], int]:
         """lm-eval's normalised generation settings -> (stop strings incl. the end-of-text text, max new tokens)."""

@@ -295,3 +295,9 @@ def test_registered_and_loads_checkpoint(byte_model, tmp_path):
 def test_bad_arguments_name_the_field(byte_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         MharLM.from_model(*byte_model, device="cpu", **kwargs)
+
+
+def test_generation_budget_must_leave_room_for_the_context(parrot):
+    lm = MharLM.from_model(*parrot, device="cpu", max_length=64)
+    with pytest.raises(ValueError, match="max_gen_toks=64 must be below max_length=64"):
+        lm.generate_until([_req("generate_until", "the", {"until": [], "max_new_tokens": 64})])
