@@ -12,7 +12,9 @@ values) and a batch of random prompts:
     one step for the whole batch (no row stops early: no stop tokens);
   * ``peak_mem_gib``: ``torch.cuda.max_memory_allocated`` during the longer call (CUDA only).
 
-Medians over ``--repeats`` timed calls after one warm-up call (Triton autotuning, allocator).
+Medians over ``--repeats`` timed calls after warm-up calls (Triton compilation and autotuning, allocator).
+``MHAR_ROUTING_AUTOTUNE=0`` skips the fused kernels' autotuning (one fixed launch configuration; recorded
+in the ``routing_autotune`` column) when a cold Triton cache would make the run too long.
 
     PYTHONPATH=. python benchmarks/bench_inference.py --sizes 100M 350M 1B --out results/bench/inference.csv
     PYTHONPATH=. python benchmarks/bench_inference.py --sizes debug --device cpu --mhar-impl eager \\
@@ -21,6 +23,7 @@ Medians over ``--repeats`` timed calls after one warm-up call (Triton autotuning
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Optional, Sequence
@@ -58,7 +61,7 @@ def bench_one(size: str, variant: str, routing_impl: str, heads: int, batch: int
     contexts = torch.randint(0, cfg.vocab_size, (batch, prompt), generator=g).tolist()
     short = lambda: model.generate(contexts, 1)  # noqa: E731  prefill + first token
     long = lambda: model.generate(contexts, 1 + new)  # noqa: E731
-    short(), long()  # warm-up: kernels, autotuning, allocator
+    short(), model.generate(contexts, 2)  # warm-up of the prefill and step shapes: kernels, autotuning, allocator
     t_short = statistics.median(_timed(short, device) for _ in range(repeats))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -69,7 +72,8 @@ def bench_one(size: str, variant: str, routing_impl: str, heads: int, batch: int
            "batch": batch, "prompt_tokens": prompt, "new_tokens": new, "repeats": repeats,
            "prefill_s": round(t_short, 5), "prefill_tok_s": round(batch * prompt / t_short, 1),
            "decode_ms_per_token": round(1e3 * max(t_long - t_short, 0.0) / new, 4),
-           "peak_mem_gib": round(peak, 4) if peak is not None else ""}
+           "peak_mem_gib": round(peak, 4) if peak is not None else "",
+           "routing_autotune": os.environ.get("MHAR_ROUTING_AUTOTUNE", "1")}
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -31,7 +31,7 @@ def test_cpu_smoke_writes_rows_with_provenance(tmp_path, monkeypatch):
         assert r["command"].startswith("PYTHONPATH=. python") and r["git_commit"] is not None and r["torch"]
     assert rows[1]["routing_impl"] == "eager" and float(rows[1]["prefill_vs_baseline"]) > 0
     assert calls and all(calls)  # 2 variants x (warm-up + timed) calls, all with the cache
-    assert len(calls) == 2 * 4
+    assert len(calls) == 2 * 4  # per variant: two warm-up calls, then one timed prefill and one timed decode
 
 
 @pytest.mark.gpu
