@@ -143,3 +143,16 @@ def test_gsm8k_generations_match_hf(pair):
     c = _run(_mhar(path, use_cache=False), "gsm8k", 3, **kw)  # the full-recompute path agrees too
     assert [s["resps"][0][0] for s in c] == gens_b
     assert any(g.strip() for g in gens_a)  # something was generated (not an empty-output tie)
+
+
+def test_training_documents_are_encoded_as_evaluation_encodes(pair):
+    """Training shards hold each document as the evaluation sees it (BOS first), then end-of-text."""
+    from mhar.data import _encode
+    from mhar.tokenizer import get_tokenizer
+
+    hf_dir, path = pair
+    tok, lm = get_tokenizer(str(hf_dir)), _mhar(path)
+    doc = "The cat sat on the mat."
+    assert tok.bos_id is not None and tok.bos_id != tok.eot_id
+    assert _encode(tok, doc).tolist() == lm.tok_encode(doc) + [tok.eot_id]
+    assert _encode(tok, doc)[0] == tok.bos_id
