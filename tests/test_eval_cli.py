@@ -12,7 +12,7 @@ import pytest
 import torch
 
 pytest.importorskip("lm_eval")
-from eval.lm_eval_cli import cli_argv  # noqa: E402
+from eval.lm_eval_cli import cli_argv, local_fewshot_error, main  # noqa: E402
 from eval.data_local import TASKS_DIR  # noqa: E402
 from mhar.checkpoint import save_model  # noqa: E402
 from mhar.config import model_config  # noqa: E402
@@ -55,16 +55,26 @@ def test_cli_runs_lambada_with_mhar_model(setup):
     assert res["configs"]["lambada_openai"]["metadata"]["source"] == "local"  # our YAML, our data
 
 
-def test_cli_bad_checkpoint_is_one_error_line(setup):
+def test_cli_bad_checkpoint_is_one_error_line(setup, monkeypatch, capsys):
     _, env, tmp = setup
-    r = subprocess.run(_command() + ["--model", "mhar", "--model_args", f"pretrained={tmp}/missing.pt",
-                                     "--tasks", "lambada_openai", "--limit", "1", "--device", "cpu"],
-                       cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: ")
-    assert "missing.pt" in r.stderr.strip().splitlines()[-1]
+    monkeypatch.setenv("MHAR_DATA_DIR", env["MHAR_DATA_DIR"])
+    rc = main(["--model", "mhar", "--model_args", f"pretrained={tmp}/missing.pt", "--tasks", "lambada_openai",
+               "--limit", "1", "--device", "cpu"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and last.startswith("error: ") and "missing.pt" in last
 
 
 def test_include_path_only_with_a_data_dir():
     assert cli_argv(["--model", "mhar"], None) == ["--model", "mhar"]
     assert cli_argv(["run", "--tasks", "x"], "/d")[-2:] == ["--include_path", str(TASKS_DIR)]
     assert cli_argv(["--include_path", "mine"], "/d") == ["--include_path", "mine"]
+
+
+def test_num_fewshot_refused_for_local_tasks_without_a_fewshot_split(setup, monkeypatch, capsys):
+    _, env, _ = setup
+    monkeypatch.setenv("MHAR_DATA_DIR", env["MHAR_DATA_DIR"])
+    rc = main(["--model", "mhar", "--model_args", "pretrained=x", "--tasks", "lambada_openai", "--num_fewshot", "2"])
+    assert rc == 2 and capsys.readouterr().err.strip().splitlines()[-1].startswith("error: task lambada_openai:")
+    assert local_fewshot_error(["--tasks", "gsm8k", "--num_fewshot", "3"]) is None  # gsm8k has a train split
+    assert "hellaswag" in local_fewshot_error(["-t", "gsm8k,hellaswag", "-f=1"])
+    assert local_fewshot_error(["--tasks", "hellaswag", "--num_fewshot", "0"]) is None
