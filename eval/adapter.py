@@ -4,7 +4,12 @@
 
 or, in Python, ``MharLM(pretrained=path)`` / ``MharLM.from_model(model, tokenizer)``.
 
-Scoring follows lm-eval's HF model so numbers are comparable:
+Everything follows lm-eval's ``hf`` model (``HFLM``) so numbers are comparable:
+  * tokens: ``tok_encode`` applies the tokenizer's own template as ``transformers`` does by
+    default (a Llama-3 tokenizer prepends its BOS; GPT-2 style and ``byte`` add nothing);
+    ``add_bos_token=True|False`` overrides it as in ``hf``; a string that already starts with
+    the prefix token's text gets no second one. The prefix token (empty contexts, first
+    rolling window) is ``prefix_token_id`` if given, else the tokenizer's BOS, else end-of-text.
   * ``loglikelihood``: context/continuation split by lm-eval's ``TemplateLM`` (trailing
     spaces of the context move to the continuation; the pair is encoded jointly and
     split at the context's token count); ``(context+continuation)[:-1]`` is fed,
@@ -13,10 +18,12 @@ Scoring follows lm-eval's HF model so numbers are comparable:
     scored in consecutive windows (``score_windows``).
   * ``loglikelihood_rolling``: lm-eval's rolling windows of ``max_length`` tokens
     (default: the model's training context ``cfg.max_seq_len``), first window
-    prefixed with the end-of-text token; each token is predicted exactly once.
-  * ``generate_until``: greedy decoding, stops at the end-of-text token, at any
-    ``until`` string (the output is cut before it) or after ``max_gen_toks`` tokens.
-    Inputs longer than ``max_length`` keep their last ``max_length`` tokens.
+    prefixed with the prefix token; each token is predicted exactly once.
+  * ``generate_until``: greedy decoding with the model's KV cache (``Transformer.generate``);
+    stops at the end-of-text token, at any ``until`` string or the end-of-text text (the
+    output is cut before it) or after ``max_gen_toks`` tokens (aliases ``max_new_tokens``,
+    ... as lm-eval's ``normalize_gen_kwargs``). A context longer than
+    ``max_length - max_gen_toks`` keeps its last tokens (cut once, as ``hf`` does).
 
 Requests are sorted by length (longest first) and batched; sequences are
 right-padded, which is exact for a causal model (padding only follows the
@@ -31,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from lm_eval.models.utils import Collator
+from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
@@ -39,6 +46,17 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 # Scored positions per output-head call: bounds the (positions, vocab) fp32 block.
 _HEAD_CHUNK = 4096
+
+
+def _as_bool(name: str, value: Any) -> Optional[bool]:
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError(f"MharLM: {name} must be true or false, got {value!r}")
 
 
 def _as_int(name: str, value: Any) -> int:
@@ -66,6 +84,9 @@ class MharLM(TemplateLM):
         dtype: Optional[str] = None,
         routing_impl: Optional[str] = None,
         rolling_context: int | str = 1,
+        add_bos_token: Optional[bool | str] = None,
+        prefix_token_id: Optional[int | str] = None,
+        use_cache: bool | str = True,
         **kwargs: Any,
     ) -> None:
         super().__init__()
@@ -73,6 +94,11 @@ class MharLM(TemplateLM):
             raise ValueError(f"MharLM: unknown argument(s) {sorted(kwargs)}; see eval/adapter.py for the valid ones")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif str(device).startswith("cuda") and not torch.cuda.is_available():
+            import logging
+
+            logging.getLogger(__name__).warning("MharLM: device %s is not available; using cpu", device)
+            device = "cpu"  # lm-eval's CLI defaults to cuda:0; its hf model falls back the same way
         self._device = torch.device(device)
         if (pretrained is None) == (model is None):
             raise ValueError("MharLM: give exactly one of pretrained=<path to model.pt> or model=<Transformer>")
@@ -103,6 +129,9 @@ class MharLM(TemplateLM):
         for name in ("batch_size", "_max_length", "max_gen_toks", "rolling_context"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MharLM: {name.lstrip('_')} must be >= 1, got {getattr(self, name)}")
+        self.add_bos_token = _as_bool("add_bos_token", add_bos_token)
+        self.use_cache = _as_bool("use_cache", use_cache)
+        self.custom_prefix_token_id = None if prefix_token_id is None else _as_int("prefix_token_id", prefix_token_id)
         if self.rolling_context > self._max_length:
             raise ValueError(f"MharLM: rolling_context={self.rolling_context} exceeds max_length={self._max_length}")
 
@@ -115,6 +144,14 @@ class MharLM(TemplateLM):
     @property
     def eot_token_id(self) -> int:
         return int(self.tokenizer.eot_id)
+
+    @property
+    def prefix_token_id(self) -> int:
+        """Conditioning token of empty contexts and of the first rolling window (``hf``'s rule)."""
+        if self.custom_prefix_token_id is not None:
+            return self.custom_prefix_token_id
+        bos = getattr(self.tokenizer, "bos_id", None)
+        return int(bos) if bos is not None else self.eot_token_id
 
     @property
     def max_length(self) -> int:
@@ -134,14 +171,28 @@ class MharLM(TemplateLM):
                 "max_gen_toks": self.max_gen_toks, "rolling_context": self.rolling_context,
                 "dtype": str(next(self.model.parameters()).dtype), "device": str(self.device),
                 "tokenizer": self.tokenizer_name, "eot_id": self.eot_token_id,
+                "prefix_token_id": self.prefix_token_id, "add_bos_token": self.add_bos_token,
+                "kv_cache": self.use_cache,
                 "routing_impl": getattr(getattr(self.model.cfg, "residual", None), "routing_impl", None)}
 
     # --- tokenization ----------------------------------------------------------------
-    def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> list[int]:
-        return list(self.tokenizer.encode(string))
+    def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None,
+                   left_truncate_len: Optional[int] = None, **kwargs: Any) -> list[int]:
+        """Token ids as ``hf`` encodes them (see the module docstring)."""
+        special = add_special_tokens if add_special_tokens is not None else self.add_bos_token
+        if special is None:
+            special = True  # the tokenizer's default template, as transformers' encode()
+        prefix_text = self.tok_decode([self.prefix_token_id], skip_special_tokens=False)
+        if add_special_tokens is None and prefix_text and string.startswith(prefix_text):
+            special = False  # the text already carries its BOS
+        ids = list(self.tokenizer.encode(string, add_special_tokens=special))
+        bos = getattr(self.tokenizer, "bos_id", None)
+        if special and self.add_bos_token and bos is not None and ids[:1] != [bos]:
+            ids = [int(bos)] + ids  # add_bos_token=True on a tokenizer whose template has no BOS
+        return ids[-left_truncate_len:] if left_truncate_len else ids
 
-    def tok_decode(self, tokens: Iterable[int], **kwargs: Any) -> str:
-        return self.tokenizer.decode(list(tokens))
+    def tok_decode(self, tokens: Iterable[int], skip_special_tokens: bool = True, **kwargs: Any) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
 
     # --- model calls -------------------------------------------------------------------
     def _pad(self, seqs: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -181,9 +232,10 @@ class MharLM(TemplateLM):
             lp_tok.append(lp.gather(-1, t[:, None]).squeeze(-1))
             greedy.append(lp.argmax(-1) == t)
         sizes = [len(cont) for cont in conts]
-        lp_rows = torch.cat(lp_tok).double().cpu().split(sizes)
+        # fp32 sums per row, as hf sums its gathered fp32 log-probs: equal totals to the last bit
+        lp_rows = torch.cat(lp_tok).cpu().split(sizes)
         greedy_rows = torch.cat(greedy).cpu().split(sizes)
-        return [(float(lp.sum()), bool(g.all())) for lp, g in zip(lp_rows, greedy_rows)]
+        return [(float(lp.contiguous().sum()), bool(g.all())) for lp, g in zip(lp_rows, greedy_rows)]
 
     def score_windows(self, ctx: list[int], cont: list[int]) -> list[tuple[list[int], list[int]]]:
         """(input, predicted tokens) pairs that predict each continuation token once.
@@ -250,46 +302,38 @@ class MharLM(TemplateLM):
     # --- generation --------------------------------------------------------------------
     @torch.no_grad()
     def greedy_generate(self, contexts: list[list[int]], until: Sequence[str], max_new: int) -> list[str]:
-        """Greedy continuation of each context; text cut at the first ``until`` string."""
-        gen: list[list[int]] = [[] for _ in contexts]
-        active = list(range(len(contexts)))
-        for _ in range(max_new):
-            if not active:
-                break
-            windows = [(contexts[i] + gen[i])[-self.max_length:] for i in active]
-            h = self._hidden(self._pad(windows))  # (B, T, D|V)
-            last = torch.stack([h[j, len(w) - 1] for j, w in enumerate(windows)])  # (B, D|V)
-            nxt = self._log_probs(last).argmax(-1).tolist()
-            still = []
-            for i, tok in zip(active, nxt):
-                if tok == self.eot_token_id:
-                    continue
-                gen[i].append(tok)
-                if not any(s in self.tok_decode(gen[i]) for s in until):
-                    still.append(i)
-            active = still
-        out = []
-        for g in gen:
-            text = self.tok_decode(g)
-            for s in until:
-                text = text.split(s)[0]
-            out.append(text)
-        return out
+        """Greedy continuation of each context (already cut to fit); text cut at the first ``until`` string."""
+        until = [s for s in until if s]
+
+        def hit(_row: int, toks: list[int]) -> bool:
+            return bool(until) and any(s in self.tok_decode(toks) for s in until)
+
+        if not hasattr(self.model, "generate"):
+            raise ValueError("MharLM: generate_until needs a model with .generate (a mhar.model.Transformer)")
+        gen = self.model.generate(contexts, max_new, stop_ids=[self.eot_token_id], should_stop=hit,
+                                  use_cache=self.use_cache, max_length=self.max_length)
+        return [postprocess_generated_text(self.tok_decode(g), list(until), None) for g in gen]
 
     def _gen_settings(self, gen_kwargs: dict) -> tuple[list[str], int]:
-        kw = dict(gen_kwargs)
+        """lm-eval's normalised generation settings -> (stop strings incl. the end-of-text text, max new tokens)."""
+        if not isinstance(gen_kwargs, dict):
+            raise ValueError(f"MharLM: generation_kwargs must be a dict, got {gen_kwargs!r}")
+        until = gen_kwargs.get("until")
+        if until is not None and not isinstance(until, (str, list)):
+            raise ValueError(f"MharLM: generation_kwargs 'until' must be a string or list, got {until!r}")
+        kw = dict(normalize_gen_kwargs(gen_kwargs, self.max_gen_toks))
         if kw.pop("do_sample", False) and float(kw.get("temperature", 0.0)) > 0:
             raise ValueError("MharLM: only greedy generation is supported (generation_kwargs do_sample=True)")
         kw.pop("temperature", None)
-        until = kw.pop("until", None) or []
-        if isinstance(until, str):
-            until = [until]
-        if not isinstance(until, list):
-            raise ValueError(f"MharLM: generation_kwargs 'until' must be a string or list, got {until!r}")
-        max_new = _as_int("max_gen_toks", kw.pop("max_gen_toks", self.max_gen_toks))
+        eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
+        until = handle_stop_sequences(kw.pop("until", None), eos=eos or None)
+        max_new = _as_int("max_gen_toks", kw.pop("max_gen_toks"))
         if kw:
             raise ValueError(f"MharLM: unsupported generation_kwargs {sorted(kw)} (greedy decoding only)")
-        return [s for s in until if s], max_new
+        if max_new >= self.max_length:
+            raise ValueError(f"MharLM: max_gen_toks={max_new} must be below max_length={self.max_length} "
+                             "(the context needs room, as in lm-eval's hf model)")
+        return until, max_new
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         items = []
@@ -297,13 +341,14 @@ class MharLM(TemplateLM):
             context, gen_kwargs = req.args
             ctx = self.tok_encode(context) or [self.prefix_token_id]
             items.append((context, ctx, gen_kwargs))
-        coll = Collator(items, sort_fn=lambda x: (-len(x[1]), tuple(x[1])),
+        coll = Collator(items, sort_fn=lambda x: (-len(x[1]), x[0]),
                         group_fn=lambda x: x[2], group_by="gen_kwargs")
         results = []
         pbar = tqdm(total=len(items), disable=disable_tqdm or len(items) < 2, desc="generate_until")
         for chunk in coll.get_batched(n=self.batch_size):
             until, max_new = self._gen_settings(chunk[0][2])
-            texts = self.greedy_generate([c for _, c, _ in chunk], until, max_new)
+            room = self.max_length - max_new  # cut the context once, as hf's left_truncate_len
+            texts = self.greedy_generate([c[-room:] for _, c, _ in chunk], until, max_new)
             for (context, _, gen_kwargs), text in zip(chunk, texts):
                 self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
                 results.append(text)

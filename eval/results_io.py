@@ -311,7 +311,9 @@ def load_eval_task(eval_dir: str | os.PathLike, task: str) -> EvalTask:
         group = rec.get("group", rec.get("cluster"))
         if group is None and task in CLUSTER_FIELDS and isinstance(rec.get("doc"), dict):
             group = rec["doc"].get(CLUSTER_FIELDS[task])
-        docs[rec["doc_id"]] = {"prompt_hash": rec.get("prompt_hash"), "metrics": rec["metrics"], "group": group}
+        # the all-arguments hash (``arguments_hash``; older files stored it as ``prompt_hash``)
+        docs[rec["doc_id"]] = {"prompt_hash": rec.get("arguments_hash", rec.get("prompt_hash")),
+                               "metrics": rec["metrics"], "group": group}
     results = _read_json(d / "results.json") if (d / "results.json").is_file() else {}
     return EvalTask(task=task, path=sp, docs=docs, results=results)
 

@@ -7,7 +7,9 @@
 Python: ``evaluate_model(model_path, tasks, out_dir, subset="first:200", device="cpu")``.
 
 Outputs per task (docs/ARCHITECTURE.md "Evaluation outputs"):
-  ``OUT/<task>/samples.jsonl``  one line per document: doc_id, prompt_hash, target, metrics, responses
+  ``OUT/<task>/samples.jsonl``  one line per document: doc_id, prompt_hash / target_hash / doc_hash
+                                (lm-eval's fields and meanings), arguments_hash (sha256 of all request
+                                arguments), target, metrics, responses
   ``OUT/<task>/results.json``   aggregate metrics with standard errors, n, subset, model, provenance
 Data: the local mirror when ``MHAR_DATA_DIR`` (or ``data_dir``) is set, else the hub.
 Each task is a separate lm-eval run, so its results do not depend on which other tasks are listed.
@@ -144,8 +146,11 @@ def _metric_key(metric: str, filter_key: str) -> str:
     return metric if filter_key == "none" else f"{metric},{filter_key}"
 
 
-def prompt_hash(arguments: Sequence[Any]) -> str:
-    """sha256 of all of a document's request arguments (contexts, continuations, gen settings)."""
+def arguments_hash(arguments: Sequence[Any]) -> str:
+    """sha256 of all of a document's request arguments (contexts, continuations, gen settings).
+
+    Stored as ``arguments_hash``; ``prompt_hash`` keeps lm-eval's meaning (sha256 of the first
+    request's first argument, as lm-eval logs it), so joins with lm-eval's own logs work."""
     blob = json.dumps(_jsonable(arguments), sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -166,7 +171,8 @@ def sample_records(samples: list[dict], output_type: str) -> list[dict]:
             target = None if output_type == "loglikelihood_rolling" else _jsonable(s["target"])
             rec = by_doc[doc_id] = {
                 "doc_id": doc_id,
-                "prompt_hash": prompt_hash(s["arguments"]),
+                "prompt_hash": s.get("prompt_hash"),  # lm-eval's: sha256 of the first request's context
+                "arguments_hash": arguments_hash(s["arguments"]),  # ours: every argument of every request
                 "target": target,  # rolling tasks: the document itself (see target_hash)
                 "target_hash": s.get("target_hash"),
                 "doc_hash": s.get("doc_hash"),
@@ -260,9 +266,36 @@ def _caller_rng_kept():
 
 
 # --- one task ---------------------------------------------------------------------------
+def check_fewshot(task, task_name: str, num_fewshot: int, source: DataSource) -> None:
+    """Refuse a ``num_fewshot`` that the task cannot honour (instead of lm-eval silently ignoring it)."""
+    if num_fewshot < 0:
+        raise ValueError(f"--num-fewshot {num_fewshot}: must be >= 0")
+    if num_fewshot == 0:
+        return
+    cfg = task.config
+    if task.OUTPUT_TYPE == "loglikelihood_rolling":
+        raise ValueError(f"task {task_name}: a perplexity task takes no few-shot examples; drop --num-fewshot")
+    if getattr(cfg, "num_fewshot", None) == 0 and "zeroshot" in task_name:
+        raise ValueError(f"task {task_name}: zero-shot by definition (its config pins num_fewshot: 0); "
+                         "drop --num-fewshot")
+    fs = getattr(task, "fewshot_cfg", None)
+    has_source = any(x is not None for x in (getattr(cfg, "fewshot_split", None), getattr(cfg, "training_split", None),
+                                             getattr(fs, "split", None), getattr(fs, "samples", None)))
+    if not has_source:
+        where = "the local mirror holds no training split for it" if source.is_local else "it has no training split"
+        raise ValueError(f"task {task_name}: no few-shot split ({where}); --num-fewshot {num_fewshot} cannot be "
+                         "honoured without drawing examples from the evaluated documents. Drop --num-fewshot"
+                         + (" or unset MHAR_DATA_DIR to use the hub task" if source.is_local else ""))
+
+
 def evaluate_task(lm, model_info: dict, task_name: str, source: DataSource, task_manager, subset: Subset,
-                  out_dir: Path, bootstrap_iters: int = 100000, model_path: str = "") -> dict:
-    """Run ``task_name`` on the selected documents; write samples.jsonl and results.json."""
+                  out_dir: Path, bootstrap_iters: int = 100000, model_path: str = "",
+                  num_fewshot: Optional[int] = None) -> dict:
+    """Run ``task_name`` on the selected documents; write samples.jsonl and results.json.
+
+    ``num_fewshot``: None = the task's own setting; N is honoured when the task has a few-shot
+    source (a fewshot or training split) and refused (ValueError) when it has none or is zero-shot
+    by definition. GPQA's answer order is the seeded stock order on the hub path too."""
     import lm_eval
     from lm_eval.evaluator import simple_evaluate
 
@@ -282,6 +315,12 @@ def evaluate_task(lm, model_info: dict, task_name: str, source: DataSource, task
             raise
         raise HubUnavailable(f"task {task_name}: could not load its Hugging Face hub dataset ({type(e).__name__}: {e}); "
                            "offline? set MHAR_DATA_DIR to the local mirror (layout of shared/data)") from e
+    from .tasks.utils import seed_gpqa_choices
+
+    seed_gpqa_choices(task)  # before any read of the docs (local tasks are seeded in their loader)
+    if num_fewshot is not None:
+        check_fewshot(task, task_name, num_fewshot, source)
+        task.set_config(key="num_fewshot", value=num_fewshot)
     n_docs = len(task.eval_docs)
     doc_ids = subset.doc_ids(n_docs)
     kwargs: dict[str, Any] = {}
@@ -338,7 +377,7 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
                    subset: Optional[str | Subset] = None, device: Optional[str] = None, batch_size: int = 8,
                    limit: Optional[int] = None, max_length: Optional[int] = None, dtype: Optional[str] = None,
                    bootstrap_iters: int = 100000, data_dir: Optional[str | os.PathLike] = None,
-                   lm: Any = None, overwrite: bool = False) -> dict[str, dict]:
+                   lm: Any = None, overwrite: bool = False, num_fewshot: Optional[int] = None) -> dict[str, dict]:
     """Evaluate one checkpoint on ``tasks``; returns ``{task: results.json content}``.
 
     ``model_path``: an exported ``model.pt`` (or its run dir) or ``hf:<path or name>``.
@@ -346,6 +385,8 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     ``data_dir``: local mirror (default ``MHAR_DATA_DIR``; unset -> Hugging Face hub).
     ``lm``: an already-built lm-eval LM to use instead of loading ``model_path`` (e.g. an
     in-memory ``MharLM.from_model``); ``model_path`` is then only recorded.
+    ``num_fewshot``: few-shot examples per prompt (None: each task's default; refused where the task
+    has no few-shot split).
     ``overwrite``: replace results of another model or subset already in ``out_dir`` (default: refuse
     with ``FileExistsError`` before anything runs; results of the same model and subset are redone).
     """
@@ -372,7 +413,8 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
         out = {}
         for name in task_list:
             log.info("evaluating %s on %s (%s, %s)", model_path, name, sub, source.describe())
-            out[name] = evaluate_task(lm, info, name, source, tm, sub, Path(out_dir), bootstrap_iters, str(model_path))
+            out[name] = evaluate_task(lm, info, name, source, tm, sub, Path(out_dir), bootstrap_iters, str(model_path),
+                                      num_fewshot=num_fewshot)
     return out
 
 
@@ -388,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-length", type=int, default=None, help="context length (default: the model's training context)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: as stored / HF auto)")
+    p.add_argument("--num-fewshot", "--num_fewshot", type=int, default=None,
+                   help="few-shot examples per prompt (default: each task's own; refused where no few-shot split)")
     p.add_argument("--bootstrap-iters", type=int, default=100000, help="lm-eval bootstrap draws for stderrs (0: none)")
     p.add_argument("--data-dir", default=None, help="local data mirror (default: $MHAR_DATA_DIR; unset: hub)")
     return p
@@ -427,7 +471,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         results = evaluate_model(args.model, args.tasks, args.out, subset=args.subset, limit=args.limit,
                                  device=args.device, batch_size=args.batch_size, max_length=args.max_length,
-                                 dtype=args.dtype, bootstrap_iters=args.bootstrap_iters, data_dir=args.data_dir)
+                                 dtype=args.dtype, bootstrap_iters=args.bootstrap_iters, data_dir=args.data_dir,
+                                 num_fewshot=args.num_fewshot)
     except (CheckpointError, HubUnavailable, FileNotFoundError, FileExistsError, KeyError, ValueError) as e:
         # bad input (model file, task name, data dir, subset, adapter setting, results of another model in
         # --out): one line, no traceback

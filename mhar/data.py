@@ -349,6 +349,8 @@ def _token_dtype(vocab: int) -> np.dtype:
 
 def _tokenizer_fingerprint(tok: Tokenizer, spec: str) -> dict:
     fp = {"spec": spec, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id}
+    if getattr(tok, "bos_id", None) is not None:  # documents carry the tokenizer's template (e.g. a BOS)
+        fp["bos_id"] = tok.bos_id
     p = Path(spec)
     if p.is_dir():
         p = p / "tokenizer.json"
@@ -396,7 +398,8 @@ def _encode(tok: Tokenizer, text: str) -> np.ndarray:
     if isinstance(tok, ByteTokenizer):
         ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
     else:
-        ids = np.asarray(tok.encode(text), dtype=np.int64)
+        # the tokenizer's own template, as evaluation encodes (a Llama-3 tokenizer prepends its BOS)
+        ids = np.asarray(tok.encode(text, add_special_tokens=True), dtype=np.int64)
     return np.append(ids, tok.eot_id)
 
 

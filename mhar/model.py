@@ -7,12 +7,18 @@ With ``qk_norm=False, tie_embeddings=False`` it is the Llama architecture
 
 The decoder loop never branches on the residual variant: see
 ``mhar.residuals.base.Residual``.
+
+Incremental decoding (``KVCache``, ``Transformer.generate``): attention keeps the
+keys/values of the positions already processed; every residual variant mixes
+only across depth, per token, so a step builds the residual state (and, for the
+routed variants, the depth sources) of the new positions only. A cached step
+computes exactly what the full forward computes at those positions.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -67,13 +73,63 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", rope_frequencies(cfg), persistent=False)
 
     def forward(self, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """cos/sin (T, hd) for positions 0..T-1."""
+        return self.at(torch.arange(T, device=device))
+
+    def at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos/sin for explicit positions: (T,) -> (T, hd); (B, T) -> (B, 1, T, hd) (per-row positions)."""
         inv = self.inv_freq
         if inv.dtype != torch.float32:  # model.to(bf16) also casts buffers: recompute at full precision
             inv = rope_frequencies(self.cfg)
-        t = torch.arange(T, device=device, dtype=torch.float32)
-        freqs = torch.outer(t, inv.to(device))  # (T, hd/2)
-        emb = torch.cat([freqs, freqs], dim=-1)  # (T, hd)
+        freqs = positions.to(torch.float32)[..., None] * inv.to(positions.device)  # (..., T, hd/2)
+        emb = torch.cat([freqs, freqs], dim=-1)  # (..., T, hd)
+        if positions.dim() == 2:
+            emb = emb[:, None]  # (B, 1, T, hd): broadcast over heads
         return emb.cos(), emb.sin()
+
+
+class KVCache:
+    """Keys/values of the positions already processed, for incremental decoding.
+
+    Rows may have different lengths: the first (prefill) call takes right-padded
+    input ids and each row's true length; padded slots stay in the cache but are
+    masked out, and each row's next position continues from its own length.
+    ``k[l]``/``v[l]``: (B, n_kv, T_cached, hd) after RoPE, before GQA repetition.
+    """
+
+    def __init__(self, n_layers: int):
+        self.k: list[Optional[Tensor]] = [None] * n_layers
+        self.v: list[Optional[Tensor]] = [None] * n_layers
+        self.valid: Optional[Tensor] = None  # (B, T_cached) bool: slots a later query may attend to
+        self.next_pos: Optional[Tensor] = None  # (B,) position id of the next token of each row
+
+    @property
+    def empty(self) -> bool:
+        return self.valid is None
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append this step's k/v (B, n_kv, T, hd) of ``layer``; return all cached k/v."""
+        if self.k[layer] is not None:
+            k = torch.cat([self.k[layer], k], dim=2)
+            v = torch.cat([self.v[layer], v], dim=2)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+    def keep_rows(self, rows: Tensor) -> None:
+        """Drop finished rows (``rows``: indices of the rows to keep, in the new order)."""
+        self.k = [None if t is None else t.index_select(0, rows) for t in self.k]
+        self.v = [None if t is None else t.index_select(0, rows) for t in self.v]
+        if self.valid is not None:
+            self.valid = self.valid.index_select(0, rows)
+            self.next_pos = self.next_pos.index_select(0, rows)
+
+
+@dataclass
+class AttnStep:
+    """What attention needs besides its input for one cached call."""
+
+    cache: KVCache
+    mask: Optional[Tensor]  # (B, 1, T, T_cached + T) bool, None: plain causal over the new positions
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -107,7 +163,9 @@ class Attention(nn.Module):
         w = lin.weight.view(G, -1, x.shape[-1])
         return torch.einsum("btgd,god->btgo", x, w).flatten(2)  # (B, T, out)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None,
+                layer: int = 0) -> Tensor:
+        """``step``: KV cache of an incremental call (``layer`` indexes it); None = full causal forward."""
         if x.dim() == 4:
             B, T = x.shape[:2]
             q, k, v = (self._grouped_proj(x, p) for p in (self.q_proj, self.k_proj, self.v_proj))
@@ -118,11 +176,18 @@ class Attention(nn.Module):
         k = self.k_norm(k.view(B, T, self.n_kv, self.hd)).transpose(1, 2)  # (B, kv, T, hd)
         v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, kv, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        mask = None
+        if step is not None:
+            k, v = step.cache.update(layer, k, v)  # (B, kv, T_all, hd)
+            mask = step.mask
         if self.n_kv != self.n_heads:
             rep = self.n_heads // self.n_kv
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, h, T, hd)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, h, T, hd)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))
 
 
@@ -149,8 +214,9 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def attn_sublayer(self, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        return self.attn(self.attn_norm(h), cos, sin)
+    def attn_sublayer(self, h: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None,
+                      layer: int = 0) -> Tensor:
+        return self.attn(self.attn_norm(h), cos, sin, step, layer)
 
     def mlp_sublayer(self, h: Tensor) -> Tensor:
         return self.mlp(self.mlp_norm(h))
@@ -188,19 +254,46 @@ class Transformer(nn.Module):
                 nn.init.ones_(m.weight)
         self.residual.reset_parameters()
 
-    def sublayer(self, i: int, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def sublayer(self, i: int, h: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None) -> Tensor:
         block = self.layers[i // 2]
-        return block.attn_sublayer(h, cos, sin) if i % 2 == 0 else block.mlp_sublayer(h)
+        if i % 2:
+            return block.mlp_sublayer(h)
+        # training passes no layer index: a compiled attn_sublayer then has one graph for all layers
+        return block.attn_sublayer(h, cos, sin) if step is None else block.attn_sublayer(h, cos, sin, step, i // 2)
 
-    def hidden(self, input_ids: Tensor) -> Tensor:
-        """Final-normed hidden states (B, T, D)."""
+    def hidden(self, input_ids: Tensor, cache: Optional[KVCache] = None,
+               lengths: Optional[Tensor] = None) -> Tensor:
+        """Final-normed hidden states (B, T, D).
+
+        With ``cache``: an incremental call. The first call (empty cache) is the prefill:
+        ``input_ids`` right-padded, ``lengths`` (B,) the true lengths (default: all T).
+        Later calls feed the next tokens of every row (B, T_new) at positions
+        ``lengths + tokens fed since``; only the new positions are computed.
+        """
         B, T = input_ids.shape
-        cos, sin = self.rotary(T, input_ids.device)
+        dev = input_ids.device
+        step = None
+        if cache is None:
+            cos, sin = self.rotary(T, dev)
+        elif cache.empty:
+            lengths = torch.full((B,), T, device=dev) if lengths is None else lengths.to(dev)
+            cos, sin = self.rotary(T, dev)
+            step = AttnStep(cache, None)  # causal: padding only follows the positions that are read
+            cache.valid = torch.arange(T, device=dev)[None, :] < lengths[:, None]  # (B, T)
+            cache.next_pos = lengths.clone()
+        else:
+            pos = cache.next_pos[:, None] + torch.arange(T, device=dev)  # (B, T)
+            cos, sin = self.rotary.at(pos)
+            causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()  # among the new positions
+            mask = torch.cat([cache.valid[:, None, :].expand(B, T, -1), causal.expand(B, T, T)], dim=-1)
+            step = AttnStep(cache, mask[:, None])  # (B, 1, T, T_cached + T)
+            cache.valid = torch.cat([cache.valid, torch.ones(B, T, dtype=torch.bool, device=dev)], dim=1)
+            cache.next_pos = cache.next_pos + T
         res = self.residual
         state = res.init(self.embed(input_ids))  # (B, T, D)
         for i in range(self.cfg.n_sublayers):
             h = res.read(state, i)
-            state = res.write(state, i, self.sublayer(i, h, cos, sin))
+            state = res.write(state, i, self.sublayer(i, h, cos, sin, step))
         return self.final_norm(res.readout(state))
 
     def head_loss(self, h: Tensor, labels: Tensor, z_weight: float = 0.0) -> tuple[Tensor, Tensor]:
@@ -215,6 +308,61 @@ class Transformer(nn.Module):
         mask = target != -100
         z = (torch.logsumexp(flat, dim=-1).pow(2) * mask).sum() / mask.sum().clamp(min=1)
         return loss, loss + z_weight * z
+
+    @torch.no_grad()
+    def generate(self, contexts: list[list[int]], max_new_tokens: int, stop_ids: Sequence[int] = (),
+                 should_stop: Optional[Callable[[int, list[int]], bool]] = None,
+                 use_cache: bool = True, max_length: Optional[int] = None) -> list[list[int]]:
+        """Greedy continuation of each context (token lists of any lengths); returns the new tokens.
+
+        A row stops at a token in ``stop_ids`` (not included), when ``should_stop(row,
+        generated)`` is true (the token that made it true is kept), or after
+        ``max_new_tokens``. ``use_cache=False`` recomputes the whole sequence every step
+        (the reference path; then ``max_length`` left-truncates each step's input).
+        """
+        dev = self.embed.weight.device
+        gen: list[list[int]] = [[] for _ in contexts]
+        if any(not c for c in contexts):
+            raise ValueError("generate: every context needs at least one token")
+        active = list(range(len(contexts)))
+        stop = set(int(t) for t in stop_ids)
+        cache = KVCache(self.cfg.n_layers) if use_cache else None
+        nxt = None
+        for _ in range(max_new_tokens):
+            if not active:
+                break
+            if not use_cache:
+                seqs = [(contexts[i] + gen[i])[-max_length:] if max_length else contexts[i] + gen[i] for i in active]
+                last = self._last_states(seqs, dev)
+            elif cache.empty:
+                last = self._last_states([contexts[i] for i in active], dev, cache)
+            else:
+                last = self.hidden(nxt[:, None], cache)[:, -1]  # (B, D)
+            nxt = self.lm_head(last).float().argmax(-1)  # (B,)
+            keep, still = [], []
+            for j, (i, tok) in enumerate(zip(active, nxt.tolist())):
+                if tok in stop:
+                    continue
+                gen[i].append(tok)
+                if should_stop is not None and should_stop(i, gen[i]):
+                    continue
+                keep.append(j)
+                still.append(i)
+            if use_cache and len(keep) != len(active):
+                rows = torch.as_tensor(keep, dtype=torch.long, device=dev)
+                cache.keep_rows(rows)
+                nxt = nxt.index_select(0, rows)
+            active = still
+        return gen
+
+    def _last_states(self, seqs: list[list[int]], dev: torch.device, cache: Optional[KVCache] = None) -> Tensor:
+        """Hidden state (B, D) at the last token of each (right-padded) sequence."""
+        lengths = torch.as_tensor([len(s) for s in seqs], dtype=torch.long, device=dev)
+        ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
+        for r, s in enumerate(seqs):
+            ids[r, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        h = self.hidden(ids.to(dev), cache, lengths if cache is not None else None)  # (B, T, D)
+        return h[torch.arange(len(seqs), device=dev), lengths - 1]
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, *,
                 collect_routing: bool = False, z_weight: Optional[float] = None) -> ModelOutput:

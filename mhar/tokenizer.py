@@ -15,14 +15,19 @@ from typing import Optional, Sequence
 
 
 class Tokenizer:
+    """``encode`` adds no special tokens unless asked (training data: documents joined by ``eot_id``);
+    ``add_special_tokens=True`` applies the tokenizer's own template (e.g. a Llama-3 BOS), as
+    ``transformers`` does by default. ``bos_id`` is the tokenizer's declared BOS token (None: none)."""
+
     name: str
     vocab_size: int
     eot_id: int
+    bos_id: Optional[int] = None
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         raise NotImplementedError
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         raise NotImplementedError
 
 
@@ -33,10 +38,11 @@ class ByteTokenizer(Tokenizer):
     vocab_size = 257
     eot_id = 256
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))  # no template: nothing to add
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        # the end-of-text id has no text form, whether special tokens are skipped or not
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
@@ -46,8 +52,10 @@ _EOT_CANDIDATES = ("<|endoftext|>", "<|im_end|>", "</s>", "<|end_of_text|>", "<e
 class HFTokenizer(Tokenizer):
     """A ``tokenizers.Tokenizer`` (from tokenizer.json) or a transformers tokenizer."""
 
-    def __init__(self, backend, name: str, eot_id: Optional[int] = None, vocab_size: Optional[int] = None):
+    def __init__(self, backend, name: str, eot_id: Optional[int] = None, vocab_size: Optional[int] = None,
+                 bos_id: Optional[int] = None):
         self._tok = backend
+        self.bos_id = None if bos_id is None else int(bos_id)
         self.name = name
         self._is_fast_lib = hasattr(backend, "encode") and hasattr(backend, "get_vocab_size")
         vocab = backend.get_vocab_size() if self._is_fast_lib else len(backend)
@@ -62,13 +70,30 @@ class HFTokenizer(Tokenizer):
             raise ValueError(f"tokenizer {name}: could not find an end-of-text token among {_EOT_CANDIDATES}")
         self.eot_id = int(eot_id)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if self._is_fast_lib:
-            return self._tok.encode(text, add_special_tokens=False).ids
-        return self._tok.encode(text, add_special_tokens=False)
+            return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._tok.encode(text, add_special_tokens=add_special_tokens)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids))
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def _declared_special_tokens(folder: Path, backend) -> tuple[Optional[int], Optional[int]]:
+    """(bos, eos) ids named by a ``tokenizer_config.json`` next to tokenizer.json (as transformers reads it)."""
+    import json
+
+    cfg_path = folder / "tokenizer_config.json"
+    if not cfg_path.is_file():
+        return None, None
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    out = []
+    for key in ("bos_token", "eos_token"):
+        tok = cfg.get(key)
+        if isinstance(tok, dict):  # {"content": "<|begin_of_text|>", ...}
+            tok = tok.get("content")
+        out.append(backend.token_to_id(tok) if isinstance(tok, str) else None)
+    return out[0], out[1]
 
 
 def data_dir() -> Optional[Path]:
@@ -91,8 +116,7 @@ def get_tokenizer(spec: str) -> Tokenizer:
                 f"tokenizer {spec!r}: could not load from the Hugging Face hub ({type(e).__name__}: {e}). "
                 "Check the name, your network, or point to a local tokenizer.json instead."
             ) from e
-        eot = tok.eos_token_id
-        return HFTokenizer(tok, spec, eot_id=eot)
+        return HFTokenizer(tok, spec, eot_id=tok.eos_token_id, bos_id=tok.bos_token_id)
     candidates = [Path(spec)]
     if data_dir() is not None and not Path(spec).is_absolute():
         candidates.append(data_dir() / spec)
@@ -102,7 +126,9 @@ def get_tokenizer(spec: str) -> Tokenizer:
         if p.is_file():
             from tokenizers import Tokenizer as _Tok
 
-            return HFTokenizer(_Tok.from_file(str(p)), str(spec))
+            backend = _Tok.from_file(str(p))
+            bos, eos = _declared_special_tokens(p.parent, backend)
+            return HFTokenizer(backend, str(spec), eot_id=eos, bos_id=bos)
     hint = "give a full path" if data_dir() is not None else "set MHAR_DATA_DIR or give a full path"
     raise ValueError(
         f"unknown tokenizer {spec!r}: not 'byte', not 'hf:<hub name>', and no tokenizer.json found at "

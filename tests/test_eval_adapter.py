@@ -219,9 +219,9 @@ class _CountingHidden:
         self.model, self.calls, self._orig = model, 0, model.hidden
 
     def __enter__(self):
-        def hidden(x):
+        def hidden(x, *args):
             self.calls += 1
-            return self._orig(x)
+            return self._orig(x, *args)
         self.model.hidden = hidden
         return self
 
@@ -252,14 +252,15 @@ def test_greedy_generation_matches_direct_and_stops(parrot):
     assert out == " sa" and calls == 3
 
 
-def test_generation_batched_long_contexts_slide(parrot):
-    """Mixed lengths in one batch, one context longer than max_length (keeps its last tokens)."""
+def test_generation_batched_long_contexts_cut_once(parrot):
+    """Mixed lengths in one batch; a context longer than max_length - max_gen_toks keeps its last
+    max_length - max_gen_toks tokens once (lm-eval's hf), then generation does not slide."""
     model, tok = parrot
     ctxs = ["the cat", "mat.the cat sat", (PHRASE + "\n") * 5 + "the"]
     lm = MharLM.from_model(model, tok, batch_size=3, device="cpu", max_length=64)
-    outs = lm.generate_until([_req("generate_until", c, {"until": ["\n"], "max_gen_toks": 12}) for c in ctxs])
+    outs = lm.generate_until([_req("generate_until", c, {"until": ["\n"], "max_new_tokens": 12}) for c in ctxs])
     for c, out in zip(ctxs, outs):
-        ref = direct_greedy(model, tok.encode(c), 12, 64)
+        ref = direct_greedy(model, tok.encode(c)[-(64 - 12):], 12, 10 ** 6)
         if tok.eot_id in ref:
             ref = ref[: ref.index(tok.eot_id)]
         assert out == tok.decode(ref).split("\n")[0]
@@ -294,3 +295,9 @@ def test_registered_and_loads_checkpoint(byte_model, tmp_path):
 def test_bad_arguments_name_the_field(byte_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         MharLM.from_model(*byte_model, device="cpu", **kwargs)
+
+
+def test_generation_budget_must_leave_room_for_the_context(parrot):
+    lm = MharLM.from_model(*parrot, device="cpu", max_length=64)
+    with pytest.raises(ValueError, match="max_gen_toks=64 must be below max_length=64"):
+        lm.generate_until([_req("generate_until", "the", {"until": [], "max_new_tokens": 64})])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import hashlib
 import itertools
 import json
 import math
@@ -29,7 +30,7 @@ pytest.importorskip("lm_eval")
 
 from eval.adapter import MharLM  # noqa: E402
 from eval.data_local import DataSource  # noqa: E402
-from eval.run import Subset, evaluate_model, main, prompt_hash  # noqa: E402
+from eval.run import Subset, arguments_hash, evaluate_model, main  # noqa: E402
 from mhar.checkpoint import save_model  # noqa: E402
 from mhar.config import model_config  # noqa: E402
 from mhar.model import Transformer  # noqa: E402
@@ -122,8 +123,9 @@ def test_two_models_align_doc_by_doc(runs, task):
         assert res["provenance"]["packages"]["lm_eval"]
     assert ra["model"] != rb["model"]
     for x, y in zip(sa, sb):
-        assert (x["doc_id"], x["prompt_hash"], x["target"]) == (y["doc_id"], y["prompt_hash"], y["target"])
-        assert len(x["prompt_hash"]) == 64 and x["metrics"].keys() == y["metrics"].keys()
+        assert (x["doc_id"], x["prompt_hash"], x["arguments_hash"], x["target"]) == \
+            (y["doc_id"], y["prompt_hash"], y["arguments_hash"], y["target"])
+        assert len(x["prompt_hash"]) == len(x["arguments_hash"]) == 64 and x["metrics"].keys() == y["metrics"].keys()
     outputs = lambda samples: [(s["responses"], s.get("generation")) for s in samples]  # noqa: E731
     assert outputs(sa) != outputs(sb)  # two different models really ran
 
@@ -169,7 +171,8 @@ def test_lambada_prompts_and_metrics(runs):
         text = rows[s["doc_id"]]["text"]
         ctx, last = text.rsplit(" ", 1)
         assert s["target"] == " " + last
-        assert s["prompt_hash"] == prompt_hash([(ctx, " " + last)])  # the stock prompt, rebuilt by hand
+        assert s["arguments_hash"] == arguments_hash([(ctx, " " + last)])  # the stock prompt, rebuilt by hand
+        assert s["prompt_hash"] == hashlib.sha256(ctx.encode("utf-8")).hexdigest()  # lm-eval's meaning
         (ll, greedy), = s["responses"]["none"]
         assert s["metrics"]["acc"] == int(greedy) and s["metrics"]["perplexity"] == pytest.approx(ll)
     lls = [s["responses"]["none"][0][0] for s in samples]
@@ -332,7 +335,7 @@ def test_hf_model_and_our_adapter_agree_on_identical_weights(tmp_path):
         assert rh["model_kind"] == "hf" and rm["model_kind"] == "mhar"
         assert rh["model_info"]["max_length"] == rm["model_info"]["max_length"] == 256
         for h, m in zip(sh, sm):
-            assert (h["doc_id"], h["prompt_hash"]) == (m["doc_id"], m["prompt_hash"])
+            assert (h["doc_id"], h["prompt_hash"], h["arguments_hash"]) == (m["doc_id"], m["prompt_hash"], m["arguments_hash"])
             vh, vm = _floats(h["responses"]["none"]), _floats(m["responses"]["none"])
             assert len(vh) == len(vm) > 0 and vh == pytest.approx(vm, rel=1e-5, abs=1e-3)
 

@@ -104,6 +104,38 @@ def gpqa_shuffled_choices(doc: dict, rng: random.Random) -> dict:
             "answer": f"({chr(65 + gold)})"}
 
 
+GPQA_SEED = 0  # lm-eval's default random_seed: the stock order of a freshly seeded run
+
+
+def _is_stock_gpqa_process_docs(fn: Any) -> bool:
+    code = getattr(fn, "__code__", None)
+    return (getattr(fn, "__name__", "") == "process_docs" and code is not None
+            and Path(code.co_filename).as_posix().endswith("gpqa/zeroshot/utils.py"))
+
+
+def seed_gpqa_choices(task: Any, seed: int = GPQA_SEED) -> bool:
+    """Fix a loaded stock (hub) GPQA zero-shot task's answer order to the seeded stock order.
+
+    The stock ``process_docs`` shuffles with the global RNG at whatever state it has when the docs
+    are first read, and the ``datasets`` cache then freezes that order (two machines disagree).
+    Here each split is shuffled once, in dataset order, with ``random.Random(seed)`` (the draws of
+    a freshly seeded stock run, exactly what the local ``load_gpqa_zip`` does), kept in memory, and
+    the task's ``process_docs`` is removed. Returns False (nothing changed) for any other task.
+    """
+    config = getattr(task, "config", None)
+    if config is None or not _is_stock_gpqa_process_docs(getattr(config, "process_docs", None)):
+        return False
+    for split in list(task.dataset.keys()):
+        rng = random.Random(seed)
+        task.dataset[split] = task.dataset[split].map(lambda row: gpqa_shuffled_choices(row, rng),
+                                                      load_from_cache_file=False, keep_in_memory=True)
+    config.process_docs = None
+    fewshot_cfg = getattr(task, "fewshot_cfg", None)
+    if fewshot_cfg is not None and getattr(fewshot_cfg, "process_docs", None) is not None:
+        fewshot_cfg.process_docs = None
+    return True
+
+
 def load_gpqa_zip(data_files: dict[str, str], zip_member: str, sha256: Optional[str] = None,
                   choice_shuffle_seed: int = 0, data_dir: Optional[str] = None, **_: Any) -> datasets.DatasetDict:
     """GPQA from the encrypted zip, in memory, with the answer order fixed once.

@@ -1,0 +1,102 @@
+"""``mhar-lm-eval``: lm-eval's own command line with the ``mhar`` model and our local task YAMLs.
+
+    mhar-lm-eval --model mhar --model_args pretrained=RUN_DIR/model.pt,max_length=2048 \\
+        --tasks lambada_openai,hellaswag --device cpu --batch_size 8 [--limit N] [--num_fewshot K] ...
+    python -m eval.lm_eval_cli ...          # the same without the installed console script
+
+Every flag and subcommand is lm-eval's (``lm_eval --help``; ``run`` is implied as in ``lm_eval``);
+this wrapper only (1) registers ``--model mhar`` (``eval.adapter.MharLM``; lm-eval 0.4 does not
+discover model plugins, so plain ``lm_eval --model mhar`` fails), and (2) when ``MHAR_DATA_DIR``
+is set and no ``--include_path`` is given, adds ``--include_path eval/tasks``: the local-mirror YAMLs
+then replace the stock tasks of the same names (same prompts, data from that directory). Without
+``MHAR_DATA_DIR`` the stock hub tasks run. ``--model hf`` and every other lm-eval model work as in
+``lm_eval``. Bad ``mhar`` model arguments, a missing checkpoint and ``--num_fewshot N`` for a local task
+without a few-shot split (hellaswag, lambada_openai, wikitext, gpqa zero-shot; gsm8k has one) give one
+``error:`` line, exit 2.
+For per-document files in our format (samples.jsonl / results.json) use ``python -m eval.run``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional, Sequence
+
+from .data_local import TASKS_DIR
+
+_SUBCOMMANDS = ("run", "ls", "validate")
+
+
+def cli_argv(argv: Sequence[str], data_dir: Optional[str]) -> list[str]:
+    """lm-eval argv with the local task folder included when a data directory is set."""
+    argv = list(argv)
+    if data_dir and "--include_path" not in argv and (not argv or argv[0] in ("run", "ls", "validate")
+                                                      or argv[0].startswith("-")):
+        argv += ["--include_path", str(TASKS_DIR)]
+    return argv
+
+
+def _flag(argv: Sequence[str], *names: str) -> Optional[str]:
+    """Value of the last ``--name V`` / ``--name=V`` among ``names`` in argv (None: absent)."""
+    value = None
+    for i, a in enumerate(argv):
+        for n in names:
+            if a == n and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif a.startswith(n + "="):
+                value = a.split("=", 1)[1]
+    return value
+
+
+def local_fewshot_error(argv: Sequence[str]) -> Optional[str]:
+    """Why ``--num_fewshot`` cannot be honoured by a requested local task (None: it can, or not asked)."""
+    from .data_local import _task_yaml, local_task_names
+
+    shots, tasks = _flag(argv, "--num_fewshot", "-f"), _flag(argv, "--tasks", "-t")
+    try:
+        if shots is None or int(shots) <= 0 or not tasks:
+            return None
+    except ValueError:
+        return None  # lm-eval's parser reports it
+    for task in (t.strip() for t in tasks.split(",")):
+        if task not in local_task_names():
+            continue
+        cfg = _task_yaml(task)
+        if cfg.get("output_type") == "loglikelihood_rolling" or cfg.get("num_fewshot") == 0 \
+                or not (cfg.get("fewshot_split") or cfg.get("training_split")):
+            return (f"task {task}: the local mirror has no few-shot split for it (or it is zero-shot / a "
+                    f"perplexity task); --num_fewshot {shots} cannot be honoured. Drop --num_fewshot or unset "
+                    "MHAR_DATA_DIR to use the hub task")
+    return None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from lm_eval.__main__ import cli_evaluate
+
+    from . import adapter  # noqa: F401  registers "mhar" with lm-eval's model registry
+    from mhar.checkpoint import CheckpointError
+
+    data_dir = os.environ.get("MHAR_DATA_DIR")
+    args = cli_argv(sys.argv[1:] if argv is None else argv, data_dir)
+    err = local_fewshot_error(args) if data_dir and str(TASKS_DIR) in args else None
+    if err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    old = sys.argv
+    sys.argv = [old[0] if old else "mhar-lm-eval", *args]  # lm-eval's parser reads sys.argv
+    try:
+        cli_evaluate()
+    except (CheckpointError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        if not str(e).startswith("MharLM:"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        sys.argv = old
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
