@@ -149,6 +149,10 @@ class RunConfig:
             if not cond:
                 raise ConfigError(f"{key}: {msg}")
 
+        for sec, obj in (("data", d), ("train", t)):
+            for key, value in asdict(obj).items():
+                need(not isinstance(value, float) or math.isfinite(value), f"{sec}.{key}",
+                     f"must be a finite number, got {value}")
         need(d.seq_len > 0, "data.seq_len", f"must be > 0, got {d.seq_len}")
         need(d.seq_len <= self.model.max_seq_len, "data.seq_len",
              f"{d.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; lower it or raise model.max_seq_len")
@@ -165,10 +169,6 @@ class RunConfig:
         need(t.threads >= 0, "train.threads", "must be >= 0 (0 = torch default)")
         need(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         need(0.0 <= t.min_lr_ratio <= 1.0, "train.min_lr_ratio", f"must be in [0, 1], got {t.min_lr_ratio}")
-        for sec, obj in (("data", d), ("train", t)):
-            for key, value in asdict(obj).items():
-                need(not isinstance(value, float) or math.isfinite(value), f"{sec}.{key}",
-                     f"must be a finite number, got {value}")
         need(t.lr > 0, "train.lr", f"must be > 0, got {t.lr}")
         need(t.grad_clip >= 0, "train.grad_clip", "must be >= 0 (0 disables clipping)")
         need(t.device in ("auto", "cpu", "cuda"), "train.device", f"unknown device {t.device!r}; choose auto, cpu or cuda")
