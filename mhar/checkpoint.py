@@ -213,9 +213,12 @@ def load_error_brief(e: BaseException) -> str:
     """One line for a failed ``torch.load``: the exception type and the gist of its (long) message."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     first = lines[0] if lines else ""
-    for i, ln in enumerate(lines[:-1]):  # torch's weights_only failure: the real cause follows this marker
-        if ln.endswith("WeightsUnpickler error:"):
-            first = f"weights-only unpickler: {lines[i + 1]}"
+    marker = "WeightsUnpickler error:"
+    for i, ln in enumerate(lines):  # torch's weights_only failure: the real cause follows this marker
+        if marker in ln:
+            cause = ln.split(marker, 1)[1].strip() or (lines[i + 1] if i + 1 < len(lines) else "")
+            first = f"weights-only unpickler refused it: {cause.split('. ')[0]}"
+            break
     if len(first) > 160:  # long library messages: the first sentence carries the cause
         first = first.split(". ")[0][:160]
     return f"{type(e).__name__}: {first}"
