@@ -178,9 +178,17 @@ class RunDir:
             clean_stale_temps(folder)
 
     def release(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        """Unlock; a directory that holds nothing but the lock (a run that failed early) is removed."""
+        if self._lock_fd is None:
+            return
+        try:
+            if [p.name for p in self.path.iterdir()] == [self.lockfile.name]:
+                self.lockfile.unlink()
+                self.path.rmdir()
+        except OSError:
+            pass
+        os.close(self._lock_fd)
+        self._lock_fd = None
 
     def status(self, cfg: RunConfig) -> str:
         """'fresh' | 'resume' | 'done'; raises RunDirError for a directory of another run identity."""

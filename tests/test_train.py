@@ -228,7 +228,7 @@ def test_cli_errors_are_clear(corpus, tmp_path, capsys, monkeypatch):
     assert "missing.txt" in capsys.readouterr().err
     assert T.main([str(cfg_file), "data.tokenizer=no/such/tokenizer.json", "--out", str(tmp_path / "r")]) == 2
     assert "unknown tokenizer" in capsys.readouterr().err
-    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+    assert not (tmp_path / "r").exists()  # a run that failed before writing anything leaves no directory
     assert T.main([str(cfg_file), "--print-config", "--out", str(tmp_path / "r")]) == 0
     assert "run_hash" in capsys.readouterr().out
 
@@ -376,6 +376,7 @@ def test_second_trainer_is_refused_and_dead_lock_is_taken_over(corpus, tmp_path,
         assert not (run / "metrics.jsonl").exists()
     finally:
         holder.release()
+    run.mkdir(exist_ok=True)
     (run / ".lock").write_text(f"{_dead_pid()}\n")  # lock file of a killed trainer
     assert T.main([str(cfg_file), "--out", str(run)]) == 0 and (run / "summary.json").is_file()
 
