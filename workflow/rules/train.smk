@@ -1,6 +1,7 @@
 # Training: one job per run; the hashes in the path are the config's (checked_run_config
 # refuses any other), so a changed definition is a new directory. The outputs are
-# protected: a finished run is never deleted by a rerun (Snakemake stops and says so).
+# protected: a finished run is never deleted by a rerun (Snakemake stops and says so;
+# not for root, for whom a forced rerun rebuilds the records from the final checkpoint).
 
 
 rule train:
