@@ -335,7 +335,7 @@ def identity_hash(cfg: RunConfig, length: int = 16) -> str:
 
 def run_identity(cfg: RunConfig) -> dict:
     """The ``run`` record of summary.json, the exported model's ``extra`` and eval results."""
-    residual = asdict(cfg.model.residual) if not isinstance(cfg.model.residual, dict) else dict(cfg.model.residual)
-    return {"label": cfg.meta.name if cfg.meta.name != "run" else cfg.variant, "residual": residual,
+    # label: the workflow's variant label (meta.name); a hand-run config without a name: its variant
+    return {"label": cfg.meta.name if cfg.meta.name != "run" else cfg.variant, "residual": asdict(cfg.model.residual),
             "size": cfg.size, "seed": cfg.seed, "data_seed": cfg.data_seed, "config_hash": run_hash(cfg),
             "identity_hash": identity_hash(cfg)}
