@@ -26,7 +26,6 @@ import logging
 import os
 import random
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -229,16 +228,11 @@ def fill_missing_stderrs(metrics: dict, samples: list[dict], aggregations: dict,
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Same-folder temp + fsync + rename; a killed write's temp file goes at the next start."""
+    from mhar.checkpoint import atomic_write_text, clean_stale_temps
+
+    clean_stale_temps(path.parent)
+    atomic_write_text(path, text)
 
 
 def _provenance(config: dict) -> dict:
@@ -288,23 +282,44 @@ def check_fewshot(task, task_name: str, num_fewshot: int, source: DataSource) ->
                          + (" or unset MHAR_DATA_DIR to use the hub task" if source.is_local else ""))
 
 
-def evaluate_task(lm, model_info: dict, task_name: str, source: DataSource, task_manager, subset: Subset,
-                  out_dir: Path, bootstrap_iters: int = 100000, model_path: str = "",
-                  num_fewshot: Optional[int] = None) -> dict:
-    """Run ``task_name`` on the selected documents; write samples.jsonl and results.json.
-
-    ``num_fewshot``: None = the task's own setting; N is honoured when the task has a few-shot
-    source (a fewshot or training split) and refused (ValueError) when it has none or is zero-shot
-    by definition. GPQA's answer order is the seeded stock order on the hub path too."""
-    import lm_eval
-    from lm_eval.evaluator import simple_evaluate
-
+def check_task(task_name: str, source: DataSource, task_manager) -> None:
+    """FileNotFoundError / KeyError for a task that cannot run (checked for every task first)."""
     missing = source.missing_files(task_name)
     if missing:
         raise FileNotFoundError(
             f"task {task_name}: local data missing: {', '.join(map(str, missing))} "
             f"({source.describe()}); see shared/data/MANIFEST.md, or unset MHAR_DATA_DIR to use the hub"
         )
+    if task_name not in task_manager.all_tasks:
+        known = STANDARD_TASKS if not source.is_local else sorted(p for p in task_manager.all_subtasks)
+        raise KeyError(f"unknown task {task_name!r} for {source.describe()}; known: {', '.join(known)}")
+
+
+def model_identity(model_path: str, lm: Any) -> dict:
+    """``run`` (the exported model's run identity) and ``weights_sha256`` of an exported model."""
+    from mhar.checkpoint import MODEL_FILE, verify_sha256
+
+    if str(model_path).startswith("hf:"):
+        return {"run": None, "weights_sha256": None}
+    path = Path(model_path)
+    path = path / MODEL_FILE if path.is_dir() else path
+    extra = (getattr(lm, "blob", None) or {}).get("extra") or {}
+    return {"run": extra.get("run"), "weights_sha256": verify_sha256(path, required=False) if path.is_file() else None}
+
+
+def evaluate_task(lm, model_info: dict, task_name: str, source: DataSource, task_manager, subset: Subset,
+                  out_dir: Path, bootstrap_iters: int = 100000, model_path: str = "",
+                  identity: Optional[dict] = None, num_fewshot: Optional[int] = None) -> dict:
+    """Run ``task_name`` on the selected documents; write samples.jsonl and results.json.
+
+    ``identity``: ``run`` + ``weights_sha256`` of the model (written into results.json). ``num_fewshot``:
+    None = the task's own setting; N is honoured when the task has a few-shot source (a fewshot or
+    training split) and refused (ValueError) when it has none or is zero-shot by definition. GPQA's answer
+    order is the seeded stock order on the hub path too."""
+    import lm_eval
+    from lm_eval.evaluator import simple_evaluate
+
+    check_task(task_name, source, task_manager)
     try:
         task = task_manager.load([task_name])["tasks"][task_name]
     except KeyError:
@@ -347,6 +362,7 @@ def evaluate_task(lm, model_info: dict, task_name: str, source: DataSource, task
     summary = {
         "task": task_name,
         "model": model_path,
+        **(identity or {}),  # run identity and weights_sha256 of an exported model
         "model_kind": model_info.get("adapter"),
         "metrics": metrics,
         "stderr_source": stderr_source,
@@ -405,16 +421,19 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
         device = "cuda" if torch.cuda.is_available() else "cpu"
     source = DataSource.from_env(data_dir)
     with _caller_rng_kept():  # model building and lm-eval consume / reseed the global RNGs
+        tm = source.task_manager()
+        for name in task_list:  # every task is checked before any model is loaded or result written
+            check_task(name, source, tm)
         if lm is None:
             lm, info = ModelSpec(str(model_path), device, batch_size, max_length, dtype).load()
         else:
             info = lm.describe() if hasattr(lm, "describe") else {"adapter": type(lm).__name__}
-        tm = source.task_manager()
+        identity = model_identity(str(model_path), lm)
         out = {}
         for name in task_list:
             log.info("evaluating %s on %s (%s, %s)", model_path, name, sub, source.describe())
             out[name] = evaluate_task(lm, info, name, source, tm, sub, Path(out_dir), bootstrap_iters, str(model_path),
-                                      num_fewshot=num_fewshot)
+                                      identity, num_fewshot=num_fewshot)
     return out
 
 

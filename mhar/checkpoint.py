@@ -4,14 +4,22 @@
 ``load_model`` rebuilds the model from it. A run directory's exported model
 lives at ``<run_dir>/model.pt``; the full training state (optimizer, RNG,
 data position) is the trainer's business (``mhar.train``).
-Writes are atomic (temp file + rename): a crash never leaves a half-written file.
+Writes are atomic (temp file in the same folder + fsync + rename): a crash never leaves a
+half-written file, and a killed write leaves only a ``.<name>.<pid>.tmp`` file that
+:func:`clean_stale_temps` removes at the next start. Every saved tensor file gets a
+``<file>.sha256`` beside it (``sha256sum -c`` format), checked by every load
+(:func:`verify_sha256`); loads never unpickle objects (``torch.load(weights_only=True)``).
+The bytes of a saved file depend only on its content (the archive's inner name is fixed),
+so identical runs export byte-identical ``model.pt`` files.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-import tempfile
+import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Callable, Optional
 
 import torch
 
@@ -25,18 +33,166 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, corrupt or of the wrong format."""
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _tmp_of(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: "bytes | Callable[[BinaryIO], None]") -> Path:
+    """Write ``data`` (bytes, or a function writing to a binary file) to ``path`` atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = _tmp_of(path)
     try:
-        torch.save(obj, tmp)
+        with open(tmp, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 1) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=indent, default=str) + "\n")
+
+
+_TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_temps(folder: str | os.PathLike) -> list[Path]:
+    """Remove temp files of killed writes (``.<name>.<pid>.tmp`` of a dead pid) in ``folder``.
+
+    A pending checksum whose file was already renamed into place is completed, not removed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for tmp in sorted(folder.glob(".*.tmp")):
+        m = _TMP_RE.match(tmp.name)
+        if not m or not tmp.is_file() or _pid_alive(int(m["pid"])):
+            continue
+        name = m["name"]
+        if name.endswith(".sha256"):
+            target = folder / name[: -len(".sha256")]
+            if target.is_file() and _pending_checksum_matches(target, tmp):
+                os.replace(tmp, sha256_path(target))
+                continue
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
+# --- integrity ----------------------------------------------------------------------------------
+def sha256_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + ".sha256")
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _recorded(sidecar: Path) -> Optional[str]:
+    try:
+        word = sidecar.read_text().split()[0]
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
+    return word.lower() if len(word) == 64 else None
+
+
+def _pending_checksum_matches(target: Path, pending: Path) -> bool:
+    rec = _recorded(pending)
+    return rec is not None and rec == file_sha256(target)
+
+
+def write_sha256(path: str | os.PathLike, digest: Optional[str] = None) -> str:
+    """Store ``<file>.sha256`` beside ``path`` (atomically); returns the digest."""
+    path = Path(path)
+    digest = digest or file_sha256(path)
+    atomic_write_text(sha256_path(path), f"{digest}  {path.name}\n")
+    return digest
+
+
+def verify_sha256(path: str | os.PathLike, required: bool = True) -> Optional[str]:
+    """The file's sha256 after checking it against ``<file>.sha256``; CheckpointError on a mismatch.
+
+    A write killed between renaming the file and its checksum leaves the new checksum as a
+    ``.<file>.sha256.<pid>.tmp``; a matching one completes that write. ``required=False``
+    accepts a file without a checksum (older exports) and returns its hash.
+    """
+    path = Path(path)
+    side = sha256_path(path)
+    actual = file_sha256(path)
+    if not side.is_file():
+        if required:
+            raise CheckpointError(f"{path} has no checksum file {side.name}; it was not written completely "
+                                  "by this version, so it is not trusted")
+        return actual
+    if _recorded(side) == actual:
+        return actual
+    for pending in sorted(path.parent.glob(f".{side.name}.*.tmp")):
+        if _pending_checksum_matches(path, pending):
+            os.replace(pending, side)
+            return actual
+    raise CheckpointError(f"{path} fails its sha256 check (recorded in {side.name}: {_recorded(side)}, "
+                          f"file: {actual}); the file is corrupt or was modified, refusing to load it")
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
+    """``torch.save`` atomically, with a ``.sha256`` beside it; returns the digest.
+
+    Saving through a file object fixes the archive's inner name ("archive"), so equal
+    objects give equal bytes (a path would name it after the random temp file).
+    """
+    path = Path(path)
+    atomic_write_bytes(path, lambda f: torch.save(obj, f))
+    return write_sha256(path)
+
+
+def safe_torch_load(path: str | os.PathLike, required_checksum: bool = True) -> Any:
+    """Checksum, then ``torch.load(weights_only=True)``: tensors and plain containers only."""
+    verify_sha256(path, required=required_checksum)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def save_model(path: str | os.PathLike, model, tokenizer: str, extra: Optional[dict] = None) -> Path:
@@ -57,9 +213,12 @@ def load_error_brief(e: BaseException) -> str:
     """One line for a failed ``torch.load``: the exception type and the gist of its (long) message."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     first = lines[0] if lines else ""
-    for i, ln in enumerate(lines[:-1]):  # torch's weights_only failure: the real cause follows this marker
-        if ln.endswith("WeightsUnpickler error:"):
-            first = f"weights-only unpickler: {lines[i + 1]}"
+    marker = "WeightsUnpickler error:"
+    for i, ln in enumerate(lines):  # torch's weights_only failure: the real cause follows this marker
+        if marker in ln:
+            cause = ln.split(marker, 1)[1].strip() or (lines[i + 1] if i + 1 < len(lines) else "")
+            first = f"weights-only unpickler refused it: {cause.split('. ')[0]}"
+            break
     if len(first) > 160:  # long library messages: the first sentence carries the cause
         first = first.split(". ")[0][:160]
     return f"{type(e).__name__}: {first}"
@@ -72,6 +231,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
         path = path / MODEL_FILE
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path} (train the run first, or check the path)")
+    verify_sha256(path, required=False)
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:

@@ -93,14 +93,19 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def _not_utf8(path: Path, e: UnicodeDecodeError, where: str = "") -> DataError:
+    return DataError(f"{path}{where}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                     f"convert it, e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}")
+
+
 def _read_text(path: Path, encoding: Optional[str]) -> str:
     raw = path.read_bytes()
     if encoding:
         return raw.decode(encoding)
     try:
         return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return raw.decode("latin-1")
+    except UnicodeDecodeError as e:  # Latin-1 would read any bytes, silently garbling other encodings
+        raise _not_utf8(path, e) from None
 
 
 def _file_documents(path: Path, text_field: str, encoding: Optional[str]) -> Iterator[str]:
@@ -108,11 +113,21 @@ def _file_documents(path: Path, text_field: str, encoding: Optional[str]) -> Ite
     if suffix == ".txt":
         yield _read_text(path, encoding).replace("\r\n", "\n")
     elif suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+        with open(path, "rb") as f:
+            for lineno, bline in enumerate(f, 1):
+                try:
+                    line = bline.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise _not_utf8(path, e, f":{lineno}") from None
                 if not line.strip():
                     continue
-                row = json.loads(line)
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({e}); a .jsonl corpus holds one JSON "
+                                    "object per line") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
                 if text_field not in row:
                     raise DataError(f"{path}:{lineno}: no field {text_field!r} (has {sorted(row)}); set data.text_field")
                 yield row[text_field]
@@ -426,6 +441,22 @@ def _load_shards(path: Path) -> Shards:
     return Shards(arrays["train"], arrays["val"], meta, path)
 
 
+def _clean_stale_builds(cache: Path) -> None:
+    """Remove token-cache folders left by killed builds (``.<name>.tmp-<pid>-*`` of a dead pid)."""
+    for d in cache.glob(".*.tmp-*-*"):
+        try:
+            pid = int(d.name.rsplit(".tmp-", 1)[1].split("-", 1)[0])
+        except ValueError:
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # a live build (this host)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:
+            continue
+
+
 def build_shards(cfg: DataConfig, vocab_size: int, log: Callable[[str], None] = print) -> Shards:
     """Tokenize ``cfg.corpus`` once (cached under ``cfg.cache_dir``) and return the memmapped streams.
 
@@ -471,7 +502,8 @@ def build_shards(cfg: DataConfig, vocab_size: int, log: Callable[[str], None] = 
         return _load_shards(final)
 
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp"))
+    _clean_stale_builds(final.parent)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-{os.getpid()}-"))
     t0 = time.time()
     try:
         dtype = _token_dtype(tok.vocab_size)

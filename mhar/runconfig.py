@@ -18,11 +18,17 @@ Unknown keys and wrong types raise :class:`mhar.config.ConfigError` naming the k
 
 ``run_hash(cfg)`` hashes the resolved config *without* the variant, size and seed
 labels (they are path components: ``results/runs/<hash>/<variant>/<size>/seed<k>/``),
-see :data:`HASH_EXCLUDE`.
+see :data:`HASH_EXCLUDE`. Two runs are *paired* when size, seed and ``run_hash`` match.
+
+``identity_hash(cfg)`` hashes everything that can change a run's numbers (residual config
+and data seed included) and nothing that cannot (labels, threads, log/checkpoint cadence,
+paths), see :data:`IDENTITY_EXCLUDE`. A run directory belongs to one identity: the trainer
+refuses another, and the workflow puts the identity into the run-directory path.
 """
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,7 +40,8 @@ from .config import ConfigError, ModelConfig, config_hash, from_dict, model_conf
 
 __all__ = [
     "MetaConfig", "DataConfig", "TrainConfig", "RunConfig", "load_run_config", "run_config_from_dict",
-    "parse_overrides", "apply_overrides", "run_hash", "full_hash", "HASH_EXCLUDE", "yaml_load", "dump_yaml",
+    "parse_overrides", "apply_overrides", "run_hash", "full_hash", "identity_hash", "run_identity",
+    "HASH_EXCLUDE", "IDENTITY_EXCLUDE", "yaml_load", "dump_yaml",
 ]
 
 
@@ -143,6 +150,10 @@ class RunConfig:
             if not cond:
                 raise ConfigError(f"{key}: {msg}")
 
+        for sec, obj in (("data", d), ("train", t)):
+            for key, value in asdict(obj).items():
+                need(not isinstance(value, float) or math.isfinite(value), f"{sec}.{key}",
+                     f"must be a finite number, got {value}")
         need(d.seq_len > 0, "data.seq_len", f"must be > 0, got {d.seq_len}")
         need(d.seq_len <= self.model.max_seq_len, "data.seq_len",
              f"{d.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; lower it or raise model.max_seq_len")
@@ -303,3 +314,32 @@ def full_hash(cfg: RunConfig, length: int = 16) -> str:
                 "train.threads", "data.cache_dir"):
         _drop(d, key)
     return config_hash(d, length)
+
+
+# Keys left out of identity_hash: labels, execution knobs that cannot change a result, paths.
+IDENTITY_EXCLUDE = (
+    "meta.name", "meta.variant", "meta.size",
+    "train.log_every", "train.checkpoint_every", "train.save_model_every_checkpoint", "train.log_batch_hash",
+    "train.threads", "data.cache_dir", "data.data_dir",
+)
+
+
+def identity_hash(cfg: RunConfig, length: int = 16) -> str:
+    """Hash of everything that can change a run's results (the run directory's identity).
+
+    Includes the residual config, the model preset, both seeds (``data.seed`` resolved) and every
+    numeric train knob; excludes :data:`IDENTITY_EXCLUDE`.
+    """
+    d = cfg.to_dict()
+    d["data"]["seed"] = cfg.data_seed  # null and the train seed it stands for are one identity
+    for key in IDENTITY_EXCLUDE:
+        _drop(d, key)
+    return config_hash(d, length)
+
+
+def run_identity(cfg: RunConfig) -> dict:
+    """The ``run`` record of summary.json, the exported model's ``extra`` and eval results."""
+    # label: the workflow's variant label (meta.name); a hand-run config without a name: its variant
+    return {"label": cfg.meta.name if cfg.meta.name != "run" else cfg.variant, "residual": asdict(cfg.model.residual),
+            "size": cfg.size, "seed": cfg.seed, "data_seed": cfg.data_seed, "config_hash": run_hash(cfg),
+            "identity_hash": identity_hash(cfg)}

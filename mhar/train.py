@@ -12,10 +12,13 @@ cross-entropy), keep an EMA of the weights (``model.pt`` = EMA, ``model_raw.pt``
 and log a sha256 of every step's batch. Their defaults leave from-scratch training unchanged.
 
 Run directory (docs/ARCHITECTURE.md "Run directory"): ``config.yaml``, ``metrics.jsonl``,
-``summary.json``, ``provenance.json``, ``model.pt``, ``checkpoint/state.pt``. Re-running into a
-directory that holds the same config resumes (or does nothing if finished); a different config
-is refused. A non-finite loss stops the run with :class:`TrainingDiverged` and leaves the last good
-checkpoint in place.
+``summary.json``, ``provenance.json``, ``model.pt``, ``checkpoint/state.pt`` (each tensor file with
+a ``.sha256`` beside it). Re-running into a directory that holds the same run identity
+(:func:`mhar.runconfig.identity_hash`) resumes (or does nothing if finished); another identity is
+refused. One trainer at a time holds a directory (``.lock``); records are written atomically and
+checkpoints are loaded without unpickling objects. A non-finite loss, validation loss or weight
+stops the run with :class:`TrainingDiverged`, records it in ``diverged.json`` and leaves the last
+good checkpoint in place.
 
 FLOPs (cumulative, training only; PaLM appendix B convention, no causal-mask discount):
 ``flops/token = 6 * N + 12 * n_layers * n_heads * head_dim * seq_len`` where ``N`` counts every
@@ -25,6 +28,7 @@ matmul parameter: all parameters except the input embedding table, plus the outp
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import math
 import os
@@ -40,20 +44,22 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .checkpoint import CheckpointError, atomic_torch_save, load_error_brief, save_model
+from .checkpoint import (CheckpointError, atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text,
+                         clean_stale_temps, load_error_brief, safe_torch_load, save_model)
 from .config import ConfigError
 from .cpt.training import EMA, batch_digest, load_init_weights, param_groups
 from .data import DataError, TrainData, load_data
 from .distributed import DistEnv, all_reduce_mean, all_reduce_sum, barrier, init_distributed, no_grad_sync, shutdown, wrap_model
 from .model import Transformer
 from .provenance import collect_provenance, utc_now
-from .runconfig import RunConfig, dump_yaml, full_hash, load_run_config, run_config_from_dict, run_hash, yaml_load
+from .runconfig import (RunConfig, dump_yaml, identity_hash, load_run_config, run_config_from_dict,
+                        run_hash, run_identity, yaml_load)
 from .step import (StepResult, Throughput, TrainStep, autocast_for, build_optimizer, micro_forward, peak_flops,
                    plan_step)
 
 __all__ = ["train", "main", "lr_at", "flops_per_token", "TrainingDiverged", "RunDirError", "STATE_FORMAT"]
 
-STATE_FORMAT = "mhar-train-state-v1"
+STATE_FORMAT = "mhar-train-state-v2"  # v2: loadable with weights_only=True, sha256 beside it
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "provenance.json", "model.pt", "checkpoint")
 
 
@@ -92,7 +98,9 @@ def _peak_mem_gb(device: torch.device) -> float:
 
 
 def _rng_state() -> dict:
-    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    name, keys, pos, has_gauss, gauss = np.random.get_state()  # plain types: weights_only loads it
+    st = {"torch": torch.get_rng_state(), "python": random.getstate(),
+          "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)]}
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state_all()
     return st
@@ -100,7 +108,8 @@ def _rng_state() -> dict:
 
 def _set_rng_state(st: dict) -> None:
     torch.set_rng_state(st["torch"])
-    np.random.set_state(st["numpy"])
+    name, keys, pos, has_gauss, gauss = st["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     random.setstate(st["python"])
     if "cuda" in st and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(st["cuda"])
@@ -117,9 +126,50 @@ class RunDir:
     provenance = property(lambda self: self.path / "provenance.json")
     model = property(lambda self: self.path / "model.pt")
     state = property(lambda self: self.path / "checkpoint" / "state.pt")
+    diverged = property(lambda self: self.path / "diverged.json")
+    lockfile = property(lambda self: self.path / ".lock")
+    _lock_fd: Optional[int] = None
+
+    def acquire(self) -> None:
+        """Create the directory and lock it for this process; RunDirError if unusable or held.
+
+        ``flock`` is released by the kernel when its holder dies, so a lock left by a killed
+        trainer never blocks the next one. Then stale temp files of killed writes are removed.
+        """
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lockfile, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise RunDirError(f"--out {self.path} is not a usable run directory ({e.strerror or e}); "
+                              "choose a writable directory path") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirError(f"{self.path} is in use by another trainer (pid {holder}); wait for it to "
+                              "finish, or stop it, before training into this directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+        for folder in (self.path, self.state.parent):
+            clean_stale_temps(folder)
+
+    def release(self) -> None:
+        """Unlock; a directory that holds nothing but the lock (a run that failed early) is removed."""
+        if self._lock_fd is None:
+            return
+        try:
+            if [p.name for p in self.path.iterdir()] == [self.lockfile.name]:
+                self.lockfile.unlink()
+                self.path.rmdir()
+        except OSError:
+            pass
+        os.close(self._lock_fd)
+        self._lock_fd = None
 
     def status(self, cfg: RunConfig) -> str:
-        """'fresh' | 'resume' | 'done'; raises RunDirError for a directory of another run."""
+        """'fresh' | 'resume' | 'done'; raises RunDirError for a directory of another run identity."""
         if not self.config.is_file():
             ours = [n for n in RUN_FILES if (self.path / n).exists()]
             if ours:
@@ -130,13 +180,19 @@ class RunDir:
             old = run_config_from_dict(yaml_load(self.config.read_text()))
         except Exception as e:  # a YAML or config error alike
             raise RunDirError(f"{self.config} is unreadable ({e}); refusing to overwrite the run in {self.path}") from e
-        if full_hash(old) != full_hash(cfg):
+        if identity_hash(old) != identity_hash(cfg):
             diff = _dict_diff(old.to_dict(), cfg.to_dict())
             raise RunDirError(f"{self.path} holds a run of a different config (differs in: {', '.join(diff[:8])}); "
-                              "refusing to overwrite it. Choose another --out (results/runs/<hash>/... "
-                              "separates configs) or delete that directory.")
+                              "refusing to overwrite it. Choose another --out (the workflow's run paths "
+                              "carry the run identity, so a changed definition gets its own directory).")
         if self.summary.is_file():
-            return "done"
+            try:
+                json.loads(self.summary.read_text())
+                return "done"
+            except (ValueError, UnicodeDecodeError):  # cut short by an older, non-atomic writer
+                if not self.state.is_file():
+                    raise RunDirError(f"{self.summary} is unreadable and there is no checkpoint to rebuild it "
+                                      f"from; move {self.path} aside and train again") from None
         return "resume" if self.state.is_file() else "fresh"
 
 
@@ -168,9 +224,9 @@ class MetricsLog:
         if not self.enabled:
             return
         if saved is not None:  # the log as it was at the checkpoint
-            self.path.write_bytes(saved)
+            atomic_write_bytes(self.path, saved)
         elif truncate_to is None or not self.path.is_file():
-            self.path.write_text("")
+            atomic_write_bytes(self.path, b"")
         else:  # checkpoint from before logs were stored in it
             with open(self.path, "r+b") as f:
                 f.truncate(truncate_to)
@@ -228,7 +284,7 @@ def save_state(rd: RunDir, cfg: RunConfig, model: nn.Module, raw: Transformer, o
     ema_sd = ema.state_dict() if ema is not None else None  # collective under FSDP
     if env.is_main:
         atomic_torch_save({
-            "format": STATE_FORMAT, "full_hash": full_hash(cfg), "model": model_sd, "optimizer": opt_sd,
+            "format": STATE_FORMAT, "identity_hash": identity_hash(cfg), "model": model_sd, "optimizer": opt_sd,
             "rng": _rng_state(), "progress": prog.__dict__, "metrics_bytes": metrics_bytes,
             "metrics_log": metrics_log,
             "data": {"seed": cfg.data_seed, "samples_seen": prog.step * cfg.train.global_batch},
@@ -238,14 +294,18 @@ def save_state(rd: RunDir, cfg: RunConfig, model: nn.Module, raw: Transformer, o
 
 
 def load_state(rd: RunDir, cfg: RunConfig) -> dict:
+    """The training state, checksum-verified and loaded without unpickling objects."""
+    restart = f"nothing was overwritten; delete {rd.state.parent} to restart the run from step 0"
     try:
-        blob = torch.load(rd.state, map_location="cpu", weights_only=False)
+        blob = safe_torch_load(rd.state)
+    except CheckpointError as e:
+        raise CheckpointError(f"training checkpoint: {e}; {restart}") from None
     except Exception as e:
-        raise CheckpointError(f"training checkpoint {rd.state} is unreadable or corrupt ({load_error_brief(e)}); "
-                              f"nothing was overwritten. Delete {rd.state.parent} to restart the run from step 0.") from e
+        raise CheckpointError(f"training checkpoint {rd.state} is unreadable, corrupt or not a {STATE_FORMAT} "
+                              f"file ({load_error_brief(e)}); {restart}") from None
     if not isinstance(blob, dict) or blob.get("format") != STATE_FORMAT:
-        raise CheckpointError(f"{rd.state} is not a {STATE_FORMAT} file; delete {rd.state.parent} to restart")
-    if blob.get("full_hash") != full_hash(cfg):
+        raise CheckpointError(f"{rd.state} is not a {STATE_FORMAT} file; {restart}")
+    if blob.get("identity_hash") != identity_hash(cfg):
         raise CheckpointError(f"{rd.state} was written by a different config; delete {rd.state.parent} to restart")
     return blob
 
@@ -330,9 +390,13 @@ def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[in
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     env = init_distributed(cfg.train.device, cfg.train.parallel)
+    rd = RunDir(Path(out_dir))
     try:
-        return _train(cfg, RunDir(Path(out_dir)), env, stop_after)
+        if env.is_main:  # before any data is loaded: an unusable --out fails in a second
+            rd.acquire()
+        return _train(cfg, rd, env, stop_after)
     finally:
+        rd.release()
         shutdown(env)
 
 
@@ -380,16 +444,17 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
     if env.is_main:
         rd.path.mkdir(parents=True, exist_ok=True)
         if status == "fresh":
-            rd.config.write_text(dump_yaml(cfg.to_dict()))
+            atomic_write_text(rd.config, dump_yaml(cfg.to_dict()))
         prov = collect_provenance(cfg.to_dict())
-        prov.update(run_hash=run_hash(cfg), full_hash=full_hash(cfg), start_time=utc_now(), end_time=None,
+        prov.update(run_hash=run_hash(cfg), identity_hash=identity_hash(cfg), run=run_identity(cfg),
+                    start_time=utc_now(), end_time=None,
                     world_size=env.world_size, parallel=env.parallel, device=str(env.device),
                     resumed_from_step=prog.step if blob is not None else None)
-        if blob is not None and rd.provenance.is_file():  # keep the first segment's start time
-            old = json.loads(rd.provenance.read_text())
+        old = _read_json(rd.provenance) if blob is not None else None
+        if old is not None:  # keep the first segment's start time
             prov["start_time"] = old.get("start_time", prov["start_time"])
             prov["resumes"] = old.get("resumes", []) + [{"step": prog.step, "time_utc": prov["time_utc"]}]
-        rd.provenance.write_text(json.dumps(prov, indent=1, default=str))
+        atomic_write_json(rd.provenance, prov)
     metrics = MetricsLog(rd.metrics, env.is_main)
     metrics.open(blob["metrics_bytes"] if blob is not None else None,
                  blob.get("metrics_log") if blob is not None else None)
@@ -413,13 +478,8 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
             batches = list(data.micro_batches(prog.step, env.rank, env.world_size, t.micro_batch))
             res: StepResult = step_fn(batches, lr)
             loss_val, gnorm = res.loss, res.grad_norm
-            if not res.finite:
-                where = (f"the last good checkpoint (step {prog.last_ckpt_step}) is kept in {rd.state}"
-                         if prog.last_ckpt_step is not None else "no checkpoint had been written yet")
-                raise TrainingDiverged(f"non-finite loss/grad norm at step {prog.step + 1} (loss={loss_val}, "
-                                       f"grad_norm={gnorm}); run stopped, {where}. Lower train.lr, raise "
-                                       "train.warmup_steps or set train.grad_clip, and train into a new --out "
-                                       f"(a changed config is refused in {rd.path}).")
+            if not res.finite:  # the step left weights and optimizer state untouched
+                raise _diverged(rd, prog, env, "loss/grad norm", step=prog.step + 1, loss=loss_val, grad_norm=gnorm)
             if ema is not None:
                 ema.update()
             step_s = time.perf_counter() - t_step
@@ -439,6 +499,8 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
             final = prog.step == t.steps
             if prog.step % t.eval_every == 0 or final:
                 val = evaluate(fwd, data, cfg, env)
+                if not (math.isfinite(val) and (not final or _weights_finite(model, env))):
+                    raise _diverged(rd, prog, env, "validation loss/weights", step=prog.step, val_loss=val)
                 prog.val_losses.append([prog.step, val])
                 prog.wall_s = wall0 + time.time() - seg_start
                 metrics.write({"split": "val", "step": prog.step, "val_loss": val, "tokens": prog.tokens,
@@ -460,7 +522,8 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
 
     summary = _summary(cfg, raw, prog, env)
     summary.update(speed.summary(plan))
-    extra = {"run_hash": run_hash(cfg), "step": prog.step, "variant": cfg.variant, "size": cfg.size, "seed": t.seed}
+    extra = {"run_hash": run_hash(cfg), "step": prog.step, "variant": cfg.variant, "size": cfg.size, "seed": t.seed,
+             "run": run_identity(cfg)}
     if ema is None:
         _export_model(rd.model, model, raw, cfg, env, extra)
     else:  # model.pt holds the EMA weights (what gets evaluated), model_raw.pt the last iterate
@@ -469,13 +532,45 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
             summary["final_val_loss_ema"] = evaluate(fwd, data, cfg, env)
             _export_model(rd.model, model, raw, cfg, env, {**extra, "weights": f"ema{t.ema_decay}"})
     if env.is_main:
-        rd.summary.write_text(json.dumps(summary, indent=1))
-        prov = json.loads(rd.provenance.read_text())
+        atomic_write_json(rd.summary, summary)
+        prov = _read_json(rd.provenance) or {}
         prov["end_time"] = utc_now()
-        rd.provenance.write_text(json.dumps(prov, indent=1, default=str))
+        atomic_write_json(rd.provenance, prov)
         log(f"done: tail-mean val loss {summary['tail_mean_val_loss']:.4f} over the last "
             f"{len(summary['val_losses'][-t.tail_k:])} evals -> {rd.path}")
     return summary
+
+
+def _weights_finite(model: nn.Module, env: DistEnv) -> bool:
+    bad = torch.zeros((), device=env.device)
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        bad += (~torch.isfinite(local.detach())).sum()
+    return float(all_reduce_sum(bad, env)) == 0
+
+
+def _diverged(rd: RunDir, prog: Progress, env: DistEnv, what: str, step: int, **values) -> TrainingDiverged:
+    """The exception to raise for a non-finite ``what``, after recording it in ``diverged.json``."""
+    where = (f"the last good checkpoint (step {prog.last_ckpt_step}) is kept in {rd.state}"
+             if prog.last_ckpt_step is not None else "no checkpoint had been written yet")
+    values = {k: v if not isinstance(v, float) or math.isfinite(v) else str(v) for k, v in values.items()}
+    shown = ", ".join(f"{k}={v}" for k, v in values.items())
+    msg = (f"non-finite {what} at step {step} ({shown}); run stopped, {where}, recorded in {rd.diverged}. Lower train.lr, raise "
+           "train.warmup_steps or set train.grad_clip, and train the changed config (a new run directory)")
+    if env.is_main:
+        atomic_write_json(rd.diverged, {"status": "diverged", "what": what, "step": step, **values,
+                                        "last_checkpoint_step": prog.last_ckpt_step, "time_utc": utc_now(),
+                                        "message": msg})
+    return TrainingDiverged(msg)
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    """A JSON record, or None when it is missing or unreadable (it is then rewritten)."""
+    try:
+        out = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return out if isinstance(out, dict) else None
 
 
 def _summary(cfg: RunConfig, raw: Transformer, prog: Progress, env: DistEnv) -> dict:
@@ -488,7 +583,7 @@ def _summary(cfg: RunConfig, raw: Transformer, prog: Progress, env: DistEnv) -> 
         "final_val_loss": prog.val_losses[-1][1] if prog.val_losses else None,
         "val_losses": prog.val_losses, "wall_s": round(prog.wall_s, 3), "flops": prog.flops,
         "params": raw.num_params(), "tokens_per_s": prog.tokens / max(prog.train_s, 1e-9),
-        "peak_mem_gb": round(_peak_mem_gb(env.device), 3),
+        "peak_mem_gb": round(_peak_mem_gb(env.device), 3), "run": run_identity(cfg),
     }
 
 

@@ -175,3 +175,42 @@ def test_local_named_corpora(tmp_path):
     wt = build_shards(DataConfig(corpus=str(Path(DATA_DIR) / "tinyshakespeare" / "input.txt"), val_corpus="wikitext2",
                                  cache_dir=str(tmp_path), seq_len=64), 257, lambda m: None)
     assert wt.meta["val_docs"] == 60 and len(wt.train) == len(raw) + 1
+
+
+def test_unreadable_corpora_give_one_line_errors(tmp_path):
+    cache = str(tmp_path / "c")
+    bad_utf8 = tmp_path / "a.jsonl"
+    bad_utf8.write_bytes(json.dumps({"text": "ok " * 50}).encode() + b"\n" + b'{"text": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"a.jsonl:2: not UTF-8 text \(byte 0xe9"):
+        build_shards(DataConfig(corpus=str(bad_utf8), cache_dir=cache), 257)
+    bad_json = tmp_path / "b.jsonl"
+    bad_json.write_text(json.dumps({"text": "ok"}) + "\n{not json\n")
+    with pytest.raises(DataError, match=r"b.jsonl:2: not valid JSON"):
+        build_shards(DataConfig(corpus=str(bad_json), cache_dir=cache), 257)
+    not_obj = tmp_path / "d.jsonl"
+    not_obj.write_text("[1, 2]\n")
+    with pytest.raises(DataError, match=r"d.jsonl:1: expected a JSON object"):
+        build_shards(DataConfig(corpus=str(not_obj), cache_dir=cache), 257)
+    latin1 = tmp_path / "e.txt"
+    latin1.write_bytes("Götterdämmerung, café\n".encode("latin-1") * 200)
+    with pytest.raises(DataError, match=r"e.txt: not UTF-8 text .*iconv -f latin1"):
+        build_shards(DataConfig(corpus=str(latin1), cache_dir=cache), 257)
+    assert not any(Path(cache).glob(".*"))  # failed builds leave no temp folder
+
+
+def test_killed_cache_build_is_cleaned_at_next_start(tmp_path):
+    import subprocess
+
+    cache = tmp_path / "c"
+    cache.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = cache / f".x-byte-0123.tmp-{dead.pid}-abc"
+    stale.mkdir()
+    (stale / "train.bin").write_bytes(b"\0" * 100)
+    live = cache / f".y-byte-0123.tmp-{os.getpid()}-abc"  # a build in progress (this process) stays
+    live.mkdir()
+    f = tmp_path / "t.txt"
+    f.write_text("some text\n" * 200)
+    build_shards(DataConfig(corpus=str(f), cache_dir=str(cache), seq_len=16), 257, lambda m: None)
+    assert not stale.exists() and live.exists()

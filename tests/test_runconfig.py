@@ -78,3 +78,34 @@ def test_example_configs_load(path):
 def test_example_configs_exist():
     names = {p.name for p in CONFIGS}
     assert {"debug.yaml", "cpu_tiny.yaml", "paper_100M.yaml", "gpu_smoke.yaml"} <= names
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["train.lr=.inf"], "train.lr"), (["train.lr=.nan"], "train.lr"), (["train.grad_clip=.inf"], "train.grad_clip"),
+    (["train.z_loss=.nan"], "train.z_loss"), (["data.val_fraction=.nan"], "data.val_fraction"),
+])
+def test_non_finite_numbers_are_refused(overrides, key):
+    with pytest.raises(ConfigError, match=rf"{key}: must be a finite number"):
+        load_run_config(None, overrides)
+
+
+def test_identity_hash_sees_every_result_knob_and_nothing_else():
+    from mhar.runconfig import IDENTITY_EXCLUDE, identity_hash, run_identity
+
+    base = ["model.preset=debug", "model.residual.variant=mhar", "model.residual.heads=4"]
+    h = identity_hash(load_run_config(None, base))
+    for same in (["train.threads=3"], ["train.log_every=1"], ["train.checkpoint_every=7"], ["meta.name=relabelled"],
+                 ["meta.variant=x"], ["meta.size=y"], ["data.cache_dir=/elsewhere"], ["data.data_dir=/mirror"],
+                 ["train.log_batch_hash=true"], ["train.save_model_every_checkpoint=true"],
+                 ["data.seed=0"]):  # data.seed 0 = the default (train.seed 0): one identity
+        assert identity_hash(load_run_config(None, base + same)) == h, same
+    for other in (["model.residual.heads=2"], ["data.seed=1"], ["train.seed=1"], ["train.lr=1e-2"],
+                  ["train.z_loss=1e-4"], ["data.seq_len=64"], ["model.n_layers=3"], ["train.dtype=fp32"],
+                  ["train.warmup_steps=3"], ["train.eval_every=7"], ["train.tail_k=2"]):
+        assert identity_hash(load_run_config(None, base + other)) != h, other
+    assert set(IDENTITY_EXCLUDE) < set(HASH_EXCLUDE) | {"data.data_dir"}
+    run = run_identity(load_run_config(None, base + ["meta.name=mhar_h4", "data.seed=5"]))
+    assert run == {"label": "mhar_h4", "residual": run["residual"], "size": "debug", "seed": 0, "data_seed": 5,
+                   "config_hash": run_hash(load_run_config(None, base)),
+                   "identity_hash": identity_hash(load_run_config(None, base + ["data.seed=5"]))}
+    assert run["residual"]["variant"] == "mhar" and run["residual"]["heads"] == 4

@@ -1,8 +1,11 @@
 """Training loop: determinism, paired batches, exact resume, DDP, guards, and learning on real text."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import subprocess
+import sys
 import os
 import socket
 from pathlib import Path
@@ -92,8 +95,14 @@ def test_same_seed_gives_identical_metrics_and_files(corpus, tmp_path):
     assert s1["tokens"] == 6 * 4 * 32 and m1[-1]["flops"] == s1["flops"]
     prov = json.loads((tmp_path / "a" / "provenance.json").read_text())
     assert prov["config"]["train"]["lr"] == 3e-3 and prov["git"]["commit"] and prov["end_time"]
-    model, _, _ = load_model(tmp_path / "a" / "model.pt")
+    model, _, blob = load_model(tmp_path / "a" / "model.pt")
     assert model.num_params() == s1["params"]
+    # identical runs export byte-identical models (sha256 beside them) and carry the run identity
+    a, b = (tmp_path / d / "model.pt" for d in "ab")
+    assert a.read_bytes() == b.read_bytes()
+    assert (tmp_path / "a" / "model.pt.sha256").read_text().split()[0] == hashlib.sha256(a.read_bytes()).hexdigest()
+    assert s1["run"] == blob["extra"]["run"] == prov["run"] == T.run_identity(cfg)
+    assert s1["run"]["identity_hash"] == T.identity_hash(cfg) and s1["run"]["config_hash"] == s1["config_hash"]
     # a different seed changes the run
     T.train(cfg_for(corpus, tmp_path / "cache", "train.seed=1"), tmp_path / "c")
     assert read_metrics(tmp_path / "c") != m1
@@ -179,6 +188,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeyp
     assert state["progress"]["step"] == 4
     assert all(math.isfinite(p.abs().sum().item()) for p in state["model"].values())
     assert not (tmp_path / "run" / "summary.json").exists()
+    rec = json.loads((tmp_path / "run" / "diverged.json").read_text())  # survives the job log
+    assert rec["step"] == 5 and rec["loss"] == "nan" and rec["last_checkpoint_step"] == 4
 
 
 # --- run-directory guards ------------------------------------------------------------------------------
@@ -218,7 +229,7 @@ def test_cli_errors_are_clear(corpus, tmp_path, capsys, monkeypatch):
     assert "missing.txt" in capsys.readouterr().err
     assert T.main([str(cfg_file), "data.tokenizer=no/such/tokenizer.json", "--out", str(tmp_path / "r")]) == 2
     assert "unknown tokenizer" in capsys.readouterr().err
-    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+    assert not (tmp_path / "r").exists()  # a run that failed before writing anything leaves no directory
     assert T.main([str(cfg_file), "--print-config", "--out", str(tmp_path / "r")]) == 0
     assert "run_hash" in capsys.readouterr().out
 
@@ -266,3 +277,139 @@ def test_tiny_preset_learns_real_english_below_unigram_entropy(tmp_path):
     summary = T.train(cfg, tmp_path / "run")
     assert 3.0 < h_unigram < 3.5
     assert summary["final_val_loss"] < 0.85 * h_unigram, (summary["final_val_loss"], h_unigram)
+
+
+# --- integrity: safe resume, atomic records, lock, divergence record -----------------------------------
+class _Payload:
+    """Unpickling this creates a file: proof that a load executed code."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+@pytest.mark.parametrize("checksum, refusal", [("stale", "fails its sha256 check"), ("none", "no checksum file"),
+                                               ("forged", "weights-only unpickler refused it: Unsupported global")])
+def test_planted_pickle_checkpoint_is_refused_and_runs_nothing(corpus, tmp_path, capsys, checksum, refusal):
+    from mhar.checkpoint import write_sha256
+
+    cfg_file = tmp_path / "c.yaml"
+    run = tmp_path / "run"
+    args = [str(cfg_file), "--out", str(run)]
+    cfg_file.write_text(T.dump_yaml(cfg_for(corpus, tmp_path / "cache").to_dict()))
+    assert T.main(args + ["--stop-after", "3"]) == 0
+    marker = tmp_path / "pwned"
+    state = run / "checkpoint" / "state.pt"
+    torch.save({"format": T.STATE_FORMAT, "progress": _Payload(marker)}, state)
+    if checksum == "none":
+        (run / "checkpoint" / "state.pt.sha256").unlink()
+    elif checksum == "forged":  # whoever plants a file can plant its checksum too: weights_only refuses it
+        write_sha256(state)
+    before = _snapshot(run)
+    capsys.readouterr()
+    assert T.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: training checkpoint") and err.count("\n") == 1, err
+    assert refusal in err
+    assert not marker.exists() and _snapshot(run) == before
+
+
+def test_flipped_byte_in_checkpoint_or_model_is_refused(corpus, tmp_path, capsys):
+    cfg = cfg_for(corpus, tmp_path / "cache", "train.steps=3")
+    run = tmp_path / "run"
+    T.train(cfg, run, stop_after=2)
+    state = run / "checkpoint" / "state.pt"
+    raw = bytearray(state.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    state.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="fails its sha256 check"):
+        T.train(cfg, run)
+    state.unlink()
+    T.train(cfg, run)
+    model = run / "model.pt"
+    raw = bytearray(model.read_bytes())
+    raw[-100] ^= 0x01
+    model.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"model.pt fails its sha256 check") as e:
+        load_model(model)
+    assert "\n" not in str(e.value)
+
+
+def test_cut_short_summary_is_rebuilt_and_records_are_atomic(corpus, tmp_path):
+    cfg = cfg_for(corpus, tmp_path / "cache", "train.steps=2", "train.eval_every=1")
+    run = tmp_path / "run"
+    summary = T.train(cfg, run)
+    (run / "summary.json").write_text("")  # what an in-place writer left after a kill
+    assert T.train(cfg, run)["val_losses"] == summary["val_losses"]
+    assert json.loads((run / "summary.json").read_text())["val_losses"] == summary["val_losses"]
+    # a writer killed mid-write leaves the old record intact and a temp file the next start removes
+    code = ("import os, sys; from mhar.checkpoint import atomic_write_bytes\n"
+            "def half(f):\n    f.write(b'{\"trunc'); f.flush(); os._exit(9)\n"
+            "atomic_write_bytes(sys.argv[1], half)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(run / "summary.json")], cwd=Path(__file__).parents[1])
+    assert r.returncode == 9
+    assert json.loads((run / "summary.json").read_text())["val_losses"] == summary["val_losses"]
+    assert len(list(run.glob(".summary.json.*.tmp"))) == 1
+    (run / "checkpoint" / f".state.pt.{_dead_pid()}.tmp").write_bytes(b"partial")
+    T.train(cfg, run)
+    assert not list(run.glob(".*.tmp")) and not list((run / "checkpoint").glob(".*.tmp"))
+
+
+def test_second_trainer_is_refused_and_dead_lock_is_taken_over(corpus, tmp_path, capsys):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(T.dump_yaml(cfg_for(corpus, tmp_path / "cache", "train.steps=2").to_dict()))
+    run = tmp_path / "run"
+    holder = T.RunDir(run)
+    holder.acquire()  # another trainer holds the directory
+    try:
+        assert T.main([str(cfg_file), "--out", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: {run} is in use by another trainer (pid {os.getpid()}); wait for it to finish, " \
+                      "or stop it, before training into this directory\n"
+        assert not (run / "metrics.jsonl").exists()
+    finally:
+        holder.release()
+    run.mkdir(exist_ok=True)
+    (run / ".lock").write_text(f"{_dead_pid()}\n")  # lock file of a killed trainer
+    assert T.main([str(cfg_file), "--out", str(run)]) == 0 and (run / "summary.json").is_file()
+
+
+def test_unusable_out_and_bad_numbers_fail_before_loading_data(corpus, tmp_path, capsys, monkeypatch):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(T.dump_yaml(cfg_for(corpus, tmp_path / "cache").to_dict()))
+    monkeypatch.setattr(T, "load_data", lambda *a, **k: pytest.fail("data loaded before --out was checked"))
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "run"):
+        assert T.main([str(cfg_file), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --out {out} is not a usable run directory") and err.count("\n") == 1
+    assert T.main([str(cfg_file), "train.lr=.inf", "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err == "error: train.lr: must be a finite number, got inf\n"
+
+
+def test_non_finite_weights_after_the_last_update_fail_and_are_recorded(corpus, tmp_path, monkeypatch):
+    cfg = cfg_for(corpus, tmp_path / "cache", "train.steps=4", "train.checkpoint_every=2")
+    orig = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def last_update_blows_up(self, *a, **k):
+        out = orig(self, *a, **k)
+        calls["n"] += 1
+        if calls["n"] == 4:  # loss and grad norm of this step were finite: only the weights are not
+            self.param_groups[0]["params"][0].data.fill_(float("inf"))
+        return out
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", last_update_blows_up)
+    with pytest.raises(T.TrainingDiverged, match=r"non-finite validation loss/weights at step 4"):
+        T.train(cfg, tmp_path / "run")
+    rec = json.loads((tmp_path / "run" / "diverged.json").read_text())
+    assert rec["status"] == "diverged" and rec["step"] == 4 and rec["last_checkpoint_step"] == 2
+    assert not (tmp_path / "run" / "summary.json").exists() and not (tmp_path / "run" / "model.pt").exists()

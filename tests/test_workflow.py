@@ -173,7 +173,7 @@ def test_ci_end_to_end(tmp_path):
         assert (reports / name).is_file(), name
 
     # the table's numbers are the runs' numbers: mean tail-mean val loss over seeds, per variant
-    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("results/runs/*/*/*/seed*/summary.json")]
+    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("results/runs/*/*/*/seed*/*/summary.json")]
     assert len(summaries) == n_runs(cfg["table1"]["variants"], cfg["sizes"], cfg["seeds"])
     rows = list(csv.DictReader((reports / "table1.csv").open()))
     assert {r["variant"] for r in rows} == {cfg["variants"][v]["variant"] for v in cfg["table1"]["variants"]}
@@ -205,3 +205,72 @@ def test_ci_end_to_end(tmp_path):
     assert job_counts(res.stdout + res.stderr)["train"] == len(summaries)
     changed = set(re.findall(r"output: results/runs/(\w+)/", res.stdout))
     assert changed and not changed & hashes
+
+
+def _tree_bytes(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_undefined_baseline_label_fails_the_dry_run(tmp_path):
+    cfg = load("config/ci.yaml")
+    cfg["table1"]["baseline"] = "basline"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    res = snakemake(["reproduce_table1", "-n", "--configfile", str(bad)], tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "table1.baseline 'basline'" in out and "latency" not in out
+    cfg = load("config/ci.yaml")
+    cfg["heads"]["variants"] = ["mhar", "mhar_h16"]
+    bad.write_text(yaml.safe_dump(cfg))
+    res = snakemake(["reproduce_heads", "-n", "--configfile", str(bad)], tmp_path)
+    assert res.returncode != 0 and "heads.variants names undefined label(s) 'mhar_h16'" in res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_run_identity_paths_keep_finished_runs(tmp_path):
+    """A redefined label trains into a new directory (the finished one stays byte-identical);
+    knobs that cannot change a result (threads, log cadence) replan nothing."""
+    data = os.environ.get("MHAR_DATA_DIR")
+    if not data or not Path(data, "tinyshakespeare").is_dir():
+        pytest.skip("needs the local data mirror (MHAR_DATA_DIR with tinyshakespeare/)")
+    env = {"MHAR_DATA_DIR": str(Path(data).resolve())}
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({"seeds": [0]}))
+    over = tmp_path / "over.yaml"
+
+    def plan(overlay):
+        over.write_text(yaml.safe_dump(overlay))
+        res = snakemake(["reproduce_table1", "-n", "--until", "train", *configfiles("config/ci.yaml"), str(base),
+                         str(over)], tmp_path, env)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        return re.findall(r"output: (results/runs/\S+/mhar/\S+)/summary.json", res.stdout), res.stdout + res.stderr
+
+    (old,), _ = plan({})
+    over.write_text("{}\n")
+    res = snakemake([f"{old}/summary.json", "--cores", "1", *configfiles("config/ci.yaml"), str(base), str(over)],
+                    tmp_path, env, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    before = _tree_bytes(tmp_path / old)
+    assert json.loads(before["summary.json"])["run"]["residual"]["heads"] == 4
+
+    # execution knobs: the finished run is not replanned (nor its parameters reported changed)
+    knobs = {"train": {"train": {"threads": 2, "log_every": 1, "checkpoint_every": 4}}}
+    runs, out = plan(knobs)
+    assert old not in runs
+    # (--summary, not --list-changes params: the latter lists every job's last output in Snakemake 9)
+    res = snakemake(["--summary", f"{old}/summary.json", *configfiles("config/ci.yaml"), str(base), str(over)],
+                    tmp_path, env)
+    rows = [ln.split("\t") for ln in res.stdout.splitlines() if ln.startswith("results/")]
+    assert res.returncode == 0 and len(rows) == 4 and all(r[-2:] == ["ok", "no update"] for r in rows), res.stdout
+    res = snakemake([f"{old}/summary.json", "-n", *configfiles("config/ci.yaml"), str(base), str(over)], tmp_path, env)
+    assert res.returncode == 0 and "Nothing to be done" in res.stdout + res.stderr
+
+    # a redefined label or data seed: new directories; training one leaves the old run untouched
+    (reseeded,), _ = plan({"train": {"data": {"seed": 7}}})
+    (relabelled,), _ = plan({"variants": {"mhar": {"variant": "mhar", "heads": 2}}})  # stays in over.yaml
+    assert len({old, relabelled, reseeded}) == 3
+    res = snakemake([f"{relabelled}/summary.json", "--cores", "1", *configfiles("config/ci.yaml"), str(base),
+                     str(over)], tmp_path, env, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert json.loads((tmp_path / relabelled / "summary.json").read_text())["run"]["residual"]["heads"] == 2
+    assert _tree_bytes(tmp_path / old) == before

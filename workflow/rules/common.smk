@@ -15,7 +15,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from mhar.config import ConfigError, config_hash  # noqa: E402
-from mhar.runconfig import run_config_from_dict, run_hash  # noqa: E402
+from mhar.runconfig import identity_hash, run_config_from_dict, run_hash  # noqa: E402
 
 RESULTS = config["results_dir"].rstrip("/")
 REPORTS = config["reports_dir"].rstrip("/")
@@ -29,11 +29,31 @@ if config.get("data_dir") and not Path(config["data_dir"]).expanduser().is_dir()
 
 T1_LABELS = config["table1"]["variants"]
 BASELINE = config["table1"]["baseline"]
+for _block in ("table1", "heads", "downstream"):
+    _undefined = [v for v in config[_block]["variants"] if v not in config["variants"]]
+    if _undefined:
+        raise WorkflowError(
+            f"{_block}.variants names undefined label(s) {', '.join(map(repr, _undefined))}; "
+            f"define them under `variants:` (defined: {', '.join(config['variants'])})"
+        )
+if BASELINE not in config["variants"] or BASELINE not in T1_LABELS:
+    raise WorkflowError(
+        f"table1.baseline {BASELINE!r} must be one of table1.variants "
+        f"({', '.join(T1_LABELS)}) and defined under `variants:`"
+    )
+if BASELINE not in config["downstream"]["variants"]:
+    raise WorkflowError(
+        f"table1.baseline {BASELINE!r} is the reference of the paired downstream statistics: "
+        f"add it to downstream.variants ({', '.join(config['downstream']['variants'])})"
+    )
 
-# One run directory per (hash, variant label, size, seed); see docs/ARCHITECTURE.md.
-RUN = f"{RESULTS}/runs/{{hash}}/{{variant}}/{{size}}/seed{{seed}}"
+# One run directory per (pairing hash, variant label, size, seed, run identity); see
+# docs/ARCHITECTURE.md "Run directory". The identity ({rid}) covers everything that can change
+# a result (the label's residual config, data seed, ...), so a redefined label trains into a
+# new directory and never reruns (Snakemake would delete the outputs first) a finished run.
+RUN = f"{RESULTS}/runs/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{rid}}"
 # One evaluation directory per run, evaluation-settings hash and task.
-EVAL = f"{RESULTS}/eval/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{ehash}}/{{task}}"
+EVAL = f"{RESULTS}/eval/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{rid}}/{{ehash}}/{{task}}"
 
 
 def _deep_merge(base, over):
@@ -84,19 +104,40 @@ def hash_of(label, size):
         )
 
 
+@functools.lru_cache(maxsize=None)
+def rid_of(label, size, seed):
+    """Run-identity path component: mhar.runconfig.identity_hash (10 hex digits)."""
+    return identity_hash(run_config_from_dict(run_config(label, size, seed)), 10)
+
+
 def run_dir(label, size, seed):
-    return RUN.format(hash=hash_of(label, size), variant=label, size=size, seed=seed)
+    return RUN.format(
+        hash=hash_of(label, size),
+        variant=label,
+        size=size,
+        seed=seed,
+        rid=rid_of(label, size, int(seed)),
+    )
 
 
 def checked_run_config(wildcards):
-    """Run config for a train job; refuses a path whose hash is not the config's."""
-    want = hash_of(wildcards.variant, wildcards.size)
-    if wildcards.hash != want:
+    """Run config for a train job; refuses a path whose hashes are not the config's."""
+    want = run_dir(wildcards.variant, wildcards.size, wildcards.seed)
+    got = RUN.format(**dict(wildcards.items()))
+    if got != want:
         raise WorkflowError(
-            f"{RESULTS}/runs/{wildcards.hash}/... does not match the current config "
-            f"(hash {want}); request targets through the rules (e.g. reproduce_table1)"
+            f"{got} does not match the current config ({want}); "
+            "request targets through the rules (e.g. reproduce_table1)"
         )
     return run_config(wildcards.variant, wildcards.size, wildcards.seed)
+
+
+def train_run_config(wildcards, output):
+    """checked_run_config as a parameter derived from the output path: Snakemake leaves it
+    out of its params-changed check, so knobs that cannot change a result (train.threads,
+    log/checkpoint cadence) replan nothing; every knob that can is in the path ({rid}).
+    """
+    return checked_run_config(wildcards)
 
 
 def all_sizes():
@@ -107,7 +148,7 @@ def all_sizes():
     return sizes
 
 
-def data_run_config(wildcards):
+def data_run_config(wildcards, output):
     """Run config whose data block the shards of results hash `wildcards.hash` are built from."""
     for size in all_sizes():
         if hash_of(T1_LABELS[0], size) == wildcards.hash:
@@ -165,6 +206,7 @@ def eval_dir(label, size, seed, task):
         variant=label,
         size=size,
         seed=seed,
+        rid=rid_of(label, size, int(seed)),
         ehash=EHASH,
         task=task,
     )
@@ -292,6 +334,7 @@ def report_inputs():
 # --- wildcard constraints (labels and presets never contain '/') ---------------------
 wildcard_constraints:
     hash="[0-9a-f]+",
+    rid="[0-9a-f]+",
     ehash="[0-9a-f]+",
     seed="[0-9]+",
     variant="[A-Za-z0-9][A-Za-z0-9_.-]*",

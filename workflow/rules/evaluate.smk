@@ -9,7 +9,7 @@ rule evaluate:
         results=f"{EVAL}/results.json",
         samples=f"{EVAL}/samples.jsonl",
     log:
-        f"{LOGS}/eval/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{ehash}}/{{task}}.log",
+        f"{LOGS}/eval/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{rid}}/{{ehash}}/{{task}}.log",
     threads: RES["threads_per_run"]
     resources:
         **gpu_resources(RES["eval_gpus"]),

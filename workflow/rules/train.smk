@@ -1,23 +1,25 @@
-# Training: one job per (variant label, size, seed); the hash in the path is the
-# config's (checked_run_config refuses any other), so results are never overwritten.
+# Training: one job per run; the hashes in the path are the config's (checked_run_config
+# refuses any other), so a changed definition is a new directory. The outputs are
+# protected: a finished run is never deleted by a rerun (Snakemake stops and says so;
+# not for root, for whom a forced rerun rebuilds the records from the final checkpoint).
 
 
 rule train:
     input:
-        shards=f"{RESULTS}/data/{{hash}}/shards.json",
+        shards=ancient(f"{RESULTS}/data/{{hash}}/shards.json"),
     output:
-        summary=f"{RUN}/summary.json",
-        metrics=f"{RUN}/metrics.jsonl",
-        model=f"{RUN}/model.pt",
+        summary=protected(f"{RUN}/summary.json"),
+        metrics=protected(f"{RUN}/metrics.jsonl"),
+        model=protected(f"{RUN}/model.pt"),
     log:
-        f"{LOGS}/train/{{hash}}/{{variant}}/{{size}}/seed{{seed}}.log",
+        f"{LOGS}/train/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{rid}}.log",
     threads: RES["threads_per_run"]
     resources:
         **gpu_resources(RES["gpus_per_run"]),
         mem_mb=RES["mem_mb"],
         runtime=RES["runtime_min"],
     params:
-        run_config=checked_run_config,
-        gpus=RES["gpus_per_run"],
+        run_config=train_run_config,
+        gpus=lambda wildcards, output: RES["gpus_per_run"],
     script:
         "../scripts/train.py"
