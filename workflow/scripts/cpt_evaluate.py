@@ -1,11 +1,12 @@
-"""Evaluate one CPT model (base / plain / mhar) on one task (mhar.cpt.evaluate_cpt_model -> eval.run)."""
+"""Evaluate one CPT model (base / plain / mhar) on one task (eval.cpt.evaluate_cpt_model -> eval.run)."""
 
 from pathlib import Path
 
 import torch
 
 from _glue import start
-from mhar.cpt import cpt_config_from_dict, evaluate_cpt_model
+from eval.cpt import evaluate_cpt_model
+from mhar.cpt import cpt_config_from_dict
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)
