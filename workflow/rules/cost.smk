@@ -1,4 +1,4 @@
-# Cost: tabulate benchmark records (results/bench/*.csv, committed GPU runs);
+# Cost: tabulate the benchmark records listed in cost.bench_files (committed GPU runs);
 # with cost.run_benchmark, also measure training throughput on this machine's GPU.
 
 
