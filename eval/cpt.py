@@ -8,17 +8,18 @@ with :func:`eval.run.evaluate_model` under the ``cpt.eval`` settings (``mhar.cpt
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import torch
-
-from mhar.cpt import CPTEvalConfig
+if TYPE_CHECKING:  # the table needs no torch: the analysis environment (workflow/envs/analysis.yaml) has none
+    from mhar.cpt import CPTEvalConfig
 
 __all__ = ["evaluate_cpt_model", "write_cpt_table"]
 
 
 def evaluate_cpt_model(model_path: str | Path, task: str, out_dir: str | Path, ev: CPTEvalConfig) -> dict:
     """Evaluate one CPT model (an exported model.pt) on one task with eval.run; returns results.json."""
+    import torch
+
     from .adapter import MharLM
     from .run import evaluate_model
 

@@ -7,6 +7,8 @@ rule bench_throughput:
         BENCH_CSV,
     log:
         f"{LOGS}/bench/{COST_HASH}/training.log",
+    conda:
+        "../envs/train.yaml"
     resources:
         **gpu_resources(1),
         runtime=RES["runtime_min"],
@@ -25,6 +27,8 @@ rule table_cost:
         multiext(f"{REPORTS}/cost", ".md", ".csv", ".tex"),
     log:
         f"{LOGS}/reports/cost.log",
+    conda:
+        "../envs/analysis.yaml"
     params:
         kind="cost",
         resamples=config["stats"]["resamples"],

@@ -8,6 +8,8 @@ rule paired_stats:
         STATS,
     log:
         f"{LOGS}/stats/{{hash}}/{{ehash}}/{{size}}/seed{{seed}}/{{task}}/{{variant}}_vs_{{baseline}}.log",
+    conda:
+        "../envs/analysis.yaml"
     params:
         resamples=config["stats"]["resamples"],
     script:

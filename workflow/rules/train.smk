@@ -11,6 +11,8 @@ rule train:
         model=f"{RUN}/model.pt",
     log:
         f"{LOGS}/train/{{hash}}/{{variant}}/{{size}}/seed{{seed}}.log",
+    conda:
+        "../envs/train.yaml"
     threads: RES["threads_per_run"]
     resources:
         **gpu_resources(RES["gpus_per_run"]),
