@@ -16,8 +16,11 @@ if TYPE_CHECKING:  # the table needs no torch: the analysis environment (workflo
 __all__ = ["evaluate_cpt_model", "write_cpt_table"]
 
 
-def evaluate_cpt_model(model_path: str | Path, task: str, out_dir: str | Path, ev: CPTEvalConfig) -> dict:
-    """Evaluate one CPT model (an exported model.pt) on one task with eval.run; returns results.json."""
+def evaluate_cpt_model(model_path: str | Path, task: str, out_dir: str | Path, ev: "CPTEvalConfig",
+                       data_dir: Optional[str | Path] = None) -> dict:
+    """Evaluate one CPT model (an exported model.pt) on one task with eval.run; returns results.json.
+
+    ``data_dir``: local data mirror (default ``$MHAR_DATA_DIR``, ``mhar.env``; unset: the hub)."""
     import torch
 
     from .adapter import MharLM
@@ -27,7 +30,8 @@ def evaluate_cpt_model(model_path: str | Path, task: str, out_dir: str | Path, e
     lm = MharLM(pretrained=str(model_path), device=device, batch_size=ev.batch_size, max_length=ev.max_length,
                 max_gen_toks=ev.max_gen_toks, dtype=ev.dtype)
     subset = None if ev.subset == "full" else ev.subset
-    return evaluate_model(model_path, [task], out_dir, subset=subset, device=device, lm=lm)[task]
+    return evaluate_model(model_path, [task], out_dir, subset=subset, device=device, lm=lm,
+                          data_dir=data_dir)[task]
 
 
 def write_cpt_table(base_eval: str | Path, plain_eval: str | Path, mhar_eval: str | Path, out_prefix: str | Path,

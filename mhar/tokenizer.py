@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
+from . import env
+
 
 class Tokenizer:
     name: str
@@ -71,12 +73,10 @@ class HFTokenizer(Tokenizer):
         return self._tok.decode(list(ids))
 
 
-def data_dir() -> Optional[Path]:
-    d = os.environ.get("MHAR_DATA_DIR")
-    return Path(d) if d else None
-
-
-def get_tokenizer(spec: str) -> Tokenizer:
+def get_tokenizer(spec: str, data_dir: Optional[str | os.PathLike] = None) -> Tokenizer:
+    """A tokenizer from its spec; a relative tokenizer.json path is also looked up under ``data_dir``
+    (default: ``$MHAR_DATA_DIR``, see ``mhar.env``)."""
+    root = env.data_dir(data_dir)
     if spec == "byte":
         return ByteTokenizer()
     if spec.startswith("hf:"):
@@ -94,8 +94,8 @@ def get_tokenizer(spec: str) -> Tokenizer:
         eot = tok.eos_token_id
         return HFTokenizer(tok, spec, eot_id=eot)
     candidates = [Path(spec)]
-    if data_dir() is not None and not Path(spec).is_absolute():
-        candidates.append(data_dir() / spec)
+    if root is not None and not Path(spec).is_absolute():
+        candidates.append(root / spec)
     for p in candidates:
         if p.is_dir():
             p = p / "tokenizer.json"
@@ -103,7 +103,7 @@ def get_tokenizer(spec: str) -> Tokenizer:
             from tokenizers import Tokenizer as _Tok
 
             return HFTokenizer(_Tok.from_file(str(p)), str(spec))
-    hint = "give a full path" if data_dir() is not None else "set MHAR_DATA_DIR or give a full path"
+    hint = "give a full path" if root is not None else "set data.data_dir / MHAR_DATA_DIR or give a full path"
     raise ValueError(
         f"unknown tokenizer {spec!r}: not 'byte', not 'hf:<hub name>', and no tokenizer.json found at "
         f"{', '.join(str(c) for c in candidates)}; {hint}."

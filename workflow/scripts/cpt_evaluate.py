@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch
 
-from _glue import start
+from _glue import data_dir, start
 from eval.cpt import evaluate_cpt_model
 from mhar.cpt import cpt_config_from_dict
 
@@ -16,5 +16,5 @@ ev = cpt_config_from_dict(sm.config["cpt"]).eval
 task = sm.wildcards.task
 out = Path(sm.output.results).parent.parent  # writes <out>/<task>/{results.json,samples.jsonl}
 log.info("evaluate %s (%s) on %s, subset %s", sm.wildcards.cpt_model, sm.input.model, task, ev.subset)
-res = evaluate_cpt_model(sm.input.model, task, out, ev)
+res = evaluate_cpt_model(sm.input.model, task, out, ev, data_dir=data_dir(sm))
 log.info("%s: n=%s %s", task, res.get("n"), {k: v for k, v in res.get("metrics", {}).items() if "stderr" not in k})

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from _glue import run_logged, start
+from _glue import run_logged, start, with_data_dir
 from mhar.cpt import arm_run_config, cpt_config_from_dict
 from mhar.runconfig import dump_yaml, run_config_from_dict
 
@@ -18,7 +18,7 @@ log = start(sm)
 cfg = cpt_config_from_dict(sm.config["cpt"])
 arm = sm.wildcards.arm
 model_cfg = json.loads(Path(sm.input.report).read_text())["report"]["model_config"]
-run_cfg = arm_run_config(cfg, arm, model_cfg, str(Path(sm.input.init).resolve()))
+run_cfg = with_data_dir(arm_run_config(cfg, arm, model_cfg, str(Path(sm.input.init).resolve())), sm)
 run_config_from_dict(run_cfg)  # fail here, naming the field, before any process starts
 cfg_path = Path(sm.log[0]).with_suffix(".run_config.yaml")
 cfg_path.write_text(dump_yaml(run_cfg))
