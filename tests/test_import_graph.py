@@ -94,3 +94,25 @@ def test_trainer_loads_no_cpt_eval_or_workflow_module():
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == []
+
+
+def test_workflow_scripts_import_names_that_exist():
+    """Every `from X import name` of the workflow's scripts and rule files resolves (catches a moved function)."""
+    wanted = {}
+    files = sorted((ROOT / "workflow").rglob("*.py")) + sorted((ROOT / "workflow").rglob("*.smk"))
+    for path in files:
+        for line in path.read_text().splitlines():
+            node = ast.parse(line.strip()).body[0] if line.startswith("from ") and "(" not in line else None
+            if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in ("mhar", "eval", "_glue"):
+                wanted.setdefault(node.module, set()).update(a.name for a in node.names)
+    assert {"eval.cpt", "mhar.cpt", "_glue"} <= set(wanted)
+    code = ("import importlib, importlib.util\nmissing = []\n"
+            "def has(m, mod, n):\n"
+            "    return hasattr(m, n) or importlib.util.find_spec(mod + '.' + n) is not None\n" + "".join(
+                f"m = importlib.import_module({mod!r})\n"
+                f"missing += [{mod!r} + '.' + n for n in {sorted(names)!r} if not has(m, {mod!r}, n)]\n"
+                for mod, names in sorted(wanted.items())) + "print(' '.join(missing))\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'workflow' / 'scripts'}"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == []
