@@ -6,11 +6,10 @@
 #
 # A --configfile replaces config/config.yaml (it is not merged into it); see docs/WORKFLOW.md.
 #
-# `snakemake --lint` reports one kind of warning, deliberately left: "Specify a conda
-# environment or container for each rule". Every rule runs this repository's own package;
-# its software environment is pyproject.toml (`pip install -e ".[dev]"`), and GPU sites
-# keep their own CUDA build of torch, which a per-rule conda env would replace. Each
-# result records its package versions and hardware (provenance.json).
+# Software: every rule names its conda environment (workflow/envs/{train,eval,analysis}.yaml),
+# used with `--sdm conda`; without it, rules run in the current Python environment
+# (`pip install -e ".[dev]"`), which is how GPU sites keep their own CUDA build of torch.
+# Each result records its package versions and hardware (provenance.json).
 
 from pathlib import Path
 

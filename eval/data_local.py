@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from mhar import env
+
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 # The tasks this project evaluates (docs/ARCHITECTURE.md "Evaluation outputs").
 STANDARD_TASKS = ("wikitext", "lambada_openai", "hellaswag", "gsm8k", "gpqa_main_zeroshot")
@@ -46,10 +48,10 @@ class DataSource:
 
     @classmethod
     def from_env(cls, data_dir: Optional[str | os.PathLike] = None) -> "DataSource":
-        d = data_dir if data_dir is not None else os.environ.get("MHAR_DATA_DIR")
-        if not d:
+        d = env.data_dir(data_dir)  # the documented default $MHAR_DATA_DIR is read in mhar.env only
+        if d is None:
             return cls(None)
-        p = Path(d).expanduser().resolve()
+        p = d.resolve()
         if not p.is_dir():
             raise FileNotFoundError(
                 f"data directory {p} (MHAR_DATA_DIR / data_dir) does not exist; unset it to use the hub"

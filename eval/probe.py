@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mhar import env
+
 ROUTED_VARIANTS = ("attnres", "mhar")
 
 
@@ -184,14 +186,16 @@ def probe_model(model, input_ids: Tensor, slices: int = 4, null_draws: int = 8, 
 
 
 def probe_tokens(tokenizer, vocab_size: int, batch: int, seq_len: int, text: Optional[str | Path] = None,
-                 seed: int = 0) -> tuple[Tensor, str]:
+                 seed: int = 0, data_dir: Optional[str | Path] = None) -> tuple[Tensor, str]:
     """(input_ids (batch, seq_len), description of where they came from).
 
-    Text from ``text``, else WikiText-2 validation under MHAR_DATA_DIR; without either, uniform
-    random token ids (recorded as such: the KL is then not the paper's quantity)."""
+    Text from ``text``, else WikiText-2 validation under ``data_dir`` (default ``$MHAR_DATA_DIR``,
+    ``mhar.env``); without either, uniform random token ids (recorded as such: the KL is then not the
+    paper's quantity)."""
     path = Path(text) if text else None
-    if path is None and os.environ.get("MHAR_DATA_DIR"):
-        cand = Path(os.environ["MHAR_DATA_DIR"]) / "wikitext-2-raw-v1" / "wiki.valid.raw"
+    root = env.data_dir(data_dir)
+    if path is None and root is not None:
+        cand = root / "wikitext-2-raw-v1" / "wiki.valid.raw"
         path = cand if cand.is_file() else None
     g = torch.Generator().manual_seed(seed)
     if path is not None:
@@ -206,7 +210,8 @@ def probe_tokens(tokenizer, vocab_size: int, batch: int, seq_len: int, text: Opt
 
 
 def run_probe(model_path: str | Path, out: str | Path, slices: int = 4, batch: int = 4, seq_len: int = 256,
-              text: Optional[str] = None, null_draws: int = 8, seed: int = 0) -> dict:
+              text: Optional[str] = None, null_draws: int = 8, seed: int = 0,
+              data_dir: Optional[str | Path] = None) -> dict:
     """Load a model, probe it, write the JSON (with provenance) to ``out``; returns the dict."""
     from mhar.checkpoint import load_model
 
@@ -215,7 +220,7 @@ def run_probe(model_path: str | Path, out: str | Path, slices: int = 4, batch: i
     torch.manual_seed(seed)
     model, tok, _ = load_model(model_path, routing_impl="eager")
     seq_len = min(seq_len, model.cfg.max_seq_len)
-    ids, src = probe_tokens(tok, model.cfg.vocab_size, batch, seq_len, text, seed)
+    ids, src = probe_tokens(tok, model.cfg.vocab_size, batch, seq_len, text, seed, data_dir)
     d = probe_model(model, ids, slices, null_draws, seed, str(model_path), src).to_dict()
     d["provenance"] = provenance([str(model_path)] + ([text] if text else []))
     out = Path(out)
@@ -234,12 +239,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--text", default=None, help="text file to probe on (default: WikiText-2 valid under MHAR_DATA_DIR)")
+    ap.add_argument("--data-dir", default=None, help="local data mirror (default: $MHAR_DATA_DIR)")
     ap.add_argument("--null-draws", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     try:
-        d = run_probe(a.model, a.out, a.slices, a.batch, a.seq_len, a.text, a.null_draws, a.seed)
+        d = run_probe(a.model, a.out, a.slices, a.batch, a.seq_len, a.text, a.null_draws, a.seed, a.data_dir)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -27,7 +27,7 @@ TABLES = {  # name -> (title, input placeholder of the command that makes it)
     "heads": ("Head-count sweep", "RUN/summary.json..."),
     "downstream": ("Downstream evaluation", "EVAL_DIR..."),
     "cpt": ("Continued pretraining", "BASE PLAIN MHAR (eval dirs) or MANIFEST.yaml"),
-    "cost": ("Cost", "results/bench/*.csv"),
+    "cost": ("Cost", "BENCH.csv... (cost.bench_files)"),
 }
 FIGURES = {  # name -> one-line reading of what the figure shows
     "loss_curves": "validation loss per variant; line = mean over seeds, band = min..max across seeds.",

@@ -409,11 +409,12 @@ PROVIDER_NAMES = {"baseline": "baseline", "mhar_eager": "eager", "eager": "eager
 def load_bench(paths: Iterable[str | os.PathLike]):
     """Concatenate training-throughput benchmark CSVs into one DataFrame with columns size, provider
     (baseline/eager/compile/fused), tokens_per_s, peak_mem_gb, ratio (throughput / baseline throughput),
-    status, source. CSVs without a throughput column (e.g. routing-op timings) are skipped and listed in
-    ``df.attrs["skipped"]``; memory is taken as reported (GiB when the CSV says ``peak_mem_gib``)."""
+    status, source. ``paths`` is an explicit list (the workflow's ``cost.bench_files``): a listed CSV that is
+    not a training-throughput benchmark (no throughput column, e.g. routing-op timings) is an error, not
+    skipped. Memory is taken as reported (GiB when the CSV says ``peak_mem_gib``)."""
     import pandas as pd
 
-    frames, skipped = [], []
+    frames = []
     for p in paths:
         p = Path(p)
         if not p.is_file():
@@ -422,8 +423,9 @@ def load_bench(paths: Iterable[str | os.PathLike]):
         df.columns = [c.strip().lower() for c in df.columns]
         cols = {canon: next((a for a in aliases if a in df.columns), None) for canon, aliases in _BENCH_ALIASES.items()}
         if cols["tokens_per_s"] is None:
-            skipped.append(f"{p} (no tokens_per_s column: not a training-throughput benchmark)")
-            continue
+            raise AnalysisInputError(f"{p}: no tokens_per_s column (or one of {_BENCH_ALIASES['tokens_per_s']}): "
+                                     "not a training-throughput benchmark; list only benchmarks/bench_training.py "
+                                     "CSVs (cost.bench_files)")
         for canon in ("size", "provider"):
             if cols[canon] is None:
                 raise AnalysisInputError(f"{p}: needs a column {canon!r} (or one of {_BENCH_ALIASES[canon]}); "
@@ -438,15 +440,13 @@ def load_bench(paths: Iterable[str | os.PathLike]):
         out["source"] = str(p)
         frames.append(out)
     if not frames:
-        raise AnalysisInputError("no training-throughput benchmark CSV among the inputs"
-                                 + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
+        raise AnalysisInputError("no benchmark CSV given: list training-throughput CSVs (cost.bench_files)")
     df = pd.concat(frames, ignore_index=True)
     for size, sub in df.groupby("size"):
         base = sub.loc[sub["provider"] == "baseline", "tokens_per_s"].astype(float).mean()
         missing = sub["ratio"].isna()
         if np.isfinite(base) and base > 0:
             df.loc[sub.index[missing], "ratio"] = sub.loc[missing, "tokens_per_s"].astype(float) / base
-    df.attrs["skipped"] = skipped
     return df
 
 

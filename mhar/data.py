@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import env
 from .runconfig import DataConfig
 from .tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
 
@@ -61,8 +62,8 @@ class DataError(ValueError):
 
 
 def resolve_data_dir(cfg: DataConfig) -> Optional[Path]:
-    d = cfg.data_dir or os.environ.get("MHAR_DATA_DIR")
-    return Path(d).expanduser() if d else None
+    """``data.data_dir``, else the documented default ``$MHAR_DATA_DIR`` (``mhar.env``), else None (hub)."""
+    return env.data_dir(cfg.data_dir)
 
 
 # --- corpora ------------------------------------------------------------------------------------
@@ -479,7 +480,7 @@ def build_shards(cfg: DataConfig, vocab_size: int, log: Callable[[str], None] = 
                 "vocab_size": corpus.vocab, "dtype": "int64"}
         return Shards(train, val, meta, None)
     try:
-        tok = get_tokenizer(cfg.tokenizer)
+        tok = get_tokenizer(cfg.tokenizer, data_dir)
     except ValueError as e:
         raise DataError(f"data.tokenizer: {e}") from e
     if tok.vocab_size > vocab_size:

@@ -290,6 +290,9 @@ HASH_EXCLUDE = (
     "train.log_every", "train.checkpoint_every", "train.save_model_every_checkpoint", "train.log_batch_hash",
     "train.threads", "data.cache_dir",
 )
+# Locations hashed as null (so a hash does not depend on the machine, and hashes of configs that leave them
+# unset are unchanged): data.data_dir, where the local mirror lives (the workflow sets it from its data_dir).
+HASH_AS_NULL = ("data.data_dir",)
 
 
 def _drop(d: dict, dotted: str) -> None:
@@ -299,11 +302,22 @@ def _drop(d: dict, dotted: str) -> None:
     d.pop(leaf, None)
 
 
+def _null_locations(d: dict) -> None:
+    for dotted in HASH_AS_NULL:
+        *parents, leaf = dotted.split(".")
+        sub = d
+        for part in parents:
+            sub = sub.get(part, {})
+        if leaf in sub:
+            sub[leaf] = None
+
+
 def run_hash(cfg: RunConfig, length: int = 10) -> str:
     """Hash of the resolved config without variant/size/seed (the run directory's ``<hash>``)."""
     d = cfg.to_dict()
     for key in HASH_EXCLUDE:
         _drop(d, key)
+    _null_locations(d)
     return config_hash(d, length)
 
 
@@ -313,6 +327,7 @@ def full_hash(cfg: RunConfig, length: int = 16) -> str:
     for key in ("meta.name", "train.log_every", "train.checkpoint_every", "train.save_model_every_checkpoint",
                 "train.threads", "data.cache_dir"):
         _drop(d, key)
+    _null_locations(d)
     return config_hash(d, length)
 
 

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
+from . import env
+
 
 class Tokenizer:
     """``encode`` adds no special tokens unless asked (training data: documents joined by ``eot_id``);
@@ -96,12 +98,10 @@ def _declared_special_tokens(folder: Path, backend) -> tuple[Optional[int], Opti
     return out[0], out[1]
 
 
-def data_dir() -> Optional[Path]:
-    d = os.environ.get("MHAR_DATA_DIR")
-    return Path(d) if d else None
-
-
-def get_tokenizer(spec: str) -> Tokenizer:
+def get_tokenizer(spec: str, data_dir: Optional[str | os.PathLike] = None) -> Tokenizer:
+    """A tokenizer from its spec; a relative tokenizer.json path is also looked up under ``data_dir``
+    (default: ``$MHAR_DATA_DIR``, see ``mhar.env``)."""
+    root = env.data_dir(data_dir)
     if spec == "byte":
         return ByteTokenizer()
     if spec.startswith("hf:"):
@@ -118,8 +118,8 @@ def get_tokenizer(spec: str) -> Tokenizer:
             ) from e
         return HFTokenizer(tok, spec, eot_id=tok.eos_token_id, bos_id=tok.bos_token_id)
     candidates = [Path(spec)]
-    if data_dir() is not None and not Path(spec).is_absolute():
-        candidates.append(data_dir() / spec)
+    if root is not None and not Path(spec).is_absolute():
+        candidates.append(root / spec)
     for p in candidates:
         if p.is_dir():
             p = p / "tokenizer.json"
@@ -129,7 +129,7 @@ def get_tokenizer(spec: str) -> Tokenizer:
             backend = _Tok.from_file(str(p))
             bos, eos = _declared_special_tokens(p.parent, backend)
             return HFTokenizer(backend, str(spec), eot_id=eos, bos_id=bos)
-    hint = "give a full path" if data_dir() is not None else "set MHAR_DATA_DIR or give a full path"
+    hint = "give a full path" if root is not None else "set data.data_dir / MHAR_DATA_DIR or give a full path"
     raise ValueError(
         f"unknown tokenizer {spec!r}: not 'byte', not 'hf:<hub name>', and no tokenizer.json found at "
         f"{', '.join(str(c) for c in candidates)}; {hint}."

@@ -6,7 +6,7 @@ accumulation up to the global batch, DDP or FSDP2 under ``torchrun``. The data o
 on the data seed and data config (``mhar.data.BatchOrder``), so variants with one seed are paired.
 
 Continued-pretraining options (``train.init_from``, ``decay_filter``, ``z_loss``, ``ema_decay``,
-``log_batch_hash``; helpers in ``mhar.cpt.training``) start from an exported model with a fresh
+``log_batch_hash``; helpers in ``mhar.optim``) start from an exported model with a fresh
 AdamW, decay only matrix weights, add the z-loss to the objective (the logged loss stays the
 cross-entropy), keep an EMA of the weights (``model.pt`` = EMA, ``model_raw.pt`` = last iterate)
 and log a sha256 of every step's batch. Their defaults leave from-scratch training unchanged.
@@ -47,10 +47,10 @@ from torch import Tensor, nn
 from .checkpoint import (CheckpointError, atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text,
                          clean_stale_temps, load_error_brief, safe_torch_load, save_model)
 from .config import ConfigError
-from .cpt.training import EMA, batch_digest, load_init_weights, param_groups
 from .data import DataError, TrainData, load_data
 from .distributed import DistEnv, all_reduce_mean, all_reduce_sum, barrier, init_distributed, no_grad_sync, shutdown, wrap_model
 from .model import Transformer
+from .optim import EMA, batch_digest, load_init_weights, param_groups
 from .provenance import collect_provenance, utc_now
 from .runconfig import (RunConfig, dump_yaml, identity_hash, load_run_config, run_config_from_dict,
                         run_hash, run_identity, yaml_load)

@@ -11,7 +11,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from mhar import cpt  # noqa: E402
+from eval import cpt as eval_cpt  # noqa: E402
+from mhar import cpt, optim  # noqa: E402
 from mhar.checkpoint import load_model  # noqa: E402
 from mhar.config import model_config  # noqa: E402
 from mhar.model import Transformer  # noqa: E402
@@ -228,7 +229,7 @@ def test_init_from_with_another_shape_is_refused(tmp_path):
 def test_weight_decay_excludes_embeddings_norms_and_routing():
     for tied in (False, True):
         model, _ = cpt.convert_hf_llama(tiny_llama(tied=tied, num_hidden_layers=2), heads=4, delta_block_layers=1)
-        groups = cpt.param_groups(model, 0.05, "matrices")
+        groups = optim.param_groups(model, 0.05, "matrices")
         names = {id(p): n for n, p in model.named_parameters()}
         decayed = {names[id(p)] for g in groups if g["weight_decay"] > 0 for p in g["params"]}
         want = {n for n, _ in model.named_parameters() if n.endswith("_proj.weight")}
@@ -237,7 +238,7 @@ def test_weight_decay_excludes_embeddings_norms_and_routing():
         assert decayed == want
         n_all = sum(len(g["params"]) for g in groups)
         assert n_all == len(list(model.parameters()))  # every parameter trained exactly once
-    (only,) = cpt.param_groups(model, 0.1, "all")
+    (only,) = optim.param_groups(model, 0.1, "all")
     assert only["weight_decay"] == 0.1 and len(only["params"]) == len(list(model.parameters()))
 
 
@@ -248,13 +249,13 @@ def test_z_loss_matches_definition():
     labels[0, :2] = -100
     keep = labels != -100
     want = np.mean([np.log(np.exp(row.double().numpy()).sum()) ** 2 for row in logits[keep]])
-    assert abs(cpt.z_loss(logits, labels).item() - want) < 1e-4
+    assert abs(optim.z_loss(logits, labels).item() - want) < 1e-4
 
 
 def test_ema_update_matches_closed_form():
     lin = torch.nn.Linear(3, 2, bias=False)
     w0 = lin.weight.detach().clone()
-    ema = cpt.EMA(lin, 0.9)
+    ema = optim.EMA(lin, 0.9)
     steps = [torch.randn(2, 3, generator=torch.Generator().manual_seed(i)) for i in range(3)]
     want = w0.clone()
     for s in steps:
@@ -309,7 +310,7 @@ def test_cpt_table_has_three_gains_and_mcnemar(tmp_path):
     mhar[flip[22:]] = 0  # ... and wrong on a few others
     for name, s in (("base", base), ("plain", plain), ("mhar", mhar)):
         _write_eval(tmp_path / name, "gpqa_main_zeroshot", s)
-    paths = cpt.write_cpt_table(tmp_path / "base", tmp_path / "plain", tmp_path / "mhar", tmp_path / "rep" / "cpt_table",
+    paths = eval_cpt.write_cpt_table(tmp_path / "base", tmp_path / "plain", tmp_path / "mhar", tmp_path / "rep" / "cpt_table",
                                 "tiny", {"identical": True, "steps": 4}, n_resamples=199)
     assert sorted(p.suffix for p in paths) == [".csv", ".md", ".tex"]
     import pandas as pd

@@ -301,8 +301,8 @@ def test_cost_table_ratios_and_verdicts(tmp_path):
 def test_cost_table_reads_training_benchmark_format(tmp_path):
     bench = fx.write_bench_training(tmp_path / "training.csv")
     op = tmp_path / "routing_op.csv"
-    op.write_text("provider,N,fwd_ms\nfused,9,1.0\n")  # another benchmark's CSV: skipped, not fatal
-    t = tables.cost_table([bench, op])
+    op.write_text("provider,N,fwd_ms\nfused,9,1.0\n")  # another benchmark's CSV: refused, not skipped
+    t = tables.cost_table([bench])
     rows = {r["provider"]: r for r in t.rows}
     assert rows["fused"]["ratio"] == pytest.approx(0.45) and rows["fused"]["peak_mem_gb"] == 21.0
     assert 0.45 < 0.55 - 0.10  # in floating point; the old one-sided rule said "not reproduced" here
@@ -311,9 +311,10 @@ def test_cost_table_reads_training_benchmark_format(tmp_path):
     assert rows["eager"]["status"] == "OOM" and rows["eager"]["verdict"] == vd.OOM
     md = tables.to_markdown(t)
     assert "| 1B | eager | 0 | OOM | OOM |" in md
-    assert any("routing_op.csv" in n for n in t.notes)
-    with pytest.raises(io.AnalysisInputError, match="no training-throughput"):
-        io.load_bench([op])
+    with pytest.raises(io.AnalysisInputError, match="routing_op.csv: no tokens_per_s column"):
+        io.load_bench([bench, op])
+    with pytest.raises(io.AnalysisInputError, match="no benchmark CSV given"):
+        io.load_bench([])
 
 
 def test_identify_eval_with_relative_model_path(tmp_path):

@@ -28,6 +28,8 @@ from typing import Any, Optional
 
 import datasets
 
+from mhar import env
+
 # Stock lm-eval prompt code, reused verbatim (identical prompts to the hub tasks).
 from lm_eval.tasks.gpqa.zeroshot.utils import preprocess as _gpqa_preprocess
 from lm_eval.tasks.hellaswag.utils import process_docs as hellaswag_process_docs  # noqa: F401
@@ -45,13 +47,13 @@ class LocalDataError(FileNotFoundError):
 
 
 def resolve_data_dir(data_dir: Optional[str] = None) -> Path:
-    d = data_dir or os.environ.get("MHAR_DATA_DIR")
-    if not d:
+    d = env.data_dir(data_dir)
+    if d is None:
         raise LocalDataError(
             "local task needs a data directory: set MHAR_DATA_DIR (layout of shared/data) "
             "or pass data_dir to eval.run.evaluate_model"
         )
-    return Path(d).expanduser().resolve()
+    return d.resolve()
 
 
 def _resolve_files(data_files: dict[str, str], data_dir: Optional[str]) -> dict[str, str]:

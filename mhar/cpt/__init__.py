@@ -30,24 +30,21 @@ CLI::
 Training: both arms are ordinary ``python -m mhar.train`` runs whose configs come from
 :func:`arm_run_config` (same data/train sections, ``train.init_from`` = the converted checkpoint,
 plus the CPT options ``decay_filter``, ``z_loss``, ``ema_decay``, ``log_batch_hash`` that the
-trainer implements with the helpers below). :func:`compare_batch_logs` proves the arms saw
-byte-identical batches; :func:`write_cpt_table` builds the CPT gain / MHAR gain table.
-The ``cpt:`` workflow block is :class:`CPTConfig` (workflow/rules/cpt.smk).
+trainer implements in ``mhar.optim``). :func:`compare_batch_logs` proves the arms saw
+byte-identical batches. The ``cpt:`` config block is :class:`CPTConfig` (workflow/rules/cpt.smk);
+evaluating the arms and the CPT gain / MHAR gain table are analysis, in ``eval.cpt``.
 """
 from __future__ import annotations
 
 from .convert import (CPTConversionError, ConversionReport, check_logits, check_tokens, convert_hf_llama,
                       export_hf_llama, hf_state_dict_from_model, llama_model_config, load_hf_llama,
                       map_llama_state_dict, save_converted)
-from .training import (DECAY_FILTERS, EMA, batch_digest, batch_hashes, compare_batch_logs, load_init_weights,
-                       param_groups, z_loss)
-from .workflow import (CPTBaseConfig, CPTConfig, CPTEvalConfig, arm_run_config, base_run_config,
-                       cpt_config_from_dict, evaluate_cpt_model, write_cpt_table)
+from .batches import batch_hashes, compare_batch_logs
+from .config import CPTBaseConfig, CPTConfig, CPTEvalConfig, arm_run_config, base_run_config, cpt_config_from_dict
 
 __all__ = [
     "CPTConversionError", "ConversionReport", "llama_model_config", "map_llama_state_dict", "hf_state_dict_from_model",
     "load_hf_llama", "check_tokens", "check_logits", "convert_hf_llama", "export_hf_llama", "save_converted",
-    "DECAY_FILTERS", "param_groups", "z_loss", "batch_digest", "EMA", "load_init_weights", "batch_hashes",
-    "compare_batch_logs", "CPTBaseConfig", "CPTEvalConfig", "CPTConfig", "cpt_config_from_dict", "base_run_config",
-    "arm_run_config", "evaluate_cpt_model", "write_cpt_table",
+    "batch_hashes", "compare_batch_logs", "CPTBaseConfig", "CPTEvalConfig", "CPTConfig", "cpt_config_from_dict",
+    "base_run_config", "arm_run_config",
 ]

@@ -9,7 +9,7 @@ from typing import Optional
 from ..checkpoint import CheckpointError
 from ..config import ConfigError
 from .convert import CPTConversionError, convert_hf_llama, export_hf_llama, save_converted
-from .training import compare_batch_logs
+from .batches import compare_batch_logs
 
 
 def main(argv: Optional[list[str]] = None) -> int:

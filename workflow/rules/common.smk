@@ -228,11 +228,8 @@ BENCH_CSV = f"{RESULTS}/bench/{COST_HASH}/training.csv"
 
 
 def bench_csvs():
-    """Committed benchmark records, plus the fresh one when the benchmark is configured."""
-    found = sorted(str(p) for p in Path(COST["bench_dir"]).glob("*.csv"))
-    if COST["run_benchmark"]:
-        found.append(BENCH_CSV)
-    return found
+    """The listed benchmark records (cost.bench_files), plus the fresh one when the benchmark is configured."""
+    return list(COST["bench_files"]) + ([BENCH_CSV] if COST["run_benchmark"] else [])
 
 
 # --- resources ---------------------------------------------------------------------------
@@ -311,8 +308,8 @@ def reproduce_cost_inputs(wildcards):
     """Cost table, or a clear error when there is nothing to tabulate."""
     if not bench_csvs():
         raise WorkflowError(
-            f"reproduce_cost: no benchmark records ({COST['bench_dir']}/*.csv) and cost.run_benchmark "
-            "is false; run `python -m benchmarks.bench_training` on a GPU or set cost.run_benchmark: true"
+            "reproduce_cost: cost.bench_files is empty and cost.run_benchmark is false; list benchmark "
+            "CSVs (e.g. results/bench/training.csv) in cost.bench_files or set cost.run_benchmark: true"
         )
     return table_files("cost")
 

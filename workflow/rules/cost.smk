@@ -1,4 +1,4 @@
-# Cost: tabulate benchmark records (results/bench/*.csv, committed GPU runs);
+# Cost: tabulate the benchmark records listed in cost.bench_files (committed GPU runs);
 # with cost.run_benchmark, also measure training throughput on this machine's GPU.
 
 
@@ -7,6 +7,8 @@ rule bench_throughput:
         BENCH_CSV,
     log:
         f"{LOGS}/bench/{COST_HASH}/training.log",
+    conda:
+        "../envs/train.yaml"
     resources:
         **gpu_resources(1),
         runtime=RES["runtime_min"],
@@ -25,6 +27,8 @@ rule table_cost:
         multiext(f"{REPORTS}/cost", ".md", ".csv", ".tex"),
     log:
         f"{LOGS}/reports/cost.log",
+    conda:
+        "../envs/analysis.yaml"
     params:
         kind="cost",
         resamples=config["stats"]["resamples"],

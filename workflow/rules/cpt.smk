@@ -14,6 +14,8 @@ rule cpt_pretrain_base:
         model=f"{CPT_ROOT}/base/run/model.pt",
     log:
         f"{CPT_LOGS}/pretrain_base.log",
+    conda:
+        "../envs/train.yaml"
     threads: RES["threads_per_run"]
     resources:
         **gpu_resources(CPT.gpus),
@@ -33,6 +35,8 @@ rule cpt_export_base:
         config=f"{CPT_ROOT}/base/hf/config.json",
     log:
         f"{CPT_LOGS}/export_base.log",
+    conda:
+        "../envs/train.yaml"
     script:
         "../scripts/cpt_export.py"
 
@@ -45,6 +49,8 @@ rule cpt_convert:
         report=f"{CPT_ROOT}/init/{{arm}}/conversion.json",
     log:
         f"{CPT_LOGS}/convert_{{arm}}.log",
+    conda:
+        "../envs/train.yaml"
     threads: RES["threads_per_run"]
     resources:
         mem_mb=RES["mem_mb"],
@@ -64,6 +70,8 @@ rule cpt_train:
         model=f"{CPT_ROOT}/runs/{{arm}}/model.pt",
     log:
         f"{CPT_LOGS}/train_{{arm}}.log",
+    conda:
+        "../envs/train.yaml"
     threads: RES["threads_per_run"]
     resources:
         **gpu_resources(CPT.gpus),
@@ -83,6 +91,8 @@ rule cpt_check_batches:
         f"{CPT_ROOT}/batch_check.json",
     log:
         f"{CPT_LOGS}/check_batches.log",
+    conda:
+        "../envs/train.yaml"
     script:
         "../scripts/cpt_check.py"
 
@@ -95,6 +105,8 @@ rule cpt_evaluate:
         samples=f"{CPT_ROOT}/eval/{{cpt_model}}/{{task}}/samples.jsonl",
     log:
         f"{CPT_LOGS}/eval_{{cpt_model}}_{{task}}.log",
+    conda:
+        "../envs/eval.yaml"
     threads: RES["threads_per_run"]
     resources:
         **gpu_resources(RES["eval_gpus"]),
@@ -116,6 +128,8 @@ rule cpt_table:
         multiext(f"{REPORTS}/cpt", ".md", ".csv", ".tex"),
     log:
         f"{LOGS}/reports/cpt.log",
+    conda:
+        "../envs/analysis.yaml"
     params:
         scale=CPT.scale,
         resamples=config.get("stats", {}).get("resamples", 4999),

@@ -7,6 +7,8 @@ rule prepare_data:
         f"{RESULTS}/data/{{hash}}/shards.json",
     log:
         f"{LOGS}/data/{{hash}}.log",
+    conda:
+        "../envs/train.yaml"
     resources:
         mem_mb=RES["mem_mb"],
         runtime=RES["runtime_min"],

@@ -10,6 +10,8 @@ rule evaluate:
         samples=f"{EVAL}/samples.jsonl",
     log:
         f"{LOGS}/eval/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{rid}}/{{ehash}}/{{task}}.log",
+    conda:
+        "../envs/eval.yaml"
     threads: RES["threads_per_run"]
     resources:
         **gpu_resources(RES["eval_gpus"]),

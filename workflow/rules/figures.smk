@@ -8,6 +8,8 @@ rule figure:
         multiext(f"{REPORTS}/figures/{{figure}}", ".png", ".pdf"),
     log:
         f"{LOGS}/reports/figure_{{figure}}.log",
+    conda:
+        "../envs/analysis.yaml"
     script:
         "../scripts/figure.py"
 
@@ -21,6 +23,8 @@ rule probe:
         f"{REPORTS}/probe/{{size}}/{{variant}}.json",
     log:
         f"{LOGS}/reports/probe_{{size}}_{{variant}}.log",
+    conda:
+        "../envs/eval.yaml"
     params:
         slices=4,
     script:

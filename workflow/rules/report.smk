@@ -8,5 +8,7 @@ rule report:
         f"{REPORTS}/REPORT.md",
     log:
         f"{LOGS}/reports/report.log",
+    conda:
+        "../envs/analysis.yaml"
     script:
         "../scripts/report.py"

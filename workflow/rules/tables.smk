@@ -11,6 +11,8 @@ rule table1:
         multiext(f"{REPORTS}/table1", ".md", ".csv", ".tex"),
     log:
         f"{LOGS}/reports/table1.log",
+    conda:
+        "../envs/analysis.yaml"
     params:
         kind="table1",
         resamples=config["stats"]["resamples"],
@@ -25,6 +27,8 @@ rule table_seeds:
         multiext(f"{REPORTS}/seeds", ".md", ".csv", ".tex"),
     log:
         f"{LOGS}/reports/seeds.log",
+    conda:
+        "../envs/analysis.yaml"
     params:
         kind="seeds",
         resamples=config["stats"]["resamples"],
@@ -39,6 +43,8 @@ rule table_heads:
         multiext(f"{REPORTS}/heads", ".md", ".csv", ".tex"),
     log:
         f"{LOGS}/reports/heads.log",
+    conda:
+        "../envs/analysis.yaml"
     params:
         kind="heads",
         resamples=config["stats"]["resamples"],
@@ -53,6 +59,8 @@ rule table_downstream:
         multiext(f"{REPORTS}/downstream", ".md", ".csv", ".tex"),
     log:
         f"{LOGS}/reports/downstream.log",
+    conda:
+        "../envs/analysis.yaml"
     params:
         kind="downstream",
         resamples=config["stats"]["resamples"],

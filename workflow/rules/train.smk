@@ -13,6 +13,8 @@ rule train:
         model=protected(f"{RUN}/model.pt"),
     log:
         f"{LOGS}/train/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{rid}}.log",
+    conda:
+        "../envs/train.yaml"
     threads: RES["threads_per_run"]
     resources:
         **gpu_resources(RES["gpus_per_run"]),

@@ -1,8 +1,9 @@
 """Shared glue of the workflow scripts: imports, environment, logging, launching a module.
 
 Every script starts with ``log = start(snakemake)``: it makes the repository's packages
-importable (installed or not), exports the configured data directory as ``MHAR_DATA_DIR``
-and sends log records to the rule's log file.
+importable (installed or not) and sends log records to the rule's log file. The workflow's
+``data_dir`` travels as data: ``with_data_dir`` puts it into a run config (``data.data_dir``),
+``data_dir`` gives it to evaluation (``--data-dir`` / ``data_dir=``); nothing is exported.
 """
 from __future__ import annotations
 
@@ -20,9 +21,6 @@ if str(REPO) not in sys.path:
 
 def start(sm: Any) -> logging.Logger:
     """Prepare a script run by Snakemake; return a logger writing to ``sm.log[0]``."""
-    data_dir = sm.config.get("data_dir")
-    if data_dir:
-        os.environ["MHAR_DATA_DIR"] = str(Path(data_dir).expanduser().resolve())
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     log_path = Path(sm.log[0])
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,6 +32,22 @@ def start(sm: Any) -> logging.Logger:
         force=True,
     )
     return logging.getLogger(f"workflow.{sm.rule}")
+
+
+def data_dir(sm: Any) -> str | None:
+    """The workflow config's ``data_dir`` as an absolute path, or None (then the library's default:
+    ``$MHAR_DATA_DIR`` if set, else the Hugging Face hub; see ``mhar.env``)."""
+    d = sm.config.get("data_dir")
+    return str(Path(d).expanduser().resolve()) if d else None
+
+
+def with_data_dir(run_config: dict, sm: Any) -> dict:
+    """``run_config`` with ``data.data_dir`` = the workflow's ``data_dir`` unless the run config sets its
+    own (a location: ``mhar.runconfig`` hashes it as null, so the results hash does not change)."""
+    d = data_dir(sm)
+    if d is None or (run_config.get("data") or {}).get("data_dir"):
+        return run_config
+    return {**run_config, "data": {**(run_config.get("data") or {}), "data_dir": d}}
 
 
 def launcher(gpus: int) -> list[str]:

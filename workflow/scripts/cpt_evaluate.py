@@ -1,11 +1,12 @@
-"""Evaluate one CPT model (base / plain / mhar) on one task (mhar.cpt.evaluate_cpt_model -> eval.run)."""
+"""Evaluate one CPT model (base / plain / mhar) on one task (eval.cpt.evaluate_cpt_model -> eval.run)."""
 
 from pathlib import Path
 
 import torch
 
-from _glue import start
-from mhar.cpt import cpt_config_from_dict, evaluate_cpt_model
+from _glue import data_dir, start
+from eval.cpt import evaluate_cpt_model
+from mhar.cpt import cpt_config_from_dict
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)
@@ -15,5 +16,5 @@ ev = cpt_config_from_dict(sm.config["cpt"]).eval
 task = sm.wildcards.task
 out = Path(sm.output.results).parent.parent  # writes <out>/<task>/{results.json,samples.jsonl}
 log.info("evaluate %s (%s) on %s, subset %s", sm.wildcards.cpt_model, sm.input.model, task, ev.subset)
-res = evaluate_cpt_model(sm.input.model, task, out, ev)
+res = evaluate_cpt_model(sm.input.model, task, out, ev, data_dir=data_dir(sm))
 log.info("%s: n=%s %s", task, res.get("n"), {k: v for k, v in res.get("metrics", {}).items() if "stderr" not in k})

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from _glue import start
-from mhar.cpt import write_cpt_table
+from eval.cpt import write_cpt_table
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)

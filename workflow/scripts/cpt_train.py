@@ -5,10 +5,9 @@ difference is the residual form. With cpt.gpus > 1 the trainer runs under torchr
 """
 
 import json
-import sys
 from pathlib import Path
 
-from _glue import run_logged, start
+from _glue import launcher, run_logged, start, with_data_dir
 from mhar.cpt import arm_run_config, cpt_config_from_dict
 from mhar.runconfig import dump_yaml, run_config_from_dict
 
@@ -18,16 +17,14 @@ log = start(sm)
 cfg = cpt_config_from_dict(sm.config["cpt"])
 arm = sm.wildcards.arm
 model_cfg = json.loads(Path(sm.input.report).read_text())["report"]["model_config"]
-run_cfg = arm_run_config(cfg, arm, model_cfg, str(Path(sm.input.init).resolve()))
+run_cfg = with_data_dir(arm_run_config(cfg, arm, model_cfg, str(Path(sm.input.init).resolve())), sm)
 run_config_from_dict(run_cfg)  # fail here, naming the field, before any process starts
 cfg_path = Path(sm.log[0]).with_suffix(".run_config.yaml")
 cfg_path.write_text(dump_yaml(run_cfg))
 run_dir = Path(sm.output.summary).parent
-gpus = int(sm.params.gpus)
-launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}"]
-            if gpus > 1 else [sys.executable])
 log.info("CPT arm %s from %s (run config %s)", arm, sm.input.init, cfg_path)
-run_logged([*launcher, "-m", "mhar.train", cfg_path, "--out", run_dir], sm.log[0], threads=sm.threads)
+run_logged([*launcher(int(sm.params.gpus)), "-m", "mhar.train", cfg_path, "--out", run_dir], sm.log[0],
+           threads=sm.threads)
 for name in ("summary", "metrics", "model"):
     if not Path(sm.output[name]).is_file():
         raise RuntimeError(f"mhar.train finished but did not write {sm.output[name]}; see {sm.log[0]}")

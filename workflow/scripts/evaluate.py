@@ -6,7 +6,7 @@ A separate process per job keeps lm-eval's memory out of the Snakemake process.
 import sys
 from pathlib import Path
 
-from _glue import run_logged, start
+from _glue import data_dir, run_logged, start
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)
@@ -15,6 +15,8 @@ p = sm.params
 out = Path(sm.output.results).parent.parent  # eval.run writes <out>/<task>/{results.json,samples.jsonl}
 cmd = [sys.executable, "-m", "eval.run", "--model", sm.input.model, "--tasks", sm.wildcards.task,
        "--out", out, "--subset", p.subset, "--batch-size", p.batch_size, "--bootstrap-iters", p.bootstrap_iters]
+if data_dir(sm):
+    cmd += ["--data-dir", data_dir(sm)]
 if p.device != "auto":
     cmd += ["--device", p.device]
 log.info("evaluate %s on %s (%s)", sm.input.model, sm.wildcards.task, p.subset)

@@ -3,14 +3,14 @@
 import json
 from pathlib import Path
 
-from _glue import start
+from _glue import start, with_data_dir
 from mhar.data import build_shards
 from mhar.runconfig import run_config_from_dict
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)
 
-cfg = run_config_from_dict(sm.params.run_config)
+cfg = run_config_from_dict(with_data_dir(sm.params.run_config, sm))
 shards = build_shards(cfg.data, cfg.model.vocab_size, log=log.info)
 record = {"cache_dir": str(shards.path) if shards.path else None, **shards.meta}
 Path(sm.output[0]).write_text(json.dumps(record, indent=1, default=str))

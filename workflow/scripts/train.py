@@ -6,14 +6,14 @@ one node). Inputs: ``snakemake.params.run_config`` (dict), ``snakemake.params.gp
 
 from pathlib import Path
 
-from _glue import launcher, run_logged, start
+from _glue import launcher, run_logged, start, with_data_dir
 from mhar.runconfig import dump_yaml, run_config_from_dict
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)
 
 run_dir = Path(sm.output.summary).parent
-cfg = sm.params.run_config
+cfg = with_data_dir(sm.params.run_config, sm)
 run_config_from_dict(cfg)  # fail here, naming the field, before any process starts
 cfg_path = Path(sm.log[0]).with_suffix(".run_config.yaml")
 cfg_path.write_text(dump_yaml(cfg))

@@ -1,23 +1,20 @@
-"""The ``cpt:`` workflow block and the glue of its rules (workflow/rules/cpt.smk).
+"""The ``cpt:`` config block (workflow/rules/cpt.smk) and the run configs it implies.
 
 :class:`CPTConfig` validates the block; :func:`base_run_config` / :func:`arm_run_config` give the
 ``mhar.train`` run configs of the stand-in base and of the two arms (identical data and train
-sections: same batches, schedule and token budget); :func:`evaluate_cpt_model` and
-:func:`write_cpt_table` evaluate and tabulate CPT gain / total gain / MHAR gain.
+sections: same batches, schedule and token budget). Evaluating the arms and tabulating CPT gain /
+total gain / MHAR gain is analysis: ``eval.cpt`` (the library never imports ``eval``).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
-import torch
-
-from ..config import ConfigError
+from ..config import ConfigError, from_dict
 
 __all__ = ["CPTBaseConfig", "CPTEvalConfig", "CPTConfig", "cpt_config_from_dict", "base_run_config",
-           "arm_run_config", "evaluate_cpt_model", "write_cpt_table"]
+           "arm_run_config"]
 
 
 @dataclass
@@ -80,8 +77,6 @@ class CPTConfig:
 
 
 def cpt_config_from_dict(d: dict) -> CPTConfig:
-    from ..config import from_dict
-
     return from_dict(CPTConfig, d, "cpt").validate()
 
 
@@ -120,36 +115,3 @@ def arm_run_config(cfg: CPTConfig, arm: str, model_cfg: dict, init_from: str) ->
     return _merge(cfg.train, {"meta": {"name": f"cpt_{arm}", "variant": CPTConfig.VARIANT[arm], "size": cfg.scale},
                               "model": model, "data": {"tokenizer": cfg.tokenizer},
                               "train": {"init_from": str(init_from), "log_batch_hash": True}})
-
-
-def evaluate_cpt_model(model_path: str | Path, task: str, out_dir: str | Path, ev: CPTEvalConfig) -> dict:
-    """Evaluate one CPT model (an exported model.pt) on one task with eval.run; returns results.json."""
-    from eval.adapter import MharLM
-    from eval.run import evaluate_model
-
-    device = ev.device if ev.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    lm = MharLM(pretrained=str(model_path), device=device, batch_size=ev.batch_size, max_length=ev.max_length,
-                max_gen_toks=ev.max_gen_toks, dtype=ev.dtype)
-    subset = None if ev.subset == "full" else ev.subset
-    return evaluate_model(model_path, [task], out_dir, subset=subset, device=device, lm=lm)[task]
-
-
-def write_cpt_table(base_eval: str | Path, plain_eval: str | Path, mhar_eval: str | Path, out_prefix: str | Path,
-                    scale: str, batch_check: Optional[dict] = None, n_resamples: int = 4999) -> list[Path]:
-    """CPT gain / total gain / MHAR gain table (eval.tables cpt) from three eval dirs.
-
-    Writes ``<out_prefix>.manifest.yaml`` (inputs + the batch-identity check) next to the table.
-    """
-    import yaml
-
-    from eval.tables import make_table
-
-    out_prefix = Path(out_prefix)
-    out_prefix.parent.mkdir(parents=True, exist_ok=True)
-    manifest = {"base": str(Path(base_eval).resolve()), "plain": str(Path(plain_eval).resolve()),
-                "mhar": str(Path(mhar_eval).resolve()), "scale": scale}
-    if batch_check is not None:
-        manifest["batch_check"] = batch_check
-    mpath = out_prefix.with_name(out_prefix.name + ".manifest.yaml")
-    mpath.write_text(yaml.safe_dump(manifest, sort_keys=False))
-    return make_table("cpt", [mpath], out_prefix, n_resamples=n_resamples)

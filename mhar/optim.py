@@ -1,13 +1,13 @@
-"""Training pieces of continued pretraining, used by ``mhar.train`` through its CPT options.
+"""Optimisation pieces of the trainer (``mhar.train``), one per run-config option.
 
 ``param_groups`` (train.decay_filter), ``z_loss`` (train.z_loss), ``EMA`` (train.ema_decay),
-``batch_digest`` (train.log_batch_hash), ``load_init_weights`` (train.init_from), and
-``compare_batch_logs``, which proves two arms saw byte-identical batches.
+``batch_digest`` (train.log_batch_hash) and ``load_init_weights`` (train.init_from: warm start from
+an exported model). Their defaults leave from-scratch training unchanged; continued pretraining
+(``mhar.cpt``) is their main user. Imports only the library's core (no CPT, eval or workflow code).
 """
 from __future__ import annotations
 
 import hashlib
-import json
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -15,12 +15,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import CheckpointError, load_error_brief
-from ..config import ConfigError
-from ..model import Transformer
+from .checkpoint import CheckpointError, load_error_brief
+from .config import ConfigError
+from .model import Transformer
 
-__all__ = ["DECAY_FILTERS", "param_groups", "z_loss", "batch_digest", "EMA", "load_init_weights",
-           "batch_hashes", "compare_batch_logs"]
+__all__ = ["DECAY_FILTERS", "param_groups", "z_loss", "batch_digest", "EMA", "load_init_weights"]
 
 DECAY_FILTERS = ("all", "matrices")
 
@@ -118,7 +117,7 @@ def load_init_weights(model: Transformer, path: str | Path) -> dict:
     Returns the checkpoint's ``extra`` dict (e.g. the conversion report). Raises ConfigError
     naming every model field that differs, so a CPT run never silently trains another shape.
     """
-    from ..checkpoint import FORMAT
+    from .checkpoint import FORMAT
 
     path = Path(path)
     try:  # memory-mapped: under torchrun every rank reads the same pages (8B: no 8 x 32 GB copies)
@@ -144,35 +143,3 @@ def load_init_weights(model: Transformer, path: str | Path) -> dict:
                           f"{'; '.join(diff[:8])}. Copy the checkpoint's model config into the run config.")
     model.load_state_dict(blob["state_dict"])
     return blob.get("extra", {})
-
-
-def batch_hashes(run_dir: str | Path) -> dict[int, str]:
-    """{step: batch_sha256} from a run's metrics.jsonl (runs trained with train.log_batch_hash)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: train the run first")
-    out = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if row.get("split") == "train":
-            if "batch_sha256" not in row:
-                raise ValueError(f"{path}: step {row.get('step')} has no batch_sha256; "
-                                 "train with train.log_batch_hash=true")
-            out[int(row["step"])] = row["batch_sha256"]
-    return out
-
-
-def compare_batch_logs(run_a: str | Path, run_b: str | Path) -> dict:
-    """Check that two runs saw byte-identical batches at every step; return a small report.
-
-    Raises ValueError naming the first differing step, or when the step sets differ.
-    """
-    a, b = batch_hashes(run_a), batch_hashes(run_b)
-    if set(a) != set(b):
-        raise ValueError(f"{run_a} and {run_b} logged different steps ({len(a)} vs {len(b)} train steps)")
-    bad = [s for s in sorted(a) if a[s] != b[s]]
-    if bad:
-        raise ValueError(f"{run_a} and {run_b} saw different batches at {len(bad)} step(s), first at step {bad[0]} "
-                         f"({a[bad[0]][:12]} vs {b[bad[0]][:12]}); the arms are not schedule-matched")
-    digest = hashlib.sha256("".join(a[s] for s in sorted(a)).encode()).hexdigest()
-    return {"run_a": str(run_a), "run_b": str(run_b), "steps": len(a), "identical": True, "all_batches_sha256": digest}
