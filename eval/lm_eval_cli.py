@@ -17,7 +17,6 @@ For per-document files in our format (samples.jsonl / results.json) use ``python
 """
 from __future__ import annotations
 
-import os
 import sys
 from typing import Optional, Sequence
 
@@ -75,7 +74,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from . import adapter  # noqa: F401  registers "mhar" with lm-eval's model registry
     from mhar.checkpoint import CheckpointError
 
-    data_dir = os.environ.get("MHAR_DATA_DIR")
+    from mhar.env import data_dir as _data_dir
+
+    found = _data_dir()
+    data_dir = str(found) if found is not None else None
     args = cli_argv(sys.argv[1:] if argv is None else argv, data_dir)
     err = local_fewshot_error(args) if data_dir and str(TASKS_DIR) in args else None
     if err:
