@@ -123,7 +123,7 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
         p = _leaves(base, dtype, DEV)
         if impl == "fused":
             router = (fused_mod.FusedRouter(algo="v5", group=group, shared_backward=shared_backward,
-                                            two_pass=two_pass) if algo == "v5" else fused_mod.FusedRouter())
+                                            two_pass=two_pass) if algo == "v5" else fused_mod.FusedRouter(group=group))
         else:
             router = get_router(impl)
         la = group is not None if algo == "v5" else lookahead
@@ -142,9 +142,12 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
             assert ran == {"route_bwd": n_extra, "stash": n_reads, "source_bwd": n_src}, ran
         else:  # only the first read is announced; the others take the v5 path for their own part
             assert ran == {"route_bwd": n_reads - 1, "stash": 1, "source_bwd": 1 + with_null}, ran
+        if group is not None and group > 1 and lookahead:  # forward prefix sharing: one pass per group
+            n_groups = -(-n_reads // group) - (n_reads % group == 1)  # a last group of one read is plain
+            assert fused_mod.LAUNCHES["prefix6_fwd"] - launches.get("prefix6_fwd", 0) == n_groups
     else:
         assert ran["stash"] == ran["source_bwd"] == 0
-    if group is not None and group > 1:  # prefix sharing ran: one prefix pass (fwd + bwd) per group of reads
+    if algo == "v5" and group is not None and group > 1:  # prefix sharing ran: one prefix pass per group
         full, rest = divmod(n_reads, group)  # a last group of one read is a plain read
         n_groups = full + (rest > 1)
         assert fused_mod.READS["prefix"] - reads["prefix"] == n_groups
@@ -317,6 +320,19 @@ def test_v6_unannounced_reads_fall_back(with_null, with_extra, dtype):
                   lookahead=False)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,B,T,D,H,K,with_null,with_extra", [
+    (5, 2, 9, 96, 8, 2, True, False),  # groups of 2, the last one a single (plain) read
+    (7, 1, 13, 48, 4, 3, False, True),  # groups of 3, 3, 1; extra sources
+    (4, 1, 11, 40, 1, 8, True, True),  # K larger than the reads: one group; single head, D=40
+])
+def test_v6_forward_prefix_sharing(N, B, T, D, H, K, with_null, with_extra, dtype):
+    """v6 with group=K: K announced reads share one forward pass over their common prefix (the backward is
+    the same source-major one)."""
+    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=N * K,
+                  group=K)
+
+
 def test_v6_many_sources():
     """N from 1 to 73: 73 reads, each appending a source (tiny B*T*D keeps the interpreter fast)."""
     _check_router(1, 3, 16, 2, n_reads=73, dtype=torch.float32, with_null=True, with_extra=False, seed=73)
@@ -452,9 +468,12 @@ def test_v6_router_has_no_v5_options():
     """routing_impl 'fused' is v6; the v5 knobs are refused there instead of silently ignored."""
     r = get_router("fused")
     assert isinstance(r, fused_mod.FusedRouter) and r.algo == "v6" and r.name == "fused"
-    for kw in (dict(group=3), dict(shared_backward=False), dict(two_pass=True)):
+    for kw in (dict(shared_backward=False), dict(two_pass=True)):
         with pytest.raises(ValueError, match="fused_v5"):
             fused_mod.FusedRouter(**kw)
+    with pytest.raises(ValueError, match="group"):
+        fused_mod.FusedRouter(group=0)
+    assert fused_mod.FusedRouter(group=4).group == 4  # v6: forward prefix sharing (constructor only)
     with pytest.raises(ValueError, match="algo"):
         fused_mod.FusedRouter(algo="v4")
 

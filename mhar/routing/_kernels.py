@@ -682,3 +682,93 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
         xv = x.view(BT, H, DH).transpose(0, 1)  # (H, BT, DH)
         dW = torch.bmm(dsr if x.dtype == torch.float32 else dsr.to(x.dtype), xv).float().transpose(0, 1)
     return grad, dW.reshape(J, D)
+
+
+# v6 forward prefix sharing (optional, ``FusedRouter(group=K)``): K announced reads share ONE pass over their
+# common prefix. Rows of the tile are (read k, token t) pairs: the K rows of a token load the same source
+# elements (L1 hits: the prefix is read from HBM once), each row with its own w_k = q_k * g_k. Outputs the
+# normalised partial mix P_k and its log-sum-exp per read; each read then continues with its newer sources
+# (route_fwd with init=...). The backward is unchanged (source-major; it needs no partials).
+def _prefix6_configs() -> list:
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0":
+        return [triton.Config({"BLOCK_T": 2}, num_warps=4)]
+    return [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (1, 2, 4, 8) for nw in (4, 8, 16)]
+
+
+def _prune_prefix6(configs, named_args, **kwargs):
+    row = kwargs.get("KP", named_args.get("KP")) * kwargs.get("HP", named_args.get("HP")) * \
+        kwargs.get("DHP", named_args.get("DHP"))
+    keep = [c for c in configs if c.kwargs["BLOCK_T"] * row <= 16384 and c.num_warps * 32 * 2 <= c.kwargs["BLOCK_T"] * row]
+    return keep or configs[:1]
+
+
+@triton.autotune(configs=_prefix6_configs(), key=["D", "H", "K", "HAS_NULL"],
+                 prune_configs_by={"early_config_prune": _prune_prefix6})
+@triton.jit
+def _prefix6_kernel(buf_ptr, null_ptr, w_ptr, p_ptr, lse_ptr, n_buf, buf_stride, BT, D, H, DH, K, eps,
+                    HAS_NULL: tl.constexpr, BLOCK_T: tl.constexpr, KP: tl.constexpr, HP: tl.constexpr,
+                    DHP: tl.constexpr):
+    pid = tl.program_id(0)
+    rr = tl.arange(0, KP * BLOCK_T)  # row = (read k, token t)
+    kk = rr // BLOCK_T
+    tok = pid * BLOCK_T + rr % BLOCK_T
+    hh = tl.arange(0, HP)
+    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]
+    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
+    tmask = tok < BT
+    rmask = tmask & (kk < K)
+    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]  # (R, HP, DHP) into a source
+    lmask = tmask[:, None, None] & cmask[None, :, :]
+    wmask = (kk < K)[:, None, None] & cmask[None, :, :]
+    w = tl.load(w_ptr + kk[:, None, None] * D + col[None, :, :], mask=wmask, other=0.0)  # (R, HP, DHP) fp32
+    m = tl.full((KP * BLOCK_T, HP), float("-inf"), tl.float32)
+    l = tl.zeros((KP * BLOCK_T, HP), tl.float32)
+    acc = tl.zeros((KP * BLOCK_T, HP, DHP), tl.float32)
+    if HAS_NULL:
+        nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
+        x = tl.zeros((KP * BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :]
+        m, l, acc = _fwd_update_rows(x, w, m, l, acc, D, eps)
+    x_next = tl.load(buf_ptr + offs, mask=lmask & _in(0, 0, n_buf, KP * BLOCK_T), other=0.0)
+    for j in range(0, n_buf):
+        x = x_next.to(tl.float32)
+        x_next = tl.load(buf_ptr + (j + 1) * buf_stride + offs, mask=lmask & _in(j + 1, 0, n_buf, KP * BLOCK_T),
+                         other=0.0)
+        m, l, acc = _fwd_update_rows(x, w, m, l, acc, D, eps)
+    poffs = kk.to(tl.int64)[:, None, None] * BT * D + offs
+    tl.store(p_ptr + poffs, (acc / l[:, :, None]).to(p_ptr.dtype.element_ty),
+             mask=rmask[:, None, None] & cmask[None, :, :])
+    tl.store(lse_ptr + kk.to(tl.int64)[:, None] * BT * H + tok.to(tl.int64)[:, None] * H + hh[None, :],
+             m + tl.log(l), mask=rmask[:, None] & (hh[None, :] < H))
+
+
+@triton.jit
+def _fwd_update_rows(x, w, m, l, acc, D, eps):
+    """Online-softmax step with one w per row: x, w (R, HP, DHP) fp32."""
+    ss = tl.sum(tl.sum(x * x, axis=2), axis=1)
+    r = 1.0 / tl.sqrt(ss / D + eps)
+    s = tl.sum(x * w, axis=2) * r[:, None]
+    m_new = tl.maximum(m, s)
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new)
+    return m_new, l * alpha + p, acc * alpha[:, :, None] + p[:, :, None] * x
+
+
+def prefix6_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: int, D: int,
+                out_dtype: torch.dtype):
+    """Partials of K reads (W = q * g, (K, D) fp32 contiguous) over [null] + buf[0:n_buf): P (K, BT, D) in
+    ``out_dtype``, lse (K, BT, H) fp32."""
+    K = W.shape[0]
+    if n_buf + (null is not None) == 0:
+        raise ValueError("prefix routing needs at least one source")
+    _check_index_range(buf)
+    P = torch.empty(K, BT, D, device=W.device, dtype=out_dtype)
+    lse = torch.empty(K, BT, H, device=W.device, dtype=torch.float32)
+    HP, DHP = _tiles(D, H)
+    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
+    args = (buf if buf is not None else P, null if null is not None else P, W, P, lse,
+            n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, K, eps)
+    flags = dict(HAS_NULL=null is not None, KP=triton.next_power_of_2(K), HP=HP, DHP=DHP)
+    _launch(_prefix6_kernel, ("p6fwd", D, H, K, *flags.values(), *(str(a.dtype) for a in args[:5])), grid, args,
+            flags)
+    LAUNCHES["prefix6_fwd"] += 1
+    return P, lse

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from . import Router, register_router
-from ._kernels import LAUNCHES, prefix_bwd, prefix_fwd, route_bwd, route_fwd, source_bwd, stash
+from ._kernels import LAUNCHES, prefix6_fwd, prefix_bwd, prefix_fwd, route_bwd, route_fwd, source_bwd, stash
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES"]
 
@@ -351,6 +351,7 @@ class _V6:
     final: dict = field(default_factory=dict)  # slot -> its gradient, until the append's backward takes it
     rtoken: Optional[Tensor] = None  # chain token of the newest read
     done: bool = False  # the anchor's backward ran (a later read on this storage starts a new chain)
+    group: Optional[tuple] = None  # forward prefix sharing: (k0, K, n_prefix, P (K, BT, D), lse (K, BT, H))
 
 
 class _Read6(torch.autograd.Function):
@@ -358,7 +359,7 @@ class _Read6(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, token, rtoken, query, norm_weight, Qr, Gr, null, extra, st: _Storage, n_buf: int, H: int,
-                eps: float, want_scores: bool, k: int, lo_new: int, k_next: int):
+                eps: float, want_scores: bool, k: int, lo_new: int, k_next: int, lo: int, P, lse_p):
         _Read.calls += 1
         READS["plain"] += 1
         v = st.v6
@@ -370,8 +371,13 @@ class _Read6(torch.autograd.Function):
             ex = (ex if ex.dtype == st.dtype else ex.to(st.dtype)).contiguous()
         q, g = query.contiguous(), norm_weight.contiguous()
         nul = null.contiguous() if null is not None else None
-        out, lse, scores = route_fwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, H, eps, BT, D, st.dtype,
-                                     store_scores=want_scores, lse_out=v.lse[k] if k >= 0 else None)
+        if P is None:
+            out, lse, scores = route_fwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, H, eps, BT, D, st.dtype,
+                                         store_scores=want_scores, lse_out=v.lse[k] if k >= 0 else None)
+        else:  # continue the shared prefix partial (which holds the null source) over buf[lo:n_buf)
+            out, lse, scores = route_fwd(st.buf if n_buf > lo else None, n_buf, None, ex, q, g, H, eps, BT, D,
+                                         st.dtype, lo=lo, init=P.reshape(BT, D), init_lse=lse_p.reshape(BT, H),
+                                         lse_out=v.lse[k])
         ctx.save_for_backward(q, g, nul, ex, out, lse, Qr, Gr)
         ctx.st, ctx.n_buf, ctx.H, ctx.eps, ctx.k, ctx.lo_new, ctx.k_next = st, n_buf, H, eps, k, lo_new, k_next
         ctx.has_token, ctx.has_rtoken = token is not None, rtoken is not None
@@ -438,7 +444,7 @@ class _Read6(torch.autograd.Function):
         dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
         dtoken = torch.zeros((), device=dout.device) if ctx.has_token else None
         drtoken = torch.zeros((), device=dout.device) if ctx.has_rtoken else None
-        return (dtoken, drtoken, dq, dg, dQr, dGr, dnull, dextra) + (None,) * 8
+        return (dtoken, drtoken, dq, dg, dQr, dGr, dnull, dextra) + (None,) * 11
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -490,10 +496,15 @@ class FusedRouter(Router):
         self.algo = algo
         if algo == "v6":
             self.name = "fused"
-            if group not in (None, 1) or shared_backward is not None or two_pass:
-                raise ValueError("group / shared_backward / two_pass are options of the v5 kernels "
+            if shared_backward is not None or two_pass:
+                raise ValueError("shared_backward / two_pass are options of the v5 kernels "
                                  "(routing_impl 'fused_v5', FusedRouter(algo='v5')); v6 has none of them")
-            self.grad_dtype, self.group, self.shared_backward, self.two_pass = grad_dtype, 1, True, False
+            group = 1 if group is None else group
+            if not isinstance(group, int) or group < 1:
+                raise ValueError(f"group must be an integer >= 1 (1 = no forward prefix sharing), got {group!r}")
+            # v6 group: announced reads per forward prefix-sharing group (constructor only; the env variable
+            # MHAR_ROUTING_GROUP is read by v5 alone)
+            self.grad_dtype, self.group, self.shared_backward, self.two_pass = grad_dtype, group, True, False
             return
         self.name = "fused_v5"
         self.grad_dtype = grad_dtype
@@ -652,8 +663,22 @@ class FusedRouter(Router):
         k_next = k if k >= 0 else v.next_k
         lo_new = min(v.max_n, n)  # this read is the first to see buffered sources lo_new..n-1
         v.max_n = max(v.max_n, n)
+        lo, P, lse_p = 0, None, None
+        if k >= 0 and self.group > 1 and not return_weights:  # forward prefix sharing among announced reads
+            grp = v.group
+            if grp is None or not grp[0] <= k < grp[0] + grp[1]:
+                v.group = grp = None
+                K = min(self.group, v.K - k)
+                if K > 1 and n + (st.null is not None) > 0:
+                    Pk, lk = prefix6_fwd(st.buf if n else None, n, st.null.contiguous() if st.null is not None
+                                         else None, v.W[k:k + K], H, eps, B * T, D, st.dtype)
+                    v.group = grp = (k, K, n, Pk, lk)
+            if grp is not None:
+                lo, P, lse_p = grp[2], grp[3][k - grp[0]], grp[4][k - grp[0]]
+                if k == grp[0] + grp[1] - 1:
+                    v.group = None  # the partials are transient
         out, scores, v.rtoken = _Read6.apply(state.token, v.rtoken, query, norm_weight, Qr, Gr, st.null, extra, st,
-                                             n, H, eps, return_weights, k, lo_new, k_next)
+                                             n, H, eps, return_weights, k, lo_new, k_next, lo, P, lse_p)
         st.reads += 1
         if return_weights:
             lse = torch.logsumexp(scores, dim=-1, keepdim=True)
