@@ -86,12 +86,20 @@ def v5_bytes(ns: list[int], E: int, elt: int = 2) -> tuple[int, int]:
     return unit, 3 * unit
 
 
-def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2) -> tuple[int, int]:
+def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1) -> tuple[int, int]:
     """(fwd, bwd) bytes of the v6 kernels for reads over ns sources (non-decreasing, each read the first to
-    see its newest source), E = B*T*D elements per source."""
+    see its newest source), E = B*T*D elements per source. ``group`` > 1: forward prefix sharing (groups of
+    that many reads: one pass over the first read's sources writes a partial per read, which each read reads
+    back with its newer sources)."""
     unit = sum(ns) * E * elt
     N = len(ns)
-    fwd = unit + N * E * elt  # read the sources, write the output
+    fwd = 0
+    for a in range(0, N, group):
+        K = min(group, N - a)
+        if K == 1:
+            fwd += (ns[a] + 1) * E * elt  # read the sources, write the output
+        else:  # prefix once, K partials written and read back, each read's newer sources and output
+            fwd += (ns[a] + 2 * K + sum(ns[i] - ns[a] + 1 for i in range(a, a + K))) * E * elt
     dsr = sum(ns) * (E // D) * H * 4 * 2  # fp32 dL/dscore per (token, head, read, source): written, read back
     # stash: read dout + out, write the dout slot (3); per source: read it in the kernel and in the dW matmul
     # (2), write its gradient (1)
@@ -100,14 +108,17 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2) -> tuple[int, 
 
 
 def _router(impl: str):
-    """eager | compile | fused (kernels v6: source-major, write-once backward) | fused_v5 (the previous
-    read-major kernels, no prefix sharing) | fused_auto (v5, groups of about sqrt(reads)) | fused_gK (v5, groups
-    of K reads) | fused_fp32acc (v5, source gradients accumulated in fp32)."""
+    """eager | compile | fused (kernels v6: source-major, write-once backward) | fused_gK (v6 with forward
+    prefix sharing in groups of K reads) | fused_v5 (the previous read-major kernels, no prefix sharing) |
+    fused_auto (v5, groups of about sqrt(reads)) | fused_v5_gK (v5, groups of K reads) | fused_fp32acc (v5,
+    source gradients accumulated in fp32)."""
     from mhar.routing.fused import FusedRouter
     if impl == "fused_fp32acc":
         return FusedRouter(algo="v5", grad_dtype=torch.float32)
+    if impl.startswith("fused_v5_g"):
+        return FusedRouter(algo="v5", group=int(impl[len("fused_v5_g"):]))
     if impl.startswith("fused_g"):
-        return FusedRouter(algo="v5", group=int(impl[len("fused_g"):]))
+        return FusedRouter(group=int(impl[len("fused_g"):]))
     if impl == "fused_auto":
         return FusedRouter(algo="v5", group="auto")
     if impl == "fused_v5":
@@ -121,6 +132,8 @@ def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int) -> tuple[int, 
     """(fwd, bwd) bytes of the byte model of the fused kernels (``v6_bytes`` / ``v5_bytes``), None for others."""
     if impl == "fused":
         return v6_bytes(ns, E, H, D)
+    if impl.startswith("fused_g"):
+        return v6_bytes(ns, E, H, D, group=int(impl[len("fused_g"):]))
     if impl in ("fused_v5", "fused_fp32acc"):
         return v5_bytes(ns, E)
     return None
@@ -193,7 +206,7 @@ def main(argv=None) -> None:
         c = Case(size, B, T, p["d_model"], args.heads, 2 * p["n_layers"] + 1)
         for mode in args.modes:
             for impl in args.impls:
-                if mode == "microbatch" and impl == "compile" or mode == "read" and impl.startswith("fused_g"):
+                if mode == "microbatch" and impl == "compile" or mode == "read" and "_g" in impl:
                     continue  # 2L+1 distinct graphs to compile: measured in the training benchmark instead
                 r = bench_case(c, impl, mode, graph=bool(args.graph))
                 r.update(hbm_gbps=round(hbm, 1), fwd_frac_hbm=round(r["fwd_gbps"] / hbm, 3),
@@ -206,8 +219,8 @@ def main(argv=None) -> None:
     by = {(r["size"], r["mode"], r["impl"]): r for r in rows}
     for (size, mode, impl), r in by.items():  # side by side: v6 against v5 in the same call
         old = by.get((size, mode, "fused_v5"))
-        if impl == "fused" and old and r["status"] == old["status"] == "ok":
-            print(f"{size} {mode}: fused (v6) {r['fwd_bwd_ms']:.3f} ms ({r['model_gb']} GB, {r['model_gbps']} GB/s) "
+        if (impl == "fused" or impl.startswith("fused_g")) and old and r["status"] == old["status"] == "ok":
+            print(f"{size} {mode}: {impl} (v6) {r['fwd_bwd_ms']:.3f} ms ({r['model_gb']} GB, {r['model_gbps']} GB/s) "
                   f"vs fused_v5 {old['fwd_bwd_ms']:.3f} ms ({old['model_gb']} GB, {old['model_gbps']} GB/s): "
                   f"{old['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x faster", flush=True)
 

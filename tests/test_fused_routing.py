@@ -370,6 +370,34 @@ def test_v6_stale_read_and_weights():
         assert rel(a, b) <= 1e-5, i
 
 
+def test_model_v6_prefix_sharing_matches_eager():
+    """MHAR debug model with the v6 router sharing forward prefixes (groups of 3): eager logits and grads."""
+    torch.manual_seed(0)
+    cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused"})
+    launches = fused_mod.LAUNCHES["prefix6_fwd"]
+
+    def run(router):
+        model = build_model(cfg).to(DEV)
+        with torch.no_grad():
+            for p in model.residual.parameters():
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3 + p)
+        model.residual.router = router
+        ids = torch.randint(0, cfg.vocab_size, (2, 17), generator=torch.Generator().manual_seed(1)).to(DEV)
+        torch.manual_seed(0)
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        return out.logits.detach().cpu(), {n: p.grad.detach().cpu() for n, p in model.named_parameters()}
+
+    torch.manual_seed(0)
+    logits_f, grads_f = run(fused_mod.FusedRouter(group=3))
+    assert fused_mod.LAUNCHES["prefix6_fwd"] > launches
+    torch.manual_seed(0)
+    logits_e, grads_e = run(get_router("eager"))
+    assert rel(logits_f, logits_e) <= 1e-5
+    for n in grads_e:
+        assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
+
+
 # (N, B, T, D, H) at the paper's sizes: 100M H=8 (partial depth), 1B H=16 head width 80.
 GPU_SHAPES = [(25, 2, 2048, 512, 8), (37, 2, 1024, 1280, 16), (9, 1, 1024, 4096, 8)]
 
@@ -383,6 +411,15 @@ def test_gpu_realistic_shapes(N, B, T, D, H, dtype, algo):
     n_reads = min(N, 6)
     _check_router(B, T, D, H, n_reads=n_reads, dtype=dtype, with_null=(D == 4096), with_extra=False, seed=N,
                   algo=algo)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("N,B,T,D,H,K", [(12, 2, 2048, 512, 8, 5), (12, 2, 1024, 1280, 8, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_v6_prefix_sharing_realistic(N, B, T, D, H, K, dtype):
+    """v6 forward prefix sharing at the paper's widths (100M: D=512; 1B: D=1280), several groups, null source."""
+    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=True, with_extra=False, seed=N + K, group=K)
 
 
 @pytest.mark.gpu
@@ -480,14 +517,16 @@ def test_v6_router_has_no_v5_options():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("impl,group", [("fused", 1), ("fused_v5", 1), ("fused_v5", 3)])
+@pytest.mark.parametrize("impl,group", [("fused", 1), ("fused", 3), ("fused_v5", 1), ("fused_v5", 3)])
 def test_gpu_cuda_graph_replay(impl, group, monkeypatch):
     """Forward + backward of a fused-routing MHAR model captured in one CUDA graph (as bench_training does) and
     replayed on new token ids gives the loss and parameter gradients of an eager step on those ids."""
-    monkeypatch.setenv("MHAR_ROUTING_GROUP", str(group))
+    monkeypatch.setenv("MHAR_ROUTING_GROUP", str(group))  # v5 reads the env; v6 takes group in its constructor
     torch.manual_seed(0)
     cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": impl})
     model = build_model(cfg).to(DEV)
+    if impl == "fused":
+        model.residual.router = fused_mod.FusedRouter(group=group)
     with torch.no_grad():
         for p in model.residual.parameters():
             p.add_(0.3 * torch.randn_like(p))

@@ -51,6 +51,12 @@ def test_unit_bytes_and_bounds():
     v6 = 2 * unit + unit * 4 * 8 / cfg["d_model"] + 7 * n * E * 2
     assert r["v6_gb"] == pytest.approx(v6 / 1e9, abs=1e-3)
     assert r["v6_gb"] < r["min_gb"] < r["v5_gb"] and r["v5_bound_ratio"] < r["v6_bound_ratio"]
+    # forward groups of 8: the forward reads each group's prefix once (+ partials), the backward is unchanged
+    ns, g = tb.routing_reads(cfg["n_layers"]), tb.V6_GROUP
+    fwd_g = sum((ns[a] + 2 * g + sum(ns[i] - ns[a] + 1 for i in range(a, a + g))) * E * 2
+                for a in range(0, n - 1, g)) + (ns[-1] + 1) * E * 2  # n = 73: 9 groups of 8 + one plain read
+    assert r["v6_g8_gb"] == pytest.approx((v6 - (unit + n * E * 2) + fwd_g) / 1e9, abs=1e-3)
+    assert r["v6_g8_gb"] < r["v6_gb"]
     assert r["measured_ratio"] == pytest.approx(50 / 80, abs=1e-4) and r["measured_gap_ms"] == 30
     assert r["gpu"] == "G"
     # infinite bandwidth: no bound
