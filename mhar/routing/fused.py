@@ -1,8 +1,20 @@
-"""Fused Triton depth routing: the third Router implementation ("fused").
+"""Fused Triton depth routing: routing_impl "fused" (kernels v6) and "fused_v5".
 
 Same math as ``reference.route_reference`` (RMSNorm of keys, one online softmax
-per head over the sources, weighted mix) in one pass over the sources per call,
-see ``_kernels.py``.
+per head over the sources, weighted mix), see ``_kernels.py``.
+
+v6 (``FusedRouter()``, "fused"): the forward makes one pass over the sources per
+read (or, ``group=K``, K announced reads share one pass over their common prefix,
+``prefix6_fwd``); the backward is source-major and writes every source gradient
+once. The first read announces the next reads (``lookahead``: the model's static
+pseudo-queries); an announced read's backward keeps its dout (``stash``), and the
+backward of the first read that saw a source forms that source's gradient from all
+later reads' douts in one pass (``source_bwd``): per microbatch about 2 byte units
+instead of v5's 4 (``benchmarks/traffic_bound.py``). See ``_V6`` for the ordering
+(a read-chain token) and the fallback of reads that were not announced.
+
+The rest of this docstring describes v5 (``FusedRouter(algo="v5")``, "fused_v5"),
+whose storage v6 shares.
 
 Storage. The router state owns ONE shared source buffer ``buf`` (cap, B*T, D),
 allocated once (capacity given at ``init``) and written once per source by
