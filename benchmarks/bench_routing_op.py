@@ -2,7 +2,8 @@
 
 Two measurements per model size (shapes of mhar.config PRESETS, the paper's microbatch, H heads):
 
-* ``read``: one routing call over all N = 2L+1 sources (the final read), stateful Router API;
+* ``read``: one routing call over all N = 2L+1 sources (the final read; the N appends that build its state
+  are timed with it), stateful Router API;
 * ``microbatch``: every routing call of one microbatch (2L+1 reads interleaved with
   appends, sources independent random tensors), as in a training step.
 
@@ -11,7 +12,11 @@ Columns: ms (median, triton.testing.do_bench) for fwd and fwd+bwd (bwd = differe
 write the output; bwd: read n sources and dout, write n source gradients), effective
 GB/s = min_bytes / time and its fraction of the measured HBM copy bandwidth.
 
-    PYTHONPATH=. python benchmarks/bench_routing_op.py --sizes 100M 350M 1B --heads 8 \
+Default: ``fused`` (kernels v6) and ``fused_v5`` side by side, microbatch mode; ``model_gb`` / ``model_gbps``
+are the bytes of each kernel version's byte model (``v6_bytes`` / ``v5_bytes``, as in traffic_bound.py) and
+the bandwidth they are moved at (``--graph 1``: CUDA-graph replays, kernel time only).
+
+    PYTHONPATH=. python benchmarks/bench_routing_op.py --sizes 100M 350M 1B --heads 8 --graph 1 \
         --out results/bench/routing_op.csv
 """
 from __future__ import annotations
@@ -74,29 +79,72 @@ def min_bytes(ns: list[int], E: int, elt: int = 2) -> tuple[int, int]:
     return fwd, bwd
 
 
+def v5_bytes(ns: list[int], E: int, elt: int = 2) -> tuple[int, int]:
+    """(fwd, bwd) bytes of the v5 kernels: forward reads every read's sources, backward reads them and
+    read-modify-writes each one's gradient slot (outputs, douts: O(N), left out as in the v5 record)."""
+    unit = sum(ns) * E * elt
+    return unit, 3 * unit
+
+
+def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1) -> tuple[int, int]:
+    """(fwd, bwd) bytes of the v6 kernels for reads over ns sources (non-decreasing, each read the first to
+    see its newest source), E = B*T*D elements per source. ``group`` > 1: forward prefix sharing (groups of
+    that many reads: one pass over the first read's sources writes a partial per read, which each read reads
+    back with its newer sources)."""
+    unit = sum(ns) * E * elt
+    N = len(ns)
+    fwd = 0
+    for a in range(0, N, group):
+        K = min(group, N - a)
+        if K == 1:
+            fwd += (ns[a] + 1) * E * elt  # read the sources, write the output
+        else:  # prefix once, K partials written and read back, each read's newer sources and output
+            fwd += (ns[a] + 2 * K + sum(ns[i] - ns[a] + 1 for i in range(a, a + K))) * E * elt
+    dsr = sum(ns) * (E // D) * H * 4 * 2  # fp32 dL/dscore per (token, head, read, source): written, read back
+    # stash: read dout + out, write the dout slot (3); per source: read it in the kernel and in the dW matmul
+    # (2), write its gradient (1)
+    bwd = unit + dsr + 6 * N * E * elt
+    return fwd, bwd
+
+
 def _router(impl: str):
-    """eager | compile | fused (the default: no prefix sharing, one pass per read) | fused_auto (groups of about
-    sqrt(reads)) | fused_gK (groups of K reads) | fused_fp32acc (source gradients accumulated in fp32)."""
+    """eager | compile | fused (kernels v6: source-major, write-once backward) | fused_gK (v6 with forward
+    prefix sharing in groups of K reads) | fused_v5 (the previous read-major kernels, no prefix sharing) |
+    fused_auto (v5, groups of about sqrt(reads)) | fused_v5_gK (v5, groups of K reads) | fused_fp32acc (v5,
+    source gradients accumulated in fp32)."""
     from mhar.routing.fused import FusedRouter
     if impl == "fused_fp32acc":
-        return FusedRouter(grad_dtype=torch.float32)
+        return FusedRouter(algo="v5", grad_dtype=torch.float32)
+    if impl.startswith("fused_v5_g"):
+        return FusedRouter(algo="v5", group=int(impl[len("fused_v5_g"):]))
     if impl.startswith("fused_g"):
         return FusedRouter(group=int(impl[len("fused_g"):]))
     if impl == "fused_auto":
-        return FusedRouter(group="auto")
+        return FusedRouter(algo="v5", group="auto")
+    if impl == "fused_v5":
+        return FusedRouter(algo="v5", group=1)
     if impl == "fused":
         return FusedRouter()
     return get_router(impl)
 
 
+def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int) -> tuple[int, int] | None:
+    """(fwd, bwd) bytes of the byte model of the fused kernels (``v6_bytes`` / ``v5_bytes``), None for others."""
+    if impl == "fused":
+        return v6_bytes(ns, E, H, D)
+    if impl.startswith("fused_g"):
+        return v6_bytes(ns, E, H, D, group=int(impl[len("fused_g"):]))
+    if impl in ("fused_v5", "fused_fp32acc"):
+        return v5_bytes(ns, E)
+    return None
+
+
 def bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
     router = _router(impl)
     srcs, qs, gs = _inputs(c)
-    if mode == "read":
-        st = _build(router, srcs)
-
+    if mode == "read":  # one read over N sources; the state (N appends) is built per call, as in a forward
         def fwd():
-            return [router.read(st, qs[-1], gs[-1], c.H)]
+            return [router.read(_build(router, srcs), qs[-1], gs[-1], c.H)]
         ns = [c.N]
     else:
         def fwd():
@@ -125,18 +173,24 @@ def bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
         status = "OOM"
     torch.cuda.empty_cache()
     bf, bb = min_bytes(ns, c.B * c.T * c.D)
-    return dict(size=c.size, mode=mode, impl=impl, cuda_graph=int(graph), B=c.B, T=c.T, D=c.D, H=c.H, N=c.N, reads=len(ns),
-                status=status, fwd_ms=round(t_f, 4), fwd_bwd_ms=round(t_fb, 4), bwd_ms=round(t_fb - t_f, 4),
-                fwd_min_bytes=bf, bwd_min_bytes=bb,
-                fwd_gbps=round(bf / (t_f * 1e-3) / 1e9, 1), bwd_gbps=round(bb / ((t_fb - t_f) * 1e-3) / 1e9, 1))
+    mb = model_bytes(impl, ns, c.B * c.T * c.D, c.H, c.D)
+    row = dict(size=c.size, mode=mode, impl=impl, cuda_graph=int(graph), B=c.B, T=c.T, D=c.D, H=c.H, N=c.N,
+               reads=len(ns), status=status, fwd_ms=round(t_f, 4), fwd_bwd_ms=round(t_fb, 4),
+               bwd_ms=round(t_fb - t_f, 4), fwd_min_bytes=bf, bwd_min_bytes=bb,
+               fwd_gbps=round(bf / (t_f * 1e-3) / 1e9, 1), bwd_gbps=round(bb / ((t_fb - t_f) * 1e-3) / 1e9, 1),
+               model_fwd_bytes="", model_bwd_bytes="", model_gb="", model_gbps="")
+    if mb is not None:  # what this kernel version moves (its byte model) and the bandwidth that achieves
+        row.update(model_fwd_bytes=mb[0], model_bwd_bytes=mb[1], model_gb=round(sum(mb) / 1e9, 3),
+                   model_gbps=round(sum(mb) / (t_fb * 1e-3) / 1e9, 1))
+    return row
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", default=["100M", "350M", "1B"])
     ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--impls", nargs="+", default=["eager", "compile", "fused", "fused_auto"])
-    ap.add_argument("--modes", nargs="+", default=["read", "microbatch"])
+    ap.add_argument("--impls", nargs="+", default=["fused", "fused_v5"])
+    ap.add_argument("--modes", nargs="+", default=["microbatch"])
     ap.add_argument("--graph", type=int, choices=(0, 1), default=0,
                     help="1: time CUDA-graph replays (triton.testing.do_bench_cudagraph): kernel time only")
     ap.add_argument("--out", default="results/bench/routing_op.csv")
@@ -152,15 +206,23 @@ def main(argv=None) -> None:
         c = Case(size, B, T, p["d_model"], args.heads, 2 * p["n_layers"] + 1)
         for mode in args.modes:
             for impl in args.impls:
-                if mode == "microbatch" and impl == "compile" or mode == "read" and impl.startswith("fused_g"):
+                if mode == "microbatch" and impl == "compile" or mode == "read" and "_g" in impl:
                     continue  # 2L+1 distinct graphs to compile: measured in the training benchmark instead
                 r = bench_case(c, impl, mode, graph=bool(args.graph))
                 r.update(hbm_gbps=round(hbm, 1), fwd_frac_hbm=round(r["fwd_gbps"] / hbm, 3),
-                         bwd_frac_hbm=round(r["bwd_gbps"] / hbm, 3), **env)
+                         bwd_frac_hbm=round(r["bwd_gbps"] / hbm, 3),
+                         model_frac_hbm=round(r["model_gbps"] / hbm, 3) if r["model_gbps"] != "" else "", **env)
                 rows.append(r)
-                print({k: r[k] for k in ("size", "mode", "impl", "status", "fwd_ms", "bwd_ms", "fwd_gbps",
-                                         "bwd_gbps")}, flush=True)
+                print({k: r[k] for k in ("size", "mode", "impl", "status", "fwd_ms", "bwd_ms", "fwd_bwd_ms",
+                                         "model_gb", "model_gbps", "model_frac_hbm")}, flush=True)
                 write_csv(args.out, rows)
+    by = {(r["size"], r["mode"], r["impl"]): r for r in rows}
+    for (size, mode, impl), r in by.items():  # side by side: v6 against v5 in the same call
+        old = by.get((size, mode, "fused_v5"))
+        if (impl == "fused" or impl.startswith("fused_g")) and old and r["status"] == old["status"] == "ok":
+            print(f"{size} {mode}: {impl} (v6) {r['fwd_bwd_ms']:.3f} ms ({r['model_gb']} GB, {r['model_gbps']} GB/s) "
+                  f"vs fused_v5 {old['fwd_bwd_ms']:.3f} ms ({old['model_gb']} GB, {old['model_gbps']} GB/s): "
+                  f"{old['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x faster", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Where the time of a routed step goes: CUDA kernel time vs wall time, top kernels (torch.profiler).
 
-    PYTHONPATH=. python benchmarks/profile_step.py op 350M fused_g1     # every routing call of one microbatch
+    PYTHONPATH=. python benchmarks/profile_step.py op 350M fused        # every routing call of one microbatch
+    PYTHONPATH=. python benchmarks/profile_step.py op 350M fused_v5     # (impl names: bench_routing_op._router)
     PYTHONPATH=. python benchmarks/profile_step.py train 100M mhar_fused_sub
 
 Prints, per iteration: wall ms (synchronised), summed CUDA kernel ms, kernel count, and the kernels with

@@ -5,8 +5,15 @@ microbatch see n = 1, 2, ..., 2L+1 sources (each sublayer reads the embedding an
 sublayer output; the final norm reads all 2L+1; ``routing_reads`` counts them on a real model in the
 tests). One byte "unit" = sum_n n * E * 2 bytes. Moved per microbatch:
 
-* ``design``: this repository's fused kernels: forward reads the sources (1 unit), backward reads them
-  and read-modify-writes a gradient slot per source (3 units): 4 units;
+* ``v5`` (``routing_impl: fused_v5``): forward reads the sources (1 unit), backward reads them and
+  read-modify-writes a gradient slot per source (3 units): 4 units;
+* ``v6`` (``routing_impl: fused``, ``v6_bytes``): the same forward (1 unit + the outputs); the source-major
+  backward reads, per source, the douts of the reads that saw it (1 unit in all), plus dsr (H fp32 per token
+  and read-source pair, written and read back: 4H/D of a unit) and per source / read O(N) terms: stash
+  (read dout and out, write the dout buffer), the source read twice (kernel and dW matmul), its gradient
+  written once: about 2 units + 7N source sizes; ``v6_g8``: the same with forward prefix sharing in groups
+  of 8 reads (``FusedRouter(group=8)``, the ``fused_g8`` row of bench_routing_op): the forward reads each
+  group's common prefix once, plus a partial per read written and read back;
 * ``min``: any one-pass-per-read algorithm (``bench_routing_op.min_bytes``: forward reads the sources and
   writes the output, backward reads sources and dout and writes each source gradient once).
 
@@ -24,12 +31,13 @@ import csv
 import sys
 from pathlib import Path
 
-from benchmarks.bench_routing_op import MICROBATCH, min_bytes
+from benchmarks.bench_routing_op import MICROBATCH, min_bytes, v6_bytes
 from benchmarks.common import command_line, write_csv
 from mhar.provenance import git_info
 from mhar.config import PRESETS
 
 BYTES_PER_ELT = 2  # bf16 sources under autocast
+V6_GROUP = 8  # reads per forward prefix-sharing group of the v6 row with sharing (FusedRouter(group=8))
 
 
 def routing_reads(n_layers: int) -> list[int]:
@@ -44,7 +52,7 @@ def unit_bytes(size: str) -> int:
     return sum(routing_reads(cfg["n_layers"])) * B * T * cfg["d_model"] * BYTES_PER_ELT
 
 
-def bound_rows(training: list[dict], hbm_gbps: float, fused: str = "mhar_fused_sub") -> list[dict]:
+def bound_rows(training: list[dict], hbm_gbps: float, fused: str = "mhar_fused_sub", heads: int = 8) -> list[dict]:
     rows = []
     for size in ("100M", "350M", "1B"):
         base = next((r for r in training if r["size"] == size and r["variant"] == "baseline"
@@ -58,7 +66,11 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: str = "mhar_fused_s
         row = dict(size=size, reads=2 * cfg["n_layers"] + 1, unit_gb=round(unit / 1e9, 3), hbm_gbps=hbm_gbps,
                    base_ms=base_ms)
         row.update({k: base.get(k, "") for k in ("gpu", "driver", "torch", "triton")})  # of the measurements used
-        for name, nbytes in (("design", 4 * unit), ("min", mb_f + mb_b)):
+        ns, E = routing_reads(cfg["n_layers"]), B * T * cfg["d_model"]
+        v6_f, v6_b = v6_bytes(ns, E, heads, cfg["d_model"])
+        v6g_f, v6g_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V6_GROUP)
+        for name, nbytes in (("v5", 4 * unit), ("v6", v6_f + v6_b), (f"v6_g{V6_GROUP}", v6g_f + v6g_b),
+                             ("min", mb_f + mb_b)):
             ideal = nbytes / (hbm_gbps * 1e9) * 1e3
             row[f"{name}_gb"] = round(nbytes / 1e9, 3)
             row[f"{name}_ideal_ms"] = round(ideal, 2)
@@ -93,9 +105,13 @@ def main(argv=None) -> int:
             "inputs": inputs}
     write_csv(args.out, [{**r, **prov} for r in rows])
     for r in rows:
-        print(f"{r['size']:>5}: {r['reads']} reads, unit {r['unit_gb']} GB; bound {r['design_bound_ratio']:.3f} "
-              f"(this design) / {r['min_bound_ratio']:.3f} (write-once ideal); measured {r['measured_ratio']} "
-              f"(gap {r['measured_gap_ms']} ms vs {r['design_ideal_ms']} ms ideal)")
+        print(f"{r['size']:>5}: {r['reads']} reads, unit {r['unit_gb']} GB; bytes v5 {r['v5_gb']} GB / v6 "
+              f"{r['v6_gb']} GB ({r['v5_gb'] / r['v6_gb']:.2f}x fewer) / v6 with forward groups of {V6_GROUP} "
+              f"{r[f'v6_g{V6_GROUP}_gb']} GB ({r['v5_gb'] / r[f'v6_g{V6_GROUP}_gb']:.2f}x); bound "
+              f"{r['v5_bound_ratio']:.3f} (v5) / {r['v6_bound_ratio']:.3f} (v6) / "
+              f"{r[f'v6_g{V6_GROUP}_bound_ratio']:.3f} (v6 g{V6_GROUP}) / {r['min_bound_ratio']:.3f} "
+              f"(one-pass write-once); measured "
+              f"{r['measured_ratio']} (gap {r['measured_gap_ms']} ms vs {r['v5_ideal_ms']} ms v5 ideal)")
     return 0
 
 

@@ -28,7 +28,7 @@ RESIDUAL_VARIANTS = (
     "mhar_hw",
     "mhar_delta",
 )
-ROUTING_IMPLS = ("eager", "compile", "fused")
+ROUTING_IMPLS = ("eager", "compile", "fused", "fused_v5")
 
 
 @dataclass

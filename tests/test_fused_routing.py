@@ -109,7 +109,10 @@ def _flat(p):
 
 
 def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, group=None, shared_backward=True,
-                  two_pass=False):
+                  two_pass=False, algo="v6", lookahead=True):
+    """``algo`` "v6" (routing_impl 'fused'): with ``lookahead`` every read is source-major (write-once source
+    gradients); without, only the first is and the others run the v5 backward for their own part (the
+    fallback). "v5" (routing_impl 'fused_v5'): ``group`` / ``shared_backward`` / ``two_pass`` as before."""
     base = _inputs(B, T, D, n_reads, dtype, with_null, with_extra, seed)
     ref_p = _leaves(base, torch.float64, DEV)
     loss_ref = _net(get_router("eager"), ref_p["x"], ref_p["null"], ref_p["qs"], ref_p["gs"], ref_p["Ws"], H,
@@ -118,16 +121,33 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
 
     def run(impl):
         p = _leaves(base, dtype, DEV)
-        router = (fused_mod.FusedRouter(group=group, shared_backward=shared_backward, two_pass=two_pass)
-                  if impl == "fused" else get_router(impl))
-        loss = _net(router, p["x"], p["null"], p["qs"], p["gs"], p["Ws"], H, p["extra"], lookahead=group is not None)
+        if impl == "fused":
+            router = (fused_mod.FusedRouter(algo="v5", group=group, shared_backward=shared_backward,
+                                            two_pass=two_pass) if algo == "v5" else fused_mod.FusedRouter(group=group))
+        else:
+            router = get_router(impl)
+        la = group is not None if algo == "v5" else lookahead
+        loss = _net(router, p["x"], p["null"], p["qs"], p["gs"], p["Ws"], H, p["extra"], lookahead=la)
         return loss, torch.autograd.grad(loss, _flat(p)), p
 
     calls, reads = fused_mod._Read.calls, dict(fused_mod.READS)
     launches = dict(fused_mod.LAUNCHES)
     loss, g, p = run("fused")
     assert fused_mod._Read.calls - calls == n_reads  # the fused path ran, once per read
-    if group is not None and group > 1:  # prefix sharing ran: one prefix pass (fwd + bwd) per group of reads
+    ran = {k: fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("route_bwd", "stash", "source_bwd")}
+    if algo == "v6":
+        n_extra = sum(1 for i in range(n_reads) if with_extra and i % 2 == 1)
+        n_src = n_reads + with_null  # one write-once pass per buffered source (+ the null)
+        if lookahead:  # every read source-major: route_bwd only for the transient extra sources
+            assert ran == {"route_bwd": n_extra, "stash": n_reads, "source_bwd": n_src}, ran
+        else:  # only the first read is announced; the others take the v5 path for their own part
+            assert ran == {"route_bwd": n_reads - 1, "stash": 1, "source_bwd": 1 + with_null}, ran
+        if group is not None and group > 1 and lookahead:  # forward prefix sharing: one pass per group
+            n_groups = -(-n_reads // group) - (n_reads % group == 1)  # a last group of one read is plain
+            assert fused_mod.LAUNCHES["prefix6_fwd"] - launches.get("prefix6_fwd", 0) == n_groups
+    else:
+        assert ran["stash"] == ran["source_bwd"] == 0
+    if algo == "v5" and group is not None and group > 1:  # prefix sharing ran: one prefix pass per group
         full, rest = divmod(n_reads, group)  # a last group of one read is a plain read
         n_groups = full + (rest > 1)
         assert fused_mod.READS["prefix"] - reads["prefix"] == n_groups
@@ -157,8 +177,9 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
         assert err <= bound, f"grad {name}: rel err {err:.2e} > {bound:.2e} (eager {err_eager:.2e})"
 
 
+@pytest.mark.parametrize("algo", ["v6", "v5"])
 @pytest.mark.parametrize("N,B,T,D,H", SHAPES)
-def test_route_fused_matches_reference_fp32(N, B, T, D, H):
+def test_route_fused_matches_reference_fp32(N, B, T, D, H, algo):
     """Stateless op (stacked sources, same signature as route_reference): output, weights, all grads."""
     from mhar.routing import route_reference
     gen = torch.Generator().manual_seed(N * 100 + D)
@@ -170,10 +191,13 @@ def test_route_fused_matches_reference_fp32(N, B, T, D, H):
     dout = torch.randn(B, T, D, generator=gen, dtype=torch.float64)
     g_ref = torch.autograd.grad(ref, ins, dout)
     fin = [t.to(DEV, torch.float32).requires_grad_() for t in (src, q, g)]
-    launches = fused_mod.LAUNCHES["route_fwd"], fused_mod.LAUNCHES["route_bwd"]
-    out, w = fused_mod.route_fused(*fin, H, 1e-6, True)
+    before = dict(fused_mod.LAUNCHES)
+    out, w = fused_mod.route_fused(*fin, H, 1e-6, True, algo=algo)
     g_f = torch.autograd.grad(out, fin, dout.to(DEV, torch.float32))
-    assert fused_mod.LAUNCHES["route_fwd"] == launches[0] + 1 and fused_mod.LAUNCHES["route_bwd"] == launches[1] + 1
+    ran = {k: fused_mod.LAUNCHES[k] - before.get(k, 0) for k in ("route_fwd", "route_bwd", "stash", "source_bwd")}
+    # v6: one stash of dout, then one write-once gradient per source; v5: one backward pass over all sources
+    assert ran == ({"route_fwd": 1, "route_bwd": 0, "stash": 1, "source_bwd": N} if algo == "v6"
+                   else {"route_fwd": 1, "route_bwd": 1, "stash": 0, "source_bwd": 0})
     assert out.dtype == torch.float32 and w.shape == (B, T, H, N)
     assert rel(out.cpu(), ref) <= 1e-5
     assert rel(w.cpu(), w_ref) <= 1e-5
@@ -252,20 +276,124 @@ def _model_grads(variant, impl, heads, seed=0, **res):
     ("mhar_delta", 4, {"delta_block_layers": 1}),
     ("mhar_hw", 1, {}),
 ])
-def test_model_fused_matches_eager(variant, heads, res, monkeypatch):
-    """A debug model with routing_impl='fused' gives the eager logits and parameter grads (fp32)."""
+@pytest.mark.parametrize("impl", ["fused", "fused_v5"])
+def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
+    """A debug model with routing_impl='fused' (v6) / 'fused_v5' gives the eager logits and parameter grads (fp32)."""
     from mhar.residuals import RESIDUALS
     if variant not in RESIDUALS:
         pytest.skip(f"residual variant {variant!r} not implemented yet")
-    monkeypatch.setenv("MHAR_ROUTING_GROUP", "auto")  # prefix sharing on (the default is off)
+    monkeypatch.setenv("MHAR_ROUTING_GROUP", "auto")  # v5: prefix sharing on (the default is off); v6 ignores it
     calls, prefix = fused_mod._Read.calls, fused_mod.READS["prefix"]
-    logits_f, grads_f = _model_grads(variant, "fused", heads, **res)
+    launches = dict(fused_mod.LAUNCHES)
+    logits_f, grads_f = _model_grads(variant, impl, heads, **res)
     assert fused_mod._Read.calls > calls
-    if variant != "mhar_hw":  # the variant announced its next reads: prefix sharing ran
+    ran = {k: fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("route_bwd", "stash", "source_bwd")}
+    if impl == "fused_v5" and variant != "mhar_hw":  # the variant announced its next reads: prefix sharing ran
         assert fused_mod.READS["prefix"] > prefix
+    if impl == "fused" and variant in ("mhar", "attnres", "mhar_delta"):
+        # every read announced: all source-major (no read-major backward at all), one stash per read
+        assert ran["route_bwd"] == 0 and ran["stash"] == fused_mod._Read.calls - calls and ran["source_bwd"] > 0
     logits_e, grads_e = _model_grads(variant, "eager", heads, **res)
     assert rel(logits_f, logits_e) <= 1e-5
     assert grads_f.keys() == grads_e.keys()
+    for n in grads_e:
+        assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
+
+
+# v6 (routing_impl 'fused'): source-major, write-once backward.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,B,T,D,H,with_null,with_extra", [
+    (4, 1, 37, 48, 1, True, True),  # single head, odd T, D not a power of two
+    (3, 2, 9, 40, 2, False, True),  # two heads of width 20
+    (6, 1, 7, 24, 8, True, False),  # eight heads of width 3
+])
+def test_v6_heads_null_extra(N, B, T, D, H, with_null, with_extra, dtype):
+    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=5 * N + H)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_null,with_extra", [(False, False), (True, True)])
+def test_v6_unannounced_reads_fall_back(with_null, with_extra, dtype):
+    """Reads that were not announced by the first read's lookahead take the v5 backward for their own part
+    (accumulated into gacc); the write-once kernel adds that when it forms each source's gradient."""
+    _check_router(2, 9, 48, 4, n_reads=4, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=3,
+                  lookahead=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,B,T,D,H,K,with_null,with_extra", [
+    (5, 2, 9, 96, 8, 2, True, False),  # groups of 2, the last one a single (plain) read
+    (7, 1, 13, 48, 4, 3, False, True),  # groups of 3, 3, 1; extra sources
+    (4, 1, 11, 40, 1, 8, True, True),  # K larger than the reads: one group; single head, D=40
+])
+def test_v6_forward_prefix_sharing(N, B, T, D, H, K, with_null, with_extra, dtype):
+    """v6 with group=K: K announced reads share one forward pass over their common prefix (the backward is
+    the same source-major one)."""
+    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=N * K,
+                  group=K)
+
+
+def test_v6_many_sources():
+    """N from 1 to 73: 73 reads, each appending a source (tiny B*T*D keeps the interpreter fast)."""
+    _check_router(1, 3, 16, 2, n_reads=73, dtype=torch.float32, with_null=True, with_extra=False, seed=73)
+
+
+def test_v6_stale_read_and_weights():
+    """A read over an older state (after newer appends), an unannounced read and an analysis read
+    (return_weights) in one forward: outputs, weights and every gradient match eager."""
+    gen = torch.Generator().manual_seed(4)
+    B, T, D, H = 2, 5, 24, 3
+    base = [torch.randn(B, T, D, generator=gen, dtype=torch.float64) for _ in range(3)]
+    qg = [(0.5 * torch.randn(D, generator=gen, dtype=torch.float64), 1 + 0.2 * torch.randn(D, generator=gen,
+           dtype=torch.float64)) for _ in range(4)]
+
+    def run(impl, dtype):
+        xs = [b.to(DEV, dtype).requires_grad_() for b in base]
+        ps = [(q.to(DEV, dtype).requires_grad_(), g.to(DEV, dtype).requires_grad_()) for q, g in qg]
+        Q, G = torch.stack([q for q, _ in ps]), torch.stack([g for _, g in ps])
+        router = get_router(impl)
+        st0 = router.init(xs[0], capacity=3)
+        h0 = router.read(st0, Q[0], G[0], H, lookahead=(Q[1:], G[1:]))
+        st1 = router.append(st0, xs[1] * h0.tanh())
+        h1 = router.read(st1, Q[1], G[1], H)
+        st2 = router.append(st1, xs[2] + h1)
+        h_stale = router.read(st0, Q[2], G[2], H)  # announced, but over an older state: falls back
+        h2, w = router.read(st2, Q[3], G[3], H, return_weights=True)
+        loss = sum((o.float() ** 2).sum() for o in (h0, h1, h_stale, h2))  # weights: logged, not differentiable
+        return [o.detach() for o in (h0, h1, h_stale, h2, w)], torch.autograd.grad(loss, xs + [t for p in ps for t in p])
+
+    outs_e, g_e = run("eager", torch.float64)
+    outs_f, g_f = run("fused", torch.float32)
+    for a, b in zip(outs_f, outs_e):
+        assert rel(a, b) <= 1e-5
+    for i, (a, b) in enumerate(zip(g_f, g_e)):
+        assert rel(a, b) <= 1e-5, i
+
+
+def test_model_v6_prefix_sharing_matches_eager():
+    """MHAR debug model with the v6 router sharing forward prefixes (groups of 3): eager logits and grads."""
+    torch.manual_seed(0)
+    cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused"})
+    launches = fused_mod.LAUNCHES["prefix6_fwd"]
+
+    def run(router):
+        model = build_model(cfg).to(DEV)
+        with torch.no_grad():
+            for p in model.residual.parameters():
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3 + p)
+        model.residual.router = router
+        ids = torch.randint(0, cfg.vocab_size, (2, 17), generator=torch.Generator().manual_seed(1)).to(DEV)
+        torch.manual_seed(0)
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        return out.logits.detach().cpu(), {n: p.grad.detach().cpu() for n, p in model.named_parameters()}
+
+    torch.manual_seed(0)
+    logits_f, grads_f = run(fused_mod.FusedRouter(group=3))
+    assert fused_mod.LAUNCHES["prefix6_fwd"] > launches
+    torch.manual_seed(0)
+    logits_e, grads_e = run(get_router("eager"))
+    assert rel(logits_f, logits_e) <= 1e-5
     for n in grads_e:
         assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
 
@@ -278,9 +406,28 @@ GPU_SHAPES = [(25, 2, 2048, 512, 8), (37, 2, 1024, 1280, 16), (9, 1, 1024, 4096,
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("N,B,T,D,H", GPU_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_realistic_shapes(N, B, T, D, H, dtype):
+@pytest.mark.parametrize("algo", ["v6", "v5"])
+def test_gpu_realistic_shapes(N, B, T, D, H, dtype, algo):
     n_reads = min(N, 6)
-    _check_router(B, T, D, H, n_reads=n_reads, dtype=dtype, with_null=(D == 4096), with_extra=False, seed=N)
+    _check_router(B, T, D, H, n_reads=n_reads, dtype=dtype, with_null=(D == 4096), with_extra=False, seed=N,
+                  algo=algo)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("N,B,T,D,H,K", [(12, 2, 2048, 512, 8, 5), (12, 2, 1024, 1280, 8, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_v6_prefix_sharing_realistic(N, B, T, D, H, K, dtype):
+    """v6 forward prefix sharing at the paper's widths (100M: D=512; 1B: D=1280), several groups, null source."""
+    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=True, with_extra=False, seed=N + K, group=K)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_v6_deep(dtype):
+    """v6 at 1B width with many reads (the write-once kernel loops over up to 25 reads' douts), null + extra."""
+    _check_router(1, 512, 1280, 8, n_reads=25, dtype=dtype, with_null=True, with_extra=True, seed=25)
 
 
 # Prefix sharing: groups of K reads share one pass over their common prefix (forward and backward).
@@ -292,14 +439,15 @@ def test_gpu_realistic_shapes(N, B, T, D, H, dtype):
     (4, 1, 37, 48, 1, 8),  # K larger than the reads left: one group; single head
 ])
 def test_router_prefix_sharing_grads(N, B, T, D, H, K, dtype):
-    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=False, seed=N + K, group=K)
+    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=False, seed=N + K, group=K,
+                  algo="v5")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_null,with_extra", [(True, False), (False, True), (True, True)])
 def test_router_prefix_sharing_null_and_extra(with_null, with_extra, dtype):
     _check_router(2, 13, 48, 4, n_reads=5, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=11,
-                  group=3)
+                  group=3, algo="v5")
 
 
 @pytest.mark.gpu
@@ -308,7 +456,8 @@ def test_router_prefix_sharing_null_and_extra(with_null, with_extra, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_prefix_sharing_realistic(N, B, T, D, H, K, dtype):
     """Prefix sharing at the paper's widths (100M: D=512 H=8; 1B: D=1280, H=16 and H=8), several groups."""
-    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=(K == 4), seed=N + K, group=K)
+    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=(K == 4), seed=N + K, group=K,
+                  algo="v5")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -321,45 +470,63 @@ def test_router_prefix_sharing_forward_only(N, B, T, D, H, K, with_null, with_ex
     """shared_backward=False: groups share the forward pass over their prefix; each read's backward makes its
     own pass over all its sources (no prefix backward launched)."""
     _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=N + 3 * K,
-                  group=K, shared_backward=False)
+                  group=K, shared_backward=False, algo="v5")
 
 
 @pytest.mark.parametrize("N,B,T,D,H", SHAPES[1:3])
 def test_router_two_pass_bf16(N, B, T, D, H):
     """two_pass=True: the bf16 backward recomputes <dout, out> in fp32 and meets the plain bf16 tolerance."""
     _check_router(B, T, D, H, n_reads=N, dtype=torch.bfloat16, with_null=True, with_extra=False, seed=N,
-                  two_pass=True)
+                  two_pass=True, algo="v5")
 
 
 def test_router_env_options(monkeypatch):
+    v5 = lambda **kw: fused_mod.FusedRouter(algo="v5", **kw)  # noqa: E731  (the env options are v5's)
     monkeypatch.setenv("MHAR_ROUTING_GROUP", "3")
     monkeypatch.setenv("MHAR_ROUTING_SHARED_BWD", "0")
-    r = fused_mod.FusedRouter()
+    r = v5()
     assert r.group == 3 and r.group_size(100) == 3 and r.shared_backward is False
+    assert get_router("fused_v5").group == 3 and get_router("fused_v5").name == "fused_v5"
     monkeypatch.setenv("MHAR_ROUTING_GROUP", "auto")
-    assert fused_mod.FusedRouter().group_size(49) == 7 and fused_mod.FusedRouter().group_size(200) == 8
+    assert v5().group_size(49) == 7 and v5().group_size(200) == 8
     monkeypatch.delenv("MHAR_ROUTING_GROUP")
-    assert fused_mod.FusedRouter().group_size(49) == 1  # default: no sharing
+    assert v5().group_size(49) == 1  # default: no sharing
     with pytest.raises(ValueError, match="group"):
-        fused_mod.FusedRouter(group=0)
+        v5(group=0)
     monkeypatch.setenv("MHAR_ROUTING_GROUP", "three")
     with pytest.raises(ValueError, match="MHAR_ROUTING_GROUP"):
-        fused_mod.FusedRouter()
+        v5()
     monkeypatch.setenv("MHAR_ROUTING_GROUP", "0")  # refused, not silently read as the default
     with pytest.raises(ValueError, match="group"):
-        fused_mod.FusedRouter()
+        v5()
+
+
+def test_v6_router_has_no_v5_options():
+    """routing_impl 'fused' is v6; the v5 knobs are refused there instead of silently ignored."""
+    r = get_router("fused")
+    assert isinstance(r, fused_mod.FusedRouter) and r.algo == "v6" and r.name == "fused"
+    for kw in (dict(shared_backward=False), dict(two_pass=True)):
+        with pytest.raises(ValueError, match="fused_v5"):
+            fused_mod.FusedRouter(**kw)
+    with pytest.raises(ValueError, match="group"):
+        fused_mod.FusedRouter(group=0)
+    assert fused_mod.FusedRouter(group=4).group == 4  # v6: forward prefix sharing (constructor only)
+    with pytest.raises(ValueError, match="algo"):
+        fused_mod.FusedRouter(algo="v4")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("group", [1, 3])
-def test_gpu_cuda_graph_replay(group, monkeypatch):
+@pytest.mark.parametrize("impl,group", [("fused", 1), ("fused", 3), ("fused_v5", 1), ("fused_v5", 3)])
+def test_gpu_cuda_graph_replay(impl, group, monkeypatch):
     """Forward + backward of a fused-routing MHAR model captured in one CUDA graph (as bench_training does) and
     replayed on new token ids gives the loss and parameter gradients of an eager step on those ids."""
-    monkeypatch.setenv("MHAR_ROUTING_GROUP", str(group))
+    monkeypatch.setenv("MHAR_ROUTING_GROUP", str(group))  # v5 reads the env; v6 takes group in its constructor
     torch.manual_seed(0)
-    cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused"})
+    cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": impl})
     model = build_model(cfg).to(DEV)
+    if impl == "fused":
+        model.residual.router = fused_mod.FusedRouter(group=group)
     with torch.no_grad():
         for p in model.residual.parameters():
             p.add_(0.3 * torch.randn_like(p))

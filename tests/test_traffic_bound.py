@@ -42,15 +42,26 @@ def test_unit_bytes_and_bounds():
     hbm = 4000.0
     (r,) = tb.bound_rows(rows, hbm)
     ideal = 4 * tb.unit_bytes("1B") / (hbm * 1e9) * 1e3
-    assert r["design_ideal_ms"] == pytest.approx(ideal, abs=0.01)
-    assert r["design_bound_ratio"] == pytest.approx(50 / (50 + ideal), abs=1e-4)
+    assert r["v5_ideal_ms"] == pytest.approx(ideal, abs=0.01)
+    assert r["v5_bound_ratio"] == pytest.approx(50 / (50 + ideal), abs=1e-4)
     mf, mb = min_bytes(tb.routing_reads(cfg["n_layers"]), E)
-    assert r["min_gb"] == pytest.approx((mf + mb) / 1e9, abs=1e-3) and r["min_gb"] < r["design_gb"]
+    assert r["min_gb"] == pytest.approx((mf + mb) / 1e9, abs=1e-3) and r["min_gb"] < r["v5_gb"]
+    # v6: 2 units + dsr (4H/D of a unit) + 7 source sizes per read (1 output, 3 stash, 3 per source)
+    unit = tb.unit_bytes("1B")
+    v6 = 2 * unit + unit * 4 * 8 / cfg["d_model"] + 7 * n * E * 2
+    assert r["v6_gb"] == pytest.approx(v6 / 1e9, abs=1e-3)
+    assert r["v6_gb"] < r["min_gb"] < r["v5_gb"] and r["v5_bound_ratio"] < r["v6_bound_ratio"]
+    # forward groups of 8: the forward reads each group's prefix once (+ partials), the backward is unchanged
+    ns, g = tb.routing_reads(cfg["n_layers"]), tb.V6_GROUP
+    fwd_g = sum((ns[a] + 2 * g + sum(ns[i] - ns[a] + 1 for i in range(a, a + g))) * E * 2
+                for a in range(0, n - 1, g)) + (ns[-1] + 1) * E * 2  # n = 73: 9 groups of 8 + one plain read
+    assert r["v6_g8_gb"] == pytest.approx((v6 - (unit + n * E * 2) + fwd_g) / 1e9, abs=1e-3)
+    assert r["v6_g8_gb"] < r["v6_gb"]
     assert r["measured_ratio"] == pytest.approx(50 / 80, abs=1e-4) and r["measured_gap_ms"] == 30
     assert r["gpu"] == "G"
     # infinite bandwidth: no bound
     (r_inf,) = tb.bound_rows(rows, 1e12)
-    assert r_inf["design_bound_ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert r_inf["v5_bound_ratio"] == pytest.approx(1.0, abs=1e-4)
 
 
 def test_cli_writes_provenance_and_refuses_missing_input(tmp_path, capsys):

@@ -275,11 +275,13 @@ def _check_index_range(buf: torch.Tensor | None) -> None:
 def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, extra: torch.Tensor | None,
               query: torch.Tensor, norm_weight: torch.Tensor, H: int, eps: float, BT: int, D: int,
               out_dtype: torch.dtype, store_scores: bool = False, lo: int = 0,
-              init: torch.Tensor | None = None, init_lse: torch.Tensor | None = None):
+              init: torch.Tensor | None = None, init_lse: torch.Tensor | None = None,
+              lse_out: torch.Tensor | None = None):
     """Launch the forward kernel over buf[lo:n_buf) (after the null source, before ``extra``).
 
     buf: (cap, BT, D) contiguous or None; null: (D,) or None; extra: (BT, D) contiguous or None;
-    init / init_lse: a prefix partial (BT, D) / (BT, H) fp32 to continue from, or None. Returns out
+    init / init_lse: a prefix partial (BT, D) / (BT, H) fp32 to continue from, or None; lse_out: a
+    contiguous (BT, H) fp32 tensor to write the log-sum-exp into (default: a new one). Returns out
     (BT, D), lse (BT, H) fp32, scores (BT, H, N) fp32 or None (N = sources read by this call).
     """
     device = query.device
@@ -288,7 +290,7 @@ def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, e
     if n_total + (init is not None) == 0:
         raise ValueError("routing needs at least one source")
     out = torch.empty(BT, D, device=device, dtype=out_dtype)
-    lse = torch.empty(BT, H, device=device, dtype=torch.float32)
+    lse = lse_out if lse_out is not None else torch.empty(BT, H, device=device, dtype=torch.float32)
     scores = torch.empty(BT, H, n_total, device=device, dtype=torch.float32) if store_scores else None
     HP, DHP = _tiles(D, H)
     dummy = out
@@ -528,3 +530,245 @@ def _launch_prefix(kernel, key: tuple, grid: tuple, args: tuple, kwargs: dict) -
     kernel[grid](*args, **kwargs)
     if hasattr(kernel.best_config, "all_kwargs") and hasattr(kernel, "fn"):
         _TUNED[key] = kernel.best_config
+
+
+# ----------------------------------------------------------------------------------------------------------
+# v6: source-major, write-once backward. Reads keep their dout (``stash``: one copy into a dout buffer, and
+# delta = <dout, out> per head); each source's gradient is then formed ONCE, when its first reader's backward
+# runs (every later read has run its backward by then), from all reads that saw it: one pass over those reads'
+# douts per source instead of a read-modify-write of every source's gradient per read. The reads' query / norm
+# gradients need a sum over sources: the kernel writes dsr = dL/dscore * rms^-1 per (read, token, head) (H fp32
+# per token and read, 2H/D of the dout bytes) and one batched matmul per source contracts it with the source
+# over tokens (deterministic, no atomics).
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _v6_configs() -> list:
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0":
+        return [triton.Config({"BLOCK_T": 2, "PREFETCH": True}, num_warps=4)]
+    return [triton.Config({"BLOCK_T": bt, "PREFETCH": True}, num_warps=nw)
+            for bt in (1, 2, 4, 8, 16) for nw in (4, 8)]
+
+
+@triton.autotune(configs=_v6_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "JB"],
+                 prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _src_bwd_kernel(
+    x_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr,
+    k_lo, k_hi, BT, D, H, DH, BTD, BTH, eps, JB,
+    IS_NULL: tl.constexpr, HAS_INIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """Gradient of ONE source x (BT, D) (or the broadcast null vector (D,)) from reads k_lo..k_hi-1.
+
+    Read k's dout is dbuf[k] (BT, D), its log-sum-exp lse[k] and <dout, out> delta[k] (BT, H) fp32, its
+    w = q * g in w[k] (D,) fp32. Writes grad (BT, D) (= init + sum over reads; IS_NULL: per-program sums over
+    tokens (n_prog, D)) and dsr[h, k - k_lo, t] = dL/dscore * rms^-1 (H, J, BT) fp32."""
+    pid = tl.program_id(0)
+    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    hh = tl.arange(0, HP)
+    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]  # (HP, DHP)
+    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
+    tmask = tok < BT
+    tok = tok.to(tl.int64)
+    offs = tok[:, None, None] * D + col[None, :, :]  # (BLOCK_T, HP, DHP)
+    mask = tmask[:, None, None] & cmask[None, :, :]
+    smask = tmask[:, None] & (hh[None, :] < H)
+    hoffs = tok[:, None] * H + hh[None, :]  # (BLOCK_T, HP) into (BT, H)
+    J = k_hi - k_lo
+    doffs = hh[None, :] * (J * BT) + tok[:, None]  # into dsr (H, J, BT), read k_lo
+    if IS_NULL:
+        nv = tl.load(x_ptr + col, mask=cmask, other=0.0).to(tl.float32)
+        x = tl.zeros((BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :]
+    else:
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    ss = tl.sum(tl.sum(x * x, axis=2), axis=1)  # (BLOCK_T,)
+    r = 1.0 / tl.sqrt(ss / D + eps)
+    dx = tl.zeros((BLOCK_T, HP, DHP), tl.float32)
+    csum = tl.zeros((BLOCK_T,), tl.float32)  # sum over reads of <dscore, score> (the RMS term)
+    if PREFETCH:  # the dout tile of read k + 1 is loaded before the math of read k
+        d_next = tl.load(dbuf_ptr + k_lo * BTD + offs, mask=mask & _in(k_lo, k_lo, k_hi, BLOCK_T),
+                         other=0.0)
+    for k in range(k_lo, k_hi):
+        if PREFETCH:
+            dout = d_next.to(tl.float32)
+            d_next = tl.load(dbuf_ptr + (k + 1) * BTD + offs, mask=mask & _in(k + 1, k_lo, k_hi, BLOCK_T),
+                             other=0.0)
+        else:
+            dout = tl.load(dbuf_ptr + k * BTD + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + k * D + col, mask=cmask, other=0.0)  # (HP, DHP) fp32
+        lse = tl.load(lse_ptr + k * BTH + hoffs, mask=smask, other=0.0)
+        delta = tl.load(delta_ptr + k * BTH + hoffs, mask=smask, other=0.0)
+        s = tl.sum(x * w[None, :, :], axis=2) * r[:, None]  # (BLOCK_T, HP) scores
+        a = tl.exp(s - lse)  # routing weights of this source in read k
+        ds = a * (tl.sum(dout * x, axis=2) - delta)  # dL/dscore
+        csum += tl.sum(ds * s, axis=1)
+        dsr = ds * r[:, None]
+        dx += a[:, :, None] * dout + dsr[:, :, None] * w[None, :, :]
+        tl.store(dsr_ptr + doffs + (k - k_lo) * BT, dsr, mask=smask)
+    dx -= x * (csum * r * r / D)[:, None, None]
+    if HAS_INIT:
+        dx += tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if IS_NULL:
+        tl.store(grad_ptr + pid * D + col, tl.sum(tl.where(mask, dx, 0.0), axis=0), mask=cmask)
+    else:
+        tl.store(grad_ptr + offs, dx.to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]
+                 if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"
+                 else [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (2, 4, 8, 16) for nw in (4, 8)],
+                 key=["D", "H"], prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _stash_kernel(dout_ptr, out_ptr, dslot_ptr, delta_ptr, BT, D, H, DH,
+                  BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr):
+    """dslot = dout (in the dout buffer's dtype) and delta = <dout_h, out_h> (BT, H) fp32."""
+    pid = tl.program_id(0)
+    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    hh = tl.arange(0, HP)
+    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]
+    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
+    tmask = tok < BT
+    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]
+    mask = tmask[:, None, None] & cmask[None, :, :]
+    dout = tl.load(dout_ptr + offs, mask=mask, other=0.0)
+    out = tl.load(out_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dslot_ptr + offs, dout.to(dslot_ptr.dtype.element_ty), mask=mask)
+    delta = tl.sum(dout.to(tl.float32) * out, axis=2)
+    tl.store(delta_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], delta, mask=tmask[:, None] & (hh[None, :] < H))
+
+
+def stash(dout: torch.Tensor, out: torch.Tensor, dslot: torch.Tensor, delta: torch.Tensor, H: int, BT: int,
+          D: int) -> None:
+    """Copy a read's dout (BT, D) into its dout-buffer slot and write delta (BT, H) fp32 = <dout, out> per head."""
+    HP, DHP = _tiles(D, H)
+    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
+    args = (dout, out, dslot, delta, BT, D, H, D // H)
+    _launch(_stash_kernel, ("stash", D, H, str(dout.dtype), str(out.dtype), str(dslot.dtype)), grid, args,
+            dict(HP=HP, DHP=DHP))
+    LAUNCHES["stash"] += 1
+
+
+def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
+               w: torch.Tensor, k_lo: int, k_hi: int, init: torch.Tensor | None, grad_dtype: torch.dtype,
+               H: int, eps: float, BT: int, D: int):
+    """Write-once gradient of one source from reads k_lo..k_hi-1 (dbuf / lse / delta / w: (K, ...) buffers).
+
+    x: the source (BT, D) contiguous, or the null vector (D,) with ``is_null``; init: a gradient (BT, D) to
+    add (a v5-style read's accumulation), or None. Returns (grad, dW): grad (BT, D) in ``grad_dtype`` ((D,)
+    fp32 for the null source), dW (k_hi - k_lo, D) fp32 = this source's part of dL/d(q_k * g_k)."""
+    J = k_hi - k_lo
+    HP, DHP = _tiles(D, H)
+    dev = x.device
+    if dbuf.numel() >= 2**31 or H * J * BT >= 2**31:
+        raise ValueError(f"fused routing: dout buffer of {dbuf.numel()} elements needs 64-bit offsets (limit 2**31); "
+                         "use a smaller microbatch or routing_impl='fused_v5'")
+    dsr = torch.empty(H, J, BT, device=dev, dtype=torch.float32)
+    grad = (torch.empty(BT, D, device=dev, dtype=torch.float32) if is_null  # per-program rows, max BT programs
+            else torch.empty(BT, D, device=dev, dtype=grad_dtype))
+    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
+    jb = min(triton.next_power_of_2(J), 16)  # autotuning bucket of the number of reads
+    args = (x, dbuf, lse, delta, w, init if init is not None else grad, grad, dsr, k_lo, k_hi, BT, D, H, D // H,
+            BT * D, BT * H, eps, jb)
+    flags = dict(IS_NULL=is_null, HAS_INIT=init is not None, HP=HP, DHP=DHP)
+    key = ("src_bwd", D, H, jb, *flags.values(), *(str(a.dtype) for a in args[:7]))
+    block_t = _launch(_src_bwd_kernel, key, grid, args, flags)
+    LAUNCHES["source_bwd"] += 1
+    DH = D // H
+    if is_null:
+        grad = grad[:triton.cdiv(BT, block_t)].sum(0)
+        dW = dsr.sum(-1).t()[:, :, None] * x.float().view(1, H, DH)  # (J, H, DH)
+    else:  # dW[k, h] = sum_t dsr[h, k, t] x[t, h]: a batched matmul over tokens, one batch per head
+        xv = x.view(BT, H, DH).transpose(0, 1)  # (H, BT, DH)
+        dW = torch.bmm(dsr if x.dtype == torch.float32 else dsr.to(x.dtype), xv).float().transpose(0, 1)
+    return grad, dW.reshape(J, D)
+
+
+# v6 forward prefix sharing (optional, ``FusedRouter(group=K)``): K announced reads share ONE pass over their
+# common prefix. Rows of the tile are (read k, token t) pairs: the K rows of a token load the same source
+# elements (L1 hits: the prefix is read from HBM once), each row with its own w_k = q_k * g_k. Outputs the
+# normalised partial mix P_k and its log-sum-exp per read; each read then continues with its newer sources
+# (route_fwd with init=...). The backward is unchanged (source-major; it needs no partials).
+def _prefix6_configs() -> list:
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0":
+        return [triton.Config({"BLOCK_T": 2}, num_warps=4)]
+    return [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (1, 2, 4, 8) for nw in (4, 8, 16)]
+
+
+def _prune_prefix6(configs, named_args, **kwargs):
+    row = kwargs.get("KP", named_args.get("KP")) * kwargs.get("HP", named_args.get("HP")) * \
+        kwargs.get("DHP", named_args.get("DHP"))
+    keep = [c for c in configs if c.kwargs["BLOCK_T"] * row <= 16384 and c.num_warps * 32 * 2 <= c.kwargs["BLOCK_T"] * row]
+    return keep or configs[:1]
+
+
+@triton.autotune(configs=_prefix6_configs(), key=["D", "H", "K", "HAS_NULL"],
+                 prune_configs_by={"early_config_prune": _prune_prefix6})
+@triton.jit
+def _prefix6_kernel(buf_ptr, null_ptr, w_ptr, p_ptr, lse_ptr, n_buf, buf_stride, BT, D, H, DH, K, eps,
+                    HAS_NULL: tl.constexpr, BLOCK_T: tl.constexpr, KP: tl.constexpr, HP: tl.constexpr,
+                    DHP: tl.constexpr):
+    pid = tl.program_id(0)
+    rr = tl.arange(0, KP * BLOCK_T)  # row = (read k, token t)
+    kk = rr // BLOCK_T
+    tok = pid * BLOCK_T + rr % BLOCK_T
+    hh = tl.arange(0, HP)
+    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]
+    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
+    tmask = tok < BT
+    rmask = tmask & (kk < K)
+    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]  # (R, HP, DHP) into a source
+    lmask = tmask[:, None, None] & cmask[None, :, :]
+    wmask = (kk < K)[:, None, None] & cmask[None, :, :]
+    w = tl.load(w_ptr + kk[:, None, None] * D + col[None, :, :], mask=wmask, other=0.0)  # (R, HP, DHP) fp32
+    m = tl.full((KP * BLOCK_T, HP), float("-inf"), tl.float32)
+    l = tl.zeros((KP * BLOCK_T, HP), tl.float32)
+    acc = tl.zeros((KP * BLOCK_T, HP, DHP), tl.float32)
+    if HAS_NULL:
+        nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
+        x = tl.zeros((KP * BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :]
+        m, l, acc = _fwd_update_rows(x, w, m, l, acc, D, eps)
+    x_next = tl.load(buf_ptr + offs, mask=lmask & _in(0, 0, n_buf, KP * BLOCK_T), other=0.0)
+    for j in range(0, n_buf):
+        x = x_next.to(tl.float32)
+        x_next = tl.load(buf_ptr + (j + 1) * buf_stride + offs, mask=lmask & _in(j + 1, 0, n_buf, KP * BLOCK_T),
+                         other=0.0)
+        m, l, acc = _fwd_update_rows(x, w, m, l, acc, D, eps)
+    poffs = kk.to(tl.int64)[:, None, None] * BT * D + offs
+    tl.store(p_ptr + poffs, (acc / l[:, :, None]).to(p_ptr.dtype.element_ty),
+             mask=rmask[:, None, None] & cmask[None, :, :])
+    tl.store(lse_ptr + kk.to(tl.int64)[:, None] * BT * H + tok.to(tl.int64)[:, None] * H + hh[None, :],
+             m + tl.log(l), mask=rmask[:, None] & (hh[None, :] < H))
+
+
+@triton.jit
+def _fwd_update_rows(x, w, m, l, acc, D, eps):
+    """Online-softmax step with one w per row: x, w (R, HP, DHP) fp32."""
+    ss = tl.sum(tl.sum(x * x, axis=2), axis=1)
+    r = 1.0 / tl.sqrt(ss / D + eps)
+    s = tl.sum(x * w, axis=2) * r[:, None]
+    m_new = tl.maximum(m, s)
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new)
+    return m_new, l * alpha + p, acc * alpha[:, :, None] + p[:, :, None] * x
+
+
+def prefix6_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: int, D: int,
+                out_dtype: torch.dtype):
+    """Partials of K reads (W = q * g, (K, D) fp32 contiguous) over [null] + buf[0:n_buf): P (K, BT, D) in
+    ``out_dtype``, lse (K, BT, H) fp32."""
+    K = W.shape[0]
+    if n_buf + (null is not None) == 0:
+        raise ValueError("prefix routing needs at least one source")
+    _check_index_range(buf)
+    P = torch.empty(K, BT, D, device=W.device, dtype=out_dtype)
+    lse = torch.empty(K, BT, H, device=W.device, dtype=torch.float32)
+    HP, DHP = _tiles(D, H)
+    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
+    args = (buf if buf is not None else P, null if null is not None else P, W, P, lse,
+            n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, K, eps)
+    flags = dict(HAS_NULL=null is not None, KP=triton.next_power_of_2(K), HP=HP, DHP=DHP)
+    _launch(_prefix6_kernel, ("p6fwd", D, H, K, *flags.values(), *(str(a.dtype) for a in args[:5])), grid, args,
+            flags)
+    LAUNCHES["prefix6_fwd"] += 1
+    return P, lse

@@ -1,8 +1,20 @@
-"""Fused Triton depth routing: the third Router implementation ("fused").
+"""Fused Triton depth routing: routing_impl "fused" (kernels v6) and "fused_v5".
 
 Same math as ``reference.route_reference`` (RMSNorm of keys, one online softmax
-per head over the sources, weighted mix) in one pass over the sources per call,
-see ``_kernels.py``.
+per head over the sources, weighted mix), see ``_kernels.py``.
+
+v6 (``FusedRouter()``, "fused"): the forward makes one pass over the sources per
+read (or, ``group=K``, K announced reads share one pass over their common prefix,
+``prefix6_fwd``); the backward is source-major and writes every source gradient
+once. The first read announces the next reads (``lookahead``: the model's static
+pseudo-queries); an announced read's backward keeps its dout (``stash``), and the
+backward of the first read that saw a source forms that source's gradient from all
+later reads' douts in one pass (``source_bwd``): per microbatch about 2 byte units
+instead of v5's 4 (``benchmarks/traffic_bound.py``). See ``_V6`` for the ordering
+(a read-chain token) and the fallback of reads that were not announced.
+
+The rest of this docstring describes v5 (``FusedRouter(algo="v5")``, "fused_v5"),
+whose storage v6 shares.
 
 Storage. The router state owns ONE shared source buffer ``buf`` (cap, B*T, D),
 allocated once (capacity given at ``init``) and written once per source by
@@ -50,7 +62,7 @@ import torch
 from torch import Tensor
 
 from . import Router, register_router
-from ._kernels import LAUNCHES, prefix_bwd, prefix_fwd, route_bwd, route_fwd
+from ._kernels import LAUNCHES, prefix6_fwd, prefix_bwd, prefix_fwd, route_bwd, route_fwd, source_bwd, stash
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES"]
 
@@ -81,6 +93,8 @@ class _Storage:
     reads: int = field(default=0)
     n_reads: int = 0  # reads announced by the first read's lookahead (sets the group size)
     group: Optional["_Group"] = None  # the open prefix-sharing group, if any
+    v6: Optional["_V6"] = None  # source-major backward bookkeeping (algo "v6"), created by the first read
+    src_dtypes: dict = field(default_factory=dict)  # slot -> dtype of the appended source (v6 gradients)
 
     def grads(self, device) -> Tensor:
         if self.gacc is None:
@@ -139,12 +153,21 @@ class _Append(torch.autograd.Function):
     def forward(ctx, src: Tensor, token_prev: Optional[Tensor], st: _Storage, slot: int) -> Tensor:
         st.buf[slot].view(st.shape).copy_(src)
         ctx.st, ctx.slot, ctx.src_dtype = st, slot, src.dtype
+        st.src_dtypes[slot] = src.dtype
         ctx.has_prev = token_prev is not None
         return torch.zeros((), device=src.device, dtype=torch.float32)  # token
 
     @staticmethod
     def backward(ctx, _grad_token: Tensor):
         st = ctx.st
+        if st.v6 is not None:  # formed once by the backward of the first read that saw this source
+            grad = st.v6.final.pop(ctx.slot, None)
+            if grad is None:  # no read ever saw this source
+                grad = torch.zeros(st.shape, device=_grad_token.device, dtype=ctx.src_dtype)
+            else:
+                grad = grad.view(st.shape).to(ctx.src_dtype)
+            prev = torch.zeros((), device=_grad_token.device) if ctx.has_prev else None
+            return grad, prev, None, None
         if st.gacc is None or not st.g_valid[ctx.slot]:  # no read ever saw this source
             grad = torch.zeros(st.shape, device=_grad_token.device, dtype=ctx.src_dtype)
         else:
@@ -197,7 +220,7 @@ class _Read(torch.autograd.Function):
         return dtoken, dq, dg, dnull, dextra, None, None, None, None, None
 
 
-def _full_backward(ctx, n: int, q, g, nul, ex, out, lse, dout, null_index: int):
+def _full_backward(ctx, n: int, q, g, nul, ex, out, lse, dout, null_index: int, q_index: int = 1):
     """One read's own backward pass over all its sources ([null] + buf[0:n) + [extra]): accumulates the
     buffered sources' gradients into gacc; returns the gradients of query, norm weight, null and extra
     (None where autograd needs none; ``null_index`` is the null input's position in the Function)."""
@@ -208,8 +231,8 @@ def _full_backward(ctx, n: int, q, g, nul, ex, out, lse, dout, null_index: int):
     rng = st.acc_range(0, n) if n else (0, 0)
     dw, dnull, dextra = route_bwd(st.buf if n else None, n, nul, ex, q, g, out,
                                   dout.reshape(BT, D).contiguous(), lse, gacc, rng, ctx.H, ctx.eps, BT, D)
-    dq = (dw * g.float()).to(q.dtype) if ctx.needs_input_grad[1] else None
-    dg = (dw * q.float()).to(g.dtype) if ctx.needs_input_grad[2] else None
+    dq = (dw * g.float()).to(q.dtype) if ctx.needs_input_grad[q_index] else None
+    dg = (dw * q.float()).to(g.dtype) if ctx.needs_input_grad[q_index + 1] else None
     dnull = dnull.to(nul.dtype) if dnull is not None and ctx.needs_input_grad[null_index] else None
     dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
     return dq, dg, dnull, dextra
@@ -311,6 +334,131 @@ class _Merge(torch.autograd.Function):
         return dtoken, dq, dg, grp.dP[k], None, None, dextra, None, None, None, None, None, None
 
 
+@dataclass
+class _V6:
+    """Bookkeeping of the source-major (write-once) backward of one forward (algo "v6").
+
+    The first read announces itself and its ``lookahead`` reads (K in all; it is the *anchor*). A later read
+    that is the next announced one (same query / norm tensors), sees at least as many sources as every
+    earlier read and uses the same heads / eps is *source-major*: read k. Its forward writes lse[k]; its
+    backward keeps dout in dbuf[k] and <dout, out> in delta[k], then forms the gradient of every source it
+    was the first to see, once, from all source-major reads (they have all run their backward by then:
+    reads are chained by a token, so backward visits them newest first). The anchor runs last and returns
+    the query / norm gradients of all announced reads (dW accumulated over the sources) and the null's.
+    Any other read (not announced, or over an older state) runs the v5 backward for its own part
+    (accumulating into gacc, which the write-once kernel adds)."""
+
+    K: int
+    ptrs: list  # (query, norm_weight) data_ptr of each announced read
+    W: Tensor  # (K, D) fp32: q_k * g_k
+    lse: Tensor  # (K, BT, H) fp32
+    H: int
+    eps: float
+    delta: Optional[Tensor] = None  # (K, BT, H) fp32
+    dbuf: Optional[Tensor] = None  # (K, BT, D): the reads' douts
+    dW: Optional[Tensor] = None  # (K, D) fp32: dL/dW accumulated over sources
+    next_k: int = 0
+    max_n: int = 0  # most buffered sources seen by any read so far
+    k_hi: Optional[int] = None  # 1 + the newest source-major read whose backward ran
+    final: dict = field(default_factory=dict)  # slot -> its gradient, until the append's backward takes it
+    rtoken: Optional[Tensor] = None  # chain token of the newest read
+    done: bool = False  # the anchor's backward ran (a later read on this storage starts a new chain)
+    group: Optional[tuple] = None  # forward prefix sharing: (k0, K, n_prefix, P (K, BT, D), lse (K, BT, H))
+
+
+class _Read6(torch.autograd.Function):
+    """One read of a v6 storage (see ``_V6``). Outputs (out, scores or None, read-chain token)."""
+
+    @staticmethod
+    def forward(ctx, token, rtoken, query, norm_weight, Qr, Gr, null, extra, st: _Storage, n_buf: int, H: int,
+                eps: float, want_scores: bool, k: int, lo_new: int, k_next: int, lo: int, P, lse_p):
+        _Read.calls += 1
+        READS["plain"] += 1
+        v = st.v6
+        B, T, D = st.shape
+        BT = B * T
+        ex = None
+        if extra is not None:
+            ex = extra.reshape(BT, D)
+            ex = (ex if ex.dtype == st.dtype else ex.to(st.dtype)).contiguous()
+        q, g = query.contiguous(), norm_weight.contiguous()
+        nul = null.contiguous() if null is not None else None
+        if P is None:
+            out, lse, scores = route_fwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, H, eps, BT, D, st.dtype,
+                                         store_scores=want_scores, lse_out=v.lse[k] if k >= 0 else None)
+        else:  # continue the shared prefix partial (which holds the null source) over buf[lo:n_buf)
+            out, lse, scores = route_fwd(st.buf if n_buf > lo else None, n_buf, None, ex, q, g, H, eps, BT, D,
+                                         st.dtype, lo=lo, init=P.reshape(BT, D), init_lse=lse_p.reshape(BT, H),
+                                         lse_out=v.lse[k])
+        ctx.save_for_backward(q, g, nul, ex, out, lse, Qr, Gr)
+        ctx.st, ctx.n_buf, ctx.H, ctx.eps, ctx.k, ctx.lo_new, ctx.k_next = st, n_buf, H, eps, k, lo_new, k_next
+        ctx.has_token, ctx.has_rtoken = token is not None, rtoken is not None
+        ctx.extra_dtype = extra.dtype if extra is not None else None
+        rtok = torch.zeros((), device=out.device, dtype=torch.float32)
+        if want_scores:
+            ctx.mark_non_differentiable(scores)
+        return out.view(B, T, D), scores, rtok
+
+    @staticmethod
+    def backward(ctx, dout, _dscores, _drtoken):
+        q, g, nul, ex, out, lse, Qr, Gr = ctx.saved_tensors
+        st, k, H, eps = ctx.st, ctx.k, ctx.H, ctx.eps
+        v = st.v6
+        B, T, D = st.shape
+        BT = B * T
+        dout2 = dout.reshape(BT, D).contiguous()
+        dq = dg = dQr = dGr = dnull = dextra = None
+        if k >= 0:
+            if v.k_hi is None:  # the newest source-major read to reach backward runs first
+                v.k_hi = k + 1
+            if v.dbuf is None:
+                v.dbuf = torch.empty((v.K, BT, D), device=dout.device, dtype=st.dtype)
+                v.delta = torch.empty((v.K, BT, H), device=dout.device, dtype=torch.float32)
+                v.dW = torch.zeros((v.K, D), device=dout.device, dtype=torch.float32)
+            stash(dout2, out, v.dbuf[k], v.delta[k], H, BT, D)
+            if ex is not None:  # the transient source is seen by this read only: its gradient now
+                dw_e, _, dextra = route_bwd(None, 0, None, ex, q, g, out, dout2, lse, None, (0, 0), H, eps, BT, D)
+                v.dW[k] += dw_e
+        else:  # v5 backward for this read's own part: accumulates into gacc, returns its own dq / dg / dnull
+            dq, dg, dnull, dextra = _full_backward(ctx, ctx.n_buf, q, g, nul, ex, out, lse, dout, null_index=6,
+                                                  q_index=2)
+            dextra = dextra.reshape(BT, D) if dextra is not None else None
+        k_first = k if k >= 0 else ctx.k_next
+        k_hi = v.k_hi or 0
+        for slot in range(ctx.lo_new, ctx.n_buf):  # sources no earlier read saw: their gradient is complete
+            init = st.gacc[slot] if st.gacc is not None and st.g_valid[slot] else None
+            if k_first < k_hi:
+                grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_hi, init,
+                                      st.src_dtypes.get(slot, st.dtype), H, eps, BT, D)
+                v.dW[k_first:k_hi] += dW
+            else:
+                grad = init
+            if grad is not None:
+                v.final[slot] = grad
+        if k == 0:  # the anchor: every other read has run its backward
+            v.done = True
+            if nul is not None and k_hi > 0:
+                dn, dW = source_bwd(nul, True, v.dbuf, v.lse, v.delta, v.W, 0, k_hi, None, torch.float32, H, eps,
+                                    BT, D)
+                v.dW[:k_hi] += dW
+                dnull = dn.to(nul.dtype) if ctx.needs_input_grad[6] else None
+            dW = v.dW
+            if ctx.needs_input_grad[2]:
+                dq = (dW[0] * g.float()).to(q.dtype)
+            if ctx.needs_input_grad[3]:
+                dg = (dW[0] * q.float()).to(g.dtype)
+            if Qr is not None and ctx.needs_input_grad[4]:
+                dQr = (dW[1:] * Gr.float()).to(Qr.dtype)
+            if Gr is not None and ctx.needs_input_grad[5]:
+                dGr = (dW[1:] * Qr.float()).to(Gr.dtype)
+        if dnull is not None and not ctx.needs_input_grad[6]:
+            dnull = None
+        dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
+        dtoken = torch.zeros((), device=dout.device) if ctx.has_token else None
+        drtoken = torch.zeros((), device=dout.device) if ctx.has_rtoken else None
+        return (dtoken, drtoken, dq, dg, dQr, dGr, dnull, dextra) + (None,) * 11
+
+
 def _env_int(name: str) -> Optional[int]:
     val = os.environ.get(name)
     if not val:
@@ -353,7 +501,24 @@ class FusedRouter(Router):
     name = "fused"
 
     def __init__(self, grad_dtype: Optional[torch.dtype] = None, group: Optional[int] = None,
-                 shared_backward: Optional[bool] = None, two_pass: bool = False):
+                 shared_backward: Optional[bool] = None, two_pass: bool = False, algo: str = "v6"):
+        if algo not in ("v6", "v5"):
+            raise ValueError(f"algo must be 'v6' (source-major backward, routing_impl 'fused') or 'v5' "
+                             f"(read-major, routing_impl 'fused_v5'), got {algo!r}")
+        self.algo = algo
+        if algo == "v6":
+            self.name = "fused"
+            if shared_backward is not None or two_pass:
+                raise ValueError("shared_backward / two_pass are options of the v5 kernels "
+                                 "(routing_impl 'fused_v5', FusedRouter(algo='v5')); v6 has none of them")
+            group = 1 if group is None else group
+            if not isinstance(group, int) or group < 1:
+                raise ValueError(f"group must be an integer >= 1 (1 = no forward prefix sharing), got {group!r}")
+            # v6 group: announced reads per forward prefix-sharing group (constructor only; the env variable
+            # MHAR_ROUTING_GROUP is read by v5 alone)
+            self.grad_dtype, self.group, self.shared_backward, self.two_pass = grad_dtype, group, True, False
+            return
+        self.name = "fused_v5"
         self.grad_dtype = grad_dtype
         if group is None:
             env = os.environ.get("MHAR_ROUTING_GROUP", "").strip()
@@ -445,6 +610,8 @@ class FusedRouter(Router):
         if extra is not None and extra.shape != st.shape:
             extra = extra.expand(st.shape)
         _check_device(query)
+        if self.algo == "v6":
+            return self._read6(state, query, norm_weight, num_heads, eps, extra, return_weights, lookahead)
         grp = st.group
         if grp is not None and (return_weights or grp.next >= grp.K):
             st.group = grp = None  # finished (or abandoned for an analysis read)
@@ -482,10 +649,59 @@ class FusedRouter(Router):
         return out
 
 
+    def _read6(self, state: FusedState, query, norm_weight, H, eps, extra, return_weights, lookahead):
+        st = state.storage
+        B, T, D = st.shape
+        v = st.v6
+        if v is not None and v.done:  # this state's reads were backpropagated: later reads start a new chain
+            v = st.v6 = None
+            st.g_valid = [False] * len(st.g_valid)
+        if v is None:  # the first read: the anchor, announcing itself and the lookahead reads
+            Qr, Gr = lookahead if lookahead is not None and lookahead[0].shape[0] > 0 else (None, None)
+            W = (query.detach().float() * norm_weight.detach().float())[None]
+            ptrs = [(query.data_ptr(), norm_weight.data_ptr())]
+            if Qr is not None:
+                W = torch.cat([W, Qr.detach().float() * Gr.detach().float()])
+                ptrs += [(Qr[i].data_ptr(), Gr[i].data_ptr()) for i in range(Qr.shape[0])]
+            lse = torch.empty((len(ptrs), B * T, H), device=query.device, dtype=torch.float32)
+            v = st.v6 = _V6(K=len(ptrs), ptrs=ptrs, W=W.contiguous(), lse=lse, H=H, eps=eps)
+        else:
+            Qr = Gr = None
+        n = state.n
+        k = -1
+        if (v.next_k < v.K and v.ptrs[v.next_k] == (query.data_ptr(), norm_weight.data_ptr())
+                and n >= v.max_n and H == v.H and eps == v.eps):
+            k, v.next_k = v.next_k, v.next_k + 1
+        k_next = k if k >= 0 else v.next_k
+        lo_new = min(v.max_n, n)  # this read is the first to see buffered sources lo_new..n-1
+        v.max_n = max(v.max_n, n)
+        lo, P, lse_p = 0, None, None
+        if k >= 0 and self.group > 1 and not return_weights:  # forward prefix sharing among announced reads
+            grp = v.group
+            if grp is None or not grp[0] <= k < grp[0] + grp[1]:
+                v.group = grp = None
+                K = min(self.group, v.K - k)
+                if K > 1 and n + (st.null is not None) > 0:
+                    Pk, lk = prefix6_fwd(st.buf if n else None, n, st.null.contiguous() if st.null is not None
+                                         else None, v.W[k:k + K], H, eps, B * T, D, st.dtype)
+                    v.group = grp = (k, K, n, Pk, lk)
+            if grp is not None:
+                lo, P, lse_p = grp[2], grp[3][k - grp[0]], grp[4][k - grp[0]]
+                if k == grp[0] + grp[1] - 1:
+                    v.group = None  # the partials are transient
+        out, scores, v.rtoken = _Read6.apply(state.token, v.rtoken, query, norm_weight, Qr, Gr, st.null, extra, st,
+                                             n, H, eps, return_weights, k, lo_new, k_next, lo, P, lse_p)
+        st.reads += 1
+        if return_weights:
+            lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+            return out, torch.exp(scores - lse).view(B, T, H, -1)  # (B, T, H, N) fp32
+        return out
+
+
 def route_fused(sources: Tensor, query: Tensor, norm_weight: Tensor, num_heads: int, eps: float = 1e-6,
-                return_weights: bool = False):
+                return_weights: bool = False, algo: str = "v6"):
     """Fused counterpart of ``route_reference`` (same signature): stacked sources (N, B, T, D)."""
-    router = FusedRouter()
+    router = FusedRouter(algo=algo)
     st = router.init(sources[0], capacity=sources.shape[0])
     for s in sources[1:]:
         st = router.append(st, s)
@@ -493,3 +709,4 @@ def route_fused(sources: Tensor, query: Tensor, norm_weight: Tensor, num_heads: 
 
 
 register_router("fused", FusedRouter)
+register_router("fused_v5", lambda: FusedRouter(algo="v5"))
