@@ -17,9 +17,11 @@ for more than one process) on the synthetic token stream of ``config/train/gpu_s
 * ``throughput``: tokens/s per GPU (median over steps after ``--warmup``) of ``--tp-variants`` at
   ``--sizes`` on 1 process and on ``--nproc`` processes (DDP and FSDP2), the per-GPU batch fixed
   (weak scaling), and the scaling efficiency = per-GPU tok/s on nproc / per-GPU tok/s on 1.
-* ``workflow``: ``snakemake --configfile config/gpu_small.yaml --config
-  resources='{gpus_per_run: N}'`` on one train job (shortened to ``--steps``): the dry run's target,
-  the torchrun command in the job's log and ``world_size`` in the run's provenance.
+* ``workflow``: ``snakemake TARGET --resources nvidia_gpu=N --configfile config/gpu_small.yaml
+  config/gpus2.yaml OVERLAY`` on one train job (OVERLAY: ``resources.gpus_per_run: N``, ``--steps``,
+  a scratch results_dir):
+  the target from the dry run, the torchrun command in the job's log, ``world_size`` in the run's
+  provenance.
 
 Writes ``$OUT/multigpu_check.json`` (results, pass flags, versions, the exact commands),
 ``equal_losses.csv``, ``throughput.csv`` and ``logs/``; run directories go to ``--scratch`` and lose
@@ -284,7 +286,7 @@ def stage_throughput(r: Runner, res: dict) -> bool:
                 except CheckError as e:  # e.g. out of memory: recorded, the others still run
                     print(f"[multigpu_check] {e}", flush=True)
                     rows.append({"size": size, "variant": variant, "parallel": mode, "gpus": nproc,
-                                 "status": str(e).splitlines()[0]})
+                                 "status": str(e).splitlines()[0], "command": r.commands[-1]})
                     continue
                 tok = steady_tokens_per_s(run / "metrics.jsonl", warmup=a.warmup)
                 summ = json.loads((run / "summary.json").read_text())
@@ -294,10 +296,10 @@ def stage_throughput(r: Runner, res: dict) -> bool:
                              "micro_batch": micro, "seq_len": _seq_len(run), "tokens_per_s": round(tok),
                              "tokens_per_s_per_gpu": round(per_gpu),
                              "scaling_efficiency": round(per_gpu / per_gpu_1, 4) if per_gpu_1 else None,
-                             "peak_mem_gb_rank0": summ["peak_mem_gb"], "params": summ["params"]})
+                             "peak_mem_gb_rank0": summ["peak_mem_gb"], "params": summ["params"],
+                             "command": r.commands[-1]})
                 print(f"[multigpu_check] throughput {name}: {per_gpu:,.0f} tok/s per GPU", flush=True)
-    cols = env_columns()
-    cols["command"] = "see multigpu_check.json commands"
+    cols = {k: v for k, v in env_columns().items() if k != "command"}  # each row has its own command
     keys = sorted({k for x in rows for k in x}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
     with open(r.out / "throughput.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[*keys, *cols])
@@ -315,30 +317,42 @@ def _seq_len(run: Path) -> int:
 
 
 def stage_workflow(r: Runner, res: dict) -> bool:
+    """One train job of the workflow on nproc GPUs. The GPU count goes in through a config overlay:
+    snakemake reads nested ``--config`` values as strings, which the schema refuses."""
+    import yaml
+
     a, n = r.args, r.args.nproc
-    cfg = ["--configfile", a.wf_configfile, "--config", f"resources={{gpus_per_run: {n}, threads_per_run: 4}}",
-           f"results_dir={r.scratch / 'wf_results'}", *a.wf_config]
-    base = [sys.executable, "-m", "snakemake", "-c", str(4 * n), "--resources", f"gpu={n}", f"nvidia_gpu={n}", *cfg]
-    dry = subprocess.run([*base, "-n", "--until", "train", "all"], cwd=ROOT, env=_env(), capture_output=True, text=True)
-    r.commands.append(_shell([*base, "-n", "--until", "train", "all"]))
+    overlay = {"results_dir": str(r.scratch / "wf_results"),
+               "resources": {"gpus_per_run": n, "threads_per_run": 2 * n},
+               "train": {"train": {"steps": a.steps}}}
+    overlay_path = r.out / "workflow_overlay.yaml"
+    overlay_path.write_text(yaml.safe_dump(overlay, sort_keys=False))
+    opts = ["-c", str(2 * n), "--resources", f"nvidia_gpu={n}", f"gpu={n}",
+            "--configfile", *a.wf_configfile, str(overlay_path)]  # last: --configfile takes several values
+    dry_cmd = [sys.executable, "-m", "snakemake", "-n", "all", *opts]
+    dry = subprocess.run(dry_cmd, cwd=ROOT, env=_env(), capture_output=True, text=True)
+    r.commands.append(_shell(dry_cmd))
     (r.logs / "workflow_dry_run.log").write_text(dry.stdout + dry.stderr)
     targets = re.findall(r"output: (\S+/summary\.json)", dry.stdout + dry.stderr)
     if dry.returncode != 0 or not targets:
         raise CheckError(f"workflow dry run failed or listed no train job (log {r.logs / 'workflow_dry_run.log'})")
-    target = next((t for t in targets if "/mhar/" in t), targets[0]).split(",")[0]
-    cmd = [*base, target]
+    target = next((t for t in targets if "/mhar/" in t), targets[0])
+    cmd = [sys.executable, "-m", "snakemake", target, *opts]
     r.commands.append(_shell(cmd))
     print(f"[multigpu_check] workflow: {_shell(cmd)}", flush=True)
     with open(r.logs / "workflow.log", "w") as f:
         rc = subprocess.call(cmd, cwd=ROOT, env=_env(), stdout=f, stderr=subprocess.STDOUT, timeout=a.run_timeout)
     run = (ROOT / target).parent  # ROOT / an absolute path is that path
-    job_logs = list((r.scratch / "wf_results").rglob("*.log")) + list(ROOT.glob("results/logs/train/**/*.log"))
-    launched = [p for p in job_logs if f"--nproc_per_node={n}" in p.read_text(errors="replace")]
+    job_logs = [p for p in (r.scratch / "wf_results").rglob("*.log")
+                if f"--nproc_per_node={n}" in p.read_text(errors="replace")]
     prov = json.loads((run / "provenance.json").read_text()) if (run / "provenance.json").is_file() else {}
-    passed = rc == 0 and bool(launched) and prov.get("world_size") == n
-    res["workflow"] = {"target": target, "exit_code": rc, "torchrun_in_job_log": [str(p) for p in launched],
-                       "world_size": prov.get("world_size"), "parallel": prov.get("parallel"), "pass": passed}
-    print(f"[multigpu_check] workflow: exit {rc}, torchrun in job log {bool(launched)}, "
+    passed = rc == 0 and bool(job_logs) and prov.get("world_size") == n
+    res["workflow"] = {"target": target, "overlay": overlay, "exit_code": rc, "job_logs_with_torchrun":
+                       [str(p) for p in job_logs], "world_size": prov.get("world_size"),
+                       "parallel": prov.get("parallel"), "pass": passed}
+    for p in job_logs[:1]:
+        shutil.copy(p, r.logs / "workflow_train_job.log")
+    print(f"[multigpu_check] workflow: exit {rc}, torchrun in the job log {bool(job_logs)}, "
           f"world_size {prov.get('world_size')} -> {'PASS' if passed else 'FAIL'}", flush=True)
     return passed
 
@@ -362,9 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tp-parallel", nargs="+", default=["ddp", "fsdp"], choices=("ddp", "fsdp"))
     p.add_argument("--tp-steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=8, help="throughput: steps left out of the median")
-    p.add_argument("--wf-configfile", default="config/gpu_small.yaml")
-    p.add_argument("--wf-config", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="more snakemake --config items for the workflow stage")
+    p.add_argument("--wf-configfile", nargs="+", default=["config/gpu_small.yaml", "config/gpus2.yaml"],
+                   help="workflow config file(s); an overlay with the GPU count, --steps and a scratch "
+                        "results_dir is added after them")
     p.add_argument("--kill-delay", type=float, default=1.0, help="resume: seconds from the first checkpoint to the kill")
     p.add_argument("--run-timeout", type=float, default=900, help="seconds per training command")
     p.add_argument("--scratch", default=None, help="run directories (default: a temp dir)")
@@ -379,8 +393,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --nproc {args.nproc} needs {args.nproc} visible GPUs, found {torch.cuda.device_count()}; "
               "run on a multi-GPU machine or rehearse with --device cpu", file=sys.stderr)
         return 2
-    if "workflow" in args.stages and args.wf_configfile == "config/gpu_small.yaml":
-        args.wf_config = [f"train={{train: {{steps: {args.steps}}}}}", *args.wf_config]
     from mhar.provenance import collect_provenance
 
     r = Runner(args)
