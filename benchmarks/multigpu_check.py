@@ -185,6 +185,17 @@ def _val(run: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["val_loss"]) for r in _rows(run / "metrics.jsonl") if r["split"] == "val"]
 
 
+def _settings(run: Path) -> dict | None:
+    """A run's config without the checkpoint cadence (None if there is no run)."""
+    import yaml
+
+    if not (run / "config.yaml").is_file():
+        return None
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg.get("train", {}).pop("checkpoint_every", None)
+    return cfg
+
+
 def _max_delta(a: list[float], b: list[float]) -> float:
     if len(a) != len(b):
         raise CheckError(f"runs logged {len(a)} and {len(b)} steps")
@@ -243,11 +254,11 @@ def stage_resume(r: Runner, res: dict) -> bool:
               "train.log_batch_hash=true", f"train.eval_every={half}", *VARIANTS[a.variant]]
     out, ok = {"checkpoint_step": half, "kill_delay_s": a.kill_delay, "modes": {}}, True
     for mode in ("ddp", "fsdp"):
-        ref = r.out / "runs" / f"equal_{mode}"
-        if "equal" not in res:  # otherwise the uninterrupted run of the equal stage (same settings)
-            ref = r.train(f"equal_{mode}", n, [*common, "train.checkpoint_every=1000000", f"train.parallel={mode}"])
         run = r.train(f"resume_{mode}", n, [*common, f"train.checkpoint_every={half}", f"train.parallel={mode}"],
                       kill=True)
+        ref = r.out / "runs" / f"equal_{mode}"  # the uninterrupted run of the equal stage, if it has our settings
+        if _settings(ref) != _settings(run):
+            ref = r.train(f"equal_{mode}", n, [*common, "train.checkpoint_every=1000000", f"train.parallel={mode}"])
         strip = lambda rows: [{k: v for k, v in x.items() if k != "wall_s"} for x in rows]  # noqa: E731
         got, want = strip(_rows(run / "metrics.jsonl")), strip(_rows(ref / "metrics.jsonl"))
         exact = got == want

@@ -167,3 +167,14 @@ def test_helpers_gather_pad_and_shard(multi):
     for name in ("residual.queries", "residual.key_norms"):
         shapes = [rk["placement"][name][2] for rk in ranks]
         assert shapes == [[3, 64], [2, 64]], (name, shapes)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="a machine with 2 GPUs runs the check itself")
+def test_multigpu_check_refuses_too_few_gpus(tmp_path, capsys):
+    from benchmarks.multigpu_check import main
+
+    out = tmp_path / "out"
+    assert main(["--out", str(out), "--device", "cuda", "--nproc", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --nproc 2 needs 2 visible GPUs") and err.count("\n") == 1
+    assert not out.exists()
