@@ -27,9 +27,15 @@ Writes ``$OUT/multigpu_check.json`` (results, pass flags, versions, the exact co
 ``equal_losses.csv``, ``throughput.csv`` and ``logs/``; run directories go to ``--scratch`` and lose
 their model.pt and checkpoint (GBs) after each run. Exit code 1 if a check failed, 2 on bad input.
 
-    OUT=results/gpu/multigpu python benchmarks/multigpu_check.py --out $OUT --stages equal resume
-    python benchmarks/multigpu_check.py --out $OUT --stages throughput --sizes 100M
-    # CPU rehearsal (gloo): --device cpu --nproc 2 --sizes debug model.preset=debug data.seq_len=64 ...
+    python benchmarks/multigpu_check.py --out $OUT/equal_resume --stages equal resume      # ~6-8 min, 2 GPUs
+    python benchmarks/multigpu_check.py --out $OUT/tp_100M --stages throughput --sizes 100M  # ~4 min
+    python benchmarks/multigpu_check.py --out $OUT/tp_1B --stages throughput --sizes 1B      # ~8 min
+    python benchmarks/multigpu_check.py --out $OUT/workflow --stages workflow --wf-corpus synthetic:5000000
+    # CPU rehearsal (gloo, 2 processes; key=value overrides first: options with several values take
+    # what follows them):
+    python benchmarks/multigpu_check.py model.preset=debug data.corpus=synthetic:100000 data.seq_len=64 \
+        data.val_tokens=512 train.threads=1 --out /tmp/mg --device cpu --dtype fp32 --steps 60 --micro 2 \
+        --variant mhar_eager --stages equal resume
 """
 from __future__ import annotations
 
@@ -336,6 +342,8 @@ def stage_workflow(r: Runner, res: dict) -> bool:
     overlay = {"results_dir": str(r.scratch / "wf_results"),
                "resources": {"gpus_per_run": n, "threads_per_run": 2 * n},
                "train": {"train": {"steps": a.steps}}}
+    if a.wf_corpus:
+        overlay["train"]["data"] = {"corpus": a.wf_corpus}
     overlay_path = r.out / "workflow_overlay.yaml"
     overlay_path.write_text(yaml.safe_dump(overlay, sort_keys=False))
     opts = ["-c", str(2 * n), "--resources", f"nvidia_gpu={n}", f"gpu={n}",
@@ -390,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wf-configfile", nargs="+", default=["config/gpu_small.yaml", "config/gpus2.yaml"],
                    help="workflow config file(s); an overlay with the GPU count, --steps and a scratch "
                         "results_dir is added after them")
+    p.add_argument("--wf-corpus", default=None,
+                   help="workflow: data.corpus instead of the config's (e.g. synthetic:5000000 without a data dir)")
     p.add_argument("--kill-delay", type=float, default=1.0, help="resume: seconds from the first checkpoint to the kill")
     p.add_argument("--run-timeout", type=float, default=900, help="seconds per training command")
     p.add_argument("--scratch", default=None, help="run directories (default: a temp dir)")
