@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 __all__ = ["DistEnv", "init_distributed", "shutdown", "barrier", "all_reduce_mean", "all_reduce_sum",
-           "wrap_model", "no_grad_sync", "resolve_device"]
+           "wrap_model", "no_grad_sync", "resolve_device", "gather_batches", "even_batches"]
 
 
 @dataclass
@@ -78,6 +78,52 @@ def all_reduce_sum(t: Tensor, env: DistEnv) -> Tensor:
 
 def all_reduce_mean(t: Tensor, env: DistEnv) -> Tensor:
     return all_reduce_sum(t, env) / env.world_size
+
+
+def gather_batches(batches: list[tuple[Tensor, Tensor]], env: DistEnv) -> list[tuple[Tensor, Tensor]]:
+    """Every rank's micro-batches of one step, in rank order (CPU tensors); a collective call.
+
+    Ranks hold contiguous, equal shares of the global batch (``mhar.data.BatchOrder``), so the
+    result is the step's micro-batches exactly as one process with the same ``micro_batch`` sees
+    them: a digest of it is comparable across world sizes. One process: ``batches`` unchanged.
+    """
+    if not env.distributed or not batches:
+        return batches
+    micro = [x.shape[0] for x, _ in batches]
+    share = torch.stack([torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])]).to(env.device)
+    parts = [torch.empty_like(share) for _ in range(env.world_size)]
+    dist.all_gather(parts, share)
+    out = []
+    for part in parts:
+        out += list(zip(part[0].cpu().split(micro), part[1].cpu().split(micro)))
+    return out
+
+
+def even_batches(batches: list[tuple[Tensor, Tensor]], env: DistEnv) -> list[tuple[Tensor, Tensor, float]]:
+    """``(x, y, weight)``: ``batches`` with weight 1, padded with weight-0 copies of a real batch
+    until every rank has as many as the rank with the most.
+
+    FSDP2 gathers parameters in every forward, so all ranks must run the same number of forwards
+    (a rank that stops early leaves the others waiting forever); the validation set split over
+    ranks is uneven whenever its size is not a multiple of ``world_size * micro_batch``.
+    Ranks with no batch at all pad with token id 0 in the shape of rank 0's first batch.
+    """
+    out = [(x, y, 1.0) for x, y in batches]
+    if not env.distributed:
+        return out
+    counts = torch.tensor([len(batches), -len(batches)], device=env.device)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    most, fewest = int(counts[0]), -int(counts[1])
+    if fewest == 0 and most > 0:  # some rank has nothing to copy: rank 0's first batch shape
+        shape = torch.tensor(list(batches[0][0].shape) if env.rank == 0 else [0, 0], device=env.device)
+        dist.broadcast(shape, src=0)
+    if len(out) < most:
+        if batches:
+            x, y = batches[0]
+        else:
+            x = y = torch.zeros(shape.tolist(), dtype=torch.long)
+        out += [(x, y, 0.0)] * (most - len(out))
+    return out
 
 
 def wrap_model(model: nn.Module, env: DistEnv) -> nn.Module:

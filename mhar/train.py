@@ -48,7 +48,8 @@ from .checkpoint import (CheckpointError, atomic_torch_save, atomic_write_bytes,
                          clean_stale_temps, load_error_brief, safe_torch_load, save_model)
 from .config import ConfigError
 from .data import DataError, TrainData, load_data
-from .distributed import DistEnv, all_reduce_mean, all_reduce_sum, barrier, init_distributed, no_grad_sync, shutdown, wrap_model
+from .distributed import (DistEnv, all_reduce_mean, all_reduce_sum, barrier, even_batches, gather_batches, init_distributed,
+                          no_grad_sync, shutdown, wrap_model)
 from .model import Transformer
 from .optim import EMA, batch_digest, load_init_weights, param_groups
 from .provenance import collect_provenance, utc_now
@@ -369,10 +370,11 @@ def evaluate(model: nn.Module, data: TrainData, cfg: RunConfig, env: DistEnv) ->
     model.eval()
     autocast = autocast_for(env.device, cfg.train.dtype)
     total = torch.zeros(2, dtype=torch.float64, device=env.device)
-    for x, y in data.val_batches(cfg.train.micro_batch, env.rank, env.world_size):
+    # equal forward counts on every rank (FSDP2 gathers parameters in each); padding has weight 0
+    for x, y, w in even_batches(list(data.val_batches(cfg.train.micro_batch, env.rank, env.world_size)), env):
         x, y = x.to(env.device), y.to(env.device)
         loss = micro_forward(model, x, y, autocast)[0]
-        total += torch.stack([loss.double() * y.numel(), torch.tensor(float(y.numel()), device=env.device).double()])
+        total += w * torch.stack([loss.double() * y.numel(), torch.tensor(float(y.numel()), device=env.device).double()])
     total = all_reduce_sum(total, env)
     model.train()
     return float(total[0] / total[1])
@@ -492,7 +494,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
                    "tokens": prog.tokens, "wall_s": round(prog.wall_s, 3), "flops": prog.flops,
                    **speed.add(step_s)}
             if t.log_batch_hash:
-                row["batch_sha256"] = batch_digest(batches)
+                row["batch_sha256"] = batch_digest(gather_batches(batches, env))  # the global batch
             metrics.write(row)
             bar.update(prog.step, row, speed.recent_tokens_per_s())
 

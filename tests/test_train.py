@@ -1,4 +1,4 @@
-"""Training loop: determinism, paired batches, exact resume, DDP, guards, and learning on real text."""
+"""Training loop: determinism, paired batches, exact resume, guards, and learning on real text (multi-process: test_distributed.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -7,7 +7,6 @@ import math
 import subprocess
 import sys
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -234,30 +233,7 @@ def test_cli_errors_are_clear(corpus, tmp_path, capsys, monkeypatch):
     assert "run_hash" in capsys.readouterr().out
 
 
-# --- DDP -----------------------------------------------------------------------------------------------
-def _ddp_worker(rank: int, world: int, port: int, corpus: str, cache: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    T.train(cfg_for(Path(corpus), Path(cache), "train.steps=4", "train.micro_batch=2"), out)
-
-
-def test_ddp_two_cpu_processes_match_single_process(corpus, tmp_path):
-    import torch.multiprocessing as mp
-
-    cache = tmp_path / "cache"
-    T.train(cfg_for(corpus, cache, "train.steps=4", "train.micro_batch=2"), tmp_path / "single")  # accum 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_ddp_worker, args=(2, port, str(corpus), str(cache), str(tmp_path / "ddp")), nprocs=2, join=True)
-    single, ddp = read_metrics(tmp_path / "single"), read_metrics(tmp_path / "ddp")
-    assert [(r["split"], r["step"]) for r in single] == [(r["split"], r["step"]) for r in ddp]
-    for a, b in zip(single, ddp):
-        key = "loss" if a["split"] == "train" else "val_loss"
-        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-5)
-        assert a["tokens"] == b["tokens"]
-    prov = json.loads((tmp_path / "ddp" / "provenance.json").read_text())
-    assert prov["world_size"] == 2 and prov["parallel"] == "ddp"
+# DDP and FSDP2 on 2 processes (vs 1 process with accumulation, batch hashes, resume): tests/test_distributed.py
 
 
 # --- learning on real English ---------------------------------------------------------------------------
