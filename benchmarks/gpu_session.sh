@@ -32,17 +32,17 @@ for stage in "$@"; do
       python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
       python3 -c "import snakemake, lm_eval, datasets; print('snakemake', snakemake.__version__, 'lm_eval', lm_eval.__version__, 'datasets', datasets.__version__)" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt" ;;
     tests)
-      timeout 240 python3 -m pytest -q -rs -x tests/test_fused_routing.py tests/test_step.py \
-        $(ls tests/test_generation.py 2>/dev/null) 2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
+      timeout 170 python3 -m pytest -q -rs tests/test_fused_routing.py tests/test_step.py tests/test_generate.py \
+        tests/test_bench_inference.py 2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
     op)
-      timeout 180 python3 -m benchmarks.bench_routing_op --graph 1 --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" | tail -20 ;;
+      timeout 70 python3 -m benchmarks.bench_routing_op --graph 1 --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" | tail -20 ;;
     train:*)
       IFS=: read -r _ sizes variants nsteps <<< "$stage"
       python3 -m benchmarks.bench_training --sizes $sizes --variants $variants --heads 8 --steps 20 --warmup 6 \
         --trainer-steps "${nsteps:-0}" --out "$OUT/training_${sizes// /-}.csv" 2>&1 | tee -a "$OUT/training.log" \
         | grep -v "^\[mhar.train\]" | tail -20 ;;
     infer)
-      timeout 150 python3 -m benchmarks.bench_inference --out "$OUT/inference.csv" 2>&1 | tee "$OUT/inference.log" | tail -12 ;;
+      timeout 90 python3 -m benchmarks.bench_inference --out "$OUT/inference.csv" 2>&1 | tee "$OUT/inference.log" | tail -12 ;;
     workflow:*)
       IFS=: read -r _ target secs <<< "$stage"
       "${SMK[@]}" --unlock "$target" > /dev/null 2>&1
