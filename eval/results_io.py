@@ -421,6 +421,8 @@ def load_bench(paths: Iterable[str | os.PathLike]):
             raise AnalysisInputError(f"{p}: benchmark CSV not found (run the cost benchmark first)")
         df = pd.read_csv(p)
         df.columns = [c.strip().lower() for c in df.columns]
+        if "mode" in df.columns:  # bench_training.py --trainer-steps rows re-measure the same step through
+            df = df[df["mode"].astype(str) != "trainer"].reset_index(drop=True)  # mhar.train: not repeats
         cols = {canon: next((a for a in aliases if a in df.columns), None) for canon, aliases in _BENCH_ALIASES.items()}
         if cols["tokens_per_s"] is None:
             raise AnalysisInputError(f"{p}: no tokens_per_s column (or one of {_BENCH_ALIASES['tokens_per_s']}): "
