@@ -11,10 +11,12 @@
 #   workflow:TARGET:SECONDS    snakemake --configfile config/gpu_small.yaml TARGET (resumable: rerun continues)
 #   dryrun                     snakemake -n of the same target (must plan nothing after a complete run)
 #   pack                       the workflow's small records (no weights) + reports/gpu_small -> $OUT/gpu_small.tgz
-# Data for the workflow: $MHAR_DATA_DIR (default .gpudata/data: a copy of the needed files of shared/data).
+# Data for the workflow: $MHAR_DATA_DIR (default .gpudata/data when present: a copy of the needed files of
+# shared/data; the device tool keeps a carried folder only for the call that carries it).
 set -o pipefail
 export PYTHONPATH=".:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=16
-export MHAR_DATA_DIR=${MHAR_DATA_DIR:-$PWD/.gpudata/data}
+# (exported only when the folder is there: the trainer refuses a data directory that does not exist)
+if [ -z "${MHAR_DATA_DIR:-}" ] && [ -d .gpudata/data ]; then export MHAR_DATA_DIR=$PWD/.gpudata/data; fi
 export PATH="/tmp/site/bin:$PATH"
 OUT=${OUT:-results/gpu/session}
 mkdir -p "$OUT"

@@ -202,7 +202,12 @@ def test_route_fused_matches_reference_fp32(N, B, T, D, H, algo):
     assert rel(out.cpu(), ref) <= 1e-5
     assert rel(w.cpu(), w_ref) <= 1e-5
     for name, a, b in zip(("sources", "query", "norm_weight"), g_f, g_ref):
-        assert rel(a.cpu(), b) <= 1e-5, name
+        if b.norm() == 0:  # N = 1: a softmax over one source is constant, the exact gradient is 0 and a GPU
+            # returns rounding noise (v6 forms <dout, out> and <dout, s> in two kernels): measure it on the
+            # scale of the op's gradients (the same rule as _check_router's vanishing gradients)
+            assert a.detach().double().cpu().norm() <= 1e-5 * g_ref[0].norm(), name
+        else:
+            assert rel(a.cpu(), b) <= 1e-5, name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
