@@ -7,6 +7,7 @@ Every loader fails with a message that names the file and the field and says wha
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -179,6 +180,13 @@ def load_summary(path: str | os.PathLike) -> RunSummary:
         raise AnalysisInputError(f"{p}: expected a JSON object")
     if d.get("tail_mean_val_loss") is None:
         raise AnalysisInputError(f"{p}: missing field 'tail_mean_val_loss' (see docs/ARCHITECTURE.md 'Run directory')")
+    bad = [k for k in ("tail_mean_val_loss", "final_val_loss") if isinstance(d.get(k), (int, float))
+           and not math.isfinite(d[k])]
+    bad += [f"val_losses[{i}]" for i, v in enumerate(d.get("val_losses") or [])
+            if isinstance(v, (list, tuple)) and len(v) == 2 and isinstance(v[1], (int, float)) and not math.isfinite(v[1])]
+    if bad:
+        raise AnalysisInputError(f"{p}: non-finite {', '.join(bad[:3])} (a diverged run); a table cannot compare it: "
+                                 "retrain it or leave it out of the inputs")
     ident = run_identity(d, p, p.parent)
     try:
         vl = [(int(s), float(v)) for s, v in d.get("val_losses") or []]
@@ -509,6 +517,10 @@ def run_cli(prog: str, produce, argv: Optional[Sequence[str]]) -> int:
         paths = produce(cmd)
     except AnalysisInputError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # an output location that cannot be written (a file in the way, no permission, ...)
+        where = f" {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"error: cannot write{where}: {e.strerror or e}; choose another --out", file=sys.stderr)
         return 2
     print("\n".join(map(str, paths)))
     return 0

@@ -205,6 +205,23 @@ def test_bad_inputs_give_clear_errors(tmp_path, capsys):
         io.load_summary(tmp_path / "nope.json")
 
 
+def test_nonfinite_summary_and_unwritable_out_are_one_line_errors(tmp_path, capsys):
+    """A diverged run's NaN loss is refused, not tabulated; an --out that cannot be written is an error line."""
+    good = fx.write_run(tmp_path, "baseline", "tiny", 0, 2.0)
+    bad = fx.write_run(tmp_path, "mhar", "tiny", 0, 2.0, heads=4)
+    s = json.loads(bad.read_text())  # write_run returns the summary.json path
+    s["tail_mean_val_loss"] = float("nan")
+    bad.write_text(json.dumps(s))
+    assert tables.main(["table1", "--inputs", str(good), str(bad), "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "non-finite tail_mean_val_loss" in err[0]
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert tables.main(["table1", "--inputs", str(good), "--out", str(blocker / "t")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot write")
+
+
 def test_same_run_twice_is_an_error(runs, tmp_path):
     with pytest.raises(io.AnalysisInputError, match="same run"):
         tables.table1([runs[0], runs[0]])
