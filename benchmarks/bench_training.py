@@ -6,7 +6,8 @@ forward + backward + grad clipping + fused AdamW on one microbatch of the paper 
 compiles, and the whole step replayed as one CUDA graph (``--graph 1``, the trainer's default on one GPU).
 Each (size, variant) runs in its own process (fresh allocator statistics, no shared compile state).
 Throughput is tokens/s over ``--steps`` timed steps after ``--warmup`` steps; peak memory is
-torch.cuda.max_memory_allocated over the timed steps. Ratios are against the baseline of the same size and
+torch.cuda.max_memory_allocated over the whole process (warm-up and graph capture included, as in
+the trainer's summary). Ratios are against the baseline of the same size and
 mode. ``--trainer-steps N`` adds, per row, a real ``python -m mhar.train`` run of the same configuration on
 synthetic tokens (mode=trainer: the median step time after warm-up from its summary.json), so the trainer
 and the step can be compared in one call.
@@ -46,30 +47,41 @@ def residual_for(variant: str, heads: int) -> dict:
     return res
 
 
-def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device: str, backend: str,
-            graph: bool = False) -> dict:
-    """Time the library's training step (``mhar.step.TrainStep``, what ``python -m mhar.train`` runs) on one
-    configuration in this process; returns a result row (no provenance). ``backend='none'``: no compile."""
+def build_step(size: str, variant: str, heads: int, device: str, compile: bool = True, graph: bool = False):
+    """The library's training step (``mhar.step.TrainStep``, what ``python -m mhar.train`` runs) for one
+    configuration, and host batches of the paper's microbatch: ``(step, batches, model)``."""
     from mhar.config import model_config
     from mhar.model import build_model
-    try:
-        from mhar.optim import param_groups
-    except ImportError:  # before the optimisation helpers moved out of mhar.cpt
-        from mhar.cpt.training import param_groups
-    from mhar.step import GRAPH_WARMUP, TrainStep, build_optimizer, plan_step
+    from mhar.optim import param_groups
+    from mhar.step import TrainStep, build_optimizer, plan_step
 
     torch.manual_seed(0)
     cfg = model_config(size, residual=residual_for(variant, heads))
     B, T = MICROBATCH[size]
     dev = torch.device(device)
     model = build_model(cfg).to(dev)
-    plan = plan_step(model, dev, compile=backend != "none", cuda_graph=bool(graph) and device == "cuda")
+    plan = plan_step(model, dev, compile=compile, cuda_graph=bool(graph) and device == "cuda")
     opt = build_optimizer(model, param_groups(model, 0.1), 5e-4, (0.9, 0.95), 1e-8, plan, dev)
     step = TrainStep(model, model, opt, plan, device=dev, dtype="bf16" if device == "cuda" else "fp32",
                      grad_clip=1.0)
     gen = torch.Generator().manual_seed(0)
     batches = [[(x, x.clone()) for x in [torch.randint(0, cfg.vocab_size, (B, T), generator=gen)]]
                for _ in range(4)]  # host batches, copied in by the step as the trainer's are
+    return step, batches, model
+
+
+def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device: str, backend: str,
+            graph: bool = False) -> dict:
+    """Time :func:`build_step`'s step in this process; returns a result row (no provenance).
+    ``backend='none'``: no compile. Peak memory covers the whole run (warm-up and CUDA-graph capture
+    included), as the trainer's summary does."""
+    from mhar.step import GRAPH_WARMUP
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    step, batches, model = build_step(size, variant, heads, device, compile=backend != "none", graph=graph)
+    plan = step.plan
+    B, T = MICROBATCH[size]
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     warmup = max(warmup, GRAPH_WARMUP + 1) if plan.cuda_graph else warmup  # the capture happens in warm-up
     t0 = time.perf_counter()
@@ -77,15 +89,13 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
         res = step(batches[i % len(batches)], 5e-4)
     sync()
     warm_s = time.perf_counter() - t0
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     for i in range(steps):
         res = step(batches[i % len(batches)], 5e-4)
     sync()
     dt = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    return dict(size=size, variant=variant, heads=heads if cfg.residual.variant != "baseline" else 0, B=B, T=T,
+    return dict(size=size, variant=variant, heads=heads if variant != "baseline" else 0, B=B, T=T,
                 params=model.num_params(), steps=steps, step_ms=round(1e3 * dt / steps, 2),
                 tokens_per_s=round(steps * B * T / dt, 1), peak_mem_gib=round(peak, 3),
                 warmup_s=round(warm_s, 1), final_loss=round(res.loss, 4), status="ok",

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/profile_step.py op 350M fused        # every routing call of one microbatch
     PYTHONPATH=. python benchmarks/profile_step.py op 350M fused_v5     # (impl names: bench_routing_op._router)
-    PYTHONPATH=. python benchmarks/profile_step.py train 100M mhar_fused_sub
+    PYTHONPATH=. python benchmarks/profile_step.py train 100M mhar_fused    # (variants: bench_training.VARIANTS)
 
 Prints, per iteration: wall ms (synchronised), summed CUDA kernel ms, kernel count, and the kernels with
 the most CUDA time. Wall >> kernel time means the GPU waits for the CPU (launch / Python overhead).
@@ -36,39 +36,12 @@ def _op_fn(size: str, impl: str):
 
 
 def _train_fn(size: str, variant: str):
-    """One optimizer step of bench_training's setup (bf16 autocast, compiled parts, fused AdamW)."""
-    from benchmarks import bench_training as bt
-    from mhar.config import model_config
-    from mhar.model import build_model
-    res = dict(bt.VARIANTS[variant])
-    if res["variant"] != "baseline":
-        res["heads"] = 8
-    cfg = model_config(size, residual=res)
-    B, T = bt.MICROBATCH[size]
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cuda.enable_math_sdp(False)
-    torch.backends.cuda.enable_mem_efficient_sdp(False)
-    model = build_model(cfg).to("cuda")
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-4, fused=True)
-    ids = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
-    if variant.startswith("mhar_fused_sub"):
-        for blk in model.layers:
-            blk.attn_sublayer = torch.compile(blk.attn_sublayer)
-            blk.mlp_sublayer = torch.compile(blk.mlp_sublayer)
-        head = torch.compile(lambda h, labels: bt._head_loss(model, h, labels))
-        forward = lambda: head(model.hidden(ids), ids)  # noqa: E731
-    else:
-        hidden = torch.compile(model.hidden)
-        head = torch.compile(lambda h, labels: bt._head_loss(model, h, labels))
-        forward = lambda: head(hidden(ids), ids)  # noqa: E731
+    """One optimizer step of the library's training step (benchmarks.bench_training.build_step: compiled
+    pieces and fused AdamW, no CUDA graph so the profiler sees the kernels)."""
+    from benchmarks.bench_training import build_step
 
-    def fn():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = forward()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return fn
+    step, batches, _ = build_step(size, variant, 8, "cuda", compile=True, graph=False)
+    return lambda: step(batches[0], 5e-4)
 
 
 def main(argv=None) -> None:

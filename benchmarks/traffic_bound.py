@@ -52,7 +52,12 @@ def unit_bytes(size: str) -> int:
     return sum(routing_reads(cfg["n_layers"])) * B * T * cfg["d_model"] * BYTES_PER_ELT
 
 
-def bound_rows(training: list[dict], hbm_gbps: float, fused: str = "mhar_fused_sub", heads: int = 8) -> list[dict]:
+FUSED_VARIANTS = ("mhar_fused", "mhar_fused_sub")  # bench_training's name, and the name of records before 2026-12-01
+
+
+def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIANTS, heads: int = 8) -> list[dict]:
+    fused = (fused,) if isinstance(fused, str) else tuple(fused)
+    training = [r for r in training if r.get("mode", "step") != "trainer"]  # the step rows (same step, one each)
     rows = []
     for size in ("100M", "350M", "1B"):
         base = next((r for r in training if r["size"] == size and r["variant"] == "baseline"
@@ -75,7 +80,7 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: str = "mhar_fused_s
             row[f"{name}_gb"] = round(nbytes / 1e9, 3)
             row[f"{name}_ideal_ms"] = round(ideal, 2)
             row[f"{name}_bound_ratio"] = round(base_ms / (base_ms + ideal), 4)
-        run = next((r for r in training if r["size"] == size and r["variant"] == fused
+        run = next((r for r in training if r["size"] == size and r["variant"] in fused
                     and r.get("status", "ok") == "ok"), None)
         row["measured_ratio"] = round(base_ms / float(run["step_ms"]), 4) if run else None
         row["measured_gap_ms"] = round(float(run["step_ms"]) - base_ms, 2) if run else None
@@ -92,7 +97,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     for p in [args.training] + ([] if args.hbm_gbps else [args.op]):
         if not Path(p).is_file():
-            print(f"error: {p} not found (run the GPU benchmarks first: benchmarks/run_gpu.sh)", file=sys.stderr)
+            print(f"error: {p} not found (run the GPU benchmarks first: benchmarks/gpu_session.sh)", file=sys.stderr)
             return 2
     training = list(csv.DictReader(open(args.training, newline="")))
     hbm = args.hbm_gbps or float(next(csv.DictReader(open(args.op, newline="")))["hbm_gbps"])

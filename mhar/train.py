@@ -441,7 +441,6 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
     step_fn = TrainStep(model, raw, opt, plan, device=env.device, dtype=t.dtype, grad_clip=t.grad_clip,
                         z_weight=t.z_loss, grad_sync=lambda i, n: no_grad_sync(model, env, skip=i < n - 1),
                         reduce_mean=lambda v: all_reduce_mean(v, env))
-    fwd = model  # compiled pieces (if any) are in place on the model
 
     if env.is_main:
         rd.path.mkdir(parents=True, exist_ok=True)
@@ -500,7 +499,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
 
             final = prog.step == t.steps
             if prog.step % t.eval_every == 0 or final:
-                val = evaluate(fwd, data, cfg, env)
+                val = evaluate(model, data, cfg, env)
                 if not (math.isfinite(val) and (not final or _weights_finite(model, env))):
                     raise _diverged(rd, prog, env, "validation loss/weights", step=prog.step, val_loss=val)
                 prog.val_losses.append([prog.step, val])
@@ -531,7 +530,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
     else:  # model.pt holds the EMA weights (what gets evaluated), model_raw.pt the last iterate
         _export_model(rd.path / "model_raw.pt", model, raw, cfg, env, {**extra, "weights": "raw"})
         with ema.applied():
-            summary["final_val_loss_ema"] = evaluate(fwd, data, cfg, env)
+            summary["final_val_loss_ema"] = evaluate(model, data, cfg, env)
             _export_model(rd.model, model, raw, cfg, env, {**extra, "weights": f"ema{t.ema_decay}"})
     if env.is_main:
         atomic_write_json(rd.summary, summary)

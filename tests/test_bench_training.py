@@ -1,5 +1,5 @@
 """The training benchmark's CPU path: one process per (size, variant), a CSV row per run with ratios and
-provenance columns (the GPU numbers themselves come from benchmarks/run_gpu.sh, results/bench/)."""
+provenance columns (the GPU numbers themselves come from benchmarks/gpu_session.sh, results/bench/)."""
 from __future__ import annotations
 
 import csv

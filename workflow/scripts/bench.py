@@ -8,8 +8,8 @@ sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)
 
 # cost.providers -> benchmark variants (routing implementations of MHAR vs the baseline)
-# (the measured configurations: sublayers compiled, routing between them; see benchmarks/bench_training.py)
-VARIANT_OF = {"baseline": "baseline", "eager": "mhar_eager", "compile": "mhar_compile_sub", "fused": "mhar_fused_sub"}
+# (the library's training step, mhar.step.TrainStep; see benchmarks/bench_training.py)
+VARIANT_OF = {"baseline": "baseline", "eager": "mhar_eager", "compile": "mhar_compile", "fused": "mhar_fused"}
 cmd = [sys.executable, "-m", "benchmarks.bench_training", "--sizes", *sm.params.sizes,
        "--variants", *[VARIANT_OF[p] for p in sm.params.providers], "--heads", sm.params.heads,
        "--out", sm.output[0]]
