@@ -307,24 +307,12 @@ def model_identity(model_path: str, lm: Any) -> dict:
     return {"run": extra.get("run"), "weights_sha256": verify_sha256(path, required=False) if path.is_file() else None}
 
 
-def evaluate_task(lm, model_info: dict, task_name: str, source: DataSource, task_manager, subset: Subset,
-                  out_dir: Path, bootstrap_iters: int = 100000, model_path: str = "",
-                  identity: Optional[dict] = None, num_fewshot: Optional[int] = None) -> dict:
-    """Run ``task_name`` on the selected documents; write samples.jsonl and results.json.
-
-    ``identity``: ``run`` + ``weights_sha256`` of the model (written into results.json). ``num_fewshot``:
-    None = the task's own setting; N is honoured when the task has a few-shot source (a fewshot or
-    training split) and refused (ValueError) when it has none or is zero-shot by definition. GPQA's answer
-    order is the seeded stock order on the hub path too."""
-    import lm_eval
-    from lm_eval.evaluator import simple_evaluate
-
+def load_task(task_name: str, source: DataSource, task_manager, num_fewshot: Optional[int] = None):
+    """The lm-eval task object, ready to run: checked (``check_task``), GPQA's answer order seeded, and
+    ``num_fewshot`` honoured or refused (ValueError) where the task has no few-shot source."""
     check_task(task_name, source, task_manager)
     try:
         task = task_manager.load([task_name])["tasks"][task_name]
-    except KeyError:
-        known = STANDARD_TASKS if not source.is_local else sorted(p for p in task_manager.all_subtasks)
-        raise KeyError(f"unknown task {task_name!r} for {source.describe()}; known: {', '.join(known)}") from None
     except Exception as e:
         if source.is_local:
             raise
@@ -336,6 +324,20 @@ def evaluate_task(lm, model_info: dict, task_name: str, source: DataSource, task
     if num_fewshot is not None:
         check_fewshot(task, task_name, num_fewshot, source)
         task.set_config(key="num_fewshot", value=num_fewshot)
+    return task
+
+
+def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource, task_manager, subset: Subset,
+                  out_dir: Path, bootstrap_iters: int = 100000, model_path: str = "",
+                  identity: Optional[dict] = None) -> dict:
+    """Run the loaded ``task`` (see :func:`load_task`) on the selected documents; write samples.jsonl and
+    results.json. ``identity``: ``run`` + ``weights_sha256`` of the model (written into results.json).
+    ``num_fewshot`` (set by load_task): None = the task's own setting; N is honoured when the task has a
+    few-shot source (a fewshot or training split) and refused when it has none or is zero-shot by definition.
+    GPQA's answer order is the seeded stock order on the hub path too."""
+    import lm_eval
+    from lm_eval.evaluator import simple_evaluate
+
     n_docs = len(task.eval_docs)
     doc_ids = subset.doc_ids(n_docs)
     kwargs: dict[str, Any] = {}
@@ -422,8 +424,8 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     source = DataSource.from_env(data_dir)
     with _caller_rng_kept():  # model building and lm-eval consume / reseed the global RNGs
         tm = source.task_manager()
-        for name in task_list:  # every task is checked before any model is loaded or result written
-            check_task(name, source, tm)
+        # every task is checked and loaded (few-shot settings too) before any model is loaded or result written
+        tasks = {name: load_task(name, source, tm, num_fewshot) for name in task_list}
         if lm is None:
             lm, info = ModelSpec(str(model_path), device, batch_size, max_length, dtype).load()
         else:
@@ -432,8 +434,8 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
         out = {}
         for name in task_list:
             log.info("evaluating %s on %s (%s, %s)", model_path, name, sub, source.describe())
-            out[name] = evaluate_task(lm, info, name, source, tm, sub, Path(out_dir), bootstrap_iters, str(model_path),
-                                      identity, num_fewshot=num_fewshot)
+            out[name] = evaluate_task(lm, info, tasks[name], name, source, tm, sub, Path(out_dir), bootstrap_iters,
+                                      str(model_path), identity)
     return out
 
 

@@ -70,6 +70,11 @@ def test_num_fewshot_refused_without_a_fewshot_split(ckpt, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and err[-1].startswith(f"error: task {task}:"), err
     assert not out.exists() or not any(out.rglob("*.json*"))  # nothing written
+    # a list whose first task honours --num_fewshot and whose second refuses it: refused before anything runs
+    rc = main(["--model", str(ckpt), "--tasks", "gsm8k,wikitext", "--limit", "1", "--device", "cpu",
+               "--num_fewshot", "2", "--out", str(out)])
+    assert rc == 2 and capsys.readouterr().err.strip().splitlines()[-1].startswith("error: task wikitext:")
+    assert not out.exists() or not any(out.rglob("*.json*"))
 
 
 @pytest.mark.skipif(not DATA, reason="needs MHAR_DATA_DIR")
