@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 from torch import Tensor
 
 from mhar import env
+from mhar.atomic import atomic_write_text
 
 ROUTED_VARIANTS = ("attnres", "mhar")
 
@@ -223,11 +223,7 @@ def run_probe(model_path: str | Path, out: str | Path, slices: int = 4, batch: i
     ids, src = probe_tokens(tok, model.cfg.vocab_size, batch, seq_len, text, seed, data_dir)
     d = probe_model(model, ids, slices, null_draws, seed, str(model_path), src).to_dict()
     d["provenance"] = provenance([str(model_path)] + ([text] if text else []))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(d, indent=1))
-    os.replace(tmp, out)
+    atomic_write_text(Path(out), json.dumps(d, indent=1))  # same-folder temp + fsync + rename
     return d
 
 

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from mhar.atomic import atomic_write_text
+
 from . import results_io as io
 from . import verdict as vd
 
@@ -222,10 +224,7 @@ def build_report(reports: str | Path, out: str | Path) -> str:
     lines += ["## Missing", ""] + ([f"- {m}" for m in missing] if missing
                                    else ["Nothing: every table and figure is present."])
     text = "\n".join(lines) + "\n"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, out)
+    atomic_write_text(out, text)  # same-folder temp + fsync + rename
     return text
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io as io_text
 import json
 import math
 import sys
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
+
+from mhar.atomic import atomic_write_text
 
 from . import results_io as io
 from . import stats as st
@@ -168,13 +171,13 @@ def write_table(t: Table, prefix: str | Path) -> list[Path]:
     prefix.parent.mkdir(parents=True, exist_ok=True)
     paths = [prefix.with_name(prefix.name + ext) for ext in (".csv", ".md", ".tex")]
     fields = t.csv_fields()
-    with open(paths[0], "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        for r in t.rows:
-            w.writerow({k: ("" if not _ok(r.get(k)) else r.get(k)) for k in fields})
-    paths[1].write_text(to_markdown(t))
-    paths[2].write_text(to_latex(t))
+    buf = io_text.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+    w.writeheader()
+    for r in t.rows:
+        w.writerow({k: ("" if not _ok(r.get(k)) else r.get(k)) for k in fields})
+    for path, text in zip(paths, (buf.getvalue(), to_markdown(t), to_latex(t))):
+        atomic_write_text(path, text)  # same-folder temp + fsync + rename: a kill never leaves half a table
     return paths
 
 

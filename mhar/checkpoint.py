@@ -19,10 +19,11 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
+from .atomic import _fsync_dir, _tmp_of, atomic_write_bytes, atomic_write_text  # noqa: F401 (re-exported)
 from .config import ConfigError, model_config_from_dict, to_dict
 
 FORMAT = "mhar-model-v1"
@@ -31,48 +32,6 @@ MODEL_FILE = "model.pt"
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, corrupt or of the wrong format."""
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _tmp_of(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: "bytes | Callable[[BinaryIO], None]") -> Path:
-    """Write ``data`` (bytes, or a function writing to a binary file) to ``path`` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_of(path)
-    try:
-        with open(tmp, "wb") as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 1) -> Path:
