@@ -308,9 +308,8 @@ def model_identity(model_path: str, lm: Any) -> dict:
 
 
 def load_task(task_name: str, source: DataSource, task_manager, num_fewshot: Optional[int] = None):
-    """The lm-eval task object, ready to run: checked (``check_task``), GPQA's answer order seeded, and
+    """The lm-eval task object (after ``check_task``), ready to run: GPQA's answer order seeded, and
     ``num_fewshot`` honoured or refused (ValueError) where the task has no few-shot source."""
-    check_task(task_name, source, task_manager)
     try:
         task = task_manager.load([task_name])["tasks"][task_name]
     except Exception as e:
@@ -424,13 +423,15 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     source = DataSource.from_env(data_dir)
     with _caller_rng_kept():  # model building and lm-eval consume / reseed the global RNGs
         tm = source.task_manager()
-        # every task is checked and loaded (few-shot settings too) before any model is loaded or result written
-        tasks = {name: load_task(name, source, tm, num_fewshot) for name in task_list}
+        for name in task_list:  # every task name and data file is checked before anything is loaded
+            check_task(name, source, tm)
         if lm is None:
             lm, info = ModelSpec(str(model_path), device, batch_size, max_length, dtype).load()
         else:
             info = lm.describe() if hasattr(lm, "describe") else {"adapter": type(lm).__name__}
         identity = model_identity(str(model_path), lm)
+        # every task is loaded (few-shot settings checked) before any result is written
+        tasks = {name: load_task(name, source, tm, num_fewshot) for name in task_list}
         out = {}
         for name in task_list:
             log.info("evaluating %s on %s (%s, %s)", model_path, name, sub, source.describe())
