@@ -155,6 +155,8 @@ def main(argv=None) -> None:
     ap.add_argument("--trainer-steps", type=int, default=0,
                     help="> 0: after each benchmark row, train that many steps of the same configuration with "
                          "`python -m mhar.train` (synthetic tokens) and add a row (mode=trainer) with its steady tok/s")
+    ap.add_argument("--trainer-only", action="store_true",
+                    help="with --trainer-steps: only the trainer rows (no benchmark rows)")
     ap.add_argument("--out", default="results/bench/training.csv")
     ap.add_argument("--one", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -179,8 +181,21 @@ def main(argv=None) -> None:
         print(json.dumps(row), flush=True)
         write_csv(args.out, [{**{k: r.get(k) for k in keys}, **env} for r in rows])
 
+    def add_trainer_row(size: str, variant: str) -> None:
+        t0 = time.time()
+        try:
+            row = run_trainer(size, variant, args.heads, args.trainer_steps, args.device,
+                              Path("results/cache/bench_runs"), args.timeout)
+        except subprocess.TimeoutExpired:
+            row = dict(status=f"timeout after {args.timeout:.0f}s")
+        row.update(size=size, variant=variant, mode="trainer", wall_s=round(time.time() - t0, 1))
+        add(row)
+
     for size in args.sizes:
         for variant in args.variants:
+            if args.trainer_only and args.trainer_steps > 0:
+                add_trainer_row(size, variant)
+                continue
             cmd = [sys.executable, "-m", "benchmarks.bench_training", "--one", size, variant,
                    "--heads", str(args.heads), "--steps", str(args.steps), "--warmup", str(args.warmup),
                    "--device", args.device, "--backend", args.backend, "--graph", str(args.graph)]
@@ -200,14 +215,7 @@ def main(argv=None) -> None:
             row.update(mode="step", wall_s=round(time.time() - t0, 1))
             add(row)
             if args.trainer_steps > 0:
-                t0 = time.time()
-                try:
-                    row = run_trainer(size, variant, args.heads, args.trainer_steps, args.device,
-                                      Path("results/cache/bench_runs"), args.timeout)
-                except subprocess.TimeoutExpired:
-                    row = dict(status=f"timeout after {args.timeout:.0f}s")
-                row.update(size=size, variant=variant, mode="trainer", wall_s=round(time.time() - t0, 1))
-                add(row)
+                add_trainer_row(size, variant)
 
 
 if __name__ == "__main__":

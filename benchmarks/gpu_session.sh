@@ -4,11 +4,15 @@
 #       "workflow:all:540" pack
 # Stages
 #   setup                      install carried wheels (.whl/, see README "GPU quick start") into /tmp/site; versions
-#   tests                      the GPU tests: fused routing kernels, the training step, generation (skip without CUDA)
-#   op                         routing op alone: every kernel version side by side (bench_routing_op.py)
+#   tests                      the GPU tests: fused routing kernels (one launch configuration each:
+#                              MHAR_ROUTING_AUTOTUNE=0), the training step, generation (skip without CUDA)
+#   op                         routing op alone: v6, v6 with forward groups of 8, v5 side by side (bench_routing_op.py)
 #   train:SIZES:VARIANTS[:N]   bench_training.py: the library step per (size, variant), then N trainer steps
+#   trainer:SIZES:VARIANTS:N   bench_training.py --trainer-only: N steps of `python -m mhar.train` per (size, variant)
 #   infer                      bench_inference.py: prefill / decode / memory, baseline vs MHAR
 #   workflow:TARGET:SECONDS    snakemake --configfile config/gpu_small.yaml TARGET (resumable: rerun continues)
+#   bgworkflow:TARGET:SECONDS  the same in the background (the next stages run meanwhile; `wait` joins it)
+#   wait                       wait for a background workflow
 #   dryrun                     snakemake -n of the same target (must plan nothing after a complete run)
 #   pack                       the workflow's small records (no weights) + reports/gpu_small -> $OUT/gpu_small.tgz
 # Data for the workflow: $MHAR_DATA_DIR (default .gpudata/data when present: a copy of the needed files of
@@ -20,7 +24,7 @@ if [ -z "${MHAR_DATA_DIR:-}" ] && [ -d .gpudata/data ]; then export MHAR_DATA_DI
 export PATH="/tmp/site/bin:$PATH"
 OUT=${OUT:-results/gpu/session}
 mkdir -p "$OUT"
-SMK=(python3 -m snakemake --configfile config/gpu_small.yaml --profile profiles/local --resources nvidia_gpu=4
+SMK=(python3 -m snakemake --configfile config/gpu_small.yaml --profile profiles/local --resources nvidia_gpu=${GPU_JOBS:-4}
      --cores 16 --scheduler greedy)
 for stage in "$@"; do
   echo "=== $(date -u +%H:%M:%S) stage $stage" | tee -a "$OUT/session.log"
@@ -34,14 +38,20 @@ for stage in "$@"; do
       python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
       python3 -c "import snakemake, lm_eval, datasets; print('snakemake', snakemake.__version__, 'lm_eval', lm_eval.__version__, 'datasets', datasets.__version__)" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt" ;;
     tests)
-      timeout 170 python3 -m pytest -q -rs tests/test_fused_routing.py tests/test_step.py tests/test_generate.py \
-        tests/test_bench_inference.py 2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
+      MHAR_ROUTING_AUTOTUNE=0 timeout "${TESTS_SECONDS:-240}" python3 -m pytest -q -rs tests/test_fused_routing.py \
+        tests/test_step.py tests/test_generate.py tests/test_bench_inference.py 2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
     op)
-      timeout 70 python3 -m benchmarks.bench_routing_op --graph 1 --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" | tail -20 ;;
+      timeout 150 python3 -m benchmarks.bench_routing_op --graph 1 --impls fused fused_g8 fused_v5 \
+        --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" | tail -20 ;;
     train:*)
       IFS=: read -r _ sizes variants nsteps <<< "$stage"
       python3 -m benchmarks.bench_training --sizes $sizes --variants $variants --heads 8 --steps 20 --warmup 6 \
         --trainer-steps "${nsteps:-0}" --out "$OUT/training_${sizes// /-}.csv" 2>&1 | tee -a "$OUT/training.log" \
+        | grep -v "^\[mhar.train\]" | tail -20 ;;
+    trainer:*)
+      IFS=: read -r _ sizes variants nsteps <<< "$stage"
+      python3 -m benchmarks.bench_training --sizes $sizes --variants $variants --heads 8 --trainer-only \
+        --trainer-steps "$nsteps" --out "$OUT/trainer_${sizes// /-}.csv" 2>&1 | tee -a "$OUT/training.log" \
         | grep -v "^\[mhar.train\]" | tail -20 ;;
     infer)
       timeout 90 python3 -m benchmarks.bench_inference --out "$OUT/inference.csv" 2>&1 | tee "$OUT/inference.log" | tail -12 ;;
@@ -50,6 +60,15 @@ for stage in "$@"; do
       "${SMK[@]}" --unlock "$target" > /dev/null 2>&1
       timeout "${secs:-540}" "${SMK[@]}" --keep-going "$target" > "$OUT/workflow_$target.log" 2>&1
       echo "snakemake exit $?"; grep -E "steps \([0-9]+%\) done|Error|error:" "$OUT/workflow_$target.log" | tail -8 ;;
+    bgworkflow:*)
+      IFS=: read -r _ target secs <<< "$stage"
+      "${SMK[@]}" --unlock "$target" > /dev/null 2>&1
+      (timeout "${secs:-540}" "${SMK[@]}" --keep-going "$target" > "$OUT/workflow_$target.log" 2>&1
+       echo "snakemake exit $?" >> "$OUT/session.log") &
+      BG=$! ;;
+    wait)
+      [ -n "${BG:-}" ] && wait "$BG"; tail -1 "$OUT/session.log"
+      grep -E "steps \([0-9]+%\) done|Error|error:" "$OUT"/workflow_*.log | tail -8 ;;
     dryrun)
       "${SMK[@]}" -n all 2>&1 | tee "$OUT/dryrun_after.log" | tail -5 ;;
     pack)

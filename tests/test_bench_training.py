@@ -41,3 +41,15 @@ def test_bench_training_rejects_unknown_variant(capsys):
     with pytest.raises(SystemExit):
         bench_training.main(["--variants", "mhar_turbo", "--device", "cpu"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_bench_training_trainer_only_rows(tmp_path, monkeypatch):
+    """--trainer-only: the trainer rows alone (a row missing from an earlier GPU call, without re-timing the step)."""
+    from benchmarks import bench_training
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "trainer.csv"
+    bench_training.main(["--sizes", "debug", "--variants", "baseline", "--device", "cpu", "--backend", "none",
+                         "--graph", "0", "--trainer-steps", "6", "--trainer-only", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["variant"], r["mode"], r["status"]) for r in rows] == [("baseline", "trainer", "ok")]
+    assert float(rows[0]["tokens_per_s"]) > 0
