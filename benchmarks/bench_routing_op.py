@@ -7,7 +7,7 @@ Two measurements per model size (shapes of mhar.config PRESETS, the paper's micr
 * ``microbatch``: every routing call of one microbatch (2L+1 reads interleaved with
   appends, sources independent random tensors), as in a training step.
 
-Columns: ms (median, triton.testing.do_bench) for fwd and fwd+bwd (bwd = difference),
+Columns: ms (median, triton.testing.do_bench; ``--graph 1``: median CUDA-graph replay, ``graph_ms``) for fwd and fwd+bwd (bwd = difference),
 ``min_bytes`` = what a one-pass-per-call algorithm must move (fwd: read n sources,
 write the output; bwd: read n sources and dout, write n source gradients), effective
 GB/s = min_bytes / time and its fraction of the measured HBM copy bandwidth.
@@ -139,6 +139,34 @@ def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int) -> tuple[int, 
     return None
 
 
+def graph_ms(fn, warmup: int = 3, reps: int = 30) -> float:
+    """Median ms of one CUDA-graph replay of ``fn``. Warm-up (autotuning included) and capture run on ONE side
+    stream, PyTorch's capture recipe (the training step's too): autograd nodes made by a warm-up on another stream
+    and kept alive (the leaves' AccumulateGrad) would make the captured backward sync with the legacy stream,
+    which invalidates the capture (triton.testing.do_bench_cudagraph warms up and captures on two streams)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    del g
+    return sorted(times)[len(times) // 2]
+
+
 def bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
     router = _router(impl)
     srcs, qs, gs = _inputs(c)
@@ -159,12 +187,11 @@ def bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
         for p in params:
             p.grad = None
     try:
-        fwd_bwd()  # warm-up / compile
         if graph:  # replayed CUDA graphs: kernel time without the per-call CPU work (as in a graphed step)
-            fwd()
-            t_f = triton.testing.do_bench_cudagraph(fwd, rep=50, return_mode="median")
-            t_fb = triton.testing.do_bench_cudagraph(fwd_bwd, rep=50, return_mode="median")
+            t_fb = graph_ms(fwd_bwd)
+            t_f = graph_ms(fwd)
         else:
+            fwd_bwd()  # warm-up / compile
             t_f = triton.testing.do_bench(fwd, warmup=5, rep=50, return_mode="median")
             t_fb = triton.testing.do_bench(fwd_bwd, warmup=5, rep=50, return_mode="median")
         status = "ok"

@@ -14,6 +14,8 @@
 #   bgworkflow:TARGET:SECONDS  the same in the background (the next stages run meanwhile; `wait` joins it)
 #   wait                       wait for a background workflow
 #   dryrun                     snakemake -n of the same target (must plan nothing after a complete run)
+#   summary                    snakemake --summary all: every output file of the workflow with its state
+#   pytest:ARGS                python -m pytest ARGS (verbose, short tracebacks), appended to tests_gpu.log
 #   pack                       the workflow's small records (no weights) + reports/gpu_small -> $OUT/gpu_small.tgz
 # Data for the workflow: $MHAR_DATA_DIR (default .gpudata/data when present: a copy of the needed files of
 # shared/data; the device tool keeps a carried folder only for the call that carries it).
@@ -69,6 +71,13 @@ for stage in "$@"; do
     wait)
       [ -n "${BG:-}" ] && wait "$BG"; tail -1 "$OUT/session.log"
       grep -E "steps \([0-9]+%\) done|Error|error:" "$OUT"/workflow_*.log | tail -8 ;;
+    summary)
+      ls -d results/runs/*/*/*/* 2>/dev/null | wc -l | sed 's/^/run folders: /' | tee "$OUT/summary.log"
+      "${SMK[@]}" --summary all >> "$OUT/summary.log" 2>&1
+      awk -F'\t' 'NF > 4 {print $(NF-1) " / " $NF}' "$OUT/summary.log" | sort | uniq -c | tail -8 ;;
+    pytest:*)
+      MHAR_ROUTING_AUTOTUNE=0 timeout "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs ${stage#pytest:} \
+        2>&1 | tee -a "$OUT/tests_gpu.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Error|assert" | tail -40 ;;
     dryrun)
       "${SMK[@]}" -n all 2>&1 | tee "$OUT/dryrun_after.log" | tail -5 ;;
     pack)
