@@ -6,7 +6,7 @@
 #   setup                      install carried wheels (.whl/, see README "GPU quick start") into /tmp/site; versions
 #   tests                      the GPU tests: fused routing kernels (one launch configuration each:
 #                              MHAR_ROUTING_AUTOTUNE=0), the training step, generation (skip without CUDA)
-#   op                         routing op alone: v6, v6 with forward groups of 8, v5 side by side (bench_routing_op.py)
+#   op[:SIZES]                 routing op alone: v6, v6 with forward groups of 8, v5 side by side (bench_routing_op.py)
 #   train:SIZES:VARIANTS[:N]   bench_training.py: the library step per (size, variant), then N trainer steps
 #   trainer:SIZES:VARIANTS:N   bench_training.py --trainer-only: N steps of `python -m mhar.train` per (size, variant)
 #   infer                      bench_inference.py: prefill / decode / memory, baseline vs MHAR
@@ -42,8 +42,9 @@ for stage in "$@"; do
     tests)
       MHAR_ROUTING_AUTOTUNE=0 timeout "${TESTS_SECONDS:-240}" python3 -m pytest -q -rs tests/test_fused_routing.py \
         tests/test_step.py tests/test_generate.py tests/test_bench_inference.py 2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
-    op)
-      timeout 150 python3 -m benchmarks.bench_routing_op --graph 1 --impls fused fused_g8 fused_v5 \
+    op|op:*)
+      sizes=${stage#op}; sizes=${sizes#:}
+      timeout 150 python3 -m benchmarks.bench_routing_op --graph 1 --impls fused fused_g8 fused_v5 --sizes ${sizes:-100M 350M 1B} \
         --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" | tail -20 ;;
     train:*)
       IFS=: read -r _ sizes variants nsteps <<< "$stage"
@@ -76,7 +77,8 @@ for stage in "$@"; do
       "${SMK[@]}" --summary all >> "$OUT/summary.log" 2>&1
       awk -F'\t' 'NF > 4 {print $(NF-1) " / " $NF}' "$OUT/summary.log" | sort | uniq -c | tail -8 ;;
     pytest:*)
-      MHAR_ROUTING_AUTOTUNE=0 timeout "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs ${stage#pytest:} \
+      eval "pargs=(${stage#pytest:})"  # shell words: -k "a or b" stays one argument
+      MHAR_ROUTING_AUTOTUNE=0 timeout "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs "${pargs[@]}" \
         2>&1 | tee -a "$OUT/tests_gpu.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Error|assert" | tail -40 ;;
     dryrun)
       "${SMK[@]}" -n all 2>&1 | tee "$OUT/dryrun_after.log" | tail -5 ;;
