@@ -414,10 +414,50 @@ PROVIDER_NAMES = {"baseline": "baseline", "mhar_eager": "eager", "eager": "eager
                   "mhar_compile_sub": "compile", "mhar_fused_sub": "fused"}
 
 
+_INFERENCE_COLS = ("size", "variant", "routing_impl", "prefill_tok_s", "decode_ms_per_token", "peak_mem_gib")
+
+
+def _is_inference(df) -> bool:
+    return "prefill_tok_s" in df.columns
+
+
+def load_inference(paths: Iterable[str | os.PathLike]):
+    """The inference records (``benchmarks/bench_inference.py`` CSVs) among ``paths``, one DataFrame with
+    columns size, provider (baseline / the routing implementation), prefill_tok_s, decode_ms_per_token,
+    peak_mem_gb, source; empty when none is listed. A listed inference CSV without these columns is an error."""
+    import pandas as pd
+
+    frames = []
+    for p in paths:
+        p = Path(p)
+        if not p.is_file():
+            raise AnalysisInputError(f"{p}: benchmark CSV not found (run the benchmark first)")
+        df = pd.read_csv(p, keep_default_na=False, na_values=[""])
+        df.columns = [c.strip().lower() for c in df.columns]
+        if not _is_inference(df):
+            continue
+        missing = [c for c in _INFERENCE_COLS if c not in df.columns]
+        if missing:
+            raise AnalysisInputError(f"{p}: inference record without columns {missing}: not a "
+                                     "benchmarks/bench_inference.py CSV")
+        out = pd.DataFrame({
+            "size": df["size"].astype(str),
+            "provider": ["baseline" if str(v) == "baseline" else PROVIDER_NAMES.get(str(i).lower(), str(i).lower())
+                         for v, i in zip(df["variant"], df["routing_impl"])],
+            "prefill_tok_s": pd.to_numeric(df["prefill_tok_s"], errors="coerce"),
+            "decode_ms_per_token": pd.to_numeric(df["decode_ms_per_token"], errors="coerce"),
+            "peak_mem_gb": pd.to_numeric(df["peak_mem_gib"], errors="coerce"),
+            "source": str(p)})
+        frames.append(out)
+    cols = ["size", "provider", "prefill_tok_s", "decode_ms_per_token", "peak_mem_gb", "source"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+
+
 def load_bench(paths: Iterable[str | os.PathLike]):
     """Concatenate training-throughput benchmark CSVs into one DataFrame with columns size, provider
     (baseline/eager/compile/fused), tokens_per_s, peak_mem_gb, ratio (throughput / baseline throughput),
-    status, source. ``paths`` is an explicit list (the workflow's ``cost.bench_files``): a listed CSV that is
+    status, source. ``paths`` is an explicit list (the workflow's ``cost.bench_files``); inference records
+    among them (``load_inference``) are left to the caller; any other listed CSV that is
     not a training-throughput benchmark (no throughput column, e.g. routing-op timings) is an error, not
     skipped. Memory is taken as reported (GiB when the CSV says ``peak_mem_gib``)."""
     import pandas as pd
@@ -429,6 +469,8 @@ def load_bench(paths: Iterable[str | os.PathLike]):
             raise AnalysisInputError(f"{p}: benchmark CSV not found (run the cost benchmark first)")
         df = pd.read_csv(p)
         df.columns = [c.strip().lower() for c in df.columns]
+        if _is_inference(df):  # benchmarks/bench_inference.py records: read by load_inference
+            continue
         if "mode" in df.columns:  # bench_training.py --trainer-steps rows re-measure the same step through
             df = df[df["mode"].astype(str) != "trainer"].reset_index(drop=True)  # mhar.train: not repeats
         cols = {canon: next((a for a in aliases if a in df.columns), None) for canon, aliases in _BENCH_ALIASES.items()}
@@ -450,7 +492,8 @@ def load_bench(paths: Iterable[str | os.PathLike]):
         out["source"] = str(p)
         frames.append(out)
     if not frames:
-        raise AnalysisInputError("no benchmark CSV given: list training-throughput CSVs (cost.bench_files)")
+        raise AnalysisInputError("no training-throughput CSV given: list benchmarks/bench_training.py CSVs "
+                                 "(cost.bench_files)")
     df = pd.concat(frames, ignore_index=True)
     for size, sub in df.groupby("size"):
         base = sub.loc[sub["provider"] == "baseline", "tokens_per_s"].astype(float).mean()

@@ -663,6 +663,8 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
     """Throughput (ratio to baseline) and peak memory per routing implementation and size."""
     pub = io.load_published() if published is None else published
     df = io.load_bench(bench_csvs)
+    inf = io.load_inference(bench_csvs)
+    inf_base = {size: sub for size, sub in inf[inf["provider"] == "baseline"].groupby("size")}
     prov_order = {p: i for i, p in enumerate(("baseline", "eager", "compile", "fused"))}
     base_tps = {size: _mean_se(sub.loc[sub["provider"] == "baseline", "tokens_per_s"])
                 for size, sub in df.groupby("size")}
@@ -693,6 +695,7 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
                      "delta": (r - 1.0) if (r is not None and provider != "baseline") else None,
                      "published_delta": (pr - 1.0) if (pr is not None and provider != "baseline") else None,
                      "verdict": v, "sources": ";".join(sorted(set(sub["source"])))})
+        rows[-1].update(_inference_cols(inf, inf_base, size, provider))
     cols = [Column("size", lambda r: r["size"]), Column("routing", lambda r: r["provider"]),
             Column("n", lambda r: str(r["n_ok"])),
             Column("tokens/s", lambda r: f_sd(r["tokens_per_s"], r["tokens_per_s_sd"], 0)
@@ -703,15 +706,40 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
             Column("paper ratio", lambda r: f_num(r["published_ratio"], 2)),
             Column("paper GB", lambda r: f_num(r["published_mem_gb"], 1)),
             Column("verdict", lambda r: r["verdict"] or "-")]
+    if len(inf):
+        cols[-1:-1] = [Column("prefill tok/s (ratio)", lambda r: f"{f_num(r['prefill_tok_s'], 0)} "
+                              f"({f_num(r['prefill_ratio'], 2)})" if _ok(r.get("prefill_tok_s")) else "-"),
+                       Column("decode ms/token (ratio)", lambda r: f"{f_num(r['decode_ms'], 1)} "
+                              f"({f_num(r['decode_ratio'], 2)})" if _ok(r.get("decode_ms")) else "-"),
+                       Column("inference peak GB", lambda r: f_num(r.get("infer_peak_gb"), 2))]
     notes = ["ratio = tokens/s of the routing implementation / mean tokens/s of the baseline at the same size; "
              "SE from repeat measurements (variant and baseline, delta method) where the records have repeats; "
              "memory as the benchmark reports it (torch peak allocated).",
              "Paper: cost table (single H100); eager 1B was OOM (>80 GB).",
              "Verdicts: eval/verdict.py COST_RULE (quoted once at the top of REPORT.md): two-sided tolerance 0.10 "
              "plus 2 SE of the repeats."] + \
+        (["Inference (benchmarks/bench_inference.py, Transformer.generate with the KV cache; "
+          "not in the paper, no verdict): prefill tok/s and its ratio to the baseline, decode ms per generated "
+          "token (whole batch) and its ratio to the baseline (> 1 = slower), peak memory of the decode call."]
+         if len(inf) else []) + \
         [f"skipped: {s}" for s in df.attrs.get("skipped", [])]
     return Table("cost", "Cost: throughput and memory by routing implementation", rows, cols, notes,
                  io.provenance(bench_csvs))
+
+
+def _inference_cols(inf, inf_base: dict, size: str, provider: str) -> dict:
+    """Mean inference figures of (size, provider) and their ratios to the baseline's, or {} when not measured."""
+    sub = inf[(inf["size"] == size) & (inf["provider"] == provider)]
+    if not len(sub):
+        return {}
+    out = {"prefill_tok_s": float(sub["prefill_tok_s"].mean()), "decode_ms": float(sub["decode_ms_per_token"].mean()),
+           "infer_peak_gb": float(sub["peak_mem_gb"].mean()) if sub["peak_mem_gb"].notna().any() else None,
+           "prefill_ratio": None, "decode_ratio": None}
+    base = inf_base.get(size)
+    if base is not None:
+        out["prefill_ratio"] = out["prefill_tok_s"] / float(base["prefill_tok_s"].mean())
+        out["decode_ratio"] = out["decode_ms"] / float(base["decode_ms_per_token"].mean())
+    return out
 
 
 # --- entry points ---------------------------------------------------------------------------------------

@@ -330,8 +330,34 @@ def test_cost_table_reads_training_benchmark_format(tmp_path):
     assert "| 1B | eager | 0 | OOM | OOM |" in md
     with pytest.raises(io.AnalysisInputError, match="routing_op.csv: no tokens_per_s column"):
         io.load_bench([bench, op])
-    with pytest.raises(io.AnalysisInputError, match="no benchmark CSV given"):
+    with pytest.raises(io.AnalysisInputError, match="no training-throughput CSV given"):
         io.load_bench([])
+
+
+def test_cost_table_adds_inference_records(tmp_path):
+    """bench_inference.py CSVs listed in cost.bench_files: prefill / decode figures beside the training rows,
+    ratios to the baseline of the same size; the training throughput is untouched; a training CSV alone gives
+    no inference columns."""
+    bench = fx.write_bench_training(tmp_path / "training.csv")
+    inf = tmp_path / "inference.csv"
+    inf.write_text("size,variant,routing_impl,heads,params,dtype,batch,prompt_tokens,new_tokens,repeats,prefill_s,"
+                   "prefill_tok_s,decode_ms_per_token,peak_mem_gib,routing_autotune\n"
+                   "1B,baseline,,,1,torch.bfloat16,8,512,32,3,0.06,60000.0,50.0,2.5,1\n"
+                   "1B,mhar,fused,8,1,torch.bfloat16,8,512,32,3,0.08,45000.0,80.0,3.25,1\n")
+    plain = {r["provider"]: r for r in tables.cost_table([bench]).rows}
+    t = tables.cost_table([bench, inf])
+    rows = {r["provider"]: r for r in t.rows}
+    assert rows["fused"]["ratio"] == plain["fused"]["ratio"] == pytest.approx(0.45)
+    assert rows["fused"]["prefill_ratio"] == pytest.approx(0.75)
+    assert rows["fused"]["decode_ratio"] == pytest.approx(1.6)
+    assert rows["fused"]["infer_peak_gb"] == pytest.approx(3.25)
+    assert rows["baseline"]["prefill_ratio"] == pytest.approx(1.0)
+    assert "prefill_tok_s" not in rows["compile"]  # not measured: no figures, no ratio
+    md = tables.to_markdown(t)
+    assert "| 45000 (0.75) | 80.0 (1.60) | 3.25 |" in md
+    assert "prefill" not in tables.to_markdown(tables.cost_table([bench]))
+    with pytest.raises(io.AnalysisInputError, match="no training-throughput CSV given"):
+        io.load_bench([inf])  # inference records alone make no cost table
 
 
 def test_identify_eval_with_relative_model_path(tmp_path):
