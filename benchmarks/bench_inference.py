@@ -48,8 +48,10 @@ def _timed(fn, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def bench_one(size: str, variant: str, routing_impl: str, heads: int, batch: int, prompt: int, new: int,
-              repeats: int, device: torch.device, dtype: torch.dtype, seed: int = 0) -> dict:
+def build_inference_model(size: str, variant: str, routing_impl: str, heads: int, batch: int, prompt: int,
+                          device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """The benchmarked model (random weights, ``dtype``, eval mode) and ``batch`` random prompts of ``prompt``
+    tokens (shared with ``benchmarks/profile_step.py generate``)."""
     residual = {"variant": variant} if variant == "baseline" else {"variant": variant, "heads": heads,
                                                                    "routing_impl": routing_impl}
     cfg = model_config(size, residual=residual)
@@ -58,7 +60,12 @@ def bench_one(size: str, variant: str, routing_impl: str, heads: int, batch: int
         model = build_model(cfg)
     model = model.to(dtype).eval()
     g = torch.Generator().manual_seed(seed)
-    contexts = torch.randint(0, cfg.vocab_size, (batch, prompt), generator=g).tolist()
+    return model, torch.randint(0, cfg.vocab_size, (batch, prompt), generator=g).tolist()
+
+
+def bench_one(size: str, variant: str, routing_impl: str, heads: int, batch: int, prompt: int, new: int,
+              repeats: int, device: torch.device, dtype: torch.dtype, seed: int = 0) -> dict:
+    model, contexts = build_inference_model(size, variant, routing_impl, heads, batch, prompt, device, dtype, seed)
     short = lambda: model.generate(contexts, 1)  # noqa: E731  prefill + first token
     long = lambda: model.generate(contexts, 1 + new)  # noqa: E731
     short(), model.generate(contexts, 2)  # warm-up of the prefill and step shapes: kernels, autotuning, allocator

@@ -3,6 +3,8 @@
     PYTHONPATH=. python benchmarks/profile_step.py op 350M fused        # every routing call of one microbatch
     PYTHONPATH=. python benchmarks/profile_step.py op 350M fused_v5     # (impl names: bench_routing_op._router)
     PYTHONPATH=. python benchmarks/profile_step.py train 100M mhar_fused    # (variants: bench_training.VARIANTS)
+    PYTHONPATH=. python benchmarks/profile_step.py generate 350M mhar       # Transformer.generate as bench_inference
+                                                                            # times it (8 x 512 prompt + 8 tokens)
 
 Prints, per iteration: wall ms (synchronised), summed CUDA kernel ms, kernel count, and the kernels with
 the most CUDA time. Wall >> kernel time means the GPU waits for the CPU (launch / Python overhead).
@@ -44,9 +46,19 @@ def _train_fn(size: str, variant: str):
     return lambda: step(batches[0], 5e-4)
 
 
+def _generate_fn(size: str, variant: str, new: int = 8):
+    """One ``Transformer.generate`` call of the inference benchmark's shapes (bf16, fused routing for routed
+    variants): the prefill of 8 x 512 random tokens and ``new`` decode steps. The top CPU operators are printed
+    too (wall >> kernel time: the GPU waits for Python)."""
+    from benchmarks.bench_inference import build_inference_model
+
+    model, contexts = build_inference_model(size, variant, "fused", 8, 8, 512, torch.device("cuda"), torch.bfloat16)
+    return lambda: model.generate(contexts, 1 + new)
+
+
 def main(argv=None) -> None:
     kind, size, what = (argv or sys.argv[1:])[:3]
-    fn = _op_fn(size, what) if kind == "op" else _train_fn(size, what)
+    fn = {"op": _op_fn, "train": _train_fn, "generate": _generate_fn}[kind](size, what)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -73,6 +85,10 @@ def main(argv=None) -> None:
           f"CUDA kernels {total:.2f} ms/iter, {n:.0f} kernels/iter")
     for name, (ms, cnt) in sorted(per.items(), key=lambda kv: -kv[1][0])[:14]:
         print(f"  {ms:8.3f} ms  x{cnt / iters:5.0f}  {name[:110]}")
+    if kind == "generate":  # where the host time goes
+        print("  top CPU operators (self time):")
+        for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]:
+            print(f"  {e.self_cpu_time_total / 1e3 / iters:8.3f} ms  x{e.count / iters:6.0f}  {e.key[:100]}")
 
 
 if __name__ == "__main__":
