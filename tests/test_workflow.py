@@ -79,7 +79,8 @@ def test_dry_run(target, config_name, tmp_path):
     files = CONFIGS[config_name] + ([CPT_OVERLAY[config_name]] if target == "reproduce_cpt" else [])
     bench = tmp_path / "results" / "bench"  # stands for the committed GPU records of the cost table
     bench.mkdir(parents=True)
-    (bench / "training.csv").write_text("size,provider,tokens_per_s\n")  # cost.bench_files lists it
+    (bench / "training.csv").write_text("size,provider,tokens_per_s\n")  # cost.bench_files lists them
+    (bench / "inference.csv").write_text("size,variant,routing_impl,prefill_tok_s,decode_ms_per_token,peak_mem_gib\n")
     res = snakemake([target, "-n", *configfiles(*files)], tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = res.stdout + res.stderr
