@@ -67,10 +67,10 @@ for stage in "$@"; do
       IFS=: read -r _ target secs <<< "$stage"
       "${SMK[@]}" --unlock "$target" > /dev/null 2>&1
       (timeout "${secs:-540}" "${SMK[@]}" --keep-going "$target" > "$OUT/workflow_$target.log" 2>&1
-       echo "snakemake exit $?" >> "$OUT/session.log") &
+       echo "background snakemake exit $?" | tee -a "$OUT/session.log" > "$OUT/bgworkflow.rc") &
       BG=$! ;;
     wait)
-      [ -n "${BG:-}" ] && wait "$BG"; tail -1 "$OUT/session.log"
+      [ -n "${BG:-}" ] && wait "$BG"; cat "$OUT/bgworkflow.rc" 2>/dev/null
       grep -E "steps \([0-9]+%\) done|Error|error:" "$OUT"/workflow_*.log | tail -8 ;;
     summary)
       ls -d results/runs/*/*/*/* 2>/dev/null | wc -l | sed 's/^/run folders: /' | tee "$OUT/summary.log"
