@@ -69,6 +69,11 @@ def _worker(rank: int, ports: list[int], parallel: str, corpus: str, cache: str,
         model = wrap_model(Transformer(cfg.model), env)
         placement = {n: (type(p).__name__, str(getattr(p, "placements", "")), list(p.to_local().shape)
                          if hasattr(p, "to_local") else list(p.shape)) for n, p in model.named_parameters()}
+        # Drop the wrapper while its process group lives (as mhar.train does: the model goes with _train, then
+        # the group): a DDP reducer freed after destroy_process_group holds the last reference to the gloo group,
+        # whose destructor then joins a worker thread that waits for the GIL this thread holds (seen: a worker hung
+        # at exit in CI, torch 2.13 CPU).
+        del model
         batches = [(torch.full((2, 3), 10 * rank + i), torch.full((2, 3), -10 * rank - i)) for i in range(2)]
         gathered = [[x.tolist(), y.tolist()] for x, y in gather_batches(batches, env)]
         val = [(torch.full((1, 3), rank), torch.full((1, 3), rank))] * (2 - rank)  # rank 0: 2, rank 1: 1
