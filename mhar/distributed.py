@@ -7,6 +7,7 @@ here touches ``torch.distributed``. The model itself knows nothing of this modul
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from dataclasses import dataclass
 from typing import Iterator
@@ -60,7 +61,12 @@ def init_distributed(device_pref: str = "auto", parallel: str = "ddp") -> DistEn
 
 
 def shutdown(env: DistEnv) -> None:
+    """Destroy the process group. Wrappers that are no longer referenced (a DDP model and its reducer, kept
+    alive only by reference cycles) are collected first, while the group lives: a gloo group whose last
+    reference is a reducer freed later is destroyed from that thread and can deadlock with its own worker
+    thread over the GIL (seen at process exit on CPU)."""
     if env.distributed and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
