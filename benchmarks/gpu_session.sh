@@ -5,7 +5,8 @@
 # Stages
 #   setup                      install carried wheels (.whl/, see README "GPU quick start") into /tmp/site; versions
 #   tests                      the GPU tests: fused routing kernels (one launch configuration each:
-#                              MHAR_ROUTING_AUTOTUNE=0), the training step, generation (skip without CUDA)
+#                              MHAR_ROUTING_AUTOTUNE=0), the training step, generation (skip without CUDA);
+#                              the `gpu`-marked ones first, each half capped at $TESTS_SECONDS (default 240)
 #   op[:SIZES]                 routing op alone: v6, v6 with forward groups of 8, v5 side by side (bench_routing_op.py)
 #   train:SIZES:VARIANTS[:N]   bench_training.py: the library step per (size, variant), then N trainer steps
 #   trainer:SIZES:VARIANTS:N   bench_training.py --trainer-only: N steps of `python -m mhar.train` per (size, variant)
@@ -41,8 +42,13 @@ for stage in "$@"; do
       python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
       python3 -c "import snakemake, lm_eval, datasets; print('snakemake', snakemake.__version__, 'lm_eval', lm_eval.__version__, 'datasets', datasets.__version__)" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt" ;;
     tests)
-      MHAR_ROUTING_AUTOTUNE=0 timeout "${TESTS_SECONDS:-240}" python3 -m pytest -q -rs tests/test_fused_routing.py \
-        tests/test_step.py tests/test_generate.py tests/test_bench_inference.py 2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
+      # the GPU-marked tests first (realistic shapes, graph replay, trainer), then the small-shape kernel tests
+      MHAR_ROUTING_AUTOTUNE=0 timeout "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs -m gpu \
+        tests/test_fused_routing.py tests/test_step.py tests/test_generate.py tests/test_bench_inference.py 2>&1 \
+        | tee "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed" | tail -15
+      MHAR_ROUTING_AUTOTUNE=0 timeout "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs -m "not gpu" \
+        tests/test_fused_routing.py tests/test_step.py tests/test_generate.py tests/test_bench_inference.py 2>&1 \
+        | tee -a "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed" | tail -15 ;;
     op|op:*)
       sizes=${stage#op}; sizes=${sizes#:}
       timeout 150 python3 -m benchmarks.bench_routing_op --graph 1 --impls fused fused_g8 fused_v5 --sizes ${sizes:-100M 350M 1B} \
