@@ -417,6 +417,18 @@ PROVIDER_NAMES = {"baseline": "baseline", "mhar_eager": "eager", "eager": "eager
 _INFERENCE_COLS = ("size", "variant", "routing_impl", "prefill_tok_s", "decode_ms_per_token", "peak_mem_gib")
 
 
+def _read_bench_csv(path: str | os.PathLike):
+    """(path, DataFrame with stripped lower-case column names) of one listed benchmark CSV."""
+    import pandas as pd
+
+    p = Path(path)
+    if not p.is_file():
+        raise AnalysisInputError(f"{p}: benchmark CSV not found (run the benchmark first)")
+    df = pd.read_csv(p)
+    df.columns = [c.strip().lower() for c in df.columns]
+    return p, df
+
+
 def _is_inference(df) -> bool:
     return "prefill_tok_s" in df.columns
 
@@ -429,11 +441,7 @@ def load_inference(paths: Iterable[str | os.PathLike]):
 
     frames = []
     for p in paths:
-        p = Path(p)
-        if not p.is_file():
-            raise AnalysisInputError(f"{p}: benchmark CSV not found (run the benchmark first)")
-        df = pd.read_csv(p, keep_default_na=False, na_values=[""])
-        df.columns = [c.strip().lower() for c in df.columns]
+        p, df = _read_bench_csv(p)
         if not _is_inference(df):
             continue
         missing = [c for c in _INFERENCE_COLS if c not in df.columns]
@@ -464,11 +472,7 @@ def load_bench(paths: Iterable[str | os.PathLike]):
 
     frames = []
     for p in paths:
-        p = Path(p)
-        if not p.is_file():
-            raise AnalysisInputError(f"{p}: benchmark CSV not found (run the cost benchmark first)")
-        df = pd.read_csv(p)
-        df.columns = [c.strip().lower() for c in df.columns]
+        p, df = _read_bench_csv(p)
         if _is_inference(df):  # benchmarks/bench_inference.py records: read by load_inference
             continue
         if "mode" in df.columns:  # bench_training.py --trainer-steps rows re-measure the same step through

@@ -14,7 +14,6 @@ stale gradients) moves the step-2 loss by more than 1e-3. Resume on 2 processes 
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
 import socket
@@ -74,8 +73,7 @@ def _worker(rank: int, ports: list[int], parallel: str, corpus: str, cache: str,
         # the group): a DDP reducer freed after destroy_process_group holds the last reference to the gloo group,
         # whose destructor then joins a worker thread that waits for the GIL this thread holds (seen: a worker hung
         # at exit in CI, torch 2.13 CPU).
-        del model
-        gc.collect()
+        del model  # (shutdown collects it while the group lives)
         batches = [(torch.full((2, 3), 10 * rank + i), torch.full((2, 3), -10 * rank - i)) for i in range(2)]
         gathered = [[x.tolist(), y.tolist()] for x, y in gather_batches(batches, env)]
         val = [(torch.full((1, 3), rank), torch.full((1, 3), rank))] * (2 - rank)  # rank 0: 2, rank 1: 1

@@ -482,15 +482,20 @@ def _num_programs(BT: int, device) -> int:
     return min(BT, 4)
 
 
+def _prefix_outputs(buf, n_buf: int, null, K: int, BT: int, D: int, H: int, device, out_dtype: torch.dtype):
+    """Checked inputs and the outputs of a prefix kernel: K partials P (K, BT, D) and their lse (K, BT, H) fp32."""
+    if n_buf + (null is not None) == 0:
+        raise ValueError("prefix routing needs at least one source")
+    _check_index_range(buf)
+    return (torch.empty(K, BT, D, device=device, dtype=out_dtype),
+            torch.empty(K, BT, H, device=device, dtype=torch.float32))
+
+
 def prefix_fwd(buf, n_buf: int, null, Q: torch.Tensor, G: torch.Tensor, H: int, eps: float, BT: int, D: int,
                out_dtype: torch.dtype):
     """Partials of K queries Q, G (K, D) over [null] + buf[0:n_buf): P (K, BT, D), lse (K, BT, H) fp32."""
     K = Q.shape[0]
-    if n_buf + (null is not None) == 0:
-        raise ValueError("prefix routing needs at least one source")
-    _check_index_range(buf)
-    P = torch.empty(K, BT, D, device=Q.device, dtype=out_dtype)
-    lse = torch.empty(K, BT, H, device=Q.device, dtype=torch.float32)
+    P, lse = _prefix_outputs(buf, n_buf, null, K, BT, D, H, Q.device, out_dtype)
     HP, DHP = _tiles(D, H)
     args = (buf if buf is not None else P, null if null is not None else P, Q, G, P, lse,
             n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, K, eps)
@@ -758,11 +763,7 @@ def prefix6_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: 
     """Partials of K reads (W = q * g, (K, D) fp32 contiguous) over [null] + buf[0:n_buf): P (K, BT, D) in
     ``out_dtype``, lse (K, BT, H) fp32."""
     K = W.shape[0]
-    if n_buf + (null is not None) == 0:
-        raise ValueError("prefix routing needs at least one source")
-    _check_index_range(buf)
-    P = torch.empty(K, BT, D, device=W.device, dtype=out_dtype)
-    lse = torch.empty(K, BT, H, device=W.device, dtype=torch.float32)
+    P, lse = _prefix_outputs(buf, n_buf, null, K, BT, D, H, W.device, out_dtype)
     HP, DHP = _tiles(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     args = (buf if buf is not None else P, null if null is not None else P, W, P, lse,
