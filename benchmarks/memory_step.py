@@ -29,41 +29,49 @@ def _site(frames: list) -> str:
     return "(no stack)"
 
 
+def _replay(trace: list, before: int, stop: int | None = None):
+    """After each alloc / free_requested event of ``trace[:stop]``: (index, live blocks {addr: (size, frames)},
+    bytes from before the trace still live, live total). ``live`` is one dict, updated in place."""
+    live: dict = {}
+    pre = total = before
+    for i, e in enumerate(trace[:stop]):
+        act, addr = e.get("action"), e.get("addr")
+        if act == "alloc":
+            live[addr] = (e["size"], e.get("frames", []))
+            total += e["size"]
+        elif act == "free_requested":
+            block = live.pop(addr, None)
+            if block is not None:
+                freed = block[0]
+            else:  # a block allocated before the trace
+                freed = min(e.get("size", 0), pre)
+                pre -= freed
+            total -= freed
+        else:
+            continue
+        yield i, live, pre, total
+
+
 def peak_breakdown(trace: list, before: int = 0) -> tuple[int, dict]:
     """Replay an allocator trace (``snapshot["device_traces"][device]``: dicts with ``action`` in
     {"alloc", "free_requested", "free_completed", ...}, ``addr``, ``size``, ``frames``) and return
     (peak bytes, {site: live bytes at the peak}). ``before`` bytes were live when the trace began (one
     entry, "(allocated before the step)"). A block counts from its "alloc" to its "free_requested" (its
     memory is the caching allocator's to reuse from then on); frees of blocks allocated before the trace are
-    taken off ``before``."""
-    live: dict = {}
-    total = peak = before
-    pre = before
-    at_peak: dict = {}
-    for e in trace:
-        act, addr = e.get("action"), e.get("addr")
-        if act == "alloc":
-            live[addr] = (e["size"], _site(e.get("frames", [])))
-            total += e["size"]
-        elif act == "free_requested":
-            if addr in live:
-                total -= live.pop(addr)[0]
-            else:
-                pre = max(pre - e.get("size", 0), 0)
-                total -= e.get("size", 0)
-        else:
-            continue
+    taken off ``before``. Two passes: find the peak event, then replay up to it."""
+    peak, at = before, None
+    for i, _, _, total in _replay(trace, before):
         if total > peak:
-            peak = total
-            at_peak = {"snapshot": dict(live), "pre": pre}
+            peak, at = total, i
+    if at is None:
+        return peak, ({"(allocated before the step)": before} if before else {})
+    for _, live, pre, _ in _replay(trace, before, at + 1):
+        pass
     out: dict = defaultdict(int)
-    if at_peak:
-        for size, site in at_peak["snapshot"].values():
-            out[site] += size
-        if at_peak["pre"]:
-            out["(allocated before the step)"] += at_peak["pre"]
-    elif before:
-        out["(allocated before the step)"] = before
+    for size, frames in live.values():
+        out[_site(frames)] += size
+    if pre:
+        out["(allocated before the step)"] += pre
     return peak, dict(out)
 
 
