@@ -1,14 +1,14 @@
 """Where the peak memory of a training step goes: the live CUDA allocations at the peak, grouped by the
 library code that made them (baseline vs a routed variant, the step users run without its CUDA graph).
 
-    PYTHONPATH=. python -m benchmarks.memory_step 350M baseline mhar_fused      # GPU
+    PYTHONPATH=. python -m benchmarks.memory_step 350M baseline mhar_fused [--graph]      # GPU
 
 Builds ``benchmarks.bench_training.build_step`` (the library's ``mhar.step.TrainStep``: compiled pieces,
-fused AdamW; no CUDA graph, so every allocation is visible), runs two warm-up steps, then records the
-allocator's history (``torch.cuda.memory._record_memory_history``) over one step. From the trace it replays
-allocations and frees in order, finds the moment of the largest live total and prints it split by the
-innermost ``mhar/`` (else ``benchmarks/``, else any) frame of each live block's allocation stack; blocks alive
-before the recorded step (parameters, optimizer state, buffers kept between steps) form one line.
+fused AdamW; ``--graph``: the whole step captured in a CUDA graph, as the trainer runs it on a GPU) with the
+allocator's history recorded from before the model is built (``torch.cuda.memory._record_memory_history``),
+runs the first steps (warm-up, capture, replays) and replays the trace's allocations and frees in order: the
+moment of the largest live total is printed split by the innermost ``mhar/`` (else ``benchmarks/``, else any)
+frame of each live block's allocation stack. Each variant runs in its own process.
 """
 from __future__ import annotations
 
@@ -75,37 +75,49 @@ def peak_breakdown(trace: list, before: int = 0) -> tuple[int, dict]:
     return peak, dict(out)
 
 
-def measure(size: str, variant: str, top: int = 12) -> dict:
+def measure(size: str, variant: str, graph: bool = False, top: int = 14) -> dict:
+    """One (size, variant) in this process: the allocator history is recorded from before the model is built,
+    over the steps ``python -m mhar.train`` runs first (with ``graph``: the eager warm-up steps, the CUDA-graph
+    capture and replays; else three steps), and the peak of the whole run is attributed. Returns
+    {"peak", "sites", "max_allocated"} (bytes)."""
     import torch
 
     from benchmarks.bench_training import build_step
+    from mhar.step import GRAPH_WARMUP
 
-    step, batches, _ = build_step(size, variant, 8, "cuda", compile=True, graph=False)
-    for b in batches[:2]:
-        step(b, 5e-4)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
-    step(batches[2], 5e-4)
+    torch.cuda.memory._record_memory_history(max_entries=3_000_000, stacks="python")
+    step, batches, _ = build_step(size, variant, 8, "cuda", compile=True, graph=graph)
+    for i in range(GRAPH_WARMUP + 3 if graph else 3):
+        step(batches[i % len(batches)], 5e-4)
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    dev = torch.cuda.current_device()
-    peak, sites = peak_breakdown(snap["device_traces"][dev], before)
+    peak, sites = peak_breakdown(snap["device_traces"][torch.cuda.current_device()], before)
     gib = 2 ** 30
-    print(f"MEMORY {size} {variant}: peak {torch.cuda.max_memory_allocated() / gib:.3f} GiB "
-          f"(trace replay {peak / gib:.3f} GiB), allocated before the step {before / gib:.3f} GiB")
+    mx = torch.cuda.max_memory_allocated()
+    print(f"MEMORY {size} {variant}{' graph' if graph else ''}: max_memory_allocated {mx / gib:.3f} GiB "
+          f"(trace replay peak {peak / gib:.3f} GiB), by allocation site at the peak:")
     for site, b in sorted(sites.items(), key=lambda kv: -kv[1])[:top]:
         print(f"  {b / gib:8.3f} GiB  {site}")
-    return {"peak": peak, "before": before, "sites": sites}
+    return {"peak": peak, "sites": sites, "max_allocated": mx}
 
 
 def main(argv=None) -> None:
+    """``SIZE VARIANT... [--graph]``: each variant in its own process (a fresh allocator: nothing of an earlier
+    variant stays allocated); ``--one`` runs one variant here."""
+    import subprocess
+
     args = list(argv if argv is not None else sys.argv[1:])
+    graph = "--graph" in args
+    args = [a for a in args if a != "--graph"]
+    if args and args[0] == "--one":
+        measure(args[1], args[2], graph=graph)
+        return
     size, variants = args[0], args[1:] or ["baseline", "mhar_fused"]
     for v in variants:
-        measure(size, v)
+        cmd = [sys.executable, "-m", "benchmarks.memory_step", "--one", size, v] + (["--graph"] if graph else [])
+        subprocess.run(cmd, check=False)
 
 
 if __name__ == "__main__":

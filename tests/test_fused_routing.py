@@ -437,6 +437,27 @@ def test_gpu_v6_deep(dtype):
     _check_router(1, 512, 1280, 8, n_reads=25, dtype=dtype, with_null=True, with_extra=True, seed=25)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])  # 1B (head width 160, padded to 256), 350M
+def test_gpu_v6_every_launch_config(D, H, monkeypatch):
+    """Each launch configuration the autotuner may pick for the v6 forward / write-once backward (BLOCK_T x
+    warps x pipeline stages) gives the reference's outputs and gradients (the tuned runs only exercise the
+    fastest one)."""
+    from mhar.routing import _kernels as K
+
+    configs = K._v6_configs()
+    orig = K._launch
+    for i, cfg in enumerate(configs):
+        def forced(kernel, key, grid, args, kwargs, cfg=cfg):
+            if kernel in (K._fwd6_kernel, K._src_bwd_kernel):
+                kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
+                return cfg.kwargs["BLOCK_T"]
+            return orig(kernel, key, grid, args, kwargs)
+        monkeypatch.setattr(K, "_launch", forced)
+        _check_router(1, 256, D, H, n_reads=9, dtype=torch.bfloat16, with_null=True, with_extra=False, seed=i)
+
+
 # Prefix sharing: groups of K reads share one pass over their common prefix (forward and backward).
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N,B,T,D,H,K", [

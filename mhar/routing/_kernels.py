@@ -276,13 +276,15 @@ def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, e
               query: torch.Tensor, norm_weight: torch.Tensor, H: int, eps: float, BT: int, D: int,
               out_dtype: torch.dtype, store_scores: bool = False, lo: int = 0,
               init: torch.Tensor | None = None, init_lse: torch.Tensor | None = None,
-              lse_out: torch.Tensor | None = None):
+              lse_out: torch.Tensor | None = None, ss: torch.Tensor | None = None):
     """Launch the forward kernel over buf[lo:n_buf) (after the null source, before ``extra``).
 
     buf: (cap, BT, D) contiguous or None; null: (D,) or None; extra: (BT, D) contiguous or None;
     init / init_lse: a prefix partial (BT, D) / (BT, H) fp32 to continue from, or None; lse_out: a
-    contiguous (BT, H) fp32 tensor to write the log-sum-exp into (default: a new one). Returns out
-    (BT, D), lse (BT, H) fp32, scores (BT, H, N) fp32 or None (N = sources read by this call).
+    contiguous (BT, H) fp32 tensor to write the log-sum-exp into (default: a new one); ss: the buffer's
+    per-source sums of squares (cap, BT) fp32 (``append_source``): then the v6 kernel runs (pipelined source
+    loop, no per-source reduction over the row), else the v5 one. Returns out (BT, D), lse (BT, H) fp32,
+    scores (BT, H, N) fp32 or None (N = sources read by this call).
     """
     device = query.device
     _check_index_range(buf)
@@ -302,8 +304,12 @@ def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, e
             lo, n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, n_total, eps)
     flags = dict(HAS_NULL=null is not None, HAS_EXTRA=extra is not None, STORE_SCORES=store_scores,
                  HAS_INIT=init is not None, HP=HP, DHP=DHP)
-    key = ("fwd", D, H, *flags.values(), *(str(a.dtype) for a in args[:9]))
-    _launch(_route_fwd_kernel, key, grid, args, flags)
+    if ss is not None:
+        key = ("fwd6", D, H, *flags.values(), *(str(a.dtype) for a in args[:9]))
+        _launch(_fwd6_kernel, key, grid, (*args[:10], ss, *args[10:]), flags)
+    else:
+        key = ("fwd", D, H, *flags.values(), *(str(a.dtype) for a in args[:9]))
+        _launch(_route_fwd_kernel, key, grid, args, flags)
     LAUNCHES["route_fwd"] += 1
     return out, lse, scores
 
@@ -549,26 +555,136 @@ def _launch_prefix(kernel, key: tuple, grid: tuple, args: tuple, kwargs: dict) -
 
 
 def _v6_configs() -> list:
+    """v6 kernels: BLOCK_T x warps x software-pipeline stages (the source / read loops are
+    ``tl.range(..., num_stages=STAGES)`` loops: Triton streams the next tiles through shared memory by
+    asynchronous copies, so loads stay in flight without holding registers, which bounded the occupancy of
+    the hand-prefetched loops)."""
     if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0":
-        return [triton.Config({"BLOCK_T": 2, "PREFETCH": True}, num_warps=4)]
-    return [triton.Config({"BLOCK_T": bt, "PREFETCH": True}, num_warps=nw)
-            for bt in (1, 2, 4, 8, 16) for nw in (4, 8)]
+        return [triton.Config({"BLOCK_T": 2, "STAGES": 2}, num_warps=4)]
+    return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw)
+            for bt in (1, 2, 4) for nw in (4, 8) for ns in (2, 4)]
+
+
+@triton.jit
+def _rms(x, D, eps):
+    """1 / RMS of each row of a (BLOCK_T, HP, DHP) fp32 tile (a reduction over the whole row)."""
+    return 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=2), axis=1) / D + eps)
+
+
+@triton.jit
+def _fwd6_update(x, r, w, m, l, acc):
+    """Online-softmax step for one source tile x (BLOCK_T, HP, DHP) fp32 with its 1 / RMS r (BLOCK_T,)."""
+    s = tl.sum(x * w[None, :, :], axis=2) * r[:, None]  # (BLOCK_T, HP) scores: per-head reductions only
+    m_new = tl.maximum(m, s)
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new)
+    return m_new, l * alpha + p, acc * alpha[:, :, None] + p[:, :, None] * x, s
+
+
+@triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_NULL", "HAS_EXTRA", "HAS_INIT"],
+                 prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _fwd6_kernel(
+    buf_ptr, null_ptr, extra_ptr, q_ptr, g_ptr, out_ptr, lse_ptr, score_ptr, init_ptr, init_lse_ptr, ss_ptr,
+    lo, n_buf, buf_stride, BT, D, H, DH, N_TOTAL, eps,
+    HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
+    BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, STAGES: tl.constexpr,
+):
+    """The forward of ``_route_fwd_kernel`` (same arguments, plus ss (cap, BT) fp32: each buffered source's
+    sum of squares per token, written by ``append_source``), with the buffered sources' loop pipelined
+    (``tl.range``) and their RMS read from ss instead of reduced over the row (a reduction across warps)."""
+    pid = tl.program_id(0)
+    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    hh = tl.arange(0, HP)
+    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]
+    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
+    tmask = tok < BT
+    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]
+    mask = tmask[:, None, None] & cmask[None, :, :]
+    smask = tmask[:, None] & (hh[None, :] < H)
+    soffs = tok.to(tl.int64)[:, None] * (H * N_TOTAL) + hh[None, :] * N_TOTAL
+    w = tl.load(q_ptr + col, mask=cmask, other=0.0).to(tl.float32) * \
+        tl.load(g_ptr + col, mask=cmask, other=0.0).to(tl.float32)
+    if HAS_INIT:  # continue a prefix partial (normalised mix P, its log-sum-exp): m = lse, l = 1, acc = P
+        m = tl.load(init_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
+        l = tl.full((BLOCK_T, HP), 1.0, tl.float32)
+        acc = tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        m = tl.full((BLOCK_T, HP), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_T, HP), tl.float32)
+        acc = tl.zeros((BLOCK_T, HP, DHP), tl.float32)
+    j0 = 0
+    if HAS_NULL:
+        nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
+        x = tl.zeros((BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :]
+        m, l, acc, s = _fwd6_update(x, _rms(x, D, eps), w, m, l, acc)
+        if STORE_SCORES:
+            tl.store(score_ptr + soffs, s, mask=smask)
+        j0 = 1
+    for j in tl.range(lo, n_buf, num_stages=STAGES):
+        x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
+        ssj = tl.load(ss_ptr + j * BT + tok, mask=tmask, other=1.0)
+        m, l, acc, s = _fwd6_update(x, 1.0 / tl.sqrt(ssj / D + eps), w, m, l, acc)
+        if STORE_SCORES:
+            tl.store(score_ptr + soffs + j0 + j - lo, s, mask=smask)
+    if HAS_EXTRA:
+        x = tl.load(extra_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        m, l, acc, s = _fwd6_update(x, _rms(x, D, eps), w, m, l, acc)
+        if STORE_SCORES:
+            tl.store(score_ptr + soffs + j0 + n_buf - lo, s, mask=smask)
+    tl.store(out_ptr + offs, (acc / l[:, :, None]).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], m + tl.log(l), mask=smask)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]
+                 if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"
+                 else [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (2, 4, 8) for nw in (4, 8)],
+                 key=["D"], prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _append_kernel(src_ptr, dst_ptr, ss_ptr, BT, D, BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr):
+    """dst = src (in dst's dtype) and ss = the sum of squares of each stored (rounded) row, fp32."""
+    pid = tl.program_id(0)
+    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    cc = tl.arange(0, HP)[:, None] * DHP + tl.arange(0, DHP)[None, :]  # a row as (HP, DHP): D <= HP * DHP
+    tmask = tok < BT
+    offs = tok.to(tl.int64)[:, None, None] * D + cc[None, :, :]
+    mask = tmask[:, None, None] & (cc < D)[None, :, :]
+    x = tl.load(src_ptr + offs, mask=mask, other=0.0).to(dst_ptr.dtype.element_ty)
+    tl.store(dst_ptr + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    tl.store(ss_ptr + tok, tl.sum(tl.sum(xf * xf, axis=2), axis=1), mask=tmask)
+
+
+def append_source(src: torch.Tensor, dst: torch.Tensor, ss: torch.Tensor) -> None:
+    """Copy a source (BT, D) contiguous into its buffer slot ``dst`` (BT, D) and write its per-token sum of
+    squares ``ss`` (BT,) fp32 (of the values as stored), which the v6 forward reads instead of reducing each
+    row per read."""
+    BT, D = dst.shape
+    DP = triton.next_power_of_2(D)
+    HP, DHP = DP // min(DP, 128), min(DP, 128)
+    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
+    _launch(_append_kernel, ("append", D, str(src.dtype), str(dst.dtype)), grid, (src, dst, ss, BT, D),
+            dict(HP=HP, DHP=DHP))
+    LAUNCHES["append"] += 1
 
 
 @triton.autotune(configs=_v6_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "JB"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _src_bwd_kernel(
-    x_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr,
+    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr,
     k_lo, k_hi, BT, D, H, DH, BTD, BTH, eps, JB,
     IS_NULL: tl.constexpr, HAS_INIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Gradient of ONE source x (BT, D) (or the broadcast null vector (D,)) from reads k_lo..k_hi-1.
 
     Read k's dout is dbuf[k] (BT, D), its log-sum-exp lse[k] and <dout, out> delta[k] (BT, H) fp32, its
-    w = q * g in w[k] (D,) fp32. Writes grad (BT, D) (= init + sum over reads; IS_NULL: per-program sums over
-    tokens (n_prog, D)) and dsr[h, k - k_lo, t] = dL/dscore * rms^-1 (H, J, BT) fp32."""
+    w = q * g in w[k] (D,) fp32; ss (BT,) fp32: the source's sum of squares per token (as the forward used it;
+    ignored for the null vector). Writes grad (BT, D) (= init + sum over reads; IS_NULL: per-program sums over
+    tokens (n_prog, D)) and dsr[h, k - k_lo, t] = dL/dscore * rms^-1 (H, J, BT) fp32. The read loop is a
+    ``tl.range`` loop (software-pipelined: the douts stream through shared memory) whose body reduces over
+    each head's columns only (the RMS term is summed per head and reduced over heads once, after the loop)."""
     pid = tl.program_id(0)
     tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     hh = tl.arange(0, HP)
@@ -585,33 +701,25 @@ def _src_bwd_kernel(
     if IS_NULL:
         nv = tl.load(x_ptr + col, mask=cmask, other=0.0).to(tl.float32)
         x = tl.zeros((BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :]
+        r = _rms(x, D, eps)
     else:
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    ss = tl.sum(tl.sum(x * x, axis=2), axis=1)  # (BLOCK_T,)
-    r = 1.0 / tl.sqrt(ss / D + eps)
+        r = 1.0 / tl.sqrt(tl.load(ss_ptr + tok, mask=tmask, other=1.0) / D + eps)
     dx = tl.zeros((BLOCK_T, HP, DHP), tl.float32)
-    csum = tl.zeros((BLOCK_T,), tl.float32)  # sum over reads of <dscore, score> (the RMS term)
-    if PREFETCH:  # the dout tile of read k + 1 is loaded before the math of read k
-        d_next = tl.load(dbuf_ptr + k_lo * BTD + offs, mask=mask & _in(k_lo, k_lo, k_hi, BLOCK_T),
-                         other=0.0)
-    for k in range(k_lo, k_hi):
-        if PREFETCH:
-            dout = d_next.to(tl.float32)
-            d_next = tl.load(dbuf_ptr + (k + 1) * BTD + offs, mask=mask & _in(k + 1, k_lo, k_hi, BLOCK_T),
-                             other=0.0)
-        else:
-            dout = tl.load(dbuf_ptr + k * BTD + offs, mask=mask, other=0.0).to(tl.float32)
+    csum = tl.zeros((BLOCK_T, HP), tl.float32)  # per head, summed over reads: <dscore, score> (the RMS term)
+    for k in tl.range(k_lo, k_hi, num_stages=STAGES):
+        dout = tl.load(dbuf_ptr + k * BTD + offs, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + k * D + col, mask=cmask, other=0.0)  # (HP, DHP) fp32
         lse = tl.load(lse_ptr + k * BTH + hoffs, mask=smask, other=0.0)
         delta = tl.load(delta_ptr + k * BTH + hoffs, mask=smask, other=0.0)
         s = tl.sum(x * w[None, :, :], axis=2) * r[:, None]  # (BLOCK_T, HP) scores
         a = tl.exp(s - lse)  # routing weights of this source in read k
         ds = a * (tl.sum(dout * x, axis=2) - delta)  # dL/dscore
-        csum += tl.sum(ds * s, axis=1)
+        csum += ds * s
         dsr = ds * r[:, None]
         dx += a[:, :, None] * dout + dsr[:, :, None] * w[None, :, :]
         tl.store(dsr_ptr + doffs + (k - k_lo) * BT, dsr, mask=smask)
-    dx -= x * (csum * r * r / D)[:, None, None]
+    dx -= x * (tl.sum(csum, axis=1) * r * r / D)[:, None, None]
     if HAS_INIT:
         dx += tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if IS_NULL:
@@ -656,10 +764,11 @@ def stash(dout: torch.Tensor, out: torch.Tensor, dslot: torch.Tensor, delta: tor
 
 def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
                w: torch.Tensor, k_lo: int, k_hi: int, init: torch.Tensor | None, grad_dtype: torch.dtype,
-               H: int, eps: float, BT: int, D: int):
+               H: int, eps: float, BT: int, D: int, ss: torch.Tensor | None = None):
     """Write-once gradient of one source from reads k_lo..k_hi-1 (dbuf / lse / delta / w: (K, ...) buffers).
 
-    x: the source (BT, D) contiguous, or the null vector (D,) with ``is_null``; init: a gradient (BT, D) to
+    x: the source (BT, D) contiguous, or the null vector (D,) with ``is_null``; ss: its per-token sum of
+    squares (BT,) fp32 (``append_source``; required unless ``is_null``); init: a gradient (BT, D) to
     add (a v5-style read's accumulation), or None. Returns (grad, dW): grad (BT, D) in ``grad_dtype`` ((D,)
     fp32 for the null source), dW (k_hi - k_lo, D) fp32 = this source's part of dL/d(q_k * g_k)."""
     J = k_hi - k_lo
@@ -673,10 +782,12 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
             else torch.empty(BT, D, device=dev, dtype=grad_dtype))
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     jb = min(triton.next_power_of_2(J), 16)  # autotuning bucket of the number of reads
-    args = (x, dbuf, lse, delta, w, init if init is not None else grad, grad, dsr, k_lo, k_hi, BT, D, H, D // H,
-            BT * D, BT * H, eps, jb)
+    if ss is None and not is_null:
+        raise ValueError("source_bwd: a buffered source needs its sums of squares (ss)")
+    args = (x, ss if ss is not None else dsr, dbuf, lse, delta, w, init if init is not None else grad, grad, dsr,
+            k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, jb)
     flags = dict(IS_NULL=is_null, HAS_INIT=init is not None, HP=HP, DHP=DHP)
-    key = ("src_bwd", D, H, jb, *flags.values(), *(str(a.dtype) for a in args[:7]))
+    key = ("src_bwd", D, H, jb, *flags.values(), *(str(a.dtype) for a in args[:8]))
     block_t = _launch(_src_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_bwd"] += 1
     DH = D // H

@@ -62,7 +62,8 @@ import torch
 from torch import Tensor
 
 from . import Router, register_router
-from ._kernels import LAUNCHES, prefix6_fwd, prefix_bwd, prefix_fwd, route_bwd, route_fwd, source_bwd, stash
+from ._kernels import (LAUNCHES, append_source, prefix6_fwd, prefix_bwd, prefix_fwd, route_bwd, route_fwd, source_bwd,
+                       stash)
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES"]
 
@@ -84,6 +85,7 @@ class _Storage:
     shape: Optional[torch.Size] = None  # (B, T, D) of full sources
     dtype: Optional[torch.dtype] = None
     buf: Optional[Tensor] = None  # (capacity, B*T, D), not tracked by autograd
+    ss: Optional[Tensor] = None  # v6: (capacity, B*T) fp32, each buffered source's sum of squares per token
     n: int = 0  # slots written
     grad_dtype: Optional[torch.dtype] = None
     gacc: Optional[Tensor] = None  # (capacity, B*T, D) source gradients
@@ -151,7 +153,10 @@ class FusedState:
 class _Append(torch.autograd.Function):
     @staticmethod
     def forward(ctx, src: Tensor, token_prev: Optional[Tensor], st: _Storage, slot: int) -> Tensor:
-        st.buf[slot].view(st.shape).copy_(src)
+        if st.ss is not None:  # v6: the copy also writes the source's sums of squares (the forward's RMS)
+            append_source(src.reshape(st.buf.shape[1:]).contiguous(), st.buf[slot], st.ss[slot])
+        else:
+            st.buf[slot].view(st.shape).copy_(src)
         ctx.st, ctx.slot, ctx.src_dtype = st, slot, src.dtype
         st.src_dtypes[slot] = src.dtype
         ctx.has_prev = token_prev is not None
@@ -385,11 +390,11 @@ class _Read6(torch.autograd.Function):
         nul = null.contiguous() if null is not None else None
         if P is None:
             out, lse, scores = route_fwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, H, eps, BT, D, st.dtype,
-                                         store_scores=want_scores, lse_out=v.lse[k] if k >= 0 else None)
+                                         store_scores=want_scores, lse_out=v.lse[k] if k >= 0 else None, ss=st.ss)
         else:  # continue the shared prefix partial (which holds the null source) over buf[lo:n_buf)
             out, lse, scores = route_fwd(st.buf if n_buf > lo else None, n_buf, None, ex, q, g, H, eps, BT, D,
                                          st.dtype, lo=lo, init=P.reshape(BT, D), init_lse=lse_p.reshape(BT, H),
-                                         lse_out=v.lse[k])
+                                         lse_out=v.lse[k], ss=st.ss)
         ctx.save_for_backward(q, g, nul, ex, out, lse, Qr, Gr)
         ctx.st, ctx.n_buf, ctx.H, ctx.eps, ctx.k, ctx.lo_new, ctx.k_next = st, n_buf, H, eps, k, lo_new, k_next
         ctx.has_token, ctx.has_rtoken = token is not None, rtoken is not None
@@ -429,7 +434,7 @@ class _Read6(torch.autograd.Function):
             init = st.gacc[slot] if st.gacc is not None and st.g_valid[slot] else None
             if k_first < k_hi:
                 grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_hi, init,
-                                      st.src_dtypes.get(slot, st.dtype), H, eps, BT, D)
+                                      st.src_dtypes.get(slot, st.dtype), H, eps, BT, D, ss=st.ss[slot])
                 v.dW[k_first:k_hi] += dW
             else:
                 grad = init
@@ -566,6 +571,8 @@ class FusedRouter(Router):
         st.grad_dtype = self.grad_dtype or dtype
         B, T, D = shape
         st.buf = torch.empty((max(st.capacity, 1), B * T, D), device=like.device, dtype=dtype)
+        if self.algo == "v6":
+            st.ss = torch.empty((max(st.capacity, 1), B * T), device=like.device, dtype=torch.float32)
 
     @torch.compiler.disable
     def append(self, state: FusedState, src: Tensor) -> FusedState:
