@@ -437,6 +437,35 @@ def test_gpu_v6_deep(dtype):
     _check_router(1, 512, 1280, 8, n_reads=25, dtype=dtype, with_null=True, with_extra=True, seed=25)
 
 
+def test_v6_buffers_freed_after_backward_without_gc():
+    """Once a forward's backward has run and the caller drops its tensors, the router's source and dout buffers
+    are freed by reference counting alone (a reference cycle through the read chain kept one set per training
+    step alive until Python's garbage collector ran: +1.9 GiB at 350M on the H200)."""
+    import gc
+    import weakref
+
+    base = _inputs(2, 8, 32, 4, torch.float32, True, False, seed=3)
+    p = _leaves(base, torch.float32, DEV)
+    gc.collect()
+    gc.disable()
+    try:
+        router = fused_mod.FusedRouter()
+        st = router.init(p["x"], capacity=5)
+        Q, G = torch.stack(p["qs"]), torch.stack(p["gs"])
+        outs = []
+        for i in range(4):
+            outs.append(router.read(st, Q[i], G[i], 4, lookahead=(Q[i + 1:], G[i + 1:])))
+            st = router.append(st, outs[-1] * 0.5)
+        storage = st.storage
+        buf = weakref.ref(storage.buf)
+        torch.stack(outs).sum().backward()
+        assert storage.v6.done
+        del st, outs, storage
+        assert buf() is None, "the source buffer outlived the step (a reference cycle)"
+    finally:
+        gc.enable()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])  # 1B (head width 160, padded to 256), 350M
