@@ -90,20 +90,24 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     """(fwd, bwd) bytes of the v6 kernels for reads over ns sources (non-decreasing, each read the first to
     see its newest source), E = B*T*D elements per source. ``group`` > 1: forward prefix sharing (groups of
     that many reads: one pass over the first read's sources writes a partial per read, which each read reads
-    back with its newer sources)."""
+    back with its newer sources). Each source's sum of squares per token (fp32, written by the append) is read
+    with the source by every read that scores it (the prefix kernel reduces the row itself) and once by its
+    gradient kernel."""
     unit = sum(ns) * E * elt
     N = len(ns)
-    fwd = 0
+    ss = (E // D) * 4  # one source's sums of squares
+    fwd = N * ss  # the appends write them
     for a in range(0, N, group):
         K = min(group, N - a)
         if K == 1:
-            fwd += (ns[a] + 1) * E * elt  # read the sources, write the output
+            fwd += (ns[a] + 1) * E * elt + ns[a] * ss  # read the sources, write the output
         else:  # prefix once, K partials written and read back, each read's newer sources and output
-            fwd += (ns[a] + 2 * K + sum(ns[i] - ns[a] + 1 for i in range(a, a + K))) * E * elt
+            fwd += (ns[a] + 2 * K + sum(ns[i] - ns[a] + 1 for i in range(a, a + K))) * E * elt + \
+                sum(ns[i] - ns[a] for i in range(a, a + K)) * ss
     dsr = sum(ns) * (E // D) * H * 4 * 2  # fp32 dL/dscore per (token, head, read, source): written, read back
     # stash: read dout + out, write the dout slot (3); per source: read it in the kernel and in the dW matmul
     # (2), write its gradient (1)
-    bwd = unit + dsr + 6 * N * E * elt
+    bwd = unit + dsr + 6 * N * E * elt + N * ss
     return fwd, bwd
 
 

@@ -11,7 +11,8 @@
 #   train:SIZES:VARIANTS[:N]   bench_training.py: the library step per (size, variant), then N trainer steps
 #   trainer:SIZES:VARIANTS:N   bench_training.py --trainer-only: N steps of `python -m mhar.train` per (size, variant)
 #   infer                      bench_inference.py: prefill / decode / memory, baseline vs MHAR
-#   memory:SIZE:VARIANTS       memory_step.py: live allocations at the step's peak, by library frame
+#   memory:SIZE:VARIANTS       memory_step.py --graph: live allocations at the peak of the trainer's first steps
+#                              (warm-up, CUDA-graph capture, replays), by library frame; one process per variant
 #   workflow:TARGET:SECONDS    snakemake --configfile config/gpu_small.yaml TARGET (resumable: rerun continues)
 #   bgworkflow:TARGET:SECONDS  the same in the background (the next stages run meanwhile; `wait` joins it)
 #   wait                       wait for a background workflow
@@ -65,7 +66,7 @@ for stage in "$@"; do
         | grep -v "^\[mhar.train\]" | tail -20 ;;
     memory:*)
       IFS=: read -r _ size variants <<< "$stage"
-      timeout 200 python3 -m benchmarks.memory_step $size $variants 2>&1 | tee -a "$OUT/memory.log" | grep -v "^\[" | tail -30 ;;
+      timeout 240 python3 -m benchmarks.memory_step $size $variants --graph 2>&1 | tee -a "$OUT/memory.log" | grep -v "^\[" | tail -30 ;;
     infer)
       timeout 90 python3 -m benchmarks.bench_inference --out "$OUT/inference.csv" 2>&1 | tee "$OUT/inference.log" | tail -12 ;;
     workflow:*)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchmarks import traffic_bound as tb
-from benchmarks.bench_routing_op import MICROBATCH, min_bytes
+from benchmarks.bench_routing_op import MICROBATCH, min_bytes, v6_bytes
 from mhar.config import PRESETS, model_config
 from mhar.model import Transformer
 
@@ -46,16 +46,26 @@ def test_unit_bytes_and_bounds():
     assert r["v5_bound_ratio"] == pytest.approx(50 / (50 + ideal), abs=1e-4)
     mf, mb = min_bytes(tb.routing_reads(cfg["n_layers"]), E)
     assert r["min_gb"] == pytest.approx((mf + mb) / 1e9, abs=1e-3) and r["min_gb"] < r["v5_gb"]
-    # v6: 2 units + dsr (4H/D of a unit) + 7 source sizes per read (1 output, 3 stash, 3 per source)
+    # v6: 2 units + dsr (4H/D of a unit) + 7 source sizes per read (1 output, 3 stash, 3 per source) + the sums
+    # of squares (fp32 per token): read with each scored source, written by each append, read by each gradient
     unit = tb.unit_bytes("1B")
-    v6 = 2 * unit + unit * 4 * 8 / cfg["d_model"] + 7 * n * E * 2
+    tok = B * T
+    ns = tb.routing_reads(cfg["n_layers"])
+    v6 = 2 * unit + unit * 4 * 8 / cfg["d_model"] + 7 * n * E * 2 + (sum(ns) + 2 * n) * tok * 4
     assert r["v6_gb"] == pytest.approx(v6 / 1e9, abs=1e-3)
+    fwd6, bwd6 = v6_bytes(ns, E, 8, cfg["d_model"])
+    assert fwd6 + bwd6 == pytest.approx(v6, rel=1e-12)
     assert r["v6_gb"] < r["min_gb"] < r["v5_gb"] and r["v5_bound_ratio"] < r["v6_bound_ratio"]
     # forward groups of 8: the forward reads each group's prefix once (+ partials), the backward is unchanged
-    ns, g = tb.routing_reads(cfg["n_layers"]), tb.V6_GROUP
+    g = tb.V6_GROUP
     fwd_g = sum((ns[a] + 2 * g + sum(ns[i] - ns[a] + 1 for i in range(a, a + g))) * E * 2
-                for a in range(0, n - 1, g)) + (ns[-1] + 1) * E * 2  # n = 73: 9 groups of 8 + one plain read
-    assert r["v6_g8_gb"] == pytest.approx((v6 - (unit + n * E * 2) + fwd_g) / 1e9, abs=1e-3)
+                + sum(ns[i] - ns[a] for i in range(a, a + g)) * tok * 4
+                for a in range(0, n - 1, g)) + (ns[-1] + 1) * E * 2 + ns[-1] * tok * 4 \
+        + n * tok * 4  # 9 groups of 8 + one plain read; the appends' sums of squares
+    fwd_1 = unit + n * E * 2 + (sum(ns) + n) * tok * 4  # the forward without sharing (sources, outputs, ss)
+    assert r["v6_g8_gb"] == pytest.approx((v6 - fwd_1 + fwd_g) / 1e9, abs=1e-3)
+    fg, bg = v6_bytes(ns, E, 8, cfg["d_model"], group=g)
+    assert (fg, bg) == (pytest.approx(fwd_g, rel=1e-12), pytest.approx(bwd6, rel=1e-12))
     assert r["v6_g8_gb"] < r["v6_gb"]
     assert r["measured_ratio"] == pytest.approx(50 / 80, abs=1e-4) and r["measured_gap_ms"] == 30
     assert r["gpu"] == "G"

@@ -11,7 +11,9 @@ pseudo-queries); an announced read's backward keeps its dout (``stash``), and th
 backward of the first read that saw a source forms that source's gradient from all
 later reads' douts in one pass (``source_bwd``): per microbatch about 2 byte units
 instead of v5's 4 (``benchmarks/traffic_bound.py``). See ``_V6`` for the ordering
-(a read-chain token) and the fallback of reads that were not announced.
+(a read-chain token) and the fallback of reads that were not announced. v6's appends
+also write each source's sum of squares per token (``ss``), which its forward and
+gradient kernels read instead of reducing every row per read.
 
 The rest of this docstring describes v5 (``FusedRouter(algo="v5")``, "fused_v5"),
 whose storage v6 shares.
