@@ -76,6 +76,38 @@ def _in(i, a, b, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
+def _row_tiles(pid, BT, D, H, DH, BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr):
+    """Indices of a program's BLOCK_T token rows, each viewed as a (HP, DHP) tile (H heads of DH columns):
+    tok (BLOCK_T,), hh (HP,), col (HP, DHP) column index, cmask (HP, DHP), tmask (BLOCK_T,), offs / mask
+    (BLOCK_T, HP, DHP) into a (BT, D) tensor, smask (BLOCK_T, HP)."""
+    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    hh = tl.arange(0, HP)
+    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]
+    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
+    tmask = tok < BT
+    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]
+    mask = tmask[:, None, None] & cmask[None, :, :]
+    smask = tmask[:, None] & (hh[None, :] < H)
+    return tok, hh, col, cmask, tmask, offs, mask, smask
+
+
+@triton.jit
+def _fwd_start(init_ptr, init_lse_ptr, tok, hh, H, offs, mask, smask, HAS_INIT: tl.constexpr,
+               BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr):
+    """Online-softmax state (m, l, acc) of a forward: empty, or (HAS_INIT) a prefix partial to continue
+    (normalised mix P and its log-sum-exp: m = lse, l = 1, acc = P)."""
+    if HAS_INIT:
+        m = tl.load(init_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
+        l = tl.full((BLOCK_T, HP), 1.0, tl.float32)
+        acc = tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        m = tl.full((BLOCK_T, HP), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_T, HP), tl.float32)
+        acc = tl.zeros((BLOCK_T, HP, DHP), tl.float32)
+    return m, l, acc
+
+
+@triton.jit
 def _fwd_update(x, w, m, l, acc, D, eps):
     """Online-softmax step for one source tile x (BLOCK_T, HP, DHP) fp32."""
     ss = tl.sum(tl.sum(x * x, axis=2), axis=1)  # (BLOCK_T,)
@@ -97,27 +129,11 @@ def _route_fwd_kernel(
     HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
-    hh = tl.arange(0, HP)
-    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]  # (HP, DHP) column index
-    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
-    tmask = tok < BT
-    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]  # (BLOCK_T, HP, DHP)
-    mask = tmask[:, None, None] & cmask[None, :, :]
-    smask = tmask[:, None] & (hh[None, :] < H)  # (BLOCK_T, HP)
+    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(tl.program_id(0), BT, D, H, DH, BLOCK_T, HP, DHP)
     soffs = tok.to(tl.int64)[:, None] * (H * N_TOTAL) + hh[None, :] * N_TOTAL
-
     w = tl.load(q_ptr + col, mask=cmask, other=0.0).to(tl.float32) * \
         tl.load(g_ptr + col, mask=cmask, other=0.0).to(tl.float32)  # (HP, DHP)
-    if HAS_INIT:  # continue a prefix partial (normalised mix P, its log-sum-exp): m = lse, l = 1, acc = P
-        m = tl.load(init_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
-        l = tl.full((BLOCK_T, HP), 1.0, tl.float32)
-        acc = tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    else:
-        m = tl.full((BLOCK_T, HP), float("-inf"), tl.float32)
-        l = tl.zeros((BLOCK_T, HP), tl.float32)
-        acc = tl.zeros((BLOCK_T, HP, DHP), tl.float32)
+    m, l, acc = _fwd_start(init_ptr, init_lse_ptr, tok, hh, H, offs, mask, smask, HAS_INIT, BLOCK_T, HP, DHP)
     j0 = 0
     if HAS_NULL:
         nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
@@ -593,26 +609,11 @@ def _fwd6_kernel(
     """The forward of ``_route_fwd_kernel`` (same arguments, plus ss (cap, BT) fp32: each buffered source's
     sum of squares per token, written by ``append_source``), with the buffered sources' loop pipelined
     (``tl.range``) and their RMS read from ss instead of reduced over the row (a reduction across warps)."""
-    pid = tl.program_id(0)
-    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    hh = tl.arange(0, HP)
-    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]
-    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
-    tmask = tok < BT
-    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]
-    mask = tmask[:, None, None] & cmask[None, :, :]
-    smask = tmask[:, None] & (hh[None, :] < H)
+    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(tl.program_id(0), BT, D, H, DH, BLOCK_T, HP, DHP)
     soffs = tok.to(tl.int64)[:, None] * (H * N_TOTAL) + hh[None, :] * N_TOTAL
     w = tl.load(q_ptr + col, mask=cmask, other=0.0).to(tl.float32) * \
-        tl.load(g_ptr + col, mask=cmask, other=0.0).to(tl.float32)
-    if HAS_INIT:  # continue a prefix partial (normalised mix P, its log-sum-exp): m = lse, l = 1, acc = P
-        m = tl.load(init_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
-        l = tl.full((BLOCK_T, HP), 1.0, tl.float32)
-        acc = tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    else:
-        m = tl.full((BLOCK_T, HP), float("-inf"), tl.float32)
-        l = tl.zeros((BLOCK_T, HP), tl.float32)
-        acc = tl.zeros((BLOCK_T, HP, DHP), tl.float32)
+        tl.load(g_ptr + col, mask=cmask, other=0.0).to(tl.float32)  # (HP, DHP)
+    m, l, acc = _fwd_start(init_ptr, init_lse_ptr, tok, hh, H, offs, mask, smask, HAS_INIT, BLOCK_T, HP, DHP)
     j0 = 0
     if HAS_NULL:
         nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)

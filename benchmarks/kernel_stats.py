@@ -1,0 +1,112 @@
+"""Compile the v6 routing kernels for the H100/H200 (sm_90) without a GPU and report what decides their speed:
+registers per thread, spills, shared memory, and whether the source / read loop is software-pipelined
+(``cp.async`` copies into shared memory in the PTX).
+
+    PYTHONPATH=. python -m benchmarks.kernel_stats                  # every v6 launch configuration, the presets
+    PYTHONPATH=. python -m benchmarks.kernel_stats --json           # the same as JSON lines
+
+Uses Triton's own compiler and the ``ptxas`` it ships (``ptxas -v`` for registers and spills). With the
+device's Triton version the numbers are the device's: Triton 3.6 here reported 127 registers for the kernel
+that Nsight Compute measured at 127 on the H200 (results/gpu/session_2026-12-01c). Integer arguments that are
+multiples of 16 (D, head width, strides) are marked divisible by 16, as Triton's launcher does. Needs the
+compiled (not interpreted) Triton: it refuses to run under TRITON_INTERPRET=1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+# (d_model, heads) of the presets the paper trains, H = 8 (the benchmarks' MHAR)
+WIDTHS = {"100M": (512, 8), "350M": (1024, 8), "1B": (1280, 8)}
+
+
+def _jit(kernel):
+    import triton
+    while not isinstance(kernel, triton.runtime.jit.JITFunction):
+        kernel = kernel.fn
+    return kernel
+
+
+def compile_stats(kernel, types: dict, consts: dict, num_warps: int, divisible=()) -> dict:
+    """Compile ``kernel`` (a JIT function, possibly wrapped by the autotuner) for sm_90 with the given argument
+    types (default i32; pointers '*bf16' etc.), constexpr values and warps; return registers, spills (bytes),
+    shared memory (bytes) and the number of cp.async instructions in the PTX."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    fn = _jit(kernel)
+    names = fn.arg_names
+    sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
+             if n not in consts and (n.endswith("_ptr") or n in divisible)}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,
+                                    constexprs={(names.index(k),): v for k, v in consts.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    ptx = compiled.asm["ptx"]
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        res = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", path, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True, check=True)
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
+    return {"registers": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else 0,
+            "shared_bytes": compiled.metadata.shared, "cp_async": ptx.count("cp.async.")}
+
+
+def v6_stats(size: str) -> list[dict]:
+    """Stats of the v6 forward and write-once gradient kernels for every launch configuration the autotuner
+    may pick (``_v6_configs``, after its pruning) at a preset's width (bf16 sources)."""
+    from mhar.routing import _kernels as K
+
+    D, H = WIDTHS[size]
+    HP, DHP = K._tiles(D, H)
+    fwd_types = {n: "*bf16" for n in _jit(K._fwd6_kernel).arg_names if n.endswith("_ptr")}
+    fwd_types.update(ss_ptr="*fp32", lse_ptr="*fp32", q_ptr="*fp32", g_ptr="*fp32", score_ptr="*fp32",
+                     init_lse_ptr="*fp32", eps="fp32")
+    bwd_types = {n: "*bf16" for n in _jit(K._src_bwd_kernel).arg_names if n.endswith("_ptr")}
+    bwd_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", w_ptr="*fp32", dsr_ptr="*fp32",
+                     eps="fp32")
+    configs = K._prune(K._v6_configs(), {"HP": HP, "DHP": DHP})
+    rows = []
+    for cfg in configs:
+        for name, kernel, types, flags, div in (
+                ("fwd6", K._fwd6_kernel, fwd_types,
+                 dict(HAS_NULL=False, HAS_EXTRA=False, STORE_SCORES=False, HAS_INIT=False), ("BT", "D", "DH", "buf_stride")),
+                ("src_bwd", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False),
+                 ("BT", "D", "DH", "BTD", "BTH"))):
+            consts = {**flags, "HP": HP, "DHP": DHP, **cfg.kwargs}
+            st = compile_stats(kernel, types, consts, cfg.num_warps, div)
+            rows.append({"size": size, "kernel": name, "BLOCK_T": cfg.kwargs["BLOCK_T"],
+                         "STAGES": cfg.kwargs["STAGES"], "warps": cfg.num_warps, **st})
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", nargs="+", default=list(WIDTHS), choices=list(WIDTHS))
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("error: kernel_stats compiles the kernels; unset TRITON_INTERPRET", file=sys.stderr)
+        raise SystemExit(2)
+    import triton
+    for size in args.sizes:
+        for r in v6_stats(size):
+            if args.json:
+                print(json.dumps({**r, "triton": triton.__version__}), flush=True)
+            else:
+                print(f"{r['size']:5s} {r['kernel']:8s} BLOCK_T {r['BLOCK_T']} stages {r['STAGES']} warps {r['warps']}: "
+                      f"{r['registers']} registers, {r['spill_bytes']} B spilled, {r['shared_bytes']} B shared, "
+                      f"{r['cp_async']} cp.async", flush=True)
+
+
+if __name__ == "__main__":
+    main()
