@@ -92,10 +92,33 @@ def _row_tiles(pid, BT, D, H, DH, BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: 
 
 
 @triton.jit
-def _fwd_start(init_ptr, init_lse_ptr, tok, hh, H, offs, mask, smask, HAS_INIT: tl.constexpr,
+def _rms(x, D, eps):
+    """1 / RMS of each row of a (BLOCK_T, HP, DHP) fp32 tile (a reduction over the whole row)."""
+    return 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=2), axis=1) / D + eps)
+
+
+@triton.jit
+def _fwd_update(x, r, w, m, l, acc):
+    """Online-softmax step for one source tile x (BLOCK_T, HP, DHP) fp32 with its 1 / RMS r (BLOCK_T,)."""
+    s = tl.sum(x * w[None, :, :], axis=2) * r[:, None]  # (BLOCK_T, HP) scores: per-head reductions only
+    m_new = tl.maximum(m, s)
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new)
+    return m_new, l * alpha + p, acc * alpha[:, :, None] + p[:, :, None] * x, s
+
+
+@triton.jit
+def _fwd_begin(null_ptr, q_ptr, g_ptr, score_ptr, init_ptr, init_lse_ptr, BT, D, H, DH, N_TOTAL, eps,
+               HAS_NULL: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
                BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr):
-    """Online-softmax state (m, l, acc) of a forward: empty, or (HAS_INIT) a prefix partial to continue
-    (normalised mix P and its log-sum-exp: m = lse, l = 1, acc = P)."""
+    """A forward program's start: its tiles (``_row_tiles``), score offsets into (BT, H, N_TOTAL), w = q * g
+    (HP, DHP) fp32 and the online-softmax state (m, l, acc): empty, or (HAS_INIT) a prefix partial to continue
+    (normalised mix P and its log-sum-exp: m = lse, l = 1, acc = P), then the broadcast null source (D,) as
+    the first source (HAS_NULL; its score stored at column 0)."""
+    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(tl.program_id(0), BT, D, H, DH, BLOCK_T, HP, DHP)
+    soffs = tok.to(tl.int64)[:, None] * (H * N_TOTAL) + hh[None, :] * N_TOTAL
+    w = tl.load(q_ptr + col, mask=cmask, other=0.0).to(tl.float32) * \
+        tl.load(g_ptr + col, mask=cmask, other=0.0).to(tl.float32)
     if HAS_INIT:
         m = tl.load(init_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
         l = tl.full((BLOCK_T, HP), 1.0, tl.float32)
@@ -104,21 +127,27 @@ def _fwd_start(init_ptr, init_lse_ptr, tok, hh, H, offs, mask, smask, HAS_INIT: 
         m = tl.full((BLOCK_T, HP), float("-inf"), tl.float32)
         l = tl.zeros((BLOCK_T, HP), tl.float32)
         acc = tl.zeros((BLOCK_T, HP, DHP), tl.float32)
-    return m, l, acc
+    if HAS_NULL:
+        nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
+        x = tl.zeros((BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :]
+        m, l, acc, s = _fwd_update(x, _rms(x, D, eps), w, m, l, acc)
+        if STORE_SCORES:
+            tl.store(score_ptr + soffs, s, mask=smask)
+    return tok, col, cmask, tmask, offs, mask, smask, soffs, w, m, l, acc
 
 
 @triton.jit
-def _fwd_update(x, w, m, l, acc, D, eps):
-    """Online-softmax step for one source tile x (BLOCK_T, HP, DHP) fp32."""
-    ss = tl.sum(tl.sum(x * x, axis=2), axis=1)  # (BLOCK_T,)
-    r = 1.0 / tl.sqrt(ss / D + eps)
-    s = tl.sum(x * w[None, :, :], axis=2) * r[:, None]  # (BLOCK_T, HP) scores
-    m_new = tl.maximum(m, s)
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new)
-    l = l * alpha + p
-    acc = acc * alpha[:, :, None] + p[:, :, None] * x
-    return m_new, l, acc, s
+def _fwd_end(extra_ptr, out_ptr, lse_ptr, score_ptr, tok, offs, mask, smask, extra_soffs, w, m, l, acc, H, D, eps,
+             HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HP: tl.constexpr):
+    """A forward program's end: the transient ``extra`` source (HAS_EXTRA, its score stored at ``extra_soffs``),
+    then the output acc / l and the log-sum-exp m + log(l) per head."""
+    if HAS_EXTRA:
+        x = tl.load(extra_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        m, l, acc, s = _fwd_update(x, _rms(x, D, eps), w, m, l, acc)
+        if STORE_SCORES:
+            tl.store(score_ptr + extra_soffs, s, mask=smask)
+    tl.store(out_ptr + offs, (acc / l[:, :, None]).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(lse_ptr + tok.to(tl.int64)[:, None] * H + tl.arange(0, HP)[None, :], m + tl.log(l), mask=smask)
 
 
 @triton.autotune(**_TUNE)
@@ -129,42 +158,28 @@ def _route_fwd_kernel(
     HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(tl.program_id(0), BT, D, H, DH, BLOCK_T, HP, DHP)
-    soffs = tok.to(tl.int64)[:, None] * (H * N_TOTAL) + hh[None, :] * N_TOTAL
-    w = tl.load(q_ptr + col, mask=cmask, other=0.0).to(tl.float32) * \
-        tl.load(g_ptr + col, mask=cmask, other=0.0).to(tl.float32)  # (HP, DHP)
-    m, l, acc = _fwd_start(init_ptr, init_lse_ptr, tok, hh, H, offs, mask, smask, HAS_INIT, BLOCK_T, HP, DHP)
+    tok, col, cmask, tmask, offs, mask, smask, soffs, w, m, l, acc = _fwd_begin(
+        null_ptr, q_ptr, g_ptr, score_ptr, init_ptr, init_lse_ptr, BT, D, H, DH, N_TOTAL, eps, HAS_NULL,
+        STORE_SCORES, HAS_INIT, BLOCK_T, HP, DHP)
     j0 = 0
     if HAS_NULL:
-        nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
-        x = tl.zeros((BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :]
-        m, l, acc, s = _fwd_update(x, w, m, l, acc, D, eps)
-        if STORE_SCORES:
-            tl.store(score_ptr + soffs, s, mask=smask)
         j0 = 1
     if PREFETCH:  # issue the load of source j + 1 before the math of source j (two tiles in flight)
         x_next = tl.load(buf_ptr + lo * buf_stride + offs, mask=mask & _in(lo, lo, n_buf, BLOCK_T), other=0.0)
         for j in range(lo, n_buf):
             x = x_next.to(tl.float32)
             x_next = tl.load(buf_ptr + (j + 1) * buf_stride + offs, mask=mask & _in(j + 1, lo, n_buf, BLOCK_T), other=0.0)
-            m, l, acc, s = _fwd_update(x, w, m, l, acc, D, eps)
+            m, l, acc, s = _fwd_update(x, _rms(x, D, eps), w, m, l, acc)
             if STORE_SCORES:
                 tl.store(score_ptr + soffs + j0 + j - lo, s, mask=smask)
     else:
         for j in range(lo, n_buf):
             x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
-            m, l, acc, s = _fwd_update(x, w, m, l, acc, D, eps)
+            m, l, acc, s = _fwd_update(x, _rms(x, D, eps), w, m, l, acc)
             if STORE_SCORES:
                 tl.store(score_ptr + soffs + j0 + j - lo, s, mask=smask)
-    if HAS_EXTRA:
-        x = tl.load(extra_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        m, l, acc, s = _fwd_update(x, w, m, l, acc, D, eps)
-        if STORE_SCORES:
-            tl.store(score_ptr + soffs + j0 + n_buf - lo, s, mask=smask)
-    out = acc / l[:, :, None]
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
-    lse = m + tl.log(l)
-    tl.store(lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], lse, mask=smask)
+    _fwd_end(extra_ptr, out_ptr, lse_ptr, score_ptr, tok, offs, mask, smask, soffs + j0 + n_buf - lo, w, m, l, acc,
+             H, D, eps, HAS_EXTRA, STORE_SCORES, HP)
 
 
 @triton.jit
@@ -201,15 +216,7 @@ def _route_bwd_kernel(
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    hh = tl.arange(0, HP)
-    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]  # (HP, DHP)
-    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
-    tmask = tok < BT
-    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]
-    mask = tmask[:, None, None] & cmask[None, :, :]
-    smask = tmask[:, None] & (hh[None, :] < H)
-
+    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(pid, BT, D, H, DH, BLOCK_T, HP, DHP)
     w = tl.load(q_ptr + col, mask=cmask, other=0.0).to(tl.float32) * \
         tl.load(g_ptr + col, mask=cmask, other=0.0).to(tl.float32)
     dout = tl.load(dout_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -581,22 +588,6 @@ def _v6_configs() -> list:
             for bt in (1, 2, 4) for nw in (4, 8) for ns in (2, 4)]
 
 
-@triton.jit
-def _rms(x, D, eps):
-    """1 / RMS of each row of a (BLOCK_T, HP, DHP) fp32 tile (a reduction over the whole row)."""
-    return 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=2), axis=1) / D + eps)
-
-
-@triton.jit
-def _fwd6_update(x, r, w, m, l, acc):
-    """Online-softmax step for one source tile x (BLOCK_T, HP, DHP) fp32 with its 1 / RMS r (BLOCK_T,)."""
-    s = tl.sum(x * w[None, :, :], axis=2) * r[:, None]  # (BLOCK_T, HP) scores: per-head reductions only
-    m_new = tl.maximum(m, s)
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new)
-    return m_new, l * alpha + p, acc * alpha[:, :, None] + p[:, :, None] * x, s
-
-
 @triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_NULL", "HAS_EXTRA", "HAS_INIT"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
@@ -609,32 +600,20 @@ def _fwd6_kernel(
     """The forward of ``_route_fwd_kernel`` (same arguments, plus ss (cap, BT) fp32: each buffered source's
     sum of squares per token, written by ``append_source``), with the buffered sources' loop pipelined
     (``tl.range``) and their RMS read from ss instead of reduced over the row (a reduction across warps)."""
-    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(tl.program_id(0), BT, D, H, DH, BLOCK_T, HP, DHP)
-    soffs = tok.to(tl.int64)[:, None] * (H * N_TOTAL) + hh[None, :] * N_TOTAL
-    w = tl.load(q_ptr + col, mask=cmask, other=0.0).to(tl.float32) * \
-        tl.load(g_ptr + col, mask=cmask, other=0.0).to(tl.float32)  # (HP, DHP)
-    m, l, acc = _fwd_start(init_ptr, init_lse_ptr, tok, hh, H, offs, mask, smask, HAS_INIT, BLOCK_T, HP, DHP)
+    tok, col, cmask, tmask, offs, mask, smask, soffs, w, m, l, acc = _fwd_begin(
+        null_ptr, q_ptr, g_ptr, score_ptr, init_ptr, init_lse_ptr, BT, D, H, DH, N_TOTAL, eps, HAS_NULL,
+        STORE_SCORES, HAS_INIT, BLOCK_T, HP, DHP)
     j0 = 0
     if HAS_NULL:
-        nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
-        x = tl.zeros((BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :]
-        m, l, acc, s = _fwd6_update(x, _rms(x, D, eps), w, m, l, acc)
-        if STORE_SCORES:
-            tl.store(score_ptr + soffs, s, mask=smask)
         j0 = 1
     for j in tl.range(lo, n_buf, num_stages=STAGES):
         x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
         ssj = tl.load(ss_ptr + j * BT + tok, mask=tmask, other=1.0)
-        m, l, acc, s = _fwd6_update(x, 1.0 / tl.sqrt(ssj / D + eps), w, m, l, acc)
+        m, l, acc, s = _fwd_update(x, 1.0 / tl.sqrt(ssj / D + eps), w, m, l, acc)
         if STORE_SCORES:
             tl.store(score_ptr + soffs + j0 + j - lo, s, mask=smask)
-    if HAS_EXTRA:
-        x = tl.load(extra_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        m, l, acc, s = _fwd6_update(x, _rms(x, D, eps), w, m, l, acc)
-        if STORE_SCORES:
-            tl.store(score_ptr + soffs + j0 + n_buf - lo, s, mask=smask)
-    tl.store(out_ptr + offs, (acc / l[:, :, None]).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], m + tl.log(l), mask=smask)
+    _fwd_end(extra_ptr, out_ptr, lse_ptr, score_ptr, tok, offs, mask, smask, soffs + j0 + n_buf - lo, w, m, l, acc,
+             H, D, eps, HAS_EXTRA, STORE_SCORES, HP)
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]
@@ -687,15 +666,8 @@ def _src_bwd_kernel(
     ``tl.range`` loop (software-pipelined: the douts stream through shared memory) whose body reduces over
     each head's columns only (the RMS term is summed per head and reduced over heads once, after the loop)."""
     pid = tl.program_id(0)
-    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    hh = tl.arange(0, HP)
-    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]  # (HP, DHP)
-    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
-    tmask = tok < BT
+    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(pid, BT, D, H, DH, BLOCK_T, HP, DHP)
     tok = tok.to(tl.int64)
-    offs = tok[:, None, None] * D + col[None, :, :]  # (BLOCK_T, HP, DHP)
-    mask = tmask[:, None, None] & cmask[None, :, :]
-    smask = tmask[:, None] & (hh[None, :] < H)
     hoffs = tok[:, None] * H + hh[None, :]  # (BLOCK_T, HP) into (BT, H)
     J = k_hi - k_lo
     doffs = hh[None, :] * (J * BT) + tok[:, None]  # into dsr (H, J, BT), read k_lo
@@ -737,19 +709,12 @@ def _src_bwd_kernel(
 def _stash_kernel(dout_ptr, out_ptr, dslot_ptr, delta_ptr, BT, D, H, DH,
                   BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr):
     """dslot = dout (in the dout buffer's dtype) and delta = <dout_h, out_h> (BT, H) fp32."""
-    pid = tl.program_id(0)
-    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    hh = tl.arange(0, HP)
-    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]
-    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
-    tmask = tok < BT
-    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]
-    mask = tmask[:, None, None] & cmask[None, :, :]
+    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(tl.program_id(0), BT, D, H, DH, BLOCK_T, HP, DHP)
     dout = tl.load(dout_ptr + offs, mask=mask, other=0.0)
     out = tl.load(out_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(dslot_ptr + offs, dout.to(dslot_ptr.dtype.element_ty), mask=mask)
     delta = tl.sum(dout.to(tl.float32) * out, axis=2)
-    tl.store(delta_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], delta, mask=tmask[:, None] & (hh[None, :] < H))
+    tl.store(delta_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], delta, mask=smask)
 
 
 def stash(dout: torch.Tensor, out: torch.Tensor, dslot: torch.Tensor, delta: torch.Tensor, H: int, BT: int,
