@@ -86,13 +86,46 @@ def v5_bytes(ns: list[int], E: int, elt: int = 2) -> tuple[int, int]:
     return unit, 3 * unit
 
 
-def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1) -> tuple[int, int]:
+def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
+    """(douts read, partial gradients) of the v6 backward for reads over ns sources when up to ``source_group``
+    consecutive sources share one pass (the rule of ``mhar.routing.fused._source_group``: backward visits reads
+    newest first; a read's newest new source starts a group with older ones first seen by earlier reads; each
+    partial is completed by its first reader over the reads up to the group's)."""
+    N = len(ns)
+    first = {}  # slot -> first reader
+    seen = 0
+    for k, n in enumerate(ns):
+        for s_ in range(seen, n):
+            first[s_] = k
+        seen = max(seen, n)
+    partial: dict = {}
+    douts = parts = 0
+    for k in range(N - 1, -1, -1):
+        new = [s_ for s_ in first if first[s_] == k]
+        for s_ in new:
+            if s_ in partial:
+                douts += partial.pop(s_) - k
+                continue
+            douts += N - k
+            if source_group > 1 and s_ == max(new):
+                o = s_ - 1
+                while len([x for x in partial if partial[x] == k]) < source_group - 1 and o >= 0 \
+                        and first.get(o, N) < k and o not in partial:
+                    partial[o] = k
+                    parts += 1
+                    o -= 1
+    return douts, parts
+
+
+def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1,
+             source_group: int = 1) -> tuple[int, int]:
     """(fwd, bwd) bytes of the v6 kernels for reads over ns sources (non-decreasing, each read the first to
     see its newest source), E = B*T*D elements per source. ``group`` > 1: forward prefix sharing (groups of
     that many reads: one pass over the first read's sources writes a partial per read, which each read reads
     back with its newer sources). Each source's sum of squares per token (fp32, written by the append) is read
     with the source by every read that scores it (the prefix kernel reduces the row itself) and once by its
-    gradient kernel."""
+    gradient kernel. ``source_group`` > 1: consecutive sources share one pass over the later reads' douts; each
+    partial gradient costs an fp32 write and read and its completion pass reads the source again."""
     unit = sum(ns) * E * elt
     N = len(ns)
     ss = (E // D) * 4  # one source's sums of squares
@@ -107,13 +140,14 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     dsr = sum(ns) * (E // D) * H * 4 * 2  # fp32 dL/dscore per (token, head, read, source): written, read back
     # stash: read dout + out, write the dout slot (3); per source: read it in the kernel and in the dW matmul
     # (2), write its gradient (1)
-    bwd = unit + dsr + 6 * N * E * elt + N * ss
+    douts, parts = _dout_passes(ns, source_group)
+    bwd = douts * E * elt + dsr + 6 * N * E * elt + N * ss + parts * (5 * E * elt + ss)
     return fwd, bwd
 
 
 def _router(impl: str):
     """eager | compile | fused (kernels v6: source-major, write-once backward) | fused_gK (v6 with forward
-    prefix sharing in groups of K reads) | fused_v5 (the previous read-major kernels, no prefix sharing) |
+    prefix sharing in groups of K reads) | fused_sgG (v6, gradients of G consecutive sources from one pass) | fused_v5 (the previous read-major kernels, no prefix sharing) |
     fused_auto (v5, groups of about sqrt(reads)) | fused_v5_gK (v5, groups of K reads) | fused_fp32acc (v5,
     source gradients accumulated in fp32)."""
     from mhar.routing.fused import FusedRouter
@@ -121,6 +155,8 @@ def _router(impl: str):
         return FusedRouter(algo="v5", grad_dtype=torch.float32)
     if impl.startswith("fused_v5_g"):
         return FusedRouter(algo="v5", group=int(impl[len("fused_v5_g"):]))
+    if impl.startswith("fused_sg"):
+        return FusedRouter(source_group=int(impl[len("fused_sg"):]))
     if impl.startswith("fused_g"):
         return FusedRouter(group=int(impl[len("fused_g"):]))
     if impl == "fused_auto":
@@ -136,6 +172,8 @@ def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int) -> tuple[int, 
     """(fwd, bwd) bytes of the byte model of the fused kernels (``v6_bytes`` / ``v5_bytes``), None for others."""
     if impl == "fused":
         return v6_bytes(ns, E, H, D)
+    if impl.startswith("fused_sg"):
+        return v6_bytes(ns, E, H, D, source_group=int(impl[len("fused_sg"):]))
     if impl.startswith("fused_g"):
         return v6_bytes(ns, E, H, D, group=int(impl[len("fused_g"):]))
     if impl in ("fused_v5", "fused_fp32acc"):

@@ -37,6 +37,7 @@ VARIANTS = {
     "mhar_compile": {"variant": "mhar", "routing_impl": "compile"},
     "mhar_fused": {"variant": "mhar", "routing_impl": "fused"},
     "mhar_fused_v5": {"variant": "mhar", "routing_impl": "fused_v5"},  # the previous kernels, side by side
+    "mhar_fused_sg4": {"variant": "mhar", "routing_impl": "fused_sg4"},  # v6 with source groups of 4
 }
 
 

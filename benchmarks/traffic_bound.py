@@ -13,7 +13,9 @@ tests). One byte "unit" = sum_n n * E * 2 bytes. Moved per microbatch:
   (read dout and out, write the dout buffer), the source read twice (kernel and dW matmul), its gradient
   written once: about 2 units + 7N source sizes; ``v6_g8``: the same with forward prefix sharing in groups
   of 8 reads (``FusedRouter(group=8)``, the ``fused_g8`` row of bench_routing_op): the forward reads each
-  group's common prefix once, plus a partial per read written and read back;
+  group's common prefix once, plus a partial per read written and read back; ``v6_sg4``: the backward with
+  source groups of 4 (``FusedRouter(source_group=4)``, ``fused_sg4``): 4 consecutive sources share one pass
+  over the later reads' douts (partials in fp32, completed by their first reader); ``v6_g8_sg4``: both;
 * ``min``: any one-pass-per-read algorithm (``bench_routing_op.min_bytes``: forward reads the sources and
   writes the output, backward reads sources and dout and writes each source gradient once).
 
@@ -37,6 +39,7 @@ from mhar.provenance import git_info
 from mhar.config import PRESETS
 
 BYTES_PER_ELT = 2  # bf16 sources under autocast
+V6_SOURCE_GROUP = 4  # source-group size of the v6_sg row
 V6_GROUP = 8  # reads per forward prefix-sharing group of the v6 row with sharing (FusedRouter(group=8))
 
 
@@ -74,8 +77,11 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
         ns, E = routing_reads(cfg["n_layers"]), B * T * cfg["d_model"]
         v6_f, v6_b = v6_bytes(ns, E, heads, cfg["d_model"])
         v6g_f, v6g_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V6_GROUP)
+        v6s_f, v6s_b = v6_bytes(ns, E, heads, cfg["d_model"], source_group=V6_SOURCE_GROUP)
+        v6gs_f, v6gs_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V6_GROUP, source_group=V6_SOURCE_GROUP)
         for name, nbytes in (("v5", 4 * unit), ("v6", v6_f + v6_b), (f"v6_g{V6_GROUP}", v6g_f + v6g_b),
-                             ("min", mb_f + mb_b)):
+                             (f"v6_sg{V6_SOURCE_GROUP}", v6s_f + v6s_b),
+                             (f"v6_g{V6_GROUP}_sg{V6_SOURCE_GROUP}", v6gs_f + v6gs_b), ("min", mb_f + mb_b)):
             ideal = nbytes / (hbm_gbps * 1e9) * 1e3
             row[f"{name}_gb"] = round(nbytes / 1e9, 3)
             row[f"{name}_ideal_ms"] = round(ideal, 2)
@@ -114,7 +120,9 @@ def main(argv=None) -> int:
               f"{r['v6_gb']} GB ({r['v5_gb'] / r['v6_gb']:.2f}x fewer) / v6 with forward groups of {V6_GROUP} "
               f"{r[f'v6_g{V6_GROUP}_gb']} GB ({r['v5_gb'] / r[f'v6_g{V6_GROUP}_gb']:.2f}x); bound "
               f"{r['v5_bound_ratio']:.3f} (v5) / {r['v6_bound_ratio']:.3f} (v6) / "
-              f"{r[f'v6_g{V6_GROUP}_bound_ratio']:.3f} (v6 g{V6_GROUP}) / {r['min_bound_ratio']:.3f} "
+              f"{r[f'v6_g{V6_GROUP}_bound_ratio']:.3f} (v6 g{V6_GROUP}) / "
+              f"{r[f'v6_sg{V6_SOURCE_GROUP}_bound_ratio']:.3f} (v6 sg{V6_SOURCE_GROUP}) / "
+              f"{r[f'v6_g{V6_GROUP}_sg{V6_SOURCE_GROUP}_bound_ratio']:.3f} (both) / {r['min_bound_ratio']:.3f} "
               f"(one-pass write-once); measured "
               f"{r['measured_ratio']} (gap {r['measured_gap_ms']} ms vs {r['v5_ideal_ms']} ms v5 ideal)")
     return 0

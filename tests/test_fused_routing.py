@@ -109,7 +109,7 @@ def _flat(p):
 
 
 def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, group=None, shared_backward=True,
-                  two_pass=False, algo="v6", lookahead=True):
+                  two_pass=False, algo="v6", lookahead=True, source_group=1):
     """``algo`` "v6" (routing_impl 'fused'): with ``lookahead`` every read is source-major (write-once source
     gradients); without, only the first is and the others run the v5 backward for their own part (the
     fallback). "v5" (routing_impl 'fused_v5'): ``group`` / ``shared_backward`` / ``two_pass`` as before."""
@@ -123,7 +123,8 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
         p = _leaves(base, dtype, DEV)
         if impl == "fused":
             router = (fused_mod.FusedRouter(algo="v5", group=group, shared_backward=shared_backward,
-                                            two_pass=two_pass) if algo == "v5" else fused_mod.FusedRouter(group=group))
+                                            two_pass=two_pass) if algo == "v5"
+                      else fused_mod.FusedRouter(group=group, source_group=source_group))
         else:
             router = get_router(impl)
         la = group is not None if algo == "v5" else lookahead
@@ -135,10 +136,18 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
     loss, g, p = run("fused")
     assert fused_mod._Read.calls - calls == n_reads  # the fused path ran, once per read
     ran = {k: fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("route_bwd", "stash", "source_bwd")}
+    n_groups = fused_mod.LAUNCHES["source_group_bwd"] - launches.get("source_group_bwd", 0)
     if algo == "v6":
         n_extra = sum(1 for i in range(n_reads) if with_extra and i % 2 == 1)
         n_src = n_reads + with_null  # one write-once pass per buffered source (+ the null)
-        if lookahead:  # every read source-major: route_bwd only for the transient extra sources
+        if lookahead and source_group > 1:  # sources share passes: every group pass completes its newest source,
+            # the older ones later (one short pass each, except a source whose first reader is the group's)
+            full, rest = divmod(n_reads, source_group)  # read k first sees slot k; groups from the newest down
+            assert n_groups == full + (rest > 1), (n_groups, n_reads, source_group)
+            assert ran["route_bwd"] == n_extra and ran["stash"] == n_reads, ran
+            assert ran["source_bwd"] + n_groups == n_src, (ran, n_groups)
+        elif lookahead:  # every read source-major: route_bwd only for the transient extra sources
+            assert n_groups == 0
             assert ran == {"route_bwd": n_extra, "stash": n_reads, "source_bwd": n_src}, ran
         else:  # only the first read is announced; the others take the v5 path for their own part
             assert ran == {"route_bwd": n_reads - 1, "stash": 1, "source_bwd": 1 + with_null}, ran
@@ -283,9 +292,10 @@ def _model_grads(variant, impl, heads, seed=0, **res):
     ("mhar_delta", 4, {"delta_block_layers": 1}),
     ("mhar_hw", 1, {}),
 ])
-@pytest.mark.parametrize("impl", ["fused", "fused_v5"])
+@pytest.mark.parametrize("impl", ["fused", "fused_v5", "fused_sg4"])
 def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
-    """A debug model with routing_impl='fused' (v6) / 'fused_v5' gives the eager logits and parameter grads (fp32)."""
+    """A debug model with routing_impl='fused' (v6) / 'fused_v5' / 'fused_sg4' (v6, source groups of 4) gives the
+    eager logits and parameter grads (fp32)."""
     from mhar.residuals import RESIDUALS
     if variant not in RESIDUALS:
         pytest.skip(f"residual variant {variant!r} not implemented yet")
@@ -297,9 +307,11 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
     ran = {k: fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("route_bwd", "stash", "source_bwd")}
     if impl == "fused_v5" and variant != "mhar_hw":  # the variant announced its next reads: prefix sharing ran
         assert fused_mod.READS["prefix"] > prefix
-    if impl == "fused" and variant in ("mhar", "attnres", "mhar_delta"):
+    if impl in ("fused", "fused_sg4") and variant in ("mhar", "attnres", "mhar_delta"):
         # every read announced: all source-major (no read-major backward at all), one stash per read
         assert ran["route_bwd"] == 0 and ran["stash"] == fused_mod._Read.calls - calls and ran["source_bwd"] > 0
+    if impl == "fused_sg4" and variant in ("mhar", "attnres"):  # consecutive sources shared passes
+        assert fused_mod.LAUNCHES["source_group_bwd"] > launches.get("source_group_bwd", 0)
     logits_e, grads_e = _model_grads(variant, "eager", heads, **res)
     assert rel(logits_f, logits_e) <= 1e-5
     assert grads_f.keys() == grads_e.keys()
@@ -437,6 +449,32 @@ def test_gpu_v6_deep(dtype):
     _check_router(1, 512, 1280, 8, n_reads=25, dtype=dtype, with_null=True, with_extra=True, seed=25)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("G,with_null,with_extra,H", [(2, False, False, 4), (3, True, False, 4), (4, True, True, 3),
+                                                      (8, False, False, 1), (5, True, False, 2)])
+def test_v6_source_groups(G, with_null, with_extra, H, dtype):
+    """Gradients of G consecutive sources from one pass over the later reads' douts (the newest complete, the
+    others partial, completed by their first reader): same outputs and gradients as the reference; groups of
+    G larger than the reads left, with the null / extra sources, H not a power of two."""
+    _check_router(2, 9, 48, H, n_reads=7, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=G,
+                  source_group=G)
+
+
+def test_v6_source_groups_without_lookahead_fall_back():
+    """Without announced reads no older source qualifies for a group: the plain path, same gradients."""
+    launches = fused_mod.LAUNCHES["source_group_bwd"]
+    _check_router(1, 7, 32, 2, n_reads=4, dtype=torch.float32, with_null=True, with_extra=False, seed=3,
+                  source_group=4, lookahead=False)
+    assert fused_mod.LAUNCHES["source_group_bwd"] == launches
+
+
+def test_source_group_argument_checked():
+    with pytest.raises(ValueError, match="source_group"):
+        fused_mod.FusedRouter(source_group=0)
+    with pytest.raises(ValueError, match="source_group"):
+        fused_mod.FusedRouter(algo="v5", source_group=2)
+
+
 def test_v6_buffers_freed_after_backward_without_gc():
     """Once a forward's backward has run and the caller drops its tensors, the router's source and dout buffers
     are freed by reference counting alone (a reference cycle through the read chain kept one set per training
@@ -469,22 +507,34 @@ def test_v6_buffers_freed_after_backward_without_gc():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])  # 1B (head width 160, padded to 256), 350M
-def test_gpu_v6_every_launch_config(D, H, monkeypatch):
+@pytest.mark.parametrize("source_group", [1, 4])
+def test_gpu_v6_every_launch_config(D, H, source_group, monkeypatch):
     """Each launch configuration the autotuner may pick for the v6 forward / write-once backward (BLOCK_T x
-    warps x pipeline stages) gives the reference's outputs and gradients (the tuned runs only exercise the
-    fastest one)."""
+    warps x pipeline stages), or with ``source_group`` for the source-group kernel, gives the reference's
+    outputs and gradients (the tuned runs only exercise the fastest one)."""
     from mhar.routing import _kernels as K
 
-    configs = K._v6_configs()
+    forced = (K._fwd6_kernel, K._src_bwd_kernel) if source_group == 1 else (K._src_group_bwd_kernel,)
+    configs = K._v6_configs(full=True) if source_group == 1 else K._group_configs(full=True)
     orig = K._launch
     for i, cfg in enumerate(configs):
-        def forced(kernel, key, grid, args, kwargs, cfg=cfg):
-            if kernel in (K._fwd6_kernel, K._src_bwd_kernel):
+        def launch(kernel, key, grid, args, kwargs, cfg=cfg):
+            if kernel in forced:
                 kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
                 return cfg.kwargs["BLOCK_T"]
             return orig(kernel, key, grid, args, kwargs)
-        monkeypatch.setattr(K, "_launch", forced)
-        _check_router(1, 256, D, H, n_reads=9, dtype=torch.bfloat16, with_null=True, with_extra=False, seed=i)
+        monkeypatch.setattr(K, "_launch", launch)
+        _check_router(1, 256, D, H, n_reads=9, dtype=torch.bfloat16, with_null=True, with_extra=False, seed=i,
+                      source_group=source_group)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_v6_source_groups_deep(dtype):
+    """Source groups of 4 at 1B width with many reads, null + extra sources."""
+    _check_router(1, 512, 1280, 8, n_reads=25, dtype=dtype, with_null=True, with_extra=True, seed=26,
+                  source_group=4)
 
 
 # Prefix sharing: groups of K reads share one pass over their common prefix (forward and backward).

@@ -32,8 +32,10 @@ def test_v6_kernels_pipelined_and_lean_at_1b_width():
     for r in rows:
         assert r["cp_async"] > 0, f"loop not pipelined: {r}"
     for r in rows:
-        if r["BLOCK_T"] == 1 and r["warps"] == 8:
+        if r["BLOCK_T"] == 1 and r["warps"] == 8 and r["kernel"] in ("fwd6", "src_bwd"):
             assert r["spill_bytes"] == 0 and r["registers"] <= 96, r
+    # the source-group kernel (4 sources per tile) has a spill-free configuration with 16 warps
+    assert any(r["spill_bytes"] == 0 and r["warps"] == 16 for r in rows if r["kernel"] == "group4_bwd")
 
 
 def test_refuses_the_interpreter():

@@ -3,7 +3,7 @@
 A *Router* owns the storage of the sources (so a fused kernel can keep one
 shared buffer written once) and computes routed reads:
 
-    router = get_router("eager")            # "eager" | "compile" | "fused" | "fused_v5"
+    router = get_router("eager")            # "eager" | "compile" | "fused" | "fused_v5" | "fused_sg4"
     st = router.init(emb, capacity=N_max)   # s_0; capacity = most sources ever held
     h  = router.read(st, query, norm_weight, num_heads, eps)            # (B, T, D)
     h  = router.read(st, q, g, H, eps, extra=partial)   # + one transient source (Block AttnRes)
@@ -12,9 +12,10 @@ shared buffer written once) and computes routed reads:
     st = router.append(st, out)             # out becomes a new source
 
 Implementations register themselves in ``ROUTERS``; ``mhar.routing.fused``
-registers "fused" (kernels v6: source-major, write-once backward) and "fused_v5"
-(the previous read-major kernels, kept for side-by-side benchmarks) when Triton
-is importable.
+registers "fused" (kernels v6: source-major, write-once backward), "fused_v5"
+(the previous read-major kernels, kept for side-by-side benchmarks) and "fused_sg4"
+(v6 with source groups of 4: four sources' gradients from one pass over the later
+reads' douts; not yet timed on a GPU) when Triton is importable.
 """
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def register_router(name: str, factory: Callable[[], Router]) -> None:
 
 
 def get_router(impl: str) -> Router:
-    if impl in ("fused", "fused_v5") and impl not in ROUTERS:
+    if impl in ("fused", "fused_v5", "fused_sg4") and impl not in ROUTERS:
         try:
             from . import fused  # noqa: F401  (registers itself)
         except ImportError as e:  # pragma: no cover - depends on environment

@@ -577,12 +577,12 @@ def _launch_prefix(kernel, key: tuple, grid: tuple, args: tuple, kwargs: dict) -
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _v6_configs() -> list:
+def _v6_configs(full: bool = False) -> list:
     """v6 kernels: BLOCK_T x warps x software-pipeline stages (the source / read loops are
     ``tl.range(..., num_stages=STAGES)`` loops: Triton streams the next tiles through shared memory by
     asynchronous copies, so loads stay in flight without holding registers, which bounded the occupancy of
-    the hand-prefetched loops)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0":
+    the hand-prefetched loops). ``full``: every configuration, also under the interpreter / without autotuning."""
+    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
         return [triton.Config({"BLOCK_T": 2, "STAGES": 2}, num_warps=4)]
     return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw)
             for bt in (1, 2, 4) for nw in (4, 8) for ns in (2, 4)]
@@ -699,6 +699,105 @@ def _src_bwd_kernel(
         tl.store(grad_ptr + pid * D + col, tl.sum(tl.where(mask, dx, 0.0), axis=0), mask=cmask)
     else:
         tl.store(grad_ptr + offs, dx.to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+def _prune_group(configs, named_args, **kwargs):
+    """``_prune`` for tiles of GP sources: (GP, BLOCK_T, HP, DHP) counts as GP times a (BLOCK_T, HP, DHP) tile."""
+    gp = kwargs.get("GP", named_args.get("GP"))
+    row = gp * kwargs.get("HP", named_args.get("HP")) * kwargs.get("DHP", named_args.get("DHP"))
+    keep = [c for c in configs
+            if 256 <= c.kwargs["BLOCK_T"] * row <= 16384 and c.num_warps * 32 * 2 <= c.kwargs["BLOCK_T"] * row]
+    return keep or configs[:1]
+
+
+def _group_configs(full: bool = False) -> list:
+    """``_v6_configs`` and 16 warps (a group's tiles are GP times larger)."""
+    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
+        return _v6_configs()
+    return _v6_configs(full=True) + [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=16) for bt in (1, 2)
+                            for ns in (2, 4)]
+
+
+@triton.autotune(configs=_group_configs(), key=["D", "H", "GP", "JB"],
+                 prune_configs_by={"early_config_prune": _prune_group})
+@triton.jit
+def _src_group_bwd_kernel(
+    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, grad_ptr, part_ptr, dsr_ptr,
+    NG, k_lo, k_hi, BT, D, H, DH, BTD, BTH, eps, JB,
+    GP: tl.constexpr, BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, STAGES: tl.constexpr,
+):
+    """``_src_bwd_kernel`` for NG <= GP CONSECUTIVE buffered sources at once, over the same reads k_lo..k_hi-1:
+    each read's dout is loaded once for all of them (a (GP, BLOCK_T, HP, DHP) tile: the group is a tensor
+    dimension). x / ss point at the first source (slots NG apart by BTD / BT). The newest source (index NG - 1)
+    gets its gradient in grad (BT, D) (grad dtype); the others a partial over these reads, fp32, in part
+    (NG - 1, BT, D), which their first reader's backward completes over the reads before k_lo
+    (``source_bwd(init=...)``: the sum over reads, RMS term included, is linear). dsr: (NG, H, J, BT) fp32."""
+    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(tl.program_id(0), BT, D, H, DH, BLOCK_T, HP, DHP)
+    tok = tok.to(tl.int64)
+    gg = tl.arange(0, GP)
+    gmask = gg < NG
+    g64 = gg.to(tl.int64)
+    xoffs = g64[:, None, None, None] * BTD + offs[None, :, :, :]  # (GP, BLOCK_T, HP, DHP)
+    xmask = gmask[:, None, None, None] & mask[None, :, :, :]
+    x = tl.load(x_ptr + xoffs, mask=xmask, other=0.0).to(tl.float32)
+    ssx = tl.load(ss_ptr + g64[:, None] * BT + tok[None, :], mask=gmask[:, None] & tmask[None, :], other=1.0)
+    r = 1.0 / tl.sqrt(ssx / D + eps)  # (GP, BLOCK_T)
+    hoffs = tok[:, None] * H + hh[None, :]
+    J = k_hi - k_lo
+    doffs = g64[:, None, None] * (H * J * BT) + hh[None, None, :] * (J * BT) + tok[None, :, None]  # (GP, BLOCK_T, HP)
+    dmask = gmask[:, None, None] & smask[None, :, :]
+    dx = tl.zeros((GP, BLOCK_T, HP, DHP), tl.float32)
+    csum = tl.zeros((GP, BLOCK_T, HP), tl.float32)
+    for k in tl.range(k_lo, k_hi, num_stages=STAGES):
+        dout = tl.load(dbuf_ptr + k * BTD + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + k * D + col, mask=cmask, other=0.0)
+        lse = tl.load(lse_ptr + k * BTH + hoffs, mask=smask, other=0.0)
+        delta = tl.load(delta_ptr + k * BTH + hoffs, mask=smask, other=0.0)
+        s = tl.sum(x * w[None, None, :, :], axis=3) * r[:, :, None]  # (GP, BLOCK_T, HP)
+        a = tl.exp(s - lse[None, :, :])
+        ds = a * (tl.sum(dout[None, :, :, :] * x, axis=3) - delta[None, :, :])
+        csum += ds * s
+        dsr = ds * r[:, :, None]
+        dx += a[:, :, :, None] * dout[None, :, :, :] + dsr[:, :, :, None] * w[None, None, :, :]
+        tl.store(dsr_ptr + doffs + (k - k_lo) * BT, dsr, mask=dmask)
+    dx -= x * (tl.sum(csum, axis=2) * r * r / D)[:, :, None, None]
+    top = gg[:, None, None, None] == NG - 1
+    tl.store(grad_ptr + offs[None, :, :, :] + 0 * g64[:, None, None, None], dx.to(grad_ptr.dtype.element_ty),
+             mask=xmask & top)
+    tl.store(part_ptr + xoffs, dx, mask=xmask & (gg[:, None, None, None] < NG - 1))
+
+
+def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf: torch.Tensor, lse: torch.Tensor,
+                     delta: torch.Tensor, w: torch.Tensor, k_lo: int, k_hi: int, grad_dtype: torch.dtype, H: int,
+                     eps: float, BT: int, D: int):
+    """Gradients of buffered sources s0..s0+NG-1 from reads k_lo..k_hi-1 in one pass over those reads' douts.
+    Returns (grad, parts, dW): the newest source's gradient (BT, D) in ``grad_dtype``; the partial gradients of
+    the NG - 1 others over these reads (NG - 1, BT, D) fp32; dW (k_hi - k_lo, D) fp32 = the group's part of
+    dL/d(q_k * g_k)."""
+    J = k_hi - k_lo
+    HP, DHP = _tiles(D, H)
+    dev = buf.device
+    if dbuf.numel() >= 2**31 or NG * H * J * BT >= 2**31 or buf.numel() >= 2**31:
+        raise ValueError("fused routing: buffers need 64-bit offsets (limit 2**31); use a smaller microbatch or "
+                         "routing_impl='fused_v5'")
+    dsr = torch.empty(NG, H, J, BT, device=dev, dtype=torch.float32)
+    grad = torch.empty(BT, D, device=dev, dtype=grad_dtype)
+    parts = torch.empty(max(NG - 1, 1), BT, D, device=dev, dtype=torch.float32)
+    gp = triton.next_power_of_2(NG)
+    jb = min(triton.next_power_of_2(J), 16)
+    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
+    args = (buf[s0], ss[s0], dbuf, lse, delta, w, grad, parts, dsr, NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H,
+            eps, jb)
+    flags = dict(GP=gp, HP=HP, DHP=DHP)
+    key = ("src_group_bwd", D, H, gp, jb, *(str(a.dtype) for a in args[:9]))
+    _launch(_src_group_bwd_kernel, key, grid, args, flags)
+    LAUNCHES["source_group_bwd"] += 1
+    DH = D // H
+    dW = torch.zeros(J, H, DH, device=dev, dtype=torch.float32)
+    for g in range(NG):  # dW[k, h] += sum_t dsr[g, h, k, t] x_g[t, h]: one batched matmul per source
+        xv = buf[s0 + g].view(BT, H, DH).transpose(0, 1)  # (H, BT, DH)
+        dW += torch.bmm(dsr[g] if xv.dtype == torch.float32 else dsr[g].to(xv.dtype), xv).float().transpose(0, 1)
+    return grad, parts[:NG - 1], dW.reshape(J, D)
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]

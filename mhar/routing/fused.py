@@ -65,7 +65,7 @@ from torch import Tensor
 
 from . import Router, register_router
 from ._kernels import (LAUNCHES, append_source, prefix6_fwd, prefix_bwd, prefix_fwd, route_bwd, route_fwd, source_bwd,
-                       stash)
+                       source_group_bwd, stash)
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES"]
 
@@ -98,6 +98,7 @@ class _Storage:
     n_reads: int = 0  # reads announced by the first read's lookahead (sets the group size)
     group: Optional["_Group"] = None  # the open prefix-sharing group, if any
     v6: Optional["_V6"] = None  # source-major backward bookkeeping (algo "v6"), created by the first read
+    source_group: int = 1  # v6: consecutive sources whose gradients share one pass over the later reads' douts
     src_dtypes: dict = field(default_factory=dict)  # slot -> dtype of the appended source (v6 gradients)
 
     def grads(self, device) -> Tensor:
@@ -368,9 +369,28 @@ class _V6:
     max_n: int = 0  # most buffered sources seen by any read so far
     k_hi: Optional[int] = None  # 1 + the newest source-major read whose backward ran
     final: dict = field(default_factory=dict)  # slot -> its gradient, until the append's backward takes it
+    first_read: dict = field(default_factory=dict)  # slot -> the source-major read that saw it first (-1: none)
+    partial: dict = field(default_factory=dict)  # slot -> (k, fp32 gradient over reads k.. from a group pass)
     rtoken: Optional[Tensor] = None  # chain token of the newest read
     done: bool = False  # the anchor's backward ran (a later read on this storage starts a new chain)
     group: Optional[tuple] = None  # forward prefix sharing: (k0, K, n_prefix, P (K, BT, D), lse (K, BT, H))
+
+
+def _source_group(st: _Storage, v: "_V6", slot: int, n_buf: int, k_first: int, init) -> list:
+    """Slots whose gradients the backward of read ``k_first`` forms in one pass over reads k_first..: ``slot``
+    (complete) and up to ``st.source_group - 1`` older consecutive slots (partial, completed later by their
+    first reader over the reads before k_first). An older slot qualifies when a source-major read before
+    k_first saw it first (so every read from that one on saw it, and all of them are source-major); only
+    the newest slot of a read starts a group, and not when it has a v5-style accumulated gradient."""
+    group = [slot]
+    if st.source_group <= 1 or slot != n_buf - 1 or init is not None:
+        return group
+    s_ = slot - 1
+    while len(group) < st.source_group and s_ >= 0 and 0 <= v.first_read.get(s_, -1) < k_first \
+            and s_ not in v.partial:
+        group.insert(0, s_)
+        s_ -= 1
+    return group
 
 
 class _Read6(torch.autograd.Function):
@@ -434,9 +454,28 @@ class _Read6(torch.autograd.Function):
         k_hi = v.k_hi or 0
         for slot in range(ctx.lo_new, ctx.n_buf):  # sources no earlier read saw: their gradient is complete
             init = st.gacc[slot] if st.gacc is not None and st.g_valid[slot] else None
-            if k_first < k_hi:
-                grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_hi, init,
-                                      st.src_dtypes.get(slot, st.dtype), H, eps, BT, D, ss=st.ss[slot])
+            gdtype = st.src_dtypes.get(slot, st.dtype)
+            part = v.partial.pop(slot, None)
+            if part is not None:  # a group pass covered reads part[0].. already: add the reads before them
+                k_part, grad = part
+                if init is not None:
+                    grad = grad + init.float()
+                if k_first < k_part:
+                    grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_part, grad,
+                                          gdtype, H, eps, BT, D, ss=st.ss[slot])
+                    v.dW[k_first:k_part] += dW
+                else:
+                    grad = grad.to(gdtype)
+            elif k_first < k_hi:
+                group = _source_group(st, v, slot, ctx.n_buf, k_first, init)
+                if len(group) > 1:  # this slot and the older ones it shares the pass over reads k_first.. with
+                    grad, parts, dW = source_group_bwd(st.buf, st.ss, group[0], len(group), v.dbuf, v.lse, v.delta,
+                                                       v.W, k_first, k_hi, gdtype, H, eps, BT, D)
+                    for j, s_ in enumerate(group[:-1]):
+                        v.partial[s_] = (k_first, parts[j])
+                else:
+                    grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_hi, init,
+                                          gdtype, H, eps, BT, D, ss=st.ss[slot])
                 v.dW[k_first:k_hi] += dW
             else:
                 grad = init
@@ -507,18 +546,27 @@ class FusedRouter(Router):
     all its sources (the forward still shares; env ``MHAR_ROUTING_SHARED_BWD=0|1``).
     two_pass: the bf16 backward of a plain read recomputes <dout, out> in fp32 from
     the sources (a second pass) instead of taking it from the bf16 output.
+    source_group (v6): up to this many consecutive sources get their gradients from ONE
+    pass over the later reads' douts (``source_group_bwd``: the newest complete, the
+    older ones partial in fp32, completed by their first reader over the few reads
+    between); 1 (default) = one pass per source. Fewer bytes (the douts are the bulk of
+    the backward's); not yet timed on a GPU, hence off by default.
     """
 
     name = "fused"
 
     def __init__(self, grad_dtype: Optional[torch.dtype] = None, group: Optional[int] = None,
-                 shared_backward: Optional[bool] = None, two_pass: bool = False, algo: str = "v6"):
+                 shared_backward: Optional[bool] = None, two_pass: bool = False, algo: str = "v6",
+                 source_group: int = 1):
         if algo not in ("v6", "v5"):
             raise ValueError(f"algo must be 'v6' (source-major backward, routing_impl 'fused') or 'v5' "
                              f"(read-major, routing_impl 'fused_v5'), got {algo!r}")
-        self.algo = algo
+        if not isinstance(source_group, int) or source_group < 1 or (source_group > 1 and algo != "v6"):
+            raise ValueError(f"source_group must be an integer >= 1 (v6 only; 1 = one pass over the later reads' "
+                             f"douts per source), got {source_group!r}")
+        self.algo, self.source_group = algo, source_group
         if algo == "v6":
-            self.name = "fused"
+            self.name = "fused" if source_group == 1 else f"fused_sg{source_group}"
             if shared_backward is not None or two_pass:
                 raise ValueError("shared_backward / two_pass are options of the v5 kernels "
                                  "(routing_impl 'fused_v5', FusedRouter(algo='v5')); v6 has none of them")
@@ -558,7 +606,8 @@ class FusedRouter(Router):
             raise ValueError(f"capacity must be >= 1 (most sources ever held), got {capacity}")
         _check_device(first)
         vec = _broadcast_vector(first)
-        st = _Storage(capacity=capacity, two_pass=self.two_pass, shared_backward=self.shared_backward)
+        st = _Storage(capacity=capacity, two_pass=self.two_pass, shared_backward=self.shared_backward,
+                      source_group=self.source_group)
         if vec is not None:
             st.null, st.capacity = vec, capacity - 1
             if first.dim() == 3:
@@ -687,6 +736,8 @@ class FusedRouter(Router):
             k, v.next_k = v.next_k, v.next_k + 1
         k_next = k if k >= 0 else v.next_k
         lo_new = min(v.max_n, n)  # this read is the first to see buffered sources lo_new..n-1
+        for slot in range(lo_new, n):
+            v.first_read[slot] = k
         v.max_n = max(v.max_n, n)
         lo, P, lse_p = 0, None, None
         if k >= 0 and self.group > 1 and not return_weights:  # forward prefix sharing among announced reads
@@ -723,3 +774,4 @@ def route_fused(sources: Tensor, query: Tensor, norm_weight: Tensor, num_heads: 
 
 register_router("fused", FusedRouter)
 register_router("fused_v5", lambda: FusedRouter(algo="v5"))
+register_router("fused_sg4", lambda: FusedRouter(source_group=4))  # v6 with source groups of 4 (not yet timed)
