@@ -61,10 +61,15 @@ def compile_stats(kernel, types: dict, consts: dict, num_warps: int, divisible=(
             "shared_bytes": compiled.metadata.shared, "cp_async": ptx.count("cp.async.")}
 
 
-def v6_stats(size: str, group: int = 4) -> list[dict]:
-    """Stats of the v6 forward, write-once gradient and source-group gradient (``group`` sources) kernels for
-    every launch configuration the autotuner may pick (``_v6_configs``, after its pruning) at a preset's width
-    (bf16 sources)."""
+def triton_next_pow2(n: int) -> int:
+    import triton
+    return triton.next_power_of_2(n)
+
+
+def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
+    """Stats of the v6 forward, forward prefix (``prefix`` reads, one head per program), write-once gradient
+    and source-group gradient (``group`` sources) kernels for every launch configuration the autotuner may pick
+    (after its pruning) at a preset's width (bf16 sources)."""
     from mhar.routing import _kernels as K
 
     D, H = WIDTHS[size]
@@ -78,15 +83,21 @@ def v6_stats(size: str, group: int = 4) -> list[dict]:
     grp_types = {n: "*bf16" for n in _jit(K._src_group_bwd_kernel).arg_names if n.endswith("_ptr")}
     grp_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", w_ptr="*fp32", dsr_ptr="*fp32",
                      part_ptr="*fp32", eps="fp32")
+    p6_types = {n: "*bf16" for n in _jit(K._prefix6_kernel).arg_names if n.endswith("_ptr")}
+    p6_types.update(w_ptr="*fp32", lse_ptr="*fp32", ss_ptr="*fp32", eps="fp32")
     rows = []
     for name, kernel, types, flags, div, prune in (
+            (f"prefix{prefix}_fwd", K._prefix6_kernel, p6_types,
+             dict(HAS_NULL=False, KP=prefix, DP=triton_next_pow2(D)), ("BT", "D", "DH", "buf_stride"),
+             K._prune_prefix6),
             ("fwd6", K._fwd6_kernel, fwd_types, dict(HAS_NULL=False, HAS_EXTRA=False, STORE_SCORES=False,
                                                      HAS_INIT=False), ("BT", "D", "DH", "buf_stride"), K._prune),
             ("src_bwd", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False),
              ("BT", "D", "DH", "BTD", "BTH"), K._prune),
             (f"group{group}_bwd", K._src_group_bwd_kernel, grp_types, dict(GP=group), ("BT", "D", "DH", "BTD", "BTH"),
              K._prune_group)):
-        configs = K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else K._v6_configs(full=True)
+        configs = (K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else
+                   K._prefix6_configs(full=True) if kernel is K._prefix6_kernel else K._v6_configs(full=True))
         for cfg in prune(configs, {"HP": HP, "DHP": DHP, **flags}):
             consts = {**flags, "HP": HP, "DHP": DHP, **cfg.kwargs}
             st = compile_stats(kernel, types, consts, cfg.num_warps, div)

@@ -870,82 +870,90 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
 # elements (L1 hits: the prefix is read from HBM once), each row with its own w_k = q_k * g_k. Outputs the
 # normalised partial mix P_k and its log-sum-exp per read; each read then continues with its newer sources
 # (route_fwd with init=...). The backward is unchanged (source-major; it needs no partials).
-def _prefix6_configs() -> list:
-    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0":
-        return [triton.Config({"BLOCK_T": 2}, num_warps=4)]
-    return [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (1, 2, 4, 8) for nw in (4, 8, 16)]
+def _prefix6_configs(full: bool = False) -> list:
+    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
+        return [triton.Config({"BLOCK_T": 2, "STAGES": 2}, num_warps=2)]
+    return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw) for bt in (1, 2, 4, 8) for nw in (2, 4, 8)
+            for ns in (2, 4)]
 
 
 def _prune_prefix6(configs, named_args, **kwargs):
-    row = kwargs.get("KP", named_args.get("KP")) * kwargs.get("HP", named_args.get("HP")) * \
-        kwargs.get("DHP", named_args.get("DHP"))
-    keep = [c for c in configs if c.kwargs["BLOCK_T"] * row <= 16384 and c.num_warps * 32 * 2 <= c.kwargs["BLOCK_T"] * row]
+    """Tiles (KP, BLOCK_T, DHP) of one head: 256..8192 elements, at least 64 per warp."""
+    row = kwargs.get("KP", named_args.get("KP")) * kwargs.get("DHP", named_args.get("DHP"))
+    keep = [c for c in configs if 256 <= c.kwargs["BLOCK_T"] * row <= 8192 and c.num_warps * 32 * 2 <= c.kwargs["BLOCK_T"] * row]
     return keep or configs[:1]
 
 
 @triton.autotune(configs=_prefix6_configs(), key=["D", "H", "K", "HAS_NULL"],
                  prune_configs_by={"early_config_prune": _prune_prefix6})
 @triton.jit
-def _prefix6_kernel(buf_ptr, null_ptr, w_ptr, p_ptr, lse_ptr, n_buf, buf_stride, BT, D, H, DH, K, eps,
+def _prefix6_kernel(buf_ptr, null_ptr, w_ptr, p_ptr, lse_ptr, ss_ptr, n_buf, buf_stride, BT, D, H, DH, K, eps,
                     HAS_NULL: tl.constexpr, BLOCK_T: tl.constexpr, KP: tl.constexpr, HP: tl.constexpr,
-                    DHP: tl.constexpr):
-    pid = tl.program_id(0)
-    rr = tl.arange(0, KP * BLOCK_T)  # row = (read k, token t)
-    kk = rr // BLOCK_T
-    tok = pid * BLOCK_T + rr % BLOCK_T
-    hh = tl.arange(0, HP)
-    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]
-    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
+                    DHP: tl.constexpr, DP: tl.constexpr, STAGES: tl.constexpr):
+    """K reads' partials over [null] + buf[0:n_buf) for ONE head (program axis 1) of BLOCK_T tokens: the reads
+    are a leading tile dimension (KP, BLOCK_T, DHP), so each source's head slice is loaded once (pipelined
+    through shared memory: ``tl.range``) for all K, each read with its own w_k. Every quantity is per head
+    except the RMS over the whole row, which comes from ss (``append_source``), so a program holds K x one
+    head, not K x D, per token."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1)
+    dd = tl.arange(0, DHP)
+    col = h * DH + dd  # (DHP,)
+    cmask = dd < DH
     tmask = tok < BT
-    rmask = tmask & (kk < K)
-    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]  # (R, HP, DHP) into a source
-    lmask = tmask[:, None, None] & cmask[None, :, :]
-    wmask = (kk < K)[:, None, None] & cmask[None, :, :]
-    w = tl.load(w_ptr + kk[:, None, None] * D + col[None, :, :], mask=wmask, other=0.0)  # (R, HP, DHP) fp32
-    m = tl.full((KP * BLOCK_T, HP), float("-inf"), tl.float32)
-    l = tl.zeros((KP * BLOCK_T, HP), tl.float32)
-    acc = tl.zeros((KP * BLOCK_T, HP, DHP), tl.float32)
+    offs = tok.to(tl.int64)[:, None] * D + col[None, :]  # (BLOCK_T, DHP)
+    mask = tmask[:, None] & cmask[None, :]
+    kk = tl.arange(0, KP)
+    kmask = kk < K
+    w = tl.load(w_ptr + kk[:, None] * D + col[None, :], mask=kmask[:, None] & cmask[None, :], other=0.0)  # (KP, DHP)
+    m = tl.full((KP, BLOCK_T), float("-inf"), tl.float32)
+    l = tl.zeros((KP, BLOCK_T), tl.float32)
+    acc = tl.zeros((KP, BLOCK_T, DHP), tl.float32)
     if HAS_NULL:
+        nd = tl.arange(0, DP)
+        nfull = tl.load(null_ptr + nd, mask=nd < D, other=0.0).to(tl.float32)
+        rn = 1.0 / tl.sqrt(tl.sum(nfull * nfull, axis=0) / D + eps)
         nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
-        x = tl.zeros((KP * BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :]
-        m, l, acc = _fwd_update_rows(x, w, m, l, acc, D, eps)
-    x_next = tl.load(buf_ptr + offs, mask=lmask & _in(0, 0, n_buf, KP * BLOCK_T), other=0.0)
-    for j in range(0, n_buf):
-        x = x_next.to(tl.float32)
-        x_next = tl.load(buf_ptr + (j + 1) * buf_stride + offs, mask=lmask & _in(j + 1, 0, n_buf, KP * BLOCK_T),
-                         other=0.0)
-        m, l, acc = _fwd_update_rows(x, w, m, l, acc, D, eps)
-    poffs = kk.to(tl.int64)[:, None, None] * BT * D + offs
-    tl.store(p_ptr + poffs, (acc / l[:, :, None]).to(p_ptr.dtype.element_ty),
-             mask=rmask[:, None, None] & cmask[None, :, :])
-    tl.store(lse_ptr + kk.to(tl.int64)[:, None] * BT * H + tok.to(tl.int64)[:, None] * H + hh[None, :],
-             m + tl.log(l), mask=rmask[:, None] & (hh[None, :] < H))
+        x = tl.zeros((BLOCK_T, DHP), tl.float32) + nv[None, :]
+        m, l, acc = _head_update_reads(x, tl.full((BLOCK_T,), 1.0, tl.float32) * rn, w, m, l, acc)
+    for j in tl.range(0, n_buf, num_stages=STAGES):
+        x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
+        ssj = tl.load(ss_ptr + j * BT + tok, mask=tmask, other=1.0)
+        m, l, acc = _head_update_reads(x, 1.0 / tl.sqrt(ssj / D + eps), w, m, l, acc)
+    k64 = kk.to(tl.int64)
+    tl.store(p_ptr + k64[:, None, None] * BT * D + offs[None, :, :], (acc / l[:, :, None]).to(p_ptr.dtype.element_ty),
+             mask=kmask[:, None, None] & mask[None, :, :])
+    tl.store(lse_ptr + k64[:, None] * BT * H + tok.to(tl.int64)[None, :] * H + h, m + tl.log(l),
+             mask=kmask[:, None] & tmask[None, :])
 
 
 @triton.jit
-def _fwd_update_rows(x, w, m, l, acc, D, eps):
-    """Online-softmax step with one w per row: x, w (R, HP, DHP) fp32."""
-    ss = tl.sum(tl.sum(x * x, axis=2), axis=1)
-    r = 1.0 / tl.sqrt(ss / D + eps)
-    s = tl.sum(x * w, axis=2) * r[:, None]
+def _head_update_reads(x, r, w, m, l, acc):
+    """Online-softmax step of K reads over one head's source tile x (BLOCK_T, DHP) fp32 with 1 / RMS r
+    (BLOCK_T,): w (KP, DHP); m, l (KP, BLOCK_T); acc (KP, BLOCK_T, DHP)."""
+    s = tl.sum(x[None, :, :] * w[:, None, :], axis=2) * r[None, :]
     m_new = tl.maximum(m, s)
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new)
-    return m_new, l * alpha + p, acc * alpha[:, :, None] + p[:, :, None] * x
+    return m_new, l * alpha + p, acc * alpha[:, :, None] + p[:, :, None] * x[None, :, :]
 
 
 def prefix6_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: int, D: int,
-                out_dtype: torch.dtype):
+                out_dtype: torch.dtype, ss: torch.Tensor | None = None):
     """Partials of K reads (W = q * g, (K, D) fp32 contiguous) over [null] + buf[0:n_buf): P (K, BT, D) in
-    ``out_dtype``, lse (K, BT, H) fp32."""
+    ``out_dtype``, lse (K, BT, H) fp32. ss: the buffer's sums of squares (cap, BT) fp32 (required with
+    buffered sources)."""
     K = W.shape[0]
     P, lse = _prefix_outputs(buf, n_buf, null, K, BT, D, H, W.device, out_dtype)
     HP, DHP = _tiles(D, H)
-    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
-    args = (buf if buf is not None else P, null if null is not None else P, W, P, lse,
+    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]), H)  # noqa: E731
+    if n_buf and ss is None:
+        raise ValueError("prefix6_fwd: buffered sources need their sums of squares (ss)")
+    args = (buf if buf is not None else P, null if null is not None else P, W, P, lse, ss if ss is not None else lse,
             n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, K, eps)
-    flags = dict(HAS_NULL=null is not None, KP=triton.next_power_of_2(K), HP=HP, DHP=DHP)
-    _launch(_prefix6_kernel, ("p6fwd", D, H, K, *flags.values(), *(str(a.dtype) for a in args[:5])), grid, args,
+    flags = dict(HAS_NULL=null is not None, KP=triton.next_power_of_2(K), HP=HP, DHP=DHP,
+                 DP=triton.next_power_of_2(D))
+    _launch(_prefix6_kernel, ("p6fwd", D, H, K, *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args,
             flags)
     LAUNCHES["prefix6_fwd"] += 1
     return P, lse

@@ -747,7 +747,7 @@ class FusedRouter(Router):
                 K = min(self.group, v.K - k)
                 if K > 1 and n + (st.null is not None) > 0:
                     Pk, lk = prefix6_fwd(st.buf if n else None, n, st.null.contiguous() if st.null is not None
-                                         else None, v.W[k:k + K], H, eps, B * T, D, st.dtype)
+                                         else None, v.W[k:k + K], H, eps, B * T, D, st.dtype, ss=st.ss)
                     v.group = grp = (k, K, n, Pk, lk)
             if grp is not None:
                 lo, P, lse_p = grp[2], grp[3][k - grp[0]], grp[4][k - grp[0]]
