@@ -145,9 +145,23 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     return fwd, bwd
 
 
+def _v6_options(impl: str) -> dict:
+    """``fused_sgG`` -> source_group G; ``fused_gK_sgG`` -> group K and source_group G."""
+    opts = {}
+    for part in impl[len("fused_"):].split("_"):
+        if part.startswith("sg"):
+            opts["source_group"] = int(part[2:])
+        elif part.startswith("g"):
+            opts["group"] = int(part[1:])
+        else:
+            raise ValueError(f"unknown routing implementation {impl!r}")
+    return opts
+
+
 def _router(impl: str):
     """eager | compile | fused (kernels v6: source-major, write-once backward) | fused_gK (v6 with forward
-    prefix sharing in groups of K reads) | fused_sgG (v6, gradients of G consecutive sources from one pass) | fused_v5 (the previous read-major kernels, no prefix sharing) |
+    prefix sharing in groups of K reads) | fused_sgG (v6, gradients of G consecutive sources from one pass) |
+    fused_gK_sgG (both) | fused_v5 (the previous read-major kernels, no prefix sharing) |
     fused_auto (v5, groups of about sqrt(reads)) | fused_v5_gK (v5, groups of K reads) | fused_fp32acc (v5,
     source gradients accumulated in fp32)."""
     from mhar.routing.fused import FusedRouter
@@ -155,8 +169,8 @@ def _router(impl: str):
         return FusedRouter(algo="v5", grad_dtype=torch.float32)
     if impl.startswith("fused_v5_g"):
         return FusedRouter(algo="v5", group=int(impl[len("fused_v5_g"):]))
-    if impl.startswith("fused_sg"):
-        return FusedRouter(source_group=int(impl[len("fused_sg"):]))
+    if impl.startswith("fused_sg") or (impl.startswith("fused_g") and "_sg" in impl):
+        return FusedRouter(**_v6_options(impl))
     if impl.startswith("fused_g"):
         return FusedRouter(group=int(impl[len("fused_g"):]))
     if impl == "fused_auto":
@@ -172,8 +186,8 @@ def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int) -> tuple[int, 
     """(fwd, bwd) bytes of the byte model of the fused kernels (``v6_bytes`` / ``v5_bytes``), None for others."""
     if impl == "fused":
         return v6_bytes(ns, E, H, D)
-    if impl.startswith("fused_sg"):
-        return v6_bytes(ns, E, H, D, source_group=int(impl[len("fused_sg"):]))
+    if impl.startswith("fused_sg") or (impl.startswith("fused_g") and "_sg" in impl):
+        return v6_bytes(ns, E, H, D, **_v6_options(impl))
     if impl.startswith("fused_g"):
         return v6_bytes(ns, E, H, D, group=int(impl[len("fused_g"):]))
     if impl in ("fused_v5", "fused_fp32acc"):

@@ -7,8 +7,8 @@
 #   tests                      the GPU tests: fused routing kernels (one launch configuration each:
 #                              MHAR_ROUTING_AUTOTUNE=0), the training step, generation (skip without CUDA);
 #                              the `gpu`-marked ones first, each half capped at $TESTS_SECONDS (default 240)
-#   op[:SIZES]                 routing op alone: v6, v6 with source groups of 4, v6 with forward groups of 8, v5 side by
-#                              side (bench_routing_op.py)
+#   op[:SIZES]                 routing op alone: v6, v6 with source groups of 4, with forward groups of 8, with both, and
+#                              v5 side by side (bench_routing_op.py)
 #   train:SIZES:VARIANTS[:N]   bench_training.py: the library step per (size, variant), then N trainer steps
 #   trainer:SIZES:VARIANTS:N   bench_training.py --trainer-only: N steps of `python -m mhar.train` per (size, variant)
 #   infer                      bench_inference.py: prefill / decode / memory, baseline vs MHAR
@@ -53,7 +53,7 @@ for stage in "$@"; do
         | tee -a "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed" | tail -15 ;;
     op|op:*)
       sizes=${stage#op}; sizes=${sizes#:}
-      timeout 200 python3 -m benchmarks.bench_routing_op --graph 1 --impls fused fused_sg4 fused_g8 fused_v5 --sizes ${sizes:-100M 350M 1B} \
+      timeout 200 python3 -m benchmarks.bench_routing_op --graph 1 --impls fused fused_sg4 fused_g8 fused_g8_sg4 fused_v5 --sizes ${sizes:-100M 350M 1B} \
         --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" | tail -20 ;;
     train:*)
       IFS=: read -r _ sizes variants nsteps <<< "$stage"

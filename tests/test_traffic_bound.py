@@ -104,3 +104,16 @@ def test_source_group_dout_passes_by_hand():
     assert f1 == f2  # the forward is unchanged
     # 4 douts fewer; two partials: fp32 written and read back, the source read again, its sums of squares read
     assert b2 - b1 == -4 * E * 2 + 2 * (5 * E * 2 + (E // D) * 4)
+
+
+def test_op_bench_names_v6_options():
+    """bench_routing_op's impl names for the v6 options: fused_sgG, fused_gK, fused_gK_sgG (byte model too)."""
+    from benchmarks.bench_routing_op import _router, _v6_options, model_bytes
+
+    r = _router("fused_g8_sg4")
+    assert (r.group, r.source_group, r.name) == (8, 4, "fused_sg4")
+    assert _router("fused_sg2").source_group == 2 and _router("fused_g3").group == 3
+    with pytest.raises(ValueError, match="unknown routing implementation"):
+        _v6_options("fused_x4")
+    ns, E, D = [1, 2, 3, 4, 5, 6, 7, 8, 9], 4000, 40
+    assert model_bytes("fused_g4_sg2", ns, E, 2, D) == v6_bytes(ns, E, 2, D, group=4, source_group=2)
