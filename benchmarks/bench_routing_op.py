@@ -107,10 +107,9 @@ def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
                 douts += partial.pop(s_) - k
                 continue
             douts += N - k
-            if source_group > 1 and s_ == max(new):
+            if source_group > 1 and s_ == max(new):  # older consecutive slots first seen by earlier reads
                 o = s_ - 1
-                while len([x for x in partial if partial[x] == k]) < source_group - 1 and o >= 0 \
-                        and first.get(o, N) < k and o not in partial:
+                while s_ - o < source_group and o >= 0 and first.get(o, N) < k and o not in partial:
                     partial[o] = k
                     parts += 1
                     o -= 1

@@ -61,15 +61,12 @@ def compile_stats(kernel, types: dict, consts: dict, num_warps: int, divisible=(
             "shared_bytes": compiled.metadata.shared, "cp_async": ptx.count("cp.async.")}
 
 
-def triton_next_pow2(n: int) -> int:
-    import triton
-    return triton.next_power_of_2(n)
-
-
 def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
     """Stats of the v6 forward, forward prefix (``prefix`` reads, one head per program), write-once gradient
     and source-group gradient (``group`` sources) kernels for every launch configuration the autotuner may pick
     (after its pruning) at a preset's width (bf16 sources)."""
+    import triton
+
     from mhar.routing import _kernels as K
 
     D, H = WIDTHS[size]
@@ -88,7 +85,7 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
     rows = []
     for name, kernel, types, flags, div, prune in (
             (f"prefix{prefix}_fwd", K._prefix6_kernel, p6_types,
-             dict(HAS_NULL=False, KP=prefix, DP=triton_next_pow2(D)), ("BT", "D", "DH", "buf_stride"),
+             dict(HAS_NULL=False, KP=prefix, DP=triton.next_power_of_2(D)), ("BT", "D", "DH", "buf_stride"),
              K._prune_prefix6),
             ("fwd6", K._fwd6_kernel, fwd_types, dict(HAS_NULL=False, HAS_EXTRA=False, STORE_SCORES=False,
                                                      HAS_INIT=False), ("BT", "D", "DH", "buf_stride"), K._prune),

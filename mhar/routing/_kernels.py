@@ -56,12 +56,21 @@ def _configs() -> list:
             for bt in (1, 2, 4, 8) for nw in (2, 4, 8) for pf in prefetch]
 
 
-def _prune(configs, named_args, **kwargs):
-    """Keep tiles of 256..8192 fp32 elements and at most one warp per 64 elements."""
-    row = kwargs.get("HP", named_args.get("HP")) * kwargs.get("DHP", named_args.get("DHP"))
+def _keep_tiles(configs, row: int, most: int) -> list:
+    """The configurations whose tile (BLOCK_T rows of ``row`` fp32 elements) has 256..``most`` elements and at
+    least 64 per warp (else the first)."""
     keep = [c for c in configs
-            if 256 <= c.kwargs["BLOCK_T"] * row <= 8192 and c.num_warps * 32 * 2 <= c.kwargs["BLOCK_T"] * row]
+            if 256 <= c.kwargs["BLOCK_T"] * row <= most and c.num_warps * 32 * 2 <= c.kwargs["BLOCK_T"] * row]
     return keep or configs[:1]
+
+
+def _arg(named_args, kwargs, name, default=None):
+    return kwargs.get(name, named_args.get(name, default))
+
+
+def _prune(configs, named_args, **kwargs):
+    """Tiles (BLOCK_T, HP, DHP): 256..8192 elements, at least 64 per warp."""
+    return _keep_tiles(configs, _arg(named_args, kwargs, "HP") * _arg(named_args, kwargs, "DHP"), 8192)
 
 
 _TUNE = dict(configs=_configs(), key=["D", "H", "HAS_NULL", "HAS_EXTRA"],
@@ -111,10 +120,10 @@ def _fwd_update(x, r, w, m, l, acc):
 def _fwd_begin(null_ptr, q_ptr, g_ptr, score_ptr, init_ptr, init_lse_ptr, BT, D, H, DH, N_TOTAL, eps,
                HAS_NULL: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
                BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr):
-    """A forward program's start: its tiles (``_row_tiles``), score offsets into (BT, H, N_TOTAL), w = q * g
-    (HP, DHP) fp32 and the online-softmax state (m, l, acc): empty, or (HAS_INIT) a prefix partial to continue
-    (normalised mix P and its log-sum-exp: m = lse, l = 1, acc = P), then the broadcast null source (D,) as
-    the first source (HAS_NULL; its score stored at column 0)."""
+    """A forward program's start: its tiles (``_row_tiles``), w = q * g (HP, DHP) fp32 and the online-softmax
+    state (m, l, acc): empty, or (HAS_INIT) a prefix partial to continue (normalised mix P and its log-sum-exp:
+    m = lse, l = 1, acc = P), then the broadcast null source (D,) as the first source (HAS_NULL; its score
+    stored at column 0). soffs: offsets into the scores (BT, H, N_TOTAL) of the first source after the null."""
     tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(tl.program_id(0), BT, D, H, DH, BLOCK_T, HP, DHP)
     soffs = tok.to(tl.int64)[:, None] * (H * N_TOTAL) + hh[None, :] * N_TOTAL
     w = tl.load(q_ptr + col, mask=cmask, other=0.0).to(tl.float32) * \
@@ -133,6 +142,7 @@ def _fwd_begin(null_ptr, q_ptr, g_ptr, score_ptr, init_ptr, init_lse_ptr, BT, D,
         m, l, acc, s = _fwd_update(x, _rms(x, D, eps), w, m, l, acc)
         if STORE_SCORES:
             tl.store(score_ptr + soffs, s, mask=smask)
+        soffs += 1
     return tok, col, cmask, tmask, offs, mask, smask, soffs, w, m, l, acc
 
 
@@ -161,9 +171,6 @@ def _route_fwd_kernel(
     tok, col, cmask, tmask, offs, mask, smask, soffs, w, m, l, acc = _fwd_begin(
         null_ptr, q_ptr, g_ptr, score_ptr, init_ptr, init_lse_ptr, BT, D, H, DH, N_TOTAL, eps, HAS_NULL,
         STORE_SCORES, HAS_INIT, BLOCK_T, HP, DHP)
-    j0 = 0
-    if HAS_NULL:
-        j0 = 1
     if PREFETCH:  # issue the load of source j + 1 before the math of source j (two tiles in flight)
         x_next = tl.load(buf_ptr + lo * buf_stride + offs, mask=mask & _in(lo, lo, n_buf, BLOCK_T), other=0.0)
         for j in range(lo, n_buf):
@@ -171,14 +178,14 @@ def _route_fwd_kernel(
             x_next = tl.load(buf_ptr + (j + 1) * buf_stride + offs, mask=mask & _in(j + 1, lo, n_buf, BLOCK_T), other=0.0)
             m, l, acc, s = _fwd_update(x, _rms(x, D, eps), w, m, l, acc)
             if STORE_SCORES:
-                tl.store(score_ptr + soffs + j0 + j - lo, s, mask=smask)
+                tl.store(score_ptr + soffs + j - lo, s, mask=smask)
     else:
         for j in range(lo, n_buf):
             x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
             m, l, acc, s = _fwd_update(x, _rms(x, D, eps), w, m, l, acc)
             if STORE_SCORES:
-                tl.store(score_ptr + soffs + j0 + j - lo, s, mask=smask)
-    _fwd_end(extra_ptr, out_ptr, lse_ptr, score_ptr, tok, offs, mask, smask, soffs + j0 + n_buf - lo, w, m, l, acc,
+                tl.store(score_ptr + soffs + j - lo, s, mask=smask)
+    _fwd_end(extra_ptr, out_ptr, lse_ptr, score_ptr, tok, offs, mask, smask, soffs + n_buf - lo, w, m, l, acc,
              H, D, eps, HAS_EXTRA, STORE_SCORES, HP)
 
 
@@ -603,16 +610,13 @@ def _fwd6_kernel(
     tok, col, cmask, tmask, offs, mask, smask, soffs, w, m, l, acc = _fwd_begin(
         null_ptr, q_ptr, g_ptr, score_ptr, init_ptr, init_lse_ptr, BT, D, H, DH, N_TOTAL, eps, HAS_NULL,
         STORE_SCORES, HAS_INIT, BLOCK_T, HP, DHP)
-    j0 = 0
-    if HAS_NULL:
-        j0 = 1
     for j in tl.range(lo, n_buf, num_stages=STAGES):
         x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
         ssj = tl.load(ss_ptr + j * BT + tok, mask=tmask, other=1.0)
         m, l, acc, s = _fwd_update(x, 1.0 / tl.sqrt(ssj / D + eps), w, m, l, acc)
         if STORE_SCORES:
-            tl.store(score_ptr + soffs + j0 + j - lo, s, mask=smask)
-    _fwd_end(extra_ptr, out_ptr, lse_ptr, score_ptr, tok, offs, mask, smask, soffs + j0 + n_buf - lo, w, m, l, acc,
+            tl.store(score_ptr + soffs + j - lo, s, mask=smask)
+    _fwd_end(extra_ptr, out_ptr, lse_ptr, score_ptr, tok, offs, mask, smask, soffs + n_buf - lo, w, m, l, acc,
              H, D, eps, HAS_EXTRA, STORE_SCORES, HP)
 
 
@@ -702,12 +706,9 @@ def _src_bwd_kernel(
 
 
 def _prune_group(configs, named_args, **kwargs):
-    """``_prune`` for tiles of GP sources: (GP, BLOCK_T, HP, DHP) counts as GP times a (BLOCK_T, HP, DHP) tile."""
-    gp = kwargs.get("GP", named_args.get("GP"))
-    row = gp * kwargs.get("HP", named_args.get("HP")) * kwargs.get("DHP", named_args.get("DHP"))
-    keep = [c for c in configs
-            if 256 <= c.kwargs["BLOCK_T"] * row <= 16384 and c.num_warps * 32 * 2 <= c.kwargs["BLOCK_T"] * row]
-    return keep or configs[:1]
+    """Tiles (GP, BLOCK_T, HP, DHP) of GP sources: 256..16384 elements, at least 64 per warp."""
+    return _keep_tiles(configs, _arg(named_args, kwargs, "GP") * _arg(named_args, kwargs, "HP") *
+                       _arg(named_args, kwargs, "DHP"), 16384)
 
 
 def _group_configs(full: bool = False) -> list:
@@ -792,12 +793,7 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
     key = ("src_group_bwd", D, H, gp, jb, *(str(a.dtype) for a in args[:9]))
     _launch(_src_group_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_group_bwd"] += 1
-    DH = D // H
-    dW = torch.zeros(J, H, DH, device=dev, dtype=torch.float32)
-    for g in range(NG):  # dW[k, h] += sum_t dsr[g, h, k, t] x_g[t, h]: one batched matmul per source
-        xv = buf[s0 + g].view(BT, H, DH).transpose(0, 1)  # (H, BT, DH)
-        dW += torch.bmm(dsr[g] if xv.dtype == torch.float32 else dsr[g].to(xv.dtype), xv).float().transpose(0, 1)
-    return grad, parts[:NG - 1], dW.reshape(J, D)
+    return grad, parts[:NG - 1], sum(_dW(dsr[g], buf[s0 + g], H) for g in range(NG))
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]
@@ -859,15 +855,22 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
     if is_null:
         grad = grad[:triton.cdiv(BT, block_t)].sum(0)
         dW = dsr.sum(-1).t()[:, :, None] * x.float().view(1, H, DH)  # (J, H, DH)
-    else:  # dW[k, h] = sum_t dsr[h, k, t] x[t, h]: a batched matmul over tokens, one batch per head
-        xv = x.view(BT, H, DH).transpose(0, 1)  # (H, BT, DH)
-        dW = torch.bmm(dsr if x.dtype == torch.float32 else dsr.to(x.dtype), xv).float().transpose(0, 1)
-    return grad, dW.reshape(J, D)
+        return grad, dW.reshape(J, D)
+    return grad, _dW(dsr, x, H)
+
+
+def _dW(dsr: torch.Tensor, x: torch.Tensor, H: int) -> torch.Tensor:
+    """One source's part of dL/d(q_k * g_k) for the J reads of ``dsr`` (H, J, BT) fp32: dW[k, h] = sum_t
+    dsr[h, k, t] x[t, h], a batched matmul over tokens, one batch per head. x: (BT, D). Returns (J, D) fp32."""
+    BT, D = x.shape
+    xv = x.view(BT, H, D // H).transpose(0, 1)  # (H, BT, DH)
+    dW = torch.bmm(dsr if x.dtype == torch.float32 else dsr.to(x.dtype), xv).float().transpose(0, 1)
+    return dW.reshape(dsr.shape[1], D)
 
 
 # v6 forward prefix sharing (optional, ``FusedRouter(group=K)``): K announced reads share ONE pass over their
-# common prefix. Rows of the tile are (read k, token t) pairs: the K rows of a token load the same source
-# elements (L1 hits: the prefix is read from HBM once), each row with its own w_k = q_k * g_k. Outputs the
+# common prefix: one program per (token block, head), the K reads a tile dimension, so each source's head slice
+# is read once for all K, each read with its own w_k = q_k * g_k (``_prefix6_kernel``). Outputs the
 # normalised partial mix P_k and its log-sum-exp per read; each read then continues with its newer sources
 # (route_fwd with init=...). The backward is unchanged (source-major; it needs no partials).
 def _prefix6_configs(full: bool = False) -> list:
@@ -879,9 +882,7 @@ def _prefix6_configs(full: bool = False) -> list:
 
 def _prune_prefix6(configs, named_args, **kwargs):
     """Tiles (KP, BLOCK_T, DHP) of one head: 256..8192 elements, at least 64 per warp."""
-    row = kwargs.get("KP", named_args.get("KP")) * kwargs.get("DHP", named_args.get("DHP"))
-    keep = [c for c in configs if 256 <= c.kwargs["BLOCK_T"] * row <= 8192 and c.num_warps * 32 * 2 <= c.kwargs["BLOCK_T"] * row]
-    return keep or configs[:1]
+    return _keep_tiles(configs, _arg(named_args, kwargs, "KP") * _arg(named_args, kwargs, "DHP"), 8192)
 
 
 @triton.autotune(configs=_prefix6_configs(), key=["D", "H", "K", "HAS_NULL"],
