@@ -70,7 +70,8 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
     from mhar.routing import _kernels as K
 
     D, H = WIDTHS[size]
-    HP, DHP = K._tiles(D, H)
+    HP, DHP = K._tiles(D, H)  # the group / prefix kernels: a head padded to a power of two
+    _, DA, DB = K._split(D, H)  # the forward / write-once gradient: a head as two power-of-two parts
     fwd_types = {n: "*bf16" for n in _jit(K._fwd6_kernel).arg_names if n.endswith("_ptr")}
     fwd_types.update(ss_ptr="*fp32", lse_ptr="*fp32", q_ptr="*fp32", g_ptr="*fp32", score_ptr="*fp32",
                      init_lse_ptr="*fp32", eps="fp32")
@@ -88,15 +89,16 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
              dict(HAS_NULL=False, KP=prefix, DP=triton.next_power_of_2(D)), ("BT", "D", "DH", "buf_stride"),
              K._prune_prefix6),
             ("fwd6", K._fwd6_kernel, fwd_types, dict(HAS_NULL=False, HAS_EXTRA=False, STORE_SCORES=False,
-                                                     HAS_INIT=False), ("BT", "D", "DH", "buf_stride"), K._prune),
+                                                     HAS_INIT=False), ("BT", "D", "DH", "buf_stride"), K._prune6),
             ("src_bwd", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False),
-             ("BT", "D", "DH", "BTD", "BTH"), K._prune),
+             ("BT", "D", "DH", "BTD", "BTH"), K._prune6),
             (f"group{group}_bwd", K._src_group_bwd_kernel, grp_types, dict(GP=group), ("BT", "D", "DH", "BTD", "BTH"),
              K._prune_group)):
         configs = (K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else
                    K._prefix6_configs(full=True) if kernel is K._prefix6_kernel else K._v6_configs(full=True))
-        for cfg in prune(configs, {"HP": HP, "DHP": DHP, **flags}):
-            consts = {**flags, "HP": HP, "DHP": DHP, **cfg.kwargs}
+        tiles = {"HP": HP, "DA": DA, "DB": DB} if prune is K._prune6 else {"HP": HP, "DHP": DHP}
+        for cfg in prune(configs, {**tiles, **flags}):
+            consts = {**flags, **tiles, **cfg.kwargs}
             st = compile_stats(kernel, types, consts, cfg.num_warps, div)
             rows.append({"size": size, "kernel": name, "BLOCK_T": cfg.kwargs["BLOCK_T"],
                          "STAGES": cfg.kwargs["STAGES"], "warps": cfg.num_warps, **st})

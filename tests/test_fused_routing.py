@@ -460,6 +460,19 @@ def test_v6_source_groups(G, with_null, with_extra, H, dtype):
                   source_group=G)
 
 
+@pytest.mark.parametrize("D,H,parts", [(1280, 8, (8, 128, 32)), (1280, 16, (16, 64, 16)), (1024, 8, (8, 128, 0)),
+                                         (512, 8, (8, 64, 0)), (48, 3, (4, 16, 0)), (24, 8, (8, 2, 1)),
+                                         (40, 2, (2, 16, 4)), (112, 1, (1, 64, 64))])
+def test_v6_row_split(D, H, parts):
+    """The v6 kernels hold a head's D / H columns as two power-of-two tiles: the largest power of two and the
+    rest (padded only when the rest is not a power of two itself, e.g. 112 = 64 + 48 -> 64)."""
+    from mhar.routing import _kernels as K
+    HP, DA, DB = K._split(D, H)
+    assert (HP, DA, DB) == parts
+    DH = D // H
+    assert DA <= DH <= DA + DB or (DB == 0 and DA == DH)
+
+
 def test_v6_source_groups_without_lookahead_fall_back():
     """Without announced reads no older source qualifies for a group: the plain path, same gradients."""
     launches = fused_mod.LAUNCHES["source_group_bwd"]

@@ -5,6 +5,9 @@ sources: the key RMSNorm, the per-head scores and the per-head online softmax
 are fused with the weighted mix, so each source is read once per routing call.
 A token's row of width D is viewed as a (HP, DHP) tile: H heads of D/H columns,
 both padded to powers of two (masked), so D and D/H need not be powers of two.
+The v6 forward / gradient / stash / append kernels hold a row as two tiles instead
+(``_split``): each head's largest power-of-two part and the rest, so a head width
+such as 160 (1B) is 128 + 32 columns with no idle lanes.
 
 Sources, in order:  [null (D,), broadcast over tokens]  +  buf[0..n_buf)  +  [extra (BT, D)].
 
@@ -296,6 +299,70 @@ def _tiles(D: int, H: int) -> tuple[int, int]:
     return triton.next_power_of_2(H), triton.next_power_of_2(D // H)
 
 
+def _split(D: int, H: int) -> tuple[int, int, int]:
+    """(HP, DA, DB) of the v6 kernels: heads padded to a power of two; each head's DH = D / H columns as two
+    power-of-two parts, DA the largest power of two <= DH and DB the rest padded (0 when DH is a power of
+    two). A single (HP, next_power_of_2(DH)) tile pads the 1B head width 160 to 256 lanes (37.5% of them
+    idle: measured issue-bound on the H200); 160 = 128 + 32, 80 = 64 + 16 and 96 = 64 + 32 need no padding."""
+    DH = D // H
+    DA = 1 << (DH.bit_length() - 1)
+    return triton.next_power_of_2(H), DA, (0 if DA == DH else triton.next_power_of_2(DH - DA))
+
+
+def _prune6(configs, named_args, **kwargs):
+    """Tiles (BLOCK_T, HP, DA + DB): 256..8192 elements, at least 64 per warp."""
+    return _keep_tiles(configs, _arg(named_args, kwargs, "HP") * (_arg(named_args, kwargs, "DA") +
+                                                                   _arg(named_args, kwargs, "DB")), 8192)
+
+
+@triton.jit
+def _part(tok, hh, tmask, H, DH, D, OFF: tl.constexpr, W: tl.constexpr):
+    """Columns OFF .. OFF + W - 1 of each head (masked to the head width DH) of the token rows ``tok``:
+    col / cmask (HP, W), offs / mask (BLOCK_T, HP, W) into a (BT, D) tensor."""
+    c = OFF + tl.arange(0, W)
+    col = hh[:, None] * DH + c[None, :]
+    cmask = (hh[:, None] < H) & (c[None, :] < DH)
+    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]
+    return col, cmask, offs, tmask[:, None, None] & cmask[None, :, :]
+
+
+@triton.jit
+def _ld(ptr, offs, mask):
+    return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _hdot(a, b):
+    """Per-head dot products of (BLOCK_T, HP, W) tiles (b may broadcast): (BLOCK_T, HP)."""
+    return tl.sum(a * b, axis=2)
+
+
+@triton.jit
+def _rms2(xa, xb, D, eps, DB: tl.constexpr):
+    """1 / RMS of each row held as the two parts of ``_split`` (xb unused when DB == 0): (BLOCK_T,)."""
+    sq = tl.sum(_hdot(xa, xa), axis=1)
+    if DB > 0:
+        sq += tl.sum(_hdot(xb, xb), axis=1)
+    return 1.0 / tl.sqrt(sq / D + eps)
+
+
+@triton.jit
+def _step2(xa, xb, wa, wb, r, m, l, acca, accb, DB: tl.constexpr):
+    """Online-softmax step for one source held as two parts (``_split``; the b part unused when DB == 0) with its
+    1 / RMS r (BLOCK_T,): returns the new (m, l, acca, accb) and the scores (BLOCK_T, HP)."""
+    s = _hdot(xa, wa[None, :, :])
+    if DB > 0:
+        s += _hdot(xb, wb[None, :, :])
+    s = s * r[:, None]
+    m_new = tl.maximum(m, s)
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new)
+    acca = acca * alpha[:, :, None] + p[:, :, None] * xa
+    if DB > 0:
+        accb = accb * alpha[:, :, None] + p[:, :, None] * xb
+    return m_new, l * alpha + p, acca, accb, s
+
+
 def _check_index_range(buf: torch.Tensor | None) -> None:
     if buf is not None and buf.numel() >= 2**31:
         raise ValueError(f"fused routing: source buffer of {buf.numel()} elements needs 64-bit slot offsets "
@@ -335,6 +402,9 @@ def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, e
     flags = dict(HAS_NULL=null is not None, HAS_EXTRA=extra is not None, STORE_SCORES=store_scores,
                  HAS_INIT=init is not None, HP=HP, DHP=DHP)
     if ss is not None:
+        HP, DA, DB = _split(D, H)
+        flags.pop("DHP")
+        flags.update(HP=HP, DA=DA, DB=DB)
         key = ("fwd6", D, H, *flags.values(), *(str(a.dtype) for a in args[:9]))
         _launch(_fwd6_kernel, key, grid, (*args[:10], ss, *args[10:]), flags)
     else:
@@ -596,47 +666,100 @@ def _v6_configs(full: bool = False) -> list:
 
 
 @triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_NULL", "HAS_EXTRA", "HAS_INIT"],
-                 prune_configs_by={"early_config_prune": _prune})
+                 prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _fwd6_kernel(
     buf_ptr, null_ptr, extra_ptr, q_ptr, g_ptr, out_ptr, lse_ptr, score_ptr, init_ptr, init_lse_ptr, ss_ptr,
     lo, n_buf, buf_stride, BT, D, H, DH, N_TOTAL, eps,
     HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
 ):
     """The forward of ``_route_fwd_kernel`` (same arguments, plus ss (cap, BT) fp32: each buffered source's
     sum of squares per token, written by ``append_source``), with the buffered sources' loop pipelined
-    (``tl.range``) and their RMS read from ss instead of reduced over the row (a reduction across warps)."""
-    tok, col, cmask, tmask, offs, mask, smask, soffs, w, m, l, acc = _fwd_begin(
-        null_ptr, q_ptr, g_ptr, score_ptr, init_ptr, init_lse_ptr, BT, D, H, DH, N_TOTAL, eps, HAS_NULL,
-        STORE_SCORES, HAS_INIT, BLOCK_T, HP, DHP)
+    (``tl.range``) and their RMS read from ss instead of reduced over the row (a reduction across warps).
+    A row is two tiles (``_split``): each head's first DA columns and (DB > 0) the DB after them, so head
+    widths that are not powers of two leave no lanes idle; per-head scores add the two parts."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    hh = tl.arange(0, HP)
+    tmask = tok < BT
+    smask = tmask[:, None] & (hh[None, :] < H)
+    soffs = tok.to(tl.int64)[:, None] * (H * N_TOTAL) + hh[None, :] * N_TOTAL
+    cola, cma, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
+    wa = _ld(q_ptr, cola, cma) * _ld(g_ptr, cola, cma)
+    colb, cmb, offb, mb, wb = cola, cma, offa, ma, wa  # (placeholders when DB == 0: never used)
+    if DB > 0:
+        colb, cmb, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
+        wb = _ld(q_ptr, colb, cmb) * _ld(g_ptr, colb, cmb)
+    if HAS_INIT:  # a prefix partial to continue: m = its log-sum-exp, l = 1, acc = its normalised mix
+        m = tl.load(init_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
+        l = tl.full((BLOCK_T, HP), 1.0, tl.float32)
+        acca = _ld(init_ptr, offa, ma)
+        accb = acca
+        if DB > 0:
+            accb = _ld(init_ptr, offb, mb)
+    else:
+        m = tl.full((BLOCK_T, HP), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_T, HP), tl.float32)
+        acca = tl.zeros((BLOCK_T, HP, DA), tl.float32)
+        accb = acca
+        if DB > 0:
+            accb = tl.zeros((BLOCK_T, HP, DB), tl.float32)
+    if HAS_NULL:  # the broadcast null source (D,) first, its score at column 0
+        xa = tl.zeros((BLOCK_T, HP, DA), tl.float32) + _ld(null_ptr, cola, cma)[None, :, :]
+        xb = xa
+        if DB > 0:
+            xb = tl.zeros((BLOCK_T, HP, DB), tl.float32) + _ld(null_ptr, colb, cmb)[None, :, :]
+        m, l, acca, accb, s = _step2(xa, xb, wa, wb, _rms2(xa, xb, D, eps, DB), m, l, acca, accb, DB)
+        if STORE_SCORES:
+            tl.store(score_ptr + soffs, s, mask=smask)
+        soffs += 1
     for j in tl.range(lo, n_buf, num_stages=STAGES):
-        x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
-        ssj = tl.load(ss_ptr + j * BT + tok, mask=tmask, other=1.0)
-        m, l, acc, s = _fwd_update(x, 1.0 / tl.sqrt(ssj / D + eps), w, m, l, acc)
+        xa = _ld(buf_ptr + j * buf_stride, offa, ma)
+        xb = xa
+        if DB > 0:
+            xb = _ld(buf_ptr + j * buf_stride, offb, mb)
+        r = 1.0 / tl.sqrt(tl.load(ss_ptr + j * BT + tok, mask=tmask, other=1.0) / D + eps)
+        m, l, acca, accb, s = _step2(xa, xb, wa, wb, r, m, l, acca, accb, DB)
         if STORE_SCORES:
             tl.store(score_ptr + soffs + j - lo, s, mask=smask)
-    _fwd_end(extra_ptr, out_ptr, lse_ptr, score_ptr, tok, offs, mask, smask, soffs + n_buf - lo, w, m, l, acc,
-             H, D, eps, HAS_EXTRA, STORE_SCORES, HP)
+    if HAS_EXTRA:  # the transient extra source last
+        xa = _ld(extra_ptr, offa, ma)
+        xb = xa
+        if DB > 0:
+            xb = _ld(extra_ptr, offb, mb)
+        m, l, acca, accb, s = _step2(xa, xb, wa, wb, _rms2(xa, xb, D, eps, DB), m, l, acca, accb, DB)
+        if STORE_SCORES:
+            tl.store(score_ptr + soffs + n_buf - lo, s, mask=smask)
+    tl.store(out_ptr + offa, (acca / l[:, :, None]).to(out_ptr.dtype.element_ty), mask=ma)
+    if DB > 0:
+        tl.store(out_ptr + offb, (accb / l[:, :, None]).to(out_ptr.dtype.element_ty), mask=mb)
+    tl.store(lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], m + tl.log(l), mask=smask)
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]
                  if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"
                  else [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (2, 4, 8) for nw in (4, 8)],
-                 key=["D"], prune_configs_by={"early_config_prune": _prune})
+                 key=["D"], prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
-def _append_kernel(src_ptr, dst_ptr, ss_ptr, BT, D, BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr):
-    """dst = src (in dst's dtype) and ss = the sum of squares of each stored (rounded) row, fp32."""
-    pid = tl.program_id(0)
-    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    cc = tl.arange(0, HP)[:, None] * DHP + tl.arange(0, DHP)[None, :]  # a row as (HP, DHP): D <= HP * DHP
+def _append_kernel(src_ptr, dst_ptr, ss_ptr, BT, D, BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr,
+                   DB: tl.constexpr):
+    """dst = src (in dst's dtype) and ss = the sum of squares of each stored (rounded) row, fp32. A row is
+    ``_split``'s two parts of one "head" of width D (HP = 1): D = 1280 is 1024 + 256, no idle lanes."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    hh = tl.arange(0, HP)
     tmask = tok < BT
-    offs = tok.to(tl.int64)[:, None, None] * D + cc[None, :, :]
-    mask = tmask[:, None, None] & (cc < D)[None, :, :]
+    _, _, offs, mask = _part(tok, hh, tmask, 1, D, D, 0, DA)
     x = tl.load(src_ptr + offs, mask=mask, other=0.0).to(dst_ptr.dtype.element_ty)
     tl.store(dst_ptr + offs, x, mask=mask)
     xf = x.to(tl.float32)
-    tl.store(ss_ptr + tok, tl.sum(tl.sum(xf * xf, axis=2), axis=1), mask=tmask)
+    sq = tl.sum(_hdot(xf, xf), axis=1)
+    if DB > 0:
+        _, _, offs, mask = _part(tok, hh, tmask, 1, D, D, DA, DB)
+        x = tl.load(src_ptr + offs, mask=mask, other=0.0).to(dst_ptr.dtype.element_ty)
+        tl.store(dst_ptr + offs, x, mask=mask)
+        xf = x.to(tl.float32)
+        sq += tl.sum(_hdot(xf, xf), axis=1)
+    tl.store(ss_ptr + tok, sq, mask=tmask)
 
 
 def append_source(src: torch.Tensor, dst: torch.Tensor, ss: torch.Tensor) -> None:
@@ -644,22 +767,21 @@ def append_source(src: torch.Tensor, dst: torch.Tensor, ss: torch.Tensor) -> Non
     squares ``ss`` (BT,) fp32 (of the values as stored), which the v6 forward reads instead of reducing each
     row per read."""
     BT, D = dst.shape
-    DP = triton.next_power_of_2(D)
-    HP, DHP = DP // min(DP, 128), min(DP, 128)
+    HP, DA, DB = _split(D, 1)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     _launch(_append_kernel, ("append", D, str(src.dtype), str(dst.dtype)), grid, (src, dst, ss, BT, D),
-            dict(HP=HP, DHP=DHP))
+            dict(HP=HP, DA=DA, DB=DB))
     LAUNCHES["append"] += 1
 
 
 @triton.autotune(configs=_v6_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "JB"],
-                 prune_configs_by={"early_config_prune": _prune})
+                 prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _src_bwd_kernel(
     x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr,
     k_lo, k_hi, BT, D, H, DH, BTD, BTH, eps, JB,
     IS_NULL: tl.constexpr, HAS_INIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Gradient of ONE source x (BT, D) (or the broadcast null vector (D,)) from reads k_lo..k_hi-1.
 
@@ -668,41 +790,76 @@ def _src_bwd_kernel(
     ignored for the null vector). Writes grad (BT, D) (= init + sum over reads; IS_NULL: per-program sums over
     tokens (n_prog, D)) and dsr[h, k - k_lo, t] = dL/dscore * rms^-1 (H, J, BT) fp32. The read loop is a
     ``tl.range`` loop (software-pipelined: the douts stream through shared memory) whose body reduces over
-    each head's columns only (the RMS term is summed per head and reduced over heads once, after the loop)."""
+    each head's columns only (the RMS term is summed per head and reduced over heads once, after the loop).
+    Rows are the two tiles of ``_split`` (no idle lanes for head widths that are not powers of two)."""
     pid = tl.program_id(0)
-    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(pid, BT, D, H, DH, BLOCK_T, HP, DHP)
+    tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    hh = tl.arange(0, HP)
+    tmask = tok < BT
+    smask = tmask[:, None] & (hh[None, :] < H)
+    cola, cma, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
+    colb, cmb, offb, mb = cola, cma, offa, ma  # (placeholders when DB == 0: never used)
+    if DB > 0:
+        colb, cmb, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
     tok = tok.to(tl.int64)
     hoffs = tok[:, None] * H + hh[None, :]  # (BLOCK_T, HP) into (BT, H)
     J = k_hi - k_lo
     doffs = hh[None, :] * (J * BT) + tok[:, None]  # into dsr (H, J, BT), read k_lo
     if IS_NULL:
-        nv = tl.load(x_ptr + col, mask=cmask, other=0.0).to(tl.float32)
-        x = tl.zeros((BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :]
-        r = _rms(x, D, eps)
+        xa = tl.zeros((BLOCK_T, HP, DA), tl.float32) + _ld(x_ptr, cola, cma)[None, :, :]
+        xb = xa
+        if DB > 0:
+            xb = tl.zeros((BLOCK_T, HP, DB), tl.float32) + _ld(x_ptr, colb, cmb)[None, :, :]
+        r = _rms2(xa, xb, D, eps, DB)
     else:
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        xa = _ld(x_ptr, offa, ma)
+        xb = xa
+        if DB > 0:
+            xb = _ld(x_ptr, offb, mb)
         r = 1.0 / tl.sqrt(tl.load(ss_ptr + tok, mask=tmask, other=1.0) / D + eps)
-    dx = tl.zeros((BLOCK_T, HP, DHP), tl.float32)
+    dxa = tl.zeros((BLOCK_T, HP, DA), tl.float32)
+    dxb = dxa
+    if DB > 0:
+        dxb = tl.zeros((BLOCK_T, HP, DB), tl.float32)
     csum = tl.zeros((BLOCK_T, HP), tl.float32)  # per head, summed over reads: <dscore, score> (the RMS term)
     for k in tl.range(k_lo, k_hi, num_stages=STAGES):
-        dout = tl.load(dbuf_ptr + k * BTD + offs, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + k * D + col, mask=cmask, other=0.0)  # (HP, DHP) fp32
+        da = _ld(dbuf_ptr + k * BTD, offa, ma)
+        wa = tl.load(w_ptr + k * D + cola, mask=cma, other=0.0)  # (HP, DA) fp32
+        s = _hdot(xa, wa[None, :, :])
+        sd = _hdot(da, xa)
+        db, wb = da, wa
+        if DB > 0:
+            db = _ld(dbuf_ptr + k * BTD, offb, mb)
+            wb = tl.load(w_ptr + k * D + colb, mask=cmb, other=0.0)
+            s += _hdot(xb, wb[None, :, :])
+            sd += _hdot(db, xb)
         lse = tl.load(lse_ptr + k * BTH + hoffs, mask=smask, other=0.0)
         delta = tl.load(delta_ptr + k * BTH + hoffs, mask=smask, other=0.0)
-        s = tl.sum(x * w[None, :, :], axis=2) * r[:, None]  # (BLOCK_T, HP) scores
+        s = s * r[:, None]  # (BLOCK_T, HP) scores
         a = tl.exp(s - lse)  # routing weights of this source in read k
-        ds = a * (tl.sum(dout * x, axis=2) - delta)  # dL/dscore
+        ds = a * (sd - delta)  # dL/dscore
         csum += ds * s
         dsr = ds * r[:, None]
-        dx += a[:, :, None] * dout + dsr[:, :, None] * w[None, :, :]
+        dxa += a[:, :, None] * da + dsr[:, :, None] * wa[None, :, :]
+        if DB > 0:
+            dxb += a[:, :, None] * db + dsr[:, :, None] * wb[None, :, :]
         tl.store(dsr_ptr + doffs + (k - k_lo) * BT, dsr, mask=smask)
-    dx -= x * (tl.sum(csum, axis=1) * r * r / D)[:, None, None]
+    c = (tl.sum(csum, axis=1) * r * r / D)[:, None, None]
+    dxa -= xa * c
     if HAS_INIT:
-        dx += tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dxa += _ld(init_ptr, offa, ma)
     if IS_NULL:
-        tl.store(grad_ptr + pid * D + col, tl.sum(tl.where(mask, dx, 0.0), axis=0), mask=cmask)
+        tl.store(grad_ptr + pid * D + cola, tl.sum(tl.where(ma, dxa, 0.0), axis=0), mask=cma)
     else:
-        tl.store(grad_ptr + offs, dx.to(grad_ptr.dtype.element_ty), mask=mask)
+        tl.store(grad_ptr + offa, dxa.to(grad_ptr.dtype.element_ty), mask=ma)
+    if DB > 0:
+        dxb -= xb * c
+        if HAS_INIT:
+            dxb += _ld(init_ptr, offb, mb)
+        if IS_NULL:
+            tl.store(grad_ptr + pid * D + colb, tl.sum(tl.where(mb, dxb, 0.0), axis=0), mask=cmb)
+        else:
+            tl.store(grad_ptr + offb, dxb.to(grad_ptr.dtype.element_ty), mask=mb)
 
 
 def _prune_group(configs, named_args, **kwargs):
@@ -799,27 +956,34 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
 @triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]
                  if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"
                  else [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (2, 4, 8, 16) for nw in (4, 8)],
-                 key=["D", "H"], prune_configs_by={"early_config_prune": _prune})
+                 key=["D", "H"], prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _stash_kernel(dout_ptr, out_ptr, dslot_ptr, delta_ptr, BT, D, H, DH,
-                  BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr):
-    """dslot = dout (in the dout buffer's dtype) and delta = <dout_h, out_h> (BT, H) fp32."""
-    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(tl.program_id(0), BT, D, H, DH, BLOCK_T, HP, DHP)
+                  BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr):
+    """dslot = dout (in the dout buffer's dtype) and delta = <dout_h, out_h> (BT, H) fp32 (rows as ``_split``)."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    hh = tl.arange(0, HP)
+    tmask = tok < BT
+    _, _, offs, mask = _part(tok, hh, tmask, H, DH, D, 0, DA)
     dout = tl.load(dout_ptr + offs, mask=mask, other=0.0)
-    out = tl.load(out_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(dslot_ptr + offs, dout.to(dslot_ptr.dtype.element_ty), mask=mask)
-    delta = tl.sum(dout.to(tl.float32) * out, axis=2)
-    tl.store(delta_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], delta, mask=smask)
+    delta = _hdot(dout.to(tl.float32), _ld(out_ptr, offs, mask))
+    if DB > 0:
+        _, _, offs, mask = _part(tok, hh, tmask, H, DH, D, DA, DB)
+        dout = tl.load(dout_ptr + offs, mask=mask, other=0.0)
+        tl.store(dslot_ptr + offs, dout.to(dslot_ptr.dtype.element_ty), mask=mask)
+        delta += _hdot(dout.to(tl.float32), _ld(out_ptr, offs, mask))
+    tl.store(delta_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], delta, mask=tmask[:, None] & (hh[None, :] < H))
 
 
 def stash(dout: torch.Tensor, out: torch.Tensor, dslot: torch.Tensor, delta: torch.Tensor, H: int, BT: int,
           D: int) -> None:
     """Copy a read's dout (BT, D) into its dout-buffer slot and write delta (BT, H) fp32 = <dout, out> per head."""
-    HP, DHP = _tiles(D, H)
+    HP, DA, DB = _split(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     args = (dout, out, dslot, delta, BT, D, H, D // H)
     _launch(_stash_kernel, ("stash", D, H, str(dout.dtype), str(out.dtype), str(dslot.dtype)), grid, args,
-            dict(HP=HP, DHP=DHP))
+            dict(HP=HP, DA=DA, DB=DB))
     LAUNCHES["stash"] += 1
 
 
@@ -833,7 +997,6 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
     add (a v5-style read's accumulation), or None. Returns (grad, dW): grad (BT, D) in ``grad_dtype`` ((D,)
     fp32 for the null source), dW (k_hi - k_lo, D) fp32 = this source's part of dL/d(q_k * g_k)."""
     J = k_hi - k_lo
-    HP, DHP = _tiles(D, H)
     dev = x.device
     if dbuf.numel() >= 2**31 or H * J * BT >= 2**31:
         raise ValueError(f"fused routing: dout buffer of {dbuf.numel()} elements needs 64-bit offsets (limit 2**31); "
@@ -847,7 +1010,8 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
         raise ValueError("source_bwd: a buffered source needs its sums of squares (ss)")
     args = (x, ss if ss is not None else dsr, dbuf, lse, delta, w, init if init is not None else grad, grad, dsr,
             k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, jb)
-    flags = dict(IS_NULL=is_null, HAS_INIT=init is not None, HP=HP, DHP=DHP)
+    HP, DA, DB = _split(D, H)
+    flags = dict(IS_NULL=is_null, HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB)
     key = ("src_bwd", D, H, jb, *flags.values(), *(str(a.dtype) for a in args[:8]))
     block_t = _launch(_src_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_bwd"] += 1
