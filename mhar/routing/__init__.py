@@ -15,7 +15,7 @@ Implementations register themselves in ``ROUTERS``; ``mhar.routing.fused``
 registers "fused" (kernels v6: source-major, write-once backward), "fused_v5"
 (the previous read-major kernels, kept for side-by-side benchmarks) and "fused_sg4"
 (v6 with source groups of 4: four sources' gradients from one pass over the later
-reads' douts; not yet timed on a GPU) when Triton is importable.
+reads' douts; fewer bytes but slower on the H200, off by default) when Triton is importable.
 """
 from __future__ import annotations
 

@@ -550,7 +550,8 @@ class FusedRouter(Router):
     pass over the later reads' douts (``source_group_bwd``: the newest complete, the
     older ones partial in fp32, completed by their first reader over the few reads
     between); 1 (default) = one pass per source. Fewer bytes (the douts are the bulk of
-    the backward's); not yet timed on a GPU, hence off by default.
+    the backward's), but on the H200 the group kernel reaches less bandwidth: 6.9 / 10.8 /
+    19.8 ms per microbatch against 6.0 / 9.7 / 19.9 (results/bench/NOTES.md), hence off by default.
     """
 
     name = "fused"
@@ -774,4 +775,4 @@ def route_fused(sources: Tensor, query: Tensor, norm_weight: Tensor, num_heads: 
 
 register_router("fused", FusedRouter)
 register_router("fused_v5", lambda: FusedRouter(algo="v5"))
-register_router("fused_sg4", lambda: FusedRouter(source_group=4))  # v6 with source groups of 4 (not yet timed)
+register_router("fused_sg4", lambda: FusedRouter(source_group=4))  # v6 with source groups of 4 (slower)
