@@ -845,21 +845,21 @@ def _src_bwd_kernel(
             dxb += a[:, :, None] * db + dsr[:, :, None] * wb[None, :, :]
         tl.store(dsr_ptr + doffs + (k - k_lo) * BT, dsr, mask=smask)
     c = (tl.sum(csum, axis=1) * r * r / D)[:, None, None]
-    dxa -= xa * c
-    if HAS_INIT:
-        dxa += _ld(init_ptr, offa, ma)
-    if IS_NULL:
-        tl.store(grad_ptr + pid * D + cola, tl.sum(tl.where(ma, dxa, 0.0), axis=0), mask=cma)
-    else:
-        tl.store(grad_ptr + offa, dxa.to(grad_ptr.dtype.element_ty), mask=ma)
+    _src_grad_out(dxa - xa * c, init_ptr, grad_ptr, pid, D, cola, cma, offa, ma, HAS_INIT, IS_NULL)
     if DB > 0:
-        dxb -= xb * c
-        if HAS_INIT:
-            dxb += _ld(init_ptr, offb, mb)
-        if IS_NULL:
-            tl.store(grad_ptr + pid * D + colb, tl.sum(tl.where(mb, dxb, 0.0), axis=0), mask=cmb)
-        else:
-            tl.store(grad_ptr + offb, dxb.to(grad_ptr.dtype.element_ty), mask=mb)
+        _src_grad_out(dxb - xb * c, init_ptr, grad_ptr, pid, D, colb, cmb, offb, mb, HAS_INIT, IS_NULL)
+
+
+@triton.jit
+def _src_grad_out(dx, init_ptr, grad_ptr, pid, D, col, cmask, offs, mask, HAS_INIT: tl.constexpr,
+                  IS_NULL: tl.constexpr):
+    """Store one tile of a source gradient (plus ``init``); the null vector's as this program's sum over tokens."""
+    if HAS_INIT:
+        dx += _ld(init_ptr, offs, mask)
+    if IS_NULL:
+        tl.store(grad_ptr + pid * D + col, tl.sum(tl.where(mask, dx, 0.0), axis=0), mask=cmask)
+    else:
+        tl.store(grad_ptr + offs, dx.to(grad_ptr.dtype.element_ty), mask=mask)
 
 
 def _prune_group(configs, named_args, **kwargs):
