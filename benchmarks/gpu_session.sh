@@ -6,9 +6,11 @@
 #   setup                      install carried wheels (.whl/, see README "GPU quick start") into /tmp/site; versions
 #   tests                      the GPU tests: fused routing kernels (one launch configuration each:
 #                              MHAR_ROUTING_AUTOTUNE=0), the training step, generation (skip without CUDA);
-#                              the `gpu`-marked ones first, each half capped at $TESTS_SECONDS (default 240)
-#   op[:SIZES]                 routing op alone: v6, v6 with source groups of 4, with forward groups of 8, with both, and
-#                              v5 side by side (bench_routing_op.py)
+#                              the `gpu`-marked ones first, each half capped at $TESTS_SECONDS (default 240; the cap
+#                              sends SIGINT, so pytest still prints the failures it has seen)
+#   op[:SIZES[:IMPLS]]         routing op alone, side by side (bench_routing_op.py; default impls: fused fused_v5;
+#                              others: fused_sg4 fused_g8 fused_g8_sg4 ...), capped at $OP_SECONDS (default 330: about
+#                              25 s per (size, impl) with autotuning)
 #   train:SIZES:VARIANTS[:N]   bench_training.py: the library step per (size, variant), then N trainer steps
 #   trainer:SIZES:VARIANTS:N   bench_training.py --trainer-only: N steps of `python -m mhar.train` per (size, variant)
 #   infer                      bench_inference.py: prefill / decode / memory, baseline vs MHAR
@@ -45,16 +47,16 @@ for stage in "$@"; do
       python3 -c "import snakemake, lm_eval, datasets; print('snakemake', snakemake.__version__, 'lm_eval', lm_eval.__version__, 'datasets', datasets.__version__)" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt" ;;
     tests)
       # the GPU-marked tests first (realistic shapes, graph replay, trainer), then the small-shape kernel tests
-      MHAR_ROUTING_AUTOTUNE=0 timeout "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs -m gpu \
+      MHAR_ROUTING_AUTOTUNE=0 timeout -s INT -k 15 "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs -m gpu \
         tests/test_fused_routing.py tests/test_step.py tests/test_generate.py tests/test_bench_inference.py 2>&1 \
-        | tee "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed" | tail -15
-      MHAR_ROUTING_AUTOTUNE=0 timeout "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs -m "not gpu" \
+        | tee "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed|Error" | tail -15
+      MHAR_ROUTING_AUTOTUNE=0 timeout -s INT -k 15 "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs -m "not gpu" \
         tests/test_fused_routing.py tests/test_step.py tests/test_generate.py tests/test_bench_inference.py 2>&1 \
-        | tee -a "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed" | tail -15 ;;
+        | tee -a "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed|Error" | tail -15 ;;
     op|op:*)
-      sizes=${stage#op}; sizes=${sizes#:}
-      timeout 200 python3 -m benchmarks.bench_routing_op --graph 1 --impls fused fused_sg4 fused_g8 fused_g8_sg4 fused_v5 --sizes ${sizes:-100M 350M 1B} \
-        --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" | tail -20 ;;
+      IFS=: read -r _ sizes impls <<< "$stage"
+      timeout "${OP_SECONDS:-330}" python3 -m benchmarks.bench_routing_op --graph 1 --impls ${impls:-fused fused_v5} \
+        --sizes ${sizes:-100M 350M 1B} --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" | tail -20 ;;
     train:*)
       IFS=: read -r _ sizes variants nsteps <<< "$stage"
       python3 -m benchmarks.bench_training --sizes $sizes --variants $variants --heads 8 --steps 20 --warmup 6 \
@@ -90,7 +92,7 @@ for stage in "$@"; do
       awk -F'\t' 'NF > 4 {print $(NF-1) " / " $NF}' "$OUT/summary.log" | sort | uniq -c | tail -8 ;;
     pytest:*)
       eval "pargs=(${stage#pytest:})"  # shell words: -k "a or b" stays one argument
-      MHAR_ROUTING_AUTOTUNE=0 timeout "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs "${pargs[@]}" \
+      MHAR_ROUTING_AUTOTUNE=0 timeout -s INT -k 15 "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs "${pargs[@]}" \
         2>&1 | tee -a "$OUT/tests_gpu.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Error|assert" | tail -40 ;;
     dryrun)
       "${SMK[@]}" -n all 2>&1 | tee "$OUT/dryrun_after.log" | tail -5 ;;
