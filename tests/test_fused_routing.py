@@ -470,7 +470,7 @@ def test_v6_row_split(D, H, parts):
     HP, DA, DB = K._split(D, H)
     assert (HP, DA, DB) == parts
     DH = D // H
-    assert DA <= DH <= DA + DB or (DB == 0 and DA == DH)
+    assert DA <= DH <= DA + DB
 
 
 def test_v6_source_groups_without_lookahead_fall_back():

@@ -88,35 +88,77 @@ def _in(i, a, b, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
+def _part(tok, hh, tmask, H, DH, D, OFF: tl.constexpr, W: tl.constexpr):
+    """Columns OFF .. OFF + W - 1 of each head (masked to the head width DH) of the token rows ``tok``:
+    col / cmask (HP, W), offs / mask (BLOCK_T, HP, W) into a (BT, D) tensor."""
+    c = OFF + tl.arange(0, W)
+    col = hh[:, None] * DH + c[None, :]
+    cmask = (hh[:, None] < H) & (c[None, :] < DH)
+    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]
+    return col, cmask, offs, tmask[:, None, None] & cmask[None, :, :]
+
+
+@triton.jit
+def _ld(ptr, offs, mask):
+    return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _hdot(a, b):
+    """Per-head dot products of (BLOCK_T, HP, W) tiles (b may broadcast): (BLOCK_T, HP)."""
+    return tl.sum(a * b, axis=2)
+
+
+@triton.jit
+def _rms2(xa, xb, D, eps, DB: tl.constexpr):
+    """1 / RMS of each row held as the two parts of ``_split`` (xb unused when DB == 0): (BLOCK_T,)."""
+    sq = tl.sum(_hdot(xa, xa), axis=1)
+    if DB > 0:
+        sq += tl.sum(_hdot(xb, xb), axis=1)
+    return 1.0 / tl.sqrt(sq / D + eps)
+
+
+@triton.jit
+def _step2(xa, xb, wa, wb, r, m, l, acca, accb, DB: tl.constexpr):
+    """Online-softmax step for one source held as two parts (``_split``; the b part unused when DB == 0) with its
+    1 / RMS r (BLOCK_T,): returns the new (m, l, acca, accb) and the scores (BLOCK_T, HP)."""
+    s = _hdot(xa, wa[None, :, :])
+    if DB > 0:
+        s += _hdot(xb, wb[None, :, :])
+    s = s * r[:, None]
+    m_new = tl.maximum(m, s)
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new)
+    acca = acca * alpha[:, :, None] + p[:, :, None] * xa
+    if DB > 0:
+        accb = accb * alpha[:, :, None] + p[:, :, None] * xb
+    return m_new, l * alpha + p, acca, accb, s
+
+
+@triton.jit
 def _row_tiles(pid, BT, D, H, DH, BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr):
-    """Indices of a program's BLOCK_T token rows, each viewed as a (HP, DHP) tile (H heads of DH columns):
-    tok (BLOCK_T,), hh (HP,), col (HP, DHP) column index, cmask (HP, DHP), tmask (BLOCK_T,), offs / mask
-    (BLOCK_T, HP, DHP) into a (BT, D) tensor, smask (BLOCK_T, HP)."""
+    """Indices of a program's BLOCK_T token rows, each viewed as ONE (HP, DHP) tile (H heads of DH columns,
+    padded): tok (BLOCK_T,), hh (HP,), col (HP, DHP) column index, cmask (HP, DHP), tmask (BLOCK_T,), offs /
+    mask (BLOCK_T, HP, DHP) into a (BT, D) tensor, smask (BLOCK_T, HP)."""
     tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     hh = tl.arange(0, HP)
-    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]
-    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
     tmask = tok < BT
-    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]
-    mask = tmask[:, None, None] & cmask[None, :, :]
-    smask = tmask[:, None] & (hh[None, :] < H)
-    return tok, hh, col, cmask, tmask, offs, mask, smask
+    col, cmask, offs, mask = _part(tok, hh, tmask, H, DH, D, 0, DHP)
+    return tok, hh, col, cmask, tmask, offs, mask, tmask[:, None] & (hh[None, :] < H)
 
 
 @triton.jit
 def _rms(x, D, eps):
     """1 / RMS of each row of a (BLOCK_T, HP, DHP) fp32 tile (a reduction over the whole row)."""
-    return 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=2), axis=1) / D + eps)
+    return _rms2(x, x, D, eps, 0)
 
 
 @triton.jit
 def _fwd_update(x, r, w, m, l, acc):
-    """Online-softmax step for one source tile x (BLOCK_T, HP, DHP) fp32 with its 1 / RMS r (BLOCK_T,)."""
-    s = tl.sum(x * w[None, :, :], axis=2) * r[:, None]  # (BLOCK_T, HP) scores: per-head reductions only
-    m_new = tl.maximum(m, s)
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new)
-    return m_new, l * alpha + p, acc * alpha[:, :, None] + p[:, :, None] * x, s
+    """Online-softmax step for one source tile x (BLOCK_T, HP, DHP) fp32 with its 1 / RMS r (BLOCK_T,):
+    ``_step2`` with a single part."""
+    m, l, acc, _, s = _step2(x, x, w, w, r, m, l, acc, acc, 0)
+    return m, l, acc, s
 
 
 @triton.jit
@@ -315,54 +357,6 @@ def _prune6(configs, named_args, **kwargs):
                                                                    _arg(named_args, kwargs, "DB")), 8192)
 
 
-@triton.jit
-def _part(tok, hh, tmask, H, DH, D, OFF: tl.constexpr, W: tl.constexpr):
-    """Columns OFF .. OFF + W - 1 of each head (masked to the head width DH) of the token rows ``tok``:
-    col / cmask (HP, W), offs / mask (BLOCK_T, HP, W) into a (BT, D) tensor."""
-    c = OFF + tl.arange(0, W)
-    col = hh[:, None] * DH + c[None, :]
-    cmask = (hh[:, None] < H) & (c[None, :] < DH)
-    offs = tok.to(tl.int64)[:, None, None] * D + col[None, :, :]
-    return col, cmask, offs, tmask[:, None, None] & cmask[None, :, :]
-
-
-@triton.jit
-def _ld(ptr, offs, mask):
-    return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _hdot(a, b):
-    """Per-head dot products of (BLOCK_T, HP, W) tiles (b may broadcast): (BLOCK_T, HP)."""
-    return tl.sum(a * b, axis=2)
-
-
-@triton.jit
-def _rms2(xa, xb, D, eps, DB: tl.constexpr):
-    """1 / RMS of each row held as the two parts of ``_split`` (xb unused when DB == 0): (BLOCK_T,)."""
-    sq = tl.sum(_hdot(xa, xa), axis=1)
-    if DB > 0:
-        sq += tl.sum(_hdot(xb, xb), axis=1)
-    return 1.0 / tl.sqrt(sq / D + eps)
-
-
-@triton.jit
-def _step2(xa, xb, wa, wb, r, m, l, acca, accb, DB: tl.constexpr):
-    """Online-softmax step for one source held as two parts (``_split``; the b part unused when DB == 0) with its
-    1 / RMS r (BLOCK_T,): returns the new (m, l, acca, accb) and the scores (BLOCK_T, HP)."""
-    s = _hdot(xa, wa[None, :, :])
-    if DB > 0:
-        s += _hdot(xb, wb[None, :, :])
-    s = s * r[:, None]
-    m_new = tl.maximum(m, s)
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new)
-    acca = acca * alpha[:, :, None] + p[:, :, None] * xa
-    if DB > 0:
-        accb = accb * alpha[:, :, None] + p[:, :, None] * xb
-    return m_new, l * alpha + p, acca, accb, s
-
-
 def _check_index_range(buf: torch.Tensor | None) -> None:
     if buf is not None and buf.numel() >= 2**31:
         raise ValueError(f"fused routing: source buffer of {buf.numel()} elements needs 64-bit slot offsets "
@@ -391,7 +385,6 @@ def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, e
     out = torch.empty(BT, D, device=device, dtype=out_dtype)
     lse = lse_out if lse_out is not None else torch.empty(BT, H, device=device, dtype=torch.float32)
     scores = torch.empty(BT, H, n_total, device=device, dtype=torch.float32) if store_scores else None
-    HP, DHP = _tiles(D, H)
     dummy = out
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     args = (buf if buf is not None else dummy, null if null is not None else dummy,
@@ -400,14 +393,13 @@ def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, e
             init_lse if init_lse is not None else lse,
             lo, n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, n_total, eps)
     flags = dict(HAS_NULL=null is not None, HAS_EXTRA=extra is not None, STORE_SCORES=store_scores,
-                 HAS_INIT=init is not None, HP=HP, DHP=DHP)
-    if ss is not None:
-        HP, DA, DB = _split(D, H)
-        flags.pop("DHP")
-        flags.update(HP=HP, DA=DA, DB=DB)
+                 HAS_INIT=init is not None)
+    if ss is not None:  # v6: a row as two tiles per head
+        flags.update(zip(("HP", "DA", "DB"), _split(D, H)))
         key = ("fwd6", D, H, *flags.values(), *(str(a.dtype) for a in args[:9]))
         _launch(_fwd6_kernel, key, grid, (*args[:10], ss, *args[10:]), flags)
-    else:
+    else:  # v5: one padded tile per head
+        flags.update(zip(("HP", "DHP"), _tiles(D, H)))
         key = ("fwd", D, H, *flags.values(), *(str(a.dtype) for a in args[:9]))
         _launch(_route_fwd_kernel, key, grid, args, flags)
     LAUNCHES["route_fwd"] += 1
