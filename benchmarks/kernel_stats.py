@@ -1,6 +1,10 @@
 """Compile the v6 routing kernels for the H100/H200 (sm_90) without a GPU and report what decides their speed:
-registers per thread, spills, shared memory, and whether the source / read loop is software-pipelined
-(``cp.async`` copies into shared memory in the PTX).
+registers per thread, spills, shared memory, whether the source / read loop is software-pipelined
+(``cp.async`` copies into shared memory in the PTX), and the loop's issue cost: SASS instructions per loaded
+element (per thread). The H200 streams about 8 bf16 elements per SM and cycle at full HBM bandwidth and issues
+at most 128 thread-instructions per SM and cycle, so a loop above ~16 instructions per element cannot keep up
+with memory (Nsight Compute measured 15.4 for the 350M gradient kernel, which ran at 0.51 of peak bandwidth
+at 63% of the issue slots: results/gpu/session_2026-12-01e).
 
     PYTHONPATH=. python -m benchmarks.kernel_stats                  # every v6 launch configuration, the presets
     PYTHONPATH=. python -m benchmarks.kernel_stats --json           # the same as JSON lines
@@ -32,10 +36,41 @@ def _jit(kernel):
     return kernel
 
 
+def _sass_loop(cubin: bytes) -> list[str]:
+    """The instructions (SASS, ``nvdisasm``) of the cubin's longest loop: the one ending in the backward branch
+    that spans the most instructions (the source / read loop of the routing kernels)."""
+    import triton
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        text = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
+    labels, pending, ins = {}, [], []
+    for line in text.splitlines():
+        lab = re.match(r"^\s*(\.L_\w+):", line)
+        if lab:
+            pending.append(lab.group(1))
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            addr = int(m.group(1), 16)
+            labels.update((p, addr) for p in pending)
+            pending = []
+            ins.append((addr, m.group(2).strip()))
+    best: list[str] = []
+    for addr, txt in ins:
+        br = re.search(r"BRA\s.*?\((\.L_\w+)\)", txt)
+        if br and labels.get(br.group(1), addr + 1) <= addr:
+            body = [t for a, t in ins if labels[br.group(1)] <= a <= addr]
+            best = body if len(body) > len(best) else best
+    return best
+
+
 def compile_stats(kernel, types: dict, consts: dict, num_warps: int, divisible=()) -> dict:
     """Compile ``kernel`` (a JIT function, possibly wrapped by the autotuner) for sm_90 with the given argument
     types (default i32; pointers '*bf16' etc.), constexpr values and warps; return registers, spills (bytes),
-    shared memory (bytes) and the number of cp.async instructions in the PTX."""
+    shared memory (bytes), the number of cp.async instructions in the PTX and the SASS instructions of the
+    longest loop per warp and iteration (``loop_instructions``; the issue slots one iteration costs)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
@@ -58,7 +93,8 @@ def compile_stats(kernel, types: dict, consts: dict, num_warps: int, divisible=(
     regs = re.search(r"Used (\d+) registers", res.stderr)
     spill = re.search(r"(\d+) bytes spill stores", res.stderr)
     return {"registers": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else 0,
-            "shared_bytes": compiled.metadata.shared, "cp_async": ptx.count("cp.async.")}
+            "shared_bytes": compiled.metadata.shared, "cp_async": ptx.count("cp.async."),
+            "loop_instructions": len(_sass_loop(compiled.asm["cubin"]))}
 
 
 def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
@@ -74,10 +110,10 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
     _, DA, DB = K._split(D, H)  # the forward / write-once gradient: a head as two power-of-two parts
     fwd_types = {n: "*bf16" for n in _jit(K._fwd6_kernel).arg_names if n.endswith("_ptr")}
     fwd_types.update(ss_ptr="*fp32", lse_ptr="*fp32", q_ptr="*fp32", g_ptr="*fp32", score_ptr="*fp32",
-                     init_lse_ptr="*fp32", eps="fp32")
+                     init_lse_ptr="*fp32", keep_ptr="*fp32", eps="fp32")
     bwd_types = {n: "*bf16" for n in _jit(K._src_bwd_kernel).arg_names if n.endswith("_ptr")}
     bwd_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", w_ptr="*fp32", dsr_ptr="*fp32",
-                     eps="fp32")
+                     s_ptr="*fp32", eps="fp32")
     grp_types = {n: "*bf16" for n in _jit(K._src_group_bwd_kernel).arg_names if n.endswith("_ptr")}
     grp_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", w_ptr="*fp32", dsr_ptr="*fp32",
                      part_ptr="*fp32", eps="fp32")
@@ -89,9 +125,10 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
              dict(HAS_NULL=False, KP=prefix, DP=triton.next_power_of_2(D)), ("BT", "D", "DH", "buf_stride"),
              K._prune_prefix6),
             ("fwd6", K._fwd6_kernel, fwd_types, dict(HAS_NULL=False, HAS_EXTRA=False, STORE_SCORES=False,
-                                                     HAS_INIT=False), ("BT", "D", "DH", "buf_stride"), K._prune6),
-            ("src_bwd", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False),
-             ("BT", "D", "DH", "BTD", "BTH"), K._prune6),
+                                                     HAS_INIT=False, KEEP=True), ("BT", "D", "DH", "buf_stride"),
+             K._prune6),
+            ("src_bwd", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False, HAS_S=True, D=D, H=H,
+                                                           DH=D // H), ("BT", "BTD", "BTH", "s_stride"), K._prune6),
             (f"group{group}_bwd", K._src_group_bwd_kernel, grp_types, dict(GP=group), ("BT", "D", "DH", "BTD", "BTH"),
              K._prune_group)):
         configs = (K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else
@@ -100,8 +137,12 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
         for cfg in prune(configs, {**tiles, **flags}):
             consts = {**flags, **tiles, **cfg.kwargs}
             st = compile_stats(kernel, types, consts, cfg.num_warps, div)
+            # issue slots per loaded element: SASS instructions of one loop iteration x 32 lanes x warps over the
+            # elements one iteration loads (a token block's rows; the prefix kernel: one head's columns)
+            elems = cfg.kwargs["BLOCK_T"] * (D // H if kernel is K._prefix6_kernel else D)
             rows.append({"size": size, "kernel": name, "BLOCK_T": cfg.kwargs["BLOCK_T"],
-                         "STAGES": cfg.kwargs["STAGES"], "warps": cfg.num_warps, **st})
+                         "STAGES": cfg.kwargs["STAGES"], "warps": cfg.num_warps, **st,
+                         "instr_per_element": round(st["loop_instructions"] * 32 * cfg.num_warps / elems, 2)})
     return rows
 
 
@@ -121,7 +162,7 @@ def main(argv=None) -> None:
             else:
                 print(f"{r['size']:5s} {r['kernel']:8s} BLOCK_T {r['BLOCK_T']} stages {r['STAGES']} warps {r['warps']}: "
                       f"{r['registers']} registers, {r['spill_bytes']} B spilled, {r['shared_bytes']} B shared, "
-                      f"{r['cp_async']} cp.async", flush=True)
+                      f"{r['cp_async']} cp.async, {r['instr_per_element']} instructions per element", flush=True)
 
 
 if __name__ == "__main__":

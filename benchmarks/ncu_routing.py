@@ -28,6 +28,9 @@ def main(argv=None) -> None:
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
     print(f"NCU_ROUTING {size} {impl}: one microbatch profiled")
+    from mhar.routing import _kernels
+    for key, cfg in _kernels._TUNED.items():  # the launch configuration the autotuner chose per kernel / shape
+        print(f"TUNED {key[0]} {key[1:5]}: {cfg}")
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ def _flat(p):
 
 
 def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, group=None, shared_backward=True,
-                  two_pass=False, algo="v6", lookahead=True, source_group=1):
+                  two_pass=False, algo="v6", lookahead=True, source_group=1, keep_scores=True):
     """``algo`` "v6" (routing_impl 'fused'): with ``lookahead`` every read is source-major (write-once source
     gradients); without, only the first is and the others run the v5 backward for their own part (the
     fallback). "v5" (routing_impl 'fused_v5'): ``group`` / ``shared_backward`` / ``two_pass`` as before."""
@@ -124,7 +124,7 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
         if impl == "fused":
             router = (fused_mod.FusedRouter(algo="v5", group=group, shared_backward=shared_backward,
                                             two_pass=two_pass) if algo == "v5"
-                      else fused_mod.FusedRouter(group=group, source_group=source_group))
+                      else fused_mod.FusedRouter(group=group, source_group=source_group, keep_scores=keep_scores))
         else:
             router = get_router(impl)
         la = group is not None if algo == "v5" else lookahead
@@ -136,6 +136,7 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
     loss, g, p = run("fused")
     assert fused_mod._Read.calls - calls == n_reads  # the fused path ran, once per read
     ran = {k: fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("route_bwd", "stash", "source_bwd")}
+    kept = fused_mod.LAUNCHES["source_bwd_kept"] - launches.get("source_bwd_kept", 0)
     n_groups = fused_mod.LAUNCHES["source_group_bwd"] - launches.get("source_group_bwd", 0)
     if algo == "v6":
         n_extra = sum(1 for i in range(n_reads) if with_extra and i % 2 == 1)
@@ -149,6 +150,8 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
         elif lookahead:  # every read source-major: route_bwd only for the transient extra sources
             assert n_groups == 0
             assert ran == {"route_bwd": n_extra, "stash": n_reads, "source_bwd": n_src}, ran
+            if group in (None, 1):  # every buffered source's gradient read the scores its readers kept
+                assert kept == (n_reads if keep_scores else 0), (kept, n_reads)
         else:  # only the first read is announced; the others take the v5 path for their own part
             assert ran == {"route_bwd": n_reads - 1, "stash": 1, "source_bwd": 1 + with_null}, ran
         if group is not None and group > 1 and lookahead:  # forward prefix sharing: one pass per group
@@ -305,6 +308,7 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
     logits_f, grads_f = _model_grads(variant, impl, heads, **res)
     assert fused_mod._Read.calls > calls
     ran = {k: fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("route_bwd", "stash", "source_bwd")}
+    kept = fused_mod.LAUNCHES["source_bwd_kept"] - launches.get("source_bwd_kept", 0)
     if impl == "fused_v5" and variant != "mhar_hw":  # the variant announced its next reads: prefix sharing ran
         assert fused_mod.READS["prefix"] > prefix
     if impl in ("fused", "fused_sg4") and variant in ("mhar", "attnres", "mhar_delta"):
@@ -350,6 +354,20 @@ def test_v6_forward_prefix_sharing(N, B, T, D, H, K, with_null, with_extra, dtyp
     the same source-major one)."""
     _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=N * K,
                   group=K)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_v6_without_kept_scores(dtype):
+    """keep_scores=False: the source-gradient kernel recomputes the scores (no kept-score memory); same
+    gradients within the dtype's tolerance, and no kernel reads kept scores."""
+    _check_router(2, 7, 40, 2, n_reads=4, dtype=dtype, with_null=True, with_extra=True, seed=11, keep_scores=False)
+
+
+def test_keep_scores_argument_checked():
+    with pytest.raises(ValueError, match="keep_scores"):
+        fused_mod.FusedRouter(keep_scores=0)
+    with pytest.raises(ValueError, match="keep_scores"):
+        fused_mod.FusedRouter(algo="v5", keep_scores=False)
 
 
 def test_v6_many_sources():

@@ -374,6 +374,14 @@ class _V6:
     rtoken: Optional[Tensor] = None  # chain token of the newest read
     done: bool = False  # the anchor's backward ran (a later read on this storage starts a new chain)
     group: Optional[tuple] = None  # forward prefix sharing: (k0, K, n_prefix, P (K, BT, D), lse (K, BT, H))
+    kept: Optional[Tensor] = None  # (K, cap, BT, H) fp32: the scores each read's forward kept for the backward
+    n_kept: list = field(default_factory=list)  # per read: its kept rows are buffered slots 0..n_kept[k]-1
+
+    def kept_for(self, slot: int, k_lo: int, k_hi: int) -> Optional[Tensor]:
+        """The kept scores of ``slot`` (K, BT, H) when reads k_lo..k_hi-1 all kept them, else None."""
+        if self.kept is None or any(self.n_kept[k] <= slot for k in range(k_lo, k_hi)):
+            return None
+        return self.kept[:, slot]
 
 
 def _source_group(st: _Storage, v: "_V6", slot: int, n_buf: int, k_first: int, init) -> list:
@@ -411,8 +419,12 @@ class _Read6(torch.autograd.Function):
         q, g = query.contiguous(), norm_weight.contiguous()
         nul = null.contiguous() if null is not None else None
         if P is None:
+            keep = v.kept[k] if k >= 0 and v.kept is not None and n_buf else None
             out, lse, scores = route_fwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, H, eps, BT, D, st.dtype,
-                                         store_scores=want_scores, lse_out=v.lse[k] if k >= 0 else None, ss=st.ss)
+                                         store_scores=want_scores, lse_out=v.lse[k] if k >= 0 else None, ss=st.ss,
+                                         keep=keep)
+            if keep is not None:
+                v.n_kept[k] = n_buf
         else:  # continue the shared prefix partial (which holds the null source) over buf[lo:n_buf)
             out, lse, scores = route_fwd(st.buf if n_buf > lo else None, n_buf, None, ex, q, g, H, eps, BT, D,
                                          st.dtype, lo=lo, init=P.reshape(BT, D), init_lse=lse_p.reshape(BT, H),
@@ -462,7 +474,8 @@ class _Read6(torch.autograd.Function):
                     grad = grad + init.float()
                 if k_first < k_part:
                     grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_part, grad,
-                                          gdtype, H, eps, BT, D, ss=st.ss[slot])
+                                          gdtype, H, eps, BT, D, ss=st.ss[slot],
+                                          kept=v.kept_for(slot, k_first, k_part))
                     v.dW[k_first:k_part] += dW
                 else:
                     grad = grad.to(gdtype)
@@ -475,7 +488,8 @@ class _Read6(torch.autograd.Function):
                         v.partial[s_] = (k_first, parts[j])
                 else:
                     grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_hi, init,
-                                          gdtype, H, eps, BT, D, ss=st.ss[slot])
+                                          gdtype, H, eps, BT, D, ss=st.ss[slot],
+                                          kept=v.kept_for(slot, k_first, k_hi))
                 v.dW[k_first:k_hi] += dW
             else:
                 grad = init
@@ -500,7 +514,7 @@ class _Read6(torch.autograd.Function):
             # The backward of this forward is over: drop the douts, and the read-chain token, whose autograd node
             # (holding ctx.st) made a reference cycle storage -> token -> node -> storage that kept every step's
             # source and dout buffers allocated until the garbage collector ran (measured: +1.9 GiB at 350M).
-            v.dbuf = v.delta = v.dW = v.rtoken = None
+            v.dbuf = v.delta = v.dW = v.rtoken = v.kept = None
         if dnull is not None and not ctx.needs_input_grad[6]:
             dnull = None
         dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
@@ -552,20 +566,26 @@ class FusedRouter(Router):
     between); 1 (default) = one pass per source. Fewer bytes (the douts are the bulk of
     the backward's), but on the H200 the group kernel reaches less bandwidth: 6.9 / 10.8 /
     19.8 ms per microbatch against 6.0 / 9.7 / 19.9 (results/bench/NOTES.md), hence off by default.
+    keep_scores (v6): each read's forward keeps its scores of the buffered sources (fp32 per token, head, read
+    and source: 2H/D of the bytes of the douts the backward reads, memory K x capacity x B x T x H x 4 bytes
+    while a step's backward is pending) and the source-gradient kernel reads them back instead of recomputing
+    one per-head dot product per read; False recomputes them (no extra memory).
     """
 
     name = "fused"
 
     def __init__(self, grad_dtype: Optional[torch.dtype] = None, group: Optional[int] = None,
                  shared_backward: Optional[bool] = None, two_pass: bool = False, algo: str = "v6",
-                 source_group: int = 1):
+                 source_group: int = 1, keep_scores: bool = True):
         if algo not in ("v6", "v5"):
             raise ValueError(f"algo must be 'v6' (source-major backward, routing_impl 'fused') or 'v5' "
                              f"(read-major, routing_impl 'fused_v5'), got {algo!r}")
         if not isinstance(source_group, int) or source_group < 1 or (source_group > 1 and algo != "v6"):
             raise ValueError(f"source_group must be an integer >= 1 (v6 only; 1 = one pass over the later reads' "
                              f"douts per source), got {source_group!r}")
-        self.algo, self.source_group = algo, source_group
+        if not isinstance(keep_scores, bool) or (not keep_scores and algo != "v6"):
+            raise ValueError(f"keep_scores must be a bool (v6 only), got {keep_scores!r}")
+        self.algo, self.source_group, self.keep_scores = algo, source_group, keep_scores
         if algo == "v6":
             self.name = "fused" if source_group == 1 else f"fused_sg{source_group}"
             if shared_backward is not None or two_pass:
@@ -728,6 +748,9 @@ class FusedRouter(Router):
                 ptrs += [(Qr[i].data_ptr(), Gr[i].data_ptr()) for i in range(Qr.shape[0])]
             lse = torch.empty((len(ptrs), B * T, H), device=query.device, dtype=torch.float32)
             v = st.v6 = _V6(K=len(ptrs), ptrs=ptrs, W=W.contiguous(), lse=lse, H=H, eps=eps)
+            v.n_kept = [0] * v.K
+            if self.keep_scores and torch.is_grad_enabled() and st.capacity > 0:  # the backward reads them back
+                v.kept = torch.empty((v.K, st.capacity, B * T, H), device=query.device, dtype=torch.float32)
         else:
             Qr = Gr = None
         n = state.n
