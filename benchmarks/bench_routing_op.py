@@ -117,16 +117,14 @@ def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
 
 
 def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1,
-             source_group: int = 1, keep_scores: bool = True) -> tuple[int, int]:
+             source_group: int = 1) -> tuple[int, int]:
     """(fwd, bwd) bytes of the v6 kernels for reads over ns sources (non-decreasing, each read the first to
     see its newest source), E = B*T*D elements per source. ``group`` > 1: forward prefix sharing (groups of
     that many reads: one pass over the first read's sources writes a partial per read, which each read reads
     back with its newer sources). Each source's sum of squares per token (fp32, written by the append) is read
     with the source by every read that scores it (the prefix kernel reduces the row itself) and once by its
     gradient kernel. ``source_group`` > 1: consecutive sources share one pass over the later reads' douts; each
-    partial gradient costs an fp32 write and read and its completion pass reads the source again.
-    ``keep_scores``: the forward writes each (read, buffered source) score, fp32 per (token, head), and the
-    source's gradient kernel reads it back (reads of a prefix group keep none)."""
+    partial gradient costs an fp32 write and read and its completion pass reads the source again."""
     unit = sum(ns) * E * elt
     N = len(ns)
     ss = (E // D) * 4  # one source's sums of squares
@@ -139,9 +137,6 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
             fwd += (ns[a] + 2 * K + sum(ns[i] - ns[a] + 1 for i in range(a, a + K))) * E * elt + \
                 sum(ns[i] - ns[a] for i in range(a, a + K)) * ss
     dsr = sum(ns) * (E // D) * H * 4 * 2  # fp32 dL/dscore per (token, head, read, source): written, read back
-    if keep_scores and group == 1:  # kept scores: fp32 per (token, head, read, source), written and read back
-        fwd += sum(ns) * (E // D) * H * 4
-        dsr += sum(ns) * (E // D) * H * 4
     # stash: read dout + out, write the dout slot (3); per source: read it in the kernel and in the dW matmul
     # (2), write its gradient (1)
     douts, parts = _dout_passes(ns, source_group)
@@ -153,9 +148,7 @@ def _v6_options(impl: str) -> dict:
     """``fused_sgG`` -> source_group G; ``fused_gK_sgG`` -> group K and source_group G."""
     opts = {}
     for part in impl[len("fused_"):].split("_"):
-        if part == "nokeep":
-            opts["keep_scores"] = False
-        elif part.startswith("sg"):
+        if part.startswith("sg"):
             opts["source_group"] = int(part[2:])
         elif part.startswith("g"):
             opts["group"] = int(part[1:])
@@ -165,8 +158,7 @@ def _v6_options(impl: str) -> dict:
 
 
 def _router(impl: str):
-    """eager | compile | fused (kernels v6: source-major, write-once backward) | fused_nokeep (v6 whose backward
-    recomputes the scores instead of reading the ones its forward kept) | fused_gK (v6 with forward
+    """eager | compile | fused (kernels v6: source-major, write-once backward) | fused_gK (v6 with forward
     prefix sharing in groups of K reads) | fused_sgG (v6, gradients of G consecutive sources from one pass) |
     fused_gK_sgG (both) | fused_v5 (the previous read-major kernels, no prefix sharing) |
     fused_auto (v5, groups of about sqrt(reads)) | fused_v5_gK (v5, groups of K reads) | fused_fp32acc (v5,
@@ -176,7 +168,7 @@ def _router(impl: str):
         return FusedRouter(algo="v5", grad_dtype=torch.float32)
     if impl.startswith("fused_v5_g"):
         return FusedRouter(algo="v5", group=int(impl[len("fused_v5_g"):]))
-    if impl.startswith(("fused_sg", "fused_nokeep")) or (impl.startswith("fused_g") and "_sg" in impl):
+    if impl.startswith("fused_sg") or (impl.startswith("fused_g") and "_sg" in impl):
         return FusedRouter(**_v6_options(impl))
     if impl.startswith("fused_g"):
         return FusedRouter(group=int(impl[len("fused_g"):]))
@@ -193,7 +185,7 @@ def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int) -> tuple[int, 
     """(fwd, bwd) bytes of the byte model of the fused kernels (``v6_bytes`` / ``v5_bytes``), None for others."""
     if impl == "fused":
         return v6_bytes(ns, E, H, D)
-    if impl.startswith(("fused_sg", "fused_nokeep")) or (impl.startswith("fused_g") and "_sg" in impl):
+    if impl.startswith("fused_sg") or (impl.startswith("fused_g") and "_sg" in impl):
         return v6_bytes(ns, E, H, D, **_v6_options(impl))
     if impl.startswith("fused_g"):
         return v6_bytes(ns, E, H, D, group=int(impl[len("fused_g"):]))

@@ -110,10 +110,10 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
     _, DA, DB = K._split(D, H)  # the forward / write-once gradient: a head as two power-of-two parts
     fwd_types = {n: "*bf16" for n in _jit(K._fwd6_kernel).arg_names if n.endswith("_ptr")}
     fwd_types.update(ss_ptr="*fp32", lse_ptr="*fp32", q_ptr="*fp32", g_ptr="*fp32", score_ptr="*fp32",
-                     init_lse_ptr="*fp32", keep_ptr="*fp32", eps="fp32")
+                     init_lse_ptr="*fp32", eps="fp32")
     bwd_types = {n: "*bf16" for n in _jit(K._src_bwd_kernel).arg_names if n.endswith("_ptr")}
     bwd_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", w_ptr="*fp32", dsr_ptr="*fp32",
-                     s_ptr="*fp32", eps="fp32")
+                     eps="fp32")
     grp_types = {n: "*bf16" for n in _jit(K._src_group_bwd_kernel).arg_names if n.endswith("_ptr")}
     grp_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", w_ptr="*fp32", dsr_ptr="*fp32",
                      part_ptr="*fp32", eps="fp32")
@@ -125,10 +125,10 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
              dict(HAS_NULL=False, KP=prefix, DP=triton.next_power_of_2(D)), ("BT", "D", "DH", "buf_stride"),
              K._prune_prefix6),
             ("fwd6", K._fwd6_kernel, fwd_types, dict(HAS_NULL=False, HAS_EXTRA=False, STORE_SCORES=False,
-                                                     HAS_INIT=False, KEEP=True), ("BT", "D", "DH", "buf_stride"),
+                                                     HAS_INIT=False, D=D, H=H, DH=D // H), ("BT", "buf_stride"),
              K._prune6),
-            ("src_bwd", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False, HAS_S=True, D=D, H=H,
-                                                           DH=D // H), ("BT", "BTD", "BTH", "s_stride"), K._prune6),
+            ("src_bwd", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False, D=D, H=H, DH=D // H),
+             ("BT", "BTD", "BTH"), K._prune6),
             (f"group{group}_bwd", K._src_group_bwd_kernel, grp_types, dict(GP=group), ("BT", "D", "DH", "BTD", "BTH"),
              K._prune_group)):
         configs = (K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else

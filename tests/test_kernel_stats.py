@@ -43,6 +43,17 @@ def test_v6_kernels_pipelined_and_lean_at_1b_width():
     assert any(r["spill_bytes"] == 0 and r["warps"] == 16 for r in rows if r["kernel"] == "group4_bwd")
 
 
+def test_gradient_loop_issue_cost_at_350m_width():
+    """The write-once gradient kernel is issue-bound on the H200 (Nsight Compute: 15.4 SASS instructions per
+    loaded dout element at 63% of the issue slots, 0.51 of HBM bandwidth; results/gpu/session_2026-12-01e):
+    its read loop must stay below the 15.3-15.6 instructions per element of the kernel before D / H / DH became
+    compile-time constants and its gradient update two separate multiply-adds (Triton 3.9 / 3.6)."""
+    rows = {(r["kernel"], r["BLOCK_T"], r["STAGES"], r["warps"]): r for r in _stats("350M")}
+    r = rows[("src_bwd", 2, 2, 4)]  # the configuration the H200 picked for most sources at 350M
+    assert 0 < r["instr_per_element"] <= 14.75, r
+    assert r["loop_instructions"] > 100, r  # (the loop found is the read loop, not a short helper loop)
+
+
 def test_refuses_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=REPO)
     p = subprocess.run([sys.executable, "-m", "benchmarks.kernel_stats", "--sizes", "1B"], capture_output=True,

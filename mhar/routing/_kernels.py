@@ -367,17 +367,14 @@ def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, e
               query: torch.Tensor, norm_weight: torch.Tensor, H: int, eps: float, BT: int, D: int,
               out_dtype: torch.dtype, store_scores: bool = False, lo: int = 0,
               init: torch.Tensor | None = None, init_lse: torch.Tensor | None = None,
-              lse_out: torch.Tensor | None = None, ss: torch.Tensor | None = None,
-              keep: torch.Tensor | None = None):
+              lse_out: torch.Tensor | None = None, ss: torch.Tensor | None = None):
     """Launch the forward kernel over buf[lo:n_buf) (after the null source, before ``extra``).
 
     buf: (cap, BT, D) contiguous or None; null: (D,) or None; extra: (BT, D) contiguous or None;
     init / init_lse: a prefix partial (BT, D) / (BT, H) fp32 to continue from, or None; lse_out: a
     contiguous (BT, H) fp32 tensor to write the log-sum-exp into (default: a new one); ss: the buffer's
     per-source sums of squares (cap, BT) fp32 (``append_source``): then the v6 kernel runs (pipelined source
-    loop, no per-source reduction over the row), else the v5 one; keep (v6 only): a contiguous (cap, BT, H)
-    fp32 tensor that receives the scores of buf[lo:n_buf) at rows lo..n_buf-1 (for ``source_bwd(kept=...)``).
-    Returns out (BT, D), lse (BT, H) fp32,
+    loop, no per-source reduction over the row), else the v5 one. Returns out (BT, D), lse (BT, H) fp32,
     scores (BT, H, N) fp32 or None (N = sources read by this call).
     """
     device = query.device
@@ -398,13 +395,10 @@ def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, e
     flags = dict(HAS_NULL=null is not None, HAS_EXTRA=extra is not None, STORE_SCORES=store_scores,
                  HAS_INIT=init is not None)
     if ss is not None:  # v6: a row as two tiles per head
-        flags.update(KEEP=keep is not None)
         flags.update(zip(("HP", "DA", "DB"), _split(D, H)))
         key = ("fwd6", D, H, *flags.values(), *(str(a.dtype) for a in args[:9]))
-        _launch(_fwd6_kernel, key, grid, (*args[:10], ss, keep if keep is not None else lse, *args[10:]), flags)
+        _launch(_fwd6_kernel, key, grid, (*args[:10], ss, *args[10:]), flags)
     else:  # v5: one padded tile per head
-        if keep is not None:
-            raise ValueError("route_fwd: keep= needs the v6 kernel (ss=...)")
         flags.update(zip(("HP", "DHP"), _tiles(D, H)))
         key = ("fwd", D, H, *flags.values(), *(str(a.dtype) for a in args[:9]))
         _launch(_route_fwd_kernel, key, grid, args, flags)
@@ -663,19 +657,17 @@ def _v6_configs(full: bool = False) -> list:
             for bt in (1, 2, 4) for nw in (4, 8) for ns in (2, 4)]
 
 
-@triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_NULL", "HAS_EXTRA", "HAS_INIT", "KEEP"],
+@triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_NULL", "HAS_EXTRA", "HAS_INIT"],
                  prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _fwd6_kernel(
     buf_ptr, null_ptr, extra_ptr, q_ptr, g_ptr, out_ptr, lse_ptr, score_ptr, init_ptr, init_lse_ptr, ss_ptr,
-    keep_ptr, lo, n_buf, buf_stride, BT, D, H, DH, N_TOTAL, eps,
+    lo, n_buf, buf_stride, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, N_TOTAL, eps,
     HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
-    KEEP: tl.constexpr, BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
-    STAGES: tl.constexpr,
+    BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
 ):
     """The forward of ``_route_fwd_kernel`` (same arguments, plus ss (cap, BT) fp32: each buffered source's
-    sum of squares per token, written by ``append_source``; KEEP: keep (cap, BT, H) fp32, the scores of the
-    buffered sources kept for the backward, ``_src_bwd_kernel``'s HAS_S), with the buffered sources' loop pipelined
+    sum of squares per token, written by ``append_source``), with the buffered sources' loop pipelined
     (``tl.range``) and their RMS read from ss instead of reduced over the row (a reduction across warps).
     A row is two tiles (``_split``): each head's first DA columns and (DB > 0) the DB after them, so head
     widths that are not powers of two leave no lanes idle; per-head scores add the two parts."""
@@ -722,8 +714,6 @@ def _fwd6_kernel(
         m, l, acca, accb, s = _step2(xa, xb, wa, wb, r, m, l, acca, accb, DB)
         if STORE_SCORES:
             tl.store(score_ptr + soffs + j - lo, s, mask=smask)
-        if KEEP:
-            tl.store(keep_ptr + (j * BT + tok.to(tl.int64))[:, None] * H + hh[None, :], s, mask=smask)
     if HAS_EXTRA:  # the transient extra source last
         xa = _ld(extra_ptr, offa, ma)
         xb = xa
@@ -776,13 +766,13 @@ def append_source(src: torch.Tensor, dst: torch.Tensor, ss: torch.Tensor) -> Non
     LAUNCHES["append"] += 1
 
 
-@triton.autotune(configs=_v6_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "HAS_S", "JB"],
+@triton.autotune(configs=_v6_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "JB"],
                  prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _src_bwd_kernel(
-    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr, s_ptr,
-    k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, s_stride, eps, JB,
-    IS_NULL: tl.constexpr, HAS_INIT: tl.constexpr, HAS_S: tl.constexpr,
+    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr,
+    k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, JB,
+    IS_NULL: tl.constexpr, HAS_INIT: tl.constexpr,
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Gradient of ONE source x (BT, D) (or the broadcast null vector (D,)) from reads k_lo..k_hi-1.
@@ -793,10 +783,10 @@ def _src_bwd_kernel(
     tokens (n_prog, D)) and dsr[h, k - k_lo, t] = dL/dscore * rms^-1 (H, J, BT) fp32. The read loop is a
     ``tl.range`` loop (software-pipelined: the douts stream through shared memory) whose body reduces over
     each head's columns only (the RMS term is summed per head and reduced over heads once, after the loop).
-    Rows are the two tiles of ``_split`` (no idle lanes for head widths that are not powers of two).
-    HAS_S: the scores come from s_ptr + k * s_stride (BT, H) fp32, as the reads' forwards kept them, instead of
-    one per-head dot product per read (a reduction across lanes: ~1/4 of the loop's arithmetic at 350M width,
-    and registers). D, H and DH are compile-time constants (the masks and address arithmetic fold)."""
+    Rows are the two tiles of ``_split`` (no idle lanes for head widths that are not powers of two). D, H and
+    DH are compile-time constants (per model width, as the autotuning key already was): masks and address
+    arithmetic fold (``benchmarks/kernel_stats.py``: 14.6 -> 13.9 SASS instructions per loaded element at
+    350M width; the loop is issue-bound)."""
     pid = tl.program_id(0)
     tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     hh = tl.arange(0, HP)
@@ -830,31 +820,27 @@ def _src_bwd_kernel(
     for k in tl.range(k_lo, k_hi, num_stages=STAGES):
         da = _ld(dbuf_ptr + k * BTD, offa, ma)
         wa = tl.load(w_ptr + k * D + cola, mask=cma, other=0.0)  # (HP, DA) fp32
+        s = _hdot(xa, wa[None, :, :])
         sd = _hdot(da, xa)
         db, wb = da, wa
         if DB > 0:
             db = _ld(dbuf_ptr + k * BTD, offb, mb)
             wb = tl.load(w_ptr + k * D + colb, mask=cmb, other=0.0)
+            s += _hdot(xb, wb[None, :, :])
             sd += _hdot(db, xb)
         lse = tl.load(lse_ptr + k * BTH + hoffs, mask=smask, other=0.0)
         delta = tl.load(delta_ptr + k * BTH + hoffs, mask=smask, other=0.0)
-        if HAS_S:  # the scores the forward kept (bit-identical to recomputing them): no reduction per read
-            s = tl.load(s_ptr + k * s_stride + hoffs, mask=smask, other=0.0)
-        else:
-            s = _hdot(xa, wa[None, :, :])
-            if DB > 0:
-                s += _hdot(xb, wb[None, :, :])
-            s = s * r[:, None]  # (BLOCK_T, HP) scores
+        s = s * r[:, None]  # (BLOCK_T, HP) scores
         a = tl.exp(s - lse)  # routing weights of this source in read k
         ds = a * (sd - delta)  # dL/dscore
         csum += ds * s
         dsr = ds * r[:, None]
-        dxa = dxa + a[:, :, None] * da  # two separate updates: each one fused multiply-add per element
-        dxa = dxa + dsr[:, :, None] * wa[None, :, :]
+        dxa = dxa + a[:, :, None] * da  # two updates: one fused multiply-add each per element (one expression
+        dxa = dxa + dsr[:, :, None] * wa[None, :, :]  # compiled to a multiply, a multiply-add and an add)
         if DB > 0:
             dxb = dxb + a[:, :, None] * db
             dxb = dxb + dsr[:, :, None] * wb[None, :, :]
-        tl.store(dsr_ptr + doffs + (k - k_lo) * BT, dsr, mask=smask)
+        tl.store(dsr_ptr + doffs + (k - k_lo) * BT, dsr.to(dsr_ptr.dtype.element_ty), mask=smask)
     c = (tl.sum(csum, axis=1) * r * r / D)[:, None, None]
     _src_grad_out(dxa - xa * c, init_ptr, grad_ptr, pid, D, cola, cma, offa, ma, HAS_INIT, IS_NULL)
     if DB > 0:
@@ -941,8 +927,8 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
                      eps: float, BT: int, D: int):
     """Gradients of buffered sources s0..s0+NG-1 from reads k_lo..k_hi-1 in one pass over those reads' douts.
     Returns (grad, parts, dW): the newest source's gradient (BT, D) in ``grad_dtype``; the partial gradients of
-    the NG - 1 others over these reads (NG - 1, BT, D) fp32; dW (k_hi - k_lo, D) fp32 = the group's part of
-    dL/d(q_k * g_k)."""
+    the NG - 1 others over these reads (NG - 1, BT, D) fp32; dW (H, k_hi - k_lo, D / H) fp32 = the group's part
+    of dL/d(q_k * g_k), head-major."""
     J = k_hi - k_lo
     HP, DHP = _tiles(D, H)
     dev = buf.device
@@ -961,7 +947,7 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
     key = ("src_group_bwd", D, H, gp, jb, *(str(a.dtype) for a in args[:9]))
     _launch(_src_group_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_group_bwd"] += 1
-    return grad, parts[:NG - 1], sum(_dW(dsr[g], buf[s0 + g], H) for g in range(NG))
+    return grad, parts[:NG - 1], sum(_dW(dsr[g], buf[s0 + g], H).float() for g in range(NG))
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]
@@ -1000,57 +986,49 @@ def stash(dout: torch.Tensor, out: torch.Tensor, dslot: torch.Tensor, delta: tor
 
 def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
                w: torch.Tensor, k_lo: int, k_hi: int, init: torch.Tensor | None, grad_dtype: torch.dtype,
-               H: int, eps: float, BT: int, D: int, ss: torch.Tensor | None = None,
-               kept: torch.Tensor | None = None):
+               H: int, eps: float, BT: int, D: int, ss: torch.Tensor | None = None):
     """Write-once gradient of one source from reads k_lo..k_hi-1 (dbuf / lse / delta / w: (K, ...) buffers).
 
     x: the source (BT, D) contiguous, or the null vector (D,) with ``is_null``; ss: its per-token sum of
     squares (BT,) fp32 (``append_source``; required unless ``is_null``); init: a gradient (BT, D) to
     add (a v5-style read's accumulation), or None. Returns (grad, dW): grad (BT, D) in ``grad_dtype`` ((D,)
-    fp32 for the null source), dW (k_hi - k_lo, D) fp32 = this source's part of dL/d(q_k * g_k). kept: this
-    source's scores as the reads' forwards kept them (``route_fwd(keep=...)``), a (K, BT, H) fp32 view whose
-    rows k_lo..k_hi-1 are filled and whose (BT, H) rows are contiguous; then the kernel loads them instead of
-    recomputing one per-head dot product per read (same fp32 values; fewer instructions and registers)."""
+    fp32 for the null source), dW (H, k_hi - k_lo, D / H) (x's dtype; fp32 for the null source) = this source's
+    part of dL/d(q_k * g_k), head-major."""
     J = k_hi - k_lo
     dev = x.device
     if dbuf.numel() >= 2**31 or H * J * BT >= 2**31:
         raise ValueError(f"fused routing: dout buffer of {dbuf.numel()} elements needs 64-bit offsets (limit 2**31); "
                          "use a smaller microbatch or routing_impl='fused_v5'")
-    dsr = torch.empty(H, J, BT, device=dev, dtype=torch.float32)
+    # dsr in the source's dtype, the dtype of the dW matmul (fp32 for the null vector, summed over tokens here)
+    dsr = torch.empty(H, J, BT, device=dev, dtype=torch.float32 if is_null else x.dtype)
     grad = (torch.empty(BT, D, device=dev, dtype=torch.float32) if is_null  # per-program rows, max BT programs
             else torch.empty(BT, D, device=dev, dtype=grad_dtype))
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     jb = min(triton.next_power_of_2(J), 16)  # autotuning bucket of the number of reads
     if ss is None and not is_null:
         raise ValueError("source_bwd: a buffered source needs its sums of squares (ss)")
-    if kept is not None and (kept.dtype != torch.float32 or kept.shape[1:] != (BT, H) or kept.stride(1) != H
-                             or kept.stride(2) != 1 or kept.stride(0) * kept.shape[0] >= 2**31):
-        raise ValueError("source_bwd: kept scores must be a (K, BT, H) fp32 view with contiguous (BT, H) rows "
-                         "and fewer than 2**31 elements in its span")
     args = (x, ss if ss is not None else dsr, dbuf, lse, delta, w, init if init is not None else grad, grad, dsr,
-            kept if kept is not None else dsr, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H,
-            kept.stride(0) if kept is not None else 0, eps, jb)
+            k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, jb)
     HP, DA, DB = _split(D, H)
-    flags = dict(IS_NULL=is_null, HAS_INIT=init is not None, HAS_S=kept is not None, HP=HP, DA=DA, DB=DB)
+    flags = dict(IS_NULL=is_null, HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB)
     key = ("src_bwd", D, H, jb, *flags.values(), *(str(a.dtype) for a in args[:8]))
     block_t = _launch(_src_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_bwd"] += 1
-    LAUNCHES["source_bwd_kept"] += kept is not None
     DH = D // H
     if is_null:
         grad = grad[:triton.cdiv(BT, block_t)].sum(0)
-        dW = dsr.sum(-1).t()[:, :, None] * x.float().view(1, H, DH)  # (J, H, DH)
-        return grad, dW.reshape(J, D)
+        return grad, dsr.sum(-1)[:, :, None] * x.float().view(H, 1, DH)  # (H, J, DH)
     return grad, _dW(dsr, x, H)
 
 
 def _dW(dsr: torch.Tensor, x: torch.Tensor, H: int) -> torch.Tensor:
-    """One source's part of dL/d(q_k * g_k) for the J reads of ``dsr`` (H, J, BT) fp32: dW[k, h] = sum_t
-    dsr[h, k, t] x[t, h], a batched matmul over tokens, one batch per head. x: (BT, D). Returns (J, D) fp32."""
+    """One source's part of dL/d(q_k * g_k) for the J reads of ``dsr`` (H, J, BT): dW[h, k] = sum_t
+    dsr[h, k, t] x[t, h], a batched matmul over tokens, one batch per head, in x's dtype (fp32 accumulation
+    inside the matmul). x: (BT, D). Returns (H, J, DH) (head-major: the caller adds it into an (H, K, DH) fp32
+    accumulator with no transposing copy)."""
     BT, D = x.shape
     xv = x.view(BT, H, D // H).transpose(0, 1)  # (H, BT, DH)
-    dW = torch.bmm(dsr if x.dtype == torch.float32 else dsr.to(x.dtype), xv).float().transpose(0, 1)
-    return dW.reshape(dsr.shape[1], D)
+    return torch.bmm(dsr if dsr.dtype == x.dtype else dsr.to(x.dtype), xv)
 
 
 # v6 forward prefix sharing (optional, ``FusedRouter(group=K)``): K announced reads share ONE pass over their

@@ -162,26 +162,26 @@ class _Append(torch.autograd.Function):
             st.buf[slot].view(st.shape).copy_(src)
         ctx.st, ctx.slot, ctx.src_dtype = st, slot, src.dtype
         st.src_dtypes[slot] = src.dtype
-        ctx.has_prev = token_prev is not None
-        return torch.zeros((), device=src.device, dtype=torch.float32)  # token
+        # The token orders the backward (this append's runs after every read that saw the source); its value and
+        # its gradient are never used: an uninitialised scalar, and None gradients (no fill kernel per call).
+        ctx.set_materialize_grads(False)
+        return torch.empty((), device=src.device, dtype=torch.float32)  # token
 
     @staticmethod
-    def backward(ctx, _grad_token: Tensor):
+    def backward(ctx, _grad_token: Optional[Tensor]):
         st = ctx.st
         if st.v6 is not None:  # formed once by the backward of the first read that saw this source
             grad = st.v6.final.pop(ctx.slot, None)
             if grad is None:  # no read ever saw this source
-                grad = torch.zeros(st.shape, device=_grad_token.device, dtype=ctx.src_dtype)
+                grad = torch.zeros(st.shape, device=st.buf.device, dtype=ctx.src_dtype)
             else:
                 grad = grad.view(st.shape).to(ctx.src_dtype)
-            prev = torch.zeros((), device=_grad_token.device) if ctx.has_prev else None
-            return grad, prev, None, None
+            return grad, None, None, None
         if st.gacc is None or not st.g_valid[ctx.slot]:  # no read ever saw this source
-            grad = torch.zeros(st.shape, device=_grad_token.device, dtype=ctx.src_dtype)
+            grad = torch.zeros(st.shape, device=st.buf.device, dtype=ctx.src_dtype)
         else:
             grad = st.gacc[ctx.slot].view(st.shape).to(ctx.src_dtype)
-        prev = torch.zeros((), device=_grad_token.device) if ctx.has_prev else None
-        return grad, prev, None, None
+        return grad, None, None, None
 
 
 READS = {"plain": 0, "grouped": 0, "prefix": 0}  # forward calls per kind (tests: prove which path ran)
@@ -364,7 +364,7 @@ class _V6:
     eps: float
     delta: Optional[Tensor] = None  # (K, BT, H) fp32
     dbuf: Optional[Tensor] = None  # (K, BT, D): the reads' douts
-    dW: Optional[Tensor] = None  # (K, D) fp32: dL/dW accumulated over sources
+    dW: Optional[Tensor] = None  # (H, K, D / H) fp32: dL/dW accumulated over sources (head-major, as _dW gives it)
     next_k: int = 0
     max_n: int = 0  # most buffered sources seen by any read so far
     k_hi: Optional[int] = None  # 1 + the newest source-major read whose backward ran
@@ -374,14 +374,6 @@ class _V6:
     rtoken: Optional[Tensor] = None  # chain token of the newest read
     done: bool = False  # the anchor's backward ran (a later read on this storage starts a new chain)
     group: Optional[tuple] = None  # forward prefix sharing: (k0, K, n_prefix, P (K, BT, D), lse (K, BT, H))
-    kept: Optional[Tensor] = None  # (K, cap, BT, H) fp32: the scores each read's forward kept for the backward
-    n_kept: list = field(default_factory=list)  # per read: its kept rows are buffered slots 0..n_kept[k]-1
-
-    def kept_for(self, slot: int, k_lo: int, k_hi: int) -> Optional[Tensor]:
-        """The kept scores of ``slot`` (K, BT, H) when reads k_lo..k_hi-1 all kept them, else None."""
-        if self.kept is None or any(self.n_kept[k] <= slot for k in range(k_lo, k_hi)):
-            return None
-        return self.kept[:, slot]
 
 
 def _source_group(st: _Storage, v: "_V6", slot: int, n_buf: int, k_first: int, init) -> list:
@@ -419,21 +411,17 @@ class _Read6(torch.autograd.Function):
         q, g = query.contiguous(), norm_weight.contiguous()
         nul = null.contiguous() if null is not None else None
         if P is None:
-            keep = v.kept[k] if k >= 0 and v.kept is not None and n_buf else None
             out, lse, scores = route_fwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, H, eps, BT, D, st.dtype,
-                                         store_scores=want_scores, lse_out=v.lse[k] if k >= 0 else None, ss=st.ss,
-                                         keep=keep)
-            if keep is not None:
-                v.n_kept[k] = n_buf
+                                         store_scores=want_scores, lse_out=v.lse[k] if k >= 0 else None, ss=st.ss)
         else:  # continue the shared prefix partial (which holds the null source) over buf[lo:n_buf)
             out, lse, scores = route_fwd(st.buf if n_buf > lo else None, n_buf, None, ex, q, g, H, eps, BT, D,
                                          st.dtype, lo=lo, init=P.reshape(BT, D), init_lse=lse_p.reshape(BT, H),
                                          lse_out=v.lse[k], ss=st.ss)
         ctx.save_for_backward(q, g, nul, ex, out, lse, Qr, Gr)
         ctx.st, ctx.n_buf, ctx.H, ctx.eps, ctx.k, ctx.lo_new, ctx.k_next = st, n_buf, H, eps, k, lo_new, k_next
-        ctx.has_token, ctx.has_rtoken = token is not None, rtoken is not None
         ctx.extra_dtype = extra.dtype if extra is not None else None
-        rtok = torch.zeros((), device=out.device, dtype=torch.float32)
+        rtok = torch.empty((), device=out.device, dtype=torch.float32)  # chain token: value never used
+        ctx.set_materialize_grads(False)  # (its gradient neither: None, no fill kernel)
         if want_scores:
             ctx.mark_non_differentiable(scores)
         return out.view(B, T, D), scores, rtok
@@ -445,6 +433,8 @@ class _Read6(torch.autograd.Function):
         v = st.v6
         B, T, D = st.shape
         BT = B * T
+        if dout is None:  # the output reached no loss (gradients are not materialised, see forward)
+            dout = torch.zeros_like(out)
         dout2 = dout.reshape(BT, D).contiguous()
         dq = dg = dQr = dGr = dnull = dextra = None
         if k >= 0:
@@ -453,11 +443,11 @@ class _Read6(torch.autograd.Function):
             if v.dbuf is None:
                 v.dbuf = torch.empty((v.K, BT, D), device=dout.device, dtype=st.dtype)
                 v.delta = torch.empty((v.K, BT, H), device=dout.device, dtype=torch.float32)
-                v.dW = torch.zeros((v.K, D), device=dout.device, dtype=torch.float32)
+                v.dW = torch.zeros((H, v.K, D // H), device=dout.device, dtype=torch.float32)
             stash(dout2, out, v.dbuf[k], v.delta[k], H, BT, D)
             if ex is not None:  # the transient source is seen by this read only: its gradient now
                 dw_e, _, dextra = route_bwd(None, 0, None, ex, q, g, out, dout2, lse, None, (0, 0), H, eps, BT, D)
-                v.dW[k] += dw_e
+                v.dW[:, k] += dw_e.view(H, D // H)
         else:  # v5 backward for this read's own part: accumulates into gacc, returns its own dq / dg / dnull
             dq, dg, dnull, dextra = _full_backward(ctx, ctx.n_buf, q, g, nul, ex, out, lse, dout, null_index=6,
                                                   q_index=2)
@@ -474,9 +464,8 @@ class _Read6(torch.autograd.Function):
                     grad = grad + init.float()
                 if k_first < k_part:
                     grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_part, grad,
-                                          gdtype, H, eps, BT, D, ss=st.ss[slot],
-                                          kept=v.kept_for(slot, k_first, k_part))
-                    v.dW[k_first:k_part] += dW
+                                          gdtype, H, eps, BT, D, ss=st.ss[slot])
+                    v.dW[:, k_first:k_part] += dW
                 else:
                     grad = grad.to(gdtype)
             elif k_first < k_hi:
@@ -488,9 +477,8 @@ class _Read6(torch.autograd.Function):
                         v.partial[s_] = (k_first, parts[j])
                 else:
                     grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_hi, init,
-                                          gdtype, H, eps, BT, D, ss=st.ss[slot],
-                                          kept=v.kept_for(slot, k_first, k_hi))
-                v.dW[k_first:k_hi] += dW
+                                          gdtype, H, eps, BT, D, ss=st.ss[slot])
+                v.dW[:, k_first:k_hi] += dW
             else:
                 grad = init
             if grad is not None:
@@ -500,9 +488,9 @@ class _Read6(torch.autograd.Function):
             if nul is not None and k_hi > 0:
                 dn, dW = source_bwd(nul, True, v.dbuf, v.lse, v.delta, v.W, 0, k_hi, None, torch.float32, H, eps,
                                     BT, D)
-                v.dW[:k_hi] += dW
+                v.dW[:, :k_hi] += dW
                 dnull = dn.to(nul.dtype) if ctx.needs_input_grad[6] else None
-            dW = v.dW
+            dW = v.dW.transpose(0, 1).reshape(v.K, D)  # (K, D)
             if ctx.needs_input_grad[2]:
                 dq = (dW[0] * g.float()).to(q.dtype)
             if ctx.needs_input_grad[3]:
@@ -514,13 +502,11 @@ class _Read6(torch.autograd.Function):
             # The backward of this forward is over: drop the douts, and the read-chain token, whose autograd node
             # (holding ctx.st) made a reference cycle storage -> token -> node -> storage that kept every step's
             # source and dout buffers allocated until the garbage collector ran (measured: +1.9 GiB at 350M).
-            v.dbuf = v.delta = v.dW = v.rtoken = v.kept = None
+            v.dbuf = v.delta = v.dW = v.rtoken = None
         if dnull is not None and not ctx.needs_input_grad[6]:
             dnull = None
         dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
-        dtoken = torch.zeros((), device=dout.device) if ctx.has_token else None
-        drtoken = torch.zeros((), device=dout.device) if ctx.has_rtoken else None
-        return (dtoken, drtoken, dq, dg, dQr, dGr, dnull, dextra) + (None,) * 11
+        return (None, None, dq, dg, dQr, dGr, dnull, dextra) + (None,) * 11
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -566,26 +552,20 @@ class FusedRouter(Router):
     between); 1 (default) = one pass per source. Fewer bytes (the douts are the bulk of
     the backward's), but on the H200 the group kernel reaches less bandwidth: 6.9 / 10.8 /
     19.8 ms per microbatch against 6.0 / 9.7 / 19.9 (results/bench/NOTES.md), hence off by default.
-    keep_scores (v6): each read's forward keeps its scores of the buffered sources (fp32 per token, head, read
-    and source: 2H/D of the bytes of the douts the backward reads, memory K x capacity x B x T x H x 4 bytes
-    while a step's backward is pending) and the source-gradient kernel reads them back instead of recomputing
-    one per-head dot product per read; False recomputes them (no extra memory).
     """
 
     name = "fused"
 
     def __init__(self, grad_dtype: Optional[torch.dtype] = None, group: Optional[int] = None,
                  shared_backward: Optional[bool] = None, two_pass: bool = False, algo: str = "v6",
-                 source_group: int = 1, keep_scores: bool = True):
+                 source_group: int = 1):
         if algo not in ("v6", "v5"):
             raise ValueError(f"algo must be 'v6' (source-major backward, routing_impl 'fused') or 'v5' "
                              f"(read-major, routing_impl 'fused_v5'), got {algo!r}")
         if not isinstance(source_group, int) or source_group < 1 or (source_group > 1 and algo != "v6"):
             raise ValueError(f"source_group must be an integer >= 1 (v6 only; 1 = one pass over the later reads' "
                              f"douts per source), got {source_group!r}")
-        if not isinstance(keep_scores, bool) or (not keep_scores and algo != "v6"):
-            raise ValueError(f"keep_scores must be a bool (v6 only), got {keep_scores!r}")
-        self.algo, self.source_group, self.keep_scores = algo, source_group, keep_scores
+        self.algo, self.source_group = algo, source_group
         if algo == "v6":
             self.name = "fused" if source_group == 1 else f"fused_sg{source_group}"
             if shared_backward is not None or two_pass:
@@ -748,9 +728,6 @@ class FusedRouter(Router):
                 ptrs += [(Qr[i].data_ptr(), Gr[i].data_ptr()) for i in range(Qr.shape[0])]
             lse = torch.empty((len(ptrs), B * T, H), device=query.device, dtype=torch.float32)
             v = st.v6 = _V6(K=len(ptrs), ptrs=ptrs, W=W.contiguous(), lse=lse, H=H, eps=eps)
-            v.n_kept = [0] * v.K
-            if self.keep_scores and torch.is_grad_enabled() and st.capacity > 0:  # the backward reads them back
-                v.kept = torch.empty((v.K, st.capacity, B * T, H), device=query.device, dtype=torch.float32)
         else:
             Qr = Gr = None
         n = state.n
