@@ -136,7 +136,8 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
         else:  # prefix once, K partials written and read back, each read's newer sources and output
             fwd += (ns[a] + 2 * K + sum(ns[i] - ns[a] + 1 for i in range(a, a + K))) * E * elt + \
                 sum(ns[i] - ns[a] for i in range(a, a + K)) * ss
-    dsr = sum(ns) * (E // D) * H * 4 * 2  # fp32 dL/dscore per (token, head, read, source): written, read back
+    dsr = sum(ns) * (E // D) * H * elt * 2  # dL/dscore per (token, head, read, source), in the sources' dtype:
+    # written by the gradient kernel, read back by the dW matmul
     # stash: read dout + out, write the dout slot (3); per source: read it in the kernel and in the dW matmul
     # (2), write its gradient (1)
     douts, parts = _dout_passes(ns, source_group)
