@@ -780,7 +780,7 @@ def _src_bwd_kernel(
     Read k's dout is dbuf[k] (BT, D), its log-sum-exp lse[k] and <dout, out> delta[k] (BT, H) fp32, its
     w = q * g in w[k] (D,) fp32; ss (BT,) fp32: the source's sum of squares per token (as the forward used it;
     ignored for the null vector). Writes grad (BT, D) (= init + sum over reads; IS_NULL: per-program sums over
-    tokens (n_prog, D)) and dsr[h, k - k_lo, t] = dL/dscore * rms^-1 (H, J, BT) fp32. The read loop is a
+    tokens (n_prog, D)) and dsr[h, k - k_lo, t] = dL/dscore * rms^-1 (H, J, BT) in dsr's dtype. The read loop is a
     ``tl.range`` loop (software-pipelined: the douts stream through shared memory) whose body reduces over
     each head's columns only (the RMS term is summed per head and reduced over heads once, after the loop).
     Rows are the two tiles of ``_split`` (no idle lanes for head widths that are not powers of two). D, H and
@@ -886,7 +886,7 @@ def _src_group_bwd_kernel(
     dimension). x / ss point at the first source (slots NG apart by BTD / BT). The newest source (index NG - 1)
     gets its gradient in grad (BT, D) (grad dtype); the others a partial over these reads, fp32, in part
     (NG - 1, BT, D), which their first reader's backward completes over the reads before k_lo
-    (``source_bwd(init=...)``: the sum over reads, RMS term included, is linear). dsr: (NG, H, J, BT) fp32."""
+    (``source_bwd(init=...)``: the sum over reads, RMS term included, is linear). dsr: (NG, H, J, BT) in dsr's dtype."""
     tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(tl.program_id(0), BT, D, H, DH, BLOCK_T, HP, DHP)
     tok = tok.to(tl.int64)
     gg = tl.arange(0, GP)
@@ -914,7 +914,7 @@ def _src_group_bwd_kernel(
         csum += ds * s
         dsr = ds * r[:, :, None]
         dx += a[:, :, :, None] * dout[None, :, :, :] + dsr[:, :, :, None] * w[None, None, :, :]
-        tl.store(dsr_ptr + doffs + (k - k_lo) * BT, dsr, mask=dmask)
+        tl.store(dsr_ptr + doffs + (k - k_lo) * BT, dsr.to(dsr_ptr.dtype.element_ty), mask=dmask)
     dx -= x * (tl.sum(csum, axis=2) * r * r / D)[:, :, None, None]
     top = gg[:, None, None, None] == NG - 1
     tl.store(grad_ptr + offs[None, :, :, :] + 0 * g64[:, None, None, None], dx.to(grad_ptr.dtype.element_ty),
@@ -935,7 +935,7 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
     if dbuf.numel() >= 2**31 or NG * H * J * BT >= 2**31 or buf.numel() >= 2**31:
         raise ValueError("fused routing: buffers need 64-bit offsets (limit 2**31); use a smaller microbatch or "
                          "routing_impl='fused_v5'")
-    dsr = torch.empty(NG, H, J, BT, device=dev, dtype=torch.float32)
+    dsr = torch.empty(NG, H, J, BT, device=dev, dtype=buf.dtype)  # the dtype of the dW matmul, as source_bwd
     grad = torch.empty(BT, D, device=dev, dtype=grad_dtype)
     parts = torch.empty(max(NG - 1, 1), BT, D, device=dev, dtype=torch.float32)
     gp = triton.next_power_of_2(NG)
@@ -1024,11 +1024,11 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
 def _dW(dsr: torch.Tensor, x: torch.Tensor, H: int) -> torch.Tensor:
     """One source's part of dL/d(q_k * g_k) for the J reads of ``dsr`` (H, J, BT): dW[h, k] = sum_t
     dsr[h, k, t] x[t, h], a batched matmul over tokens, one batch per head, in x's dtype (fp32 accumulation
-    inside the matmul). x: (BT, D). Returns (H, J, DH) (head-major: the caller adds it into an (H, K, DH) fp32
-    accumulator with no transposing copy)."""
+    inside the matmul; the gradient kernels write dsr in it). x: (BT, D). Returns (H, J, DH) (head-major: the
+    caller adds it into an (H, K, DH) fp32 accumulator with no transposing copy)."""
     BT, D = x.shape
     xv = x.view(BT, H, D // H).transpose(0, 1)  # (H, BT, DH)
-    return torch.bmm(dsr if dsr.dtype == x.dtype else dsr.to(x.dtype), xv)
+    return torch.bmm(dsr, xv)
 
 
 # v6 forward prefix sharing (optional, ``FusedRouter(group=K)``): K announced reads share ONE pass over their
