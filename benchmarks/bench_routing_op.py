@@ -117,39 +117,51 @@ def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
 
 
 def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1,
-             source_group: int = 1) -> tuple[int, int]:
+             source_group: int = 1, table: bool = False) -> tuple[int, int]:
     """(fwd, bwd) bytes of the v6 kernels for reads over ns sources (non-decreasing, each read the first to
     see its newest source), E = B*T*D elements per source. ``group`` > 1: forward prefix sharing (groups of
     that many reads: one pass over the first read's sources writes a partial per read, which each read reads
     back with its newer sources). Each source's sum of squares per token (fp32, written by the append) is read
     with the source by every read that scores it (the prefix kernel reduces the row itself) and once by its
     gradient kernel. ``source_group`` > 1: consecutive sources share one pass over the later reads' douts; each
-    partial gradient costs an fp32 write and read and its completion pass reads the source again."""
+    partial gradient costs an fp32 write and read and its completion pass reads the source again.
+    ``table`` (v7): each source is read once more (with its sums of squares) to write its score rows for every
+    read that sees it (fp32, H per token); the reads take their scores from the table (read twice: the max, then
+    the mix) instead of the sums of squares, and the gradient kernel reads each (source, read) row once."""
     unit = sum(ns) * E * elt
     N = len(ns)
     ss = (E // D) * 4  # one source's sums of squares
+    sb = (E // D) * H * 4  # one source's score row for one read
+    per_src = 2 * sb if table else ss  # per (read, source): what a read reads besides the source itself
     fwd = N * ss  # the appends write them
+    if table:  # scoring: read each source and its sums of squares, write its rows
+        fwd += N * (E * elt + ss) + sum(ns) * sb
     for a in range(0, N, group):
         K = min(group, N - a)
         if K == 1:
-            fwd += (ns[a] + 1) * E * elt + ns[a] * ss  # read the sources, write the output
+            fwd += (ns[a] + 1) * E * elt + ns[a] * per_src  # read the sources, write the output
         else:  # prefix once, K partials written and read back, each read's newer sources and output
             fwd += (ns[a] + 2 * K + sum(ns[i] - ns[a] + 1 for i in range(a, a + K))) * E * elt + \
-                sum(ns[i] - ns[a] for i in range(a, a + K)) * ss
+                sum(ns[i] - ns[a] for i in range(a, a + K)) * per_src + (K * ns[a] * 2 * sb if table else 0)
     dsr = sum(ns) * (E // D) * H * elt * 2  # dL/dscore per (token, head, read, source), in the sources' dtype:
     # written by the gradient kernel, read back by the dW matmul
     # stash: read dout + out, write the dout slot (3); per source: read it in the kernel and in the dW matmul
     # (2), write its gradient (1)
     douts, parts = _dout_passes(ns, source_group)
     bwd = douts * E * elt + dsr + 6 * N * E * elt + N * ss + parts * (5 * E * elt + ss)
+    if table:
+        bwd += sum(ns) * sb
     return fwd, bwd
 
 
 def _v6_options(impl: str) -> dict:
-    """``fused_sgG`` -> source_group G; ``fused_gK_sgG`` -> group K and source_group G."""
+    """``fused_sgG`` -> source_group G; ``fused_gK_sgG`` -> group K and source_group G; a part ``t`` (``fused_t``,
+    ``fused_t_g4``): the v7 score table."""
     opts = {}
     for part in impl[len("fused_"):].split("_"):
-        if part.startswith("sg"):
+        if part == "t":
+            opts["table"] = True
+        elif part.startswith("sg"):
             opts["source_group"] = int(part[2:])
         elif part.startswith("g"):
             opts["group"] = int(part[1:])
@@ -159,7 +171,8 @@ def _v6_options(impl: str) -> dict:
 
 
 def _router(impl: str):
-    """eager | compile | fused (kernels v6: source-major, write-once backward) | fused_gK (v6 with forward
+    """eager | compile | fused (kernels v6: source-major, write-once backward) | fused_t (v6 with the v7 score
+    table) | fused_t_gK (score table and forward groups of K) | fused_gK (v6 with forward
     prefix sharing in groups of K reads) | fused_sgG (v6, gradients of G consecutive sources from one pass) |
     fused_gK_sgG (both) | fused_v5 (the previous read-major kernels, no prefix sharing) |
     fused_auto (v5, groups of about sqrt(reads)) | fused_v5_gK (v5, groups of K reads) | fused_fp32acc (v5,
@@ -169,10 +182,8 @@ def _router(impl: str):
         return FusedRouter(algo="v5", grad_dtype=torch.float32)
     if impl.startswith("fused_v5_g"):
         return FusedRouter(algo="v5", group=int(impl[len("fused_v5_g"):]))
-    if impl.startswith("fused_sg") or (impl.startswith("fused_g") and "_sg" in impl):
+    if impl.startswith(("fused_sg", "fused_g", "fused_t")):
         return FusedRouter(**_v6_options(impl))
-    if impl.startswith("fused_g"):
-        return FusedRouter(group=int(impl[len("fused_g"):]))
     if impl == "fused_auto":
         return FusedRouter(algo="v5", group="auto")
     if impl == "fused_v5":
@@ -186,10 +197,8 @@ def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int) -> tuple[int, 
     """(fwd, bwd) bytes of the byte model of the fused kernels (``v6_bytes`` / ``v5_bytes``), None for others."""
     if impl == "fused":
         return v6_bytes(ns, E, H, D)
-    if impl.startswith("fused_sg") or (impl.startswith("fused_g") and "_sg" in impl):
+    if impl.startswith(("fused_sg", "fused_g", "fused_t")):
         return v6_bytes(ns, E, H, D, **_v6_options(impl))
-    if impl.startswith("fused_g"):
-        return v6_bytes(ns, E, H, D, group=int(impl[len("fused_g"):]))
     if impl in ("fused_v5", "fused_fp32acc"):
         return v5_bytes(ns, E)
     return None

@@ -38,6 +38,7 @@ VARIANTS = {
     "mhar_fused": {"variant": "mhar", "routing_impl": "fused"},
     "mhar_fused_v5": {"variant": "mhar", "routing_impl": "fused_v5"},  # the previous kernels, side by side
     "mhar_fused_sg4": {"variant": "mhar", "routing_impl": "fused_sg4"},  # v6 with source groups of 4
+    "mhar_fused_v7": {"variant": "mhar", "routing_impl": "fused_v7"},  # v6 + score table + forward groups
 }
 
 

@@ -119,21 +119,34 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
                      part_ptr="*fp32", eps="fp32")
     p6_types = {n: "*bf16" for n in _jit(K._prefix6_kernel).arg_names if n.endswith("_ptr")}
     p6_types.update(w_ptr="*fp32", lse_ptr="*fp32", ss_ptr="*fp32", eps="fp32")
+    f7_types = {n: "*bf16" for n in _jit(K._fwd7_kernel).arg_names if n.endswith("_ptr")}
+    f7_types.update(s_ptr="*fp32", lse_ptr="*fp32", init_lse_ptr="*fp32")
+    p7_types = {n: "*bf16" for n in _jit(K._prefix7_kernel).arg_names if n.endswith("_ptr")}
+    p7_types.update(s_ptr="*fp32", lse_ptr="*fp32")
+    dims = dict(D=D, H=H, DH=D // H)
     rows = []
     for name, kernel, types, flags, div, prune in (
+            ("fwd7", K._fwd7_kernel, f7_types, dict(HAS_INIT=False, **dims), ("BT", "buf_stride", "s_stride"),
+             K._prune6),
+            *((f"prefix7_{kp}", K._prefix7_kernel, p7_types, dict(KP=kp, **dims), ("BT", "buf_stride", "s_stride"),
+               K._prune_prefix7) for kp in (4, 8)),
+            ("src_bwd_table", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False, HAS_S=True, **dims),
+             ("BT", "BTD", "BTH"), K._prune6),
             (f"prefix{prefix}_fwd", K._prefix6_kernel, p6_types,
              dict(HAS_NULL=False, KP=prefix, DP=triton.next_power_of_2(D)), ("BT", "D", "DH", "buf_stride"),
              K._prune_prefix6),
             ("fwd6", K._fwd6_kernel, fwd_types, dict(HAS_NULL=False, HAS_EXTRA=False, STORE_SCORES=False,
                                                      HAS_INIT=False, D=D, H=H, DH=D // H), ("BT", "buf_stride"),
              K._prune6),
-            ("src_bwd", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False, D=D, H=H, DH=D // H),
+            ("src_bwd", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False, HAS_S=False, **dims),
              ("BT", "BTD", "BTH"), K._prune6),
             (f"group{group}_bwd", K._src_group_bwd_kernel, grp_types, dict(GP=group), ("BT", "D", "DH", "BTD", "BTH"),
              K._prune_group)):
         configs = (K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else
-                   K._prefix6_configs(full=True) if kernel is K._prefix6_kernel else K._v6_configs(full=True))
-        tiles = {"HP": HP, "DA": DA, "DB": DB} if prune is K._prune6 else {"HP": HP, "DHP": DHP}
+                   K._prefix6_configs(full=True) if kernel is K._prefix6_kernel else
+                   K._prefix7_configs(full=True) if kernel is K._prefix7_kernel else K._v6_configs(full=True))
+        tiles = ({"HP": HP, "DA": DA, "DB": DB} if prune in (K._prune6, K._prune_prefix7)
+                 else {"HP": HP, "DHP": DHP})
         for cfg in prune(configs, {**tiles, **flags}):
             consts = {**flags, **tiles, **cfg.kwargs}
             st = compile_stats(kernel, types, consts, cfg.num_warps, div)

@@ -109,7 +109,7 @@ def _flat(p):
 
 
 def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, group=None, shared_backward=True,
-                  two_pass=False, algo="v6", lookahead=True, source_group=1):
+                  two_pass=False, algo="v6", lookahead=True, source_group=1, table=False):
     """``algo`` "v6" (routing_impl 'fused'): with ``lookahead`` every read is source-major (write-once source
     gradients); without, only the first is and the others run the v5 backward for their own part (the
     fallback). "v5" (routing_impl 'fused_v5'): ``group`` / ``shared_backward`` / ``two_pass`` as before."""
@@ -124,7 +124,7 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
         if impl == "fused":
             router = (fused_mod.FusedRouter(algo="v5", group=group, shared_backward=shared_backward,
                                             two_pass=two_pass) if algo == "v5"
-                      else fused_mod.FusedRouter(group=group, source_group=source_group))
+                      else fused_mod.FusedRouter(group=group, source_group=source_group, table=table))
         else:
             router = get_router(impl)
         la = group is not None if algo == "v5" else lookahead
@@ -153,7 +153,18 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
             assert ran == {"route_bwd": n_reads - 1, "stash": 1, "source_bwd": 1 + with_null}, ran
         if group is not None and group > 1 and lookahead:  # forward prefix sharing: one pass per group
             n_groups = -(-n_reads // group) - (n_reads % group == 1)  # a last group of one read is plain
-            assert fused_mod.LAUNCHES["prefix6_fwd"] - launches.get("prefix6_fwd", 0) == n_groups
+            n6, n7 = (fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("prefix6_fwd", "prefix7_fwd"))
+            assert n6 + n7 == n_groups, (n6, n7, n_groups)
+            if not table or with_null:
+                assert n7 == 0
+            elif not with_extra or group % 2 == 0:  # (extra sources at odd reads: such a read opens with prefix6)
+                assert n6 == 0
+        if table and lookahead and not with_null:  # v7: every buffered source scored once; table reads
+            assert fused_mod.LAUNCHES["score"] - launches.get("score", 0) == n_reads
+            n_fwd7 = fused_mod.LAUNCHES["route_fwd7"] - launches.get("route_fwd7", 0)
+            assert n_fwd7 == n_reads - sum(1 for i in range(n_reads) if with_extra and i % 2 == 1), n_fwd7
+        elif table:
+            assert fused_mod.LAUNCHES["score"] - launches.get("score", 0) == 0
     else:
         assert ran["stash"] == ran["source_bwd"] == 0
     if algo == "v5" and group is not None and group > 1:  # prefix sharing ran: one prefix pass per group
@@ -446,6 +457,75 @@ def test_model_v6_prefix_sharing_matches_eager():
         assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
 
 
+# v7: the score table (FusedRouter(table=True)): every buffered source scored once for all announced reads.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,B,T,D,H,K,with_null,with_extra", [
+    (5, 1, 37, 48, 1, None, False, False),  # single head of width 48 = 32 + 16 (tensor-core dots), odd T
+    (6, 2, 9, 96, 2, 2, False, False),  # two heads of width 48; groups of 2
+    (7, 1, 13, 48, 4, 3, False, True),  # heads of width 12 (no dots); groups of 3, 3, 1; extra sources
+    (4, 2, 7, 256, 8, 8, False, False),  # eight heads of width 32; one group of all reads
+    (6, 1, 7, 24, 8, 4, True, False),  # a null source: no table (the v6 kernels), still exact
+])
+def test_v7_score_table(N, B, T, D, H, K, with_null, with_extra, dtype):
+    """v7 against the float64 reference: the forward takes its scores from the table (plain reads and the
+    prefix kernel of groups of K), the gradient kernel too; outputs and every gradient."""
+    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=7 * N + H,
+                  group=K, table=True)
+
+
+def test_v7_many_sources():
+    """N from 1 to 73 with the table and groups of 8 (tiny B*T*D keeps the interpreter fast)."""
+    _check_router(1, 3, 16, 2, n_reads=73, dtype=torch.float32, with_null=False, with_extra=False, seed=71,
+                  group=8, table=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D,H,k_lo", [(96, 2, 0), (64, 1, 3), (40, 8, 1), (320, 2, 2)])
+def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, dtype):
+    """score_sources against its definition: rms(x)^-1 * <x_h, (q g)_h> per head, in fp64 from the stored
+    source; rows below k_lo are left untouched (NaN). bf16 sources use the hi + lo split of q g: fp32 accuracy."""
+    from mhar.routing import _kernels as K
+    gen = torch.Generator().manual_seed(D + H + k_lo)
+    BT, Kr, eps = 21, 6, 1e-6
+    buf = torch.randn(2, BT, D, generator=gen).to(DEV, dtype)
+    ss = buf.float().pow(2).sum(-1)
+    W = (torch.randn(Kr, D, generator=gen) * 0.7).to(DEV)
+    S = torch.full((2, Kr, BT, H), float("nan"), device=DEV)
+    K.score_sources(buf, ss, W, S, 1, k_lo, H, eps)
+    x = buf[1].double().cpu()
+    r = 1 / torch.sqrt(x.pow(2).mean(-1) + eps)
+    ref = torch.einsum("thd,khd->kth", x.view(BT, H, -1), W.double().cpu().view(Kr, H, -1)) * r[None, :, None]
+    assert torch.isnan(S[0]).all() and torch.isnan(S[1, :k_lo]).all()
+    err = (S[1, k_lo:].double().cpu() - ref[k_lo:]).abs().max().item()
+    assert err <= 2e-5 * ref.abs().max().item(), err
+
+
+def test_model_v7_matches_eager():
+    """MHAR debug model with the score table and groups of 3: eager logits and grads."""
+    torch.manual_seed(0)
+    cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused"})
+    launches = {k: fused_mod.LAUNCHES[k] for k in ("prefix7_fwd", "route_fwd7", "score")}
+
+    def run(router):
+        model = build_model(cfg).to(DEV)
+        with torch.no_grad():
+            for p in model.residual.parameters():
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())).to(p.device) * 0.3 + p)
+        model.residual.router = router
+        ids = torch.randint(0, cfg.vocab_size, (2, 17), generator=torch.Generator().manual_seed(1)).to(DEV)
+        torch.manual_seed(0)
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        return out.logits.detach().cpu(), {n: p.grad.detach().cpu() for n, p in model.named_parameters()}
+
+    logits_f, grads_f = run(fused_mod.FusedRouter(group=3, table=True))
+    assert all(fused_mod.LAUNCHES[k] > v for k, v in launches.items())
+    logits_e, grads_e = run(get_router("eager"))
+    assert rel(logits_f, logits_e) <= 1e-5
+    for n in grads_e:
+        assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
+
+
 # (N, B, T, D, H) at the paper's sizes: 100M H=8 (partial depth), 1B H=16 head width 80.
 GPU_SHAPES = [(25, 2, 2048, 512, 8), (37, 2, 1024, 1280, 16), (9, 1, 1024, 4096, 8)]
 
@@ -476,6 +556,16 @@ def test_gpu_v6_prefix_sharing_realistic(N, B, T, D, H, K, dtype):
 def test_gpu_v6_deep(dtype):
     """v6 at 1B width with many reads (the write-once kernel loops over up to 25 reads' douts), null + extra."""
     _check_router(1, 512, 1280, 8, n_reads=25, dtype=dtype, with_null=True, with_extra=True, seed=25)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("D,K", [(1280, 4), (1024, 8), (512, 1)])  # 1B (head width 160 = 128 + 32), 350M, 100M
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_v7_deep(D, K, dtype):
+    """v7 (score table, tensor-core scoring, groups of K) at the paper's widths with 25 reads, extra sources."""
+    _check_router(1, 512, D, 8, n_reads=25, dtype=dtype, with_null=False, with_extra=True, seed=D + K, group=K,
+                  table=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -568,6 +658,29 @@ def test_gpu_v6_every_launch_config(D, H, source_group, monkeypatch):
         monkeypatch.setattr(K, "_launch", launch)
         _check_router(1, 256, D, H, n_reads=9, dtype=torch.bfloat16, with_null=True, with_extra=False, seed=i,
                       source_group=source_group)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])
+@pytest.mark.parametrize("which", ["fwd7", "prefix7"])
+def test_gpu_v7_every_launch_config(D, H, which, monkeypatch):
+    """Each launch configuration the autotuner may pick for the v7 forward and gradient kernels (table reads),
+    or for the prefix kernel (groups of 4), gives the reference's outputs and gradients."""
+    from mhar.routing import _kernels as K
+
+    forced = (K._fwd7_kernel, K._src_bwd_kernel) if which == "fwd7" else (K._prefix7_kernel,)
+    configs = K._v6_configs(full=True) if which == "fwd7" else K._prefix7_configs(full=True)
+    orig = K._launch
+    for i, cfg in enumerate(configs):
+        def launch(kernel, key, grid, args, kwargs, cfg=cfg):
+            if kernel in forced:
+                kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
+                return cfg.kwargs["BLOCK_T"]
+            return orig(kernel, key, grid, args, kwargs)
+        monkeypatch.setattr(K, "_launch", launch)
+        _check_router(1, 256, D, H, n_reads=9, dtype=torch.bfloat16, with_null=False, with_extra=False, seed=i,
+                      group=4 if which == "prefix7" else None, table=True)
 
 
 @pytest.mark.gpu

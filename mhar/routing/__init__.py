@@ -93,7 +93,7 @@ def register_router(name: str, factory: Callable[[], Router]) -> None:
 
 
 def get_router(impl: str) -> Router:
-    if impl in ("fused", "fused_v5", "fused_sg4") and impl not in ROUTERS:
+    if impl.startswith("fused") and impl not in ROUTERS:
         try:
             from . import fused  # noqa: F401  (registers itself)
         except ImportError as e:  # pragma: no cover - depends on environment

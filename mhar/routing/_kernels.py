@@ -766,13 +766,13 @@ def append_source(src: torch.Tensor, dst: torch.Tensor, ss: torch.Tensor) -> Non
     LAUNCHES["append"] += 1
 
 
-@triton.autotune(configs=_v6_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "JB"],
+@triton.autotune(configs=_v6_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "HAS_S", "JB"],
                  prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _src_bwd_kernel(
-    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr,
+    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr, s_ptr,
     k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, JB,
-    IS_NULL: tl.constexpr, HAS_INIT: tl.constexpr,
+    IS_NULL: tl.constexpr, HAS_INIT: tl.constexpr, HAS_S: tl.constexpr,
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Gradient of ONE source x (BT, D) (or the broadcast null vector (D,)) from reads k_lo..k_hi-1.
@@ -820,17 +820,22 @@ def _src_bwd_kernel(
     for k in tl.range(k_lo, k_hi, num_stages=STAGES):
         da = _ld(dbuf_ptr + k * BTD, offa, ma)
         wa = tl.load(w_ptr + k * D + cola, mask=cma, other=0.0)  # (HP, DA) fp32
-        s = _hdot(xa, wa[None, :, :])
         sd = _hdot(da, xa)
+        if HAS_S:  # the score from the table (v7)
+            s = tl.load(s_ptr + k * BTH + hoffs, mask=smask, other=0.0)
+        else:
+            s = _hdot(xa, wa[None, :, :])
         db, wb = da, wa
         if DB > 0:
             db = _ld(dbuf_ptr + k * BTD, offb, mb)
             wb = tl.load(w_ptr + k * D + colb, mask=cmb, other=0.0)
-            s += _hdot(xb, wb[None, :, :])
+            if not HAS_S:
+                s += _hdot(xb, wb[None, :, :])
             sd += _hdot(db, xb)
         lse = tl.load(lse_ptr + k * BTH + hoffs, mask=smask, other=0.0)
         delta = tl.load(delta_ptr + k * BTH + hoffs, mask=smask, other=0.0)
-        s = s * r[:, None]  # (BLOCK_T, HP) scores
+        if not HAS_S:
+            s = s * r[:, None]  # (BLOCK_T, HP) scores
         a = tl.exp(s - lse)  # routing weights of this source in read k
         ds = a * (sd - delta)  # dL/dscore
         csum += ds * s
@@ -986,12 +991,14 @@ def stash(dout: torch.Tensor, out: torch.Tensor, dslot: torch.Tensor, delta: tor
 
 def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
                w: torch.Tensor, k_lo: int, k_hi: int, init: torch.Tensor | None, grad_dtype: torch.dtype,
-               H: int, eps: float, BT: int, D: int, ss: torch.Tensor | None = None):
+               H: int, eps: float, BT: int, D: int, ss: torch.Tensor | None = None,
+               scores: torch.Tensor | None = None):
     """Write-once gradient of one source from reads k_lo..k_hi-1 (dbuf / lse / delta / w: (K, ...) buffers).
 
     x: the source (BT, D) contiguous, or the null vector (D,) with ``is_null``; ss: its per-token sum of
     squares (BT,) fp32 (``append_source``; required unless ``is_null``); init: a gradient (BT, D) to
-    add (a v5-style read's accumulation), or None. Returns (grad, dW): grad (BT, D) in ``grad_dtype`` ((D,)
+    add (a v5-style read's accumulation), or None; scores: the source's score table (K, BT, H) fp32 (v7,
+    ``score_sources``; rows k_lo..k_hi-1 used) instead of recomputing each score. Returns (grad, dW): grad (BT, D) in ``grad_dtype`` ((D,)
     fp32 for the null source), dW (H, k_hi - k_lo, D / H) (x's dtype; fp32 for the null source) = this source's
     part of dL/d(q_k * g_k), head-major."""
     J = k_hi - k_lo
@@ -1008,9 +1015,9 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
     if ss is None and not is_null:
         raise ValueError("source_bwd: a buffered source needs its sums of squares (ss)")
     args = (x, ss if ss is not None else dsr, dbuf, lse, delta, w, init if init is not None else grad, grad, dsr,
-            k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, jb)
+            scores if scores is not None else lse, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, jb)
     HP, DA, DB = _split(D, H)
-    flags = dict(IS_NULL=is_null, HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB)
+    flags = dict(IS_NULL=is_null, HAS_INIT=init is not None, HAS_S=scores is not None, HP=HP, DA=DA, DB=DB)
     key = ("src_bwd", D, H, jb, *flags.values(), *(str(a.dtype) for a in args[:8]))
     block_t = _launch(_src_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_bwd"] += 1
@@ -1120,4 +1127,228 @@ def prefix6_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: 
     _launch(_prefix6_kernel, ("p6fwd", D, H, K, *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args,
             flags)
     LAUNCHES["prefix6_fwd"] += 1
+    return P, lse
+
+
+# ----------------------------------------------------------------------------------------------------------
+# v7: a score table. The queries are static parameters, so a source's per-head score for every later read is
+# known as soon as the source exists: ``score_sources`` computes S[slot, k, t, h] = rms^-1 * <x_h, q_k g_k>_h for
+# all announced reads k >= k_lo in ONE pass over the source (tensor-core dots; bf16 sources dot against a
+# hi + lo bf16 split of q g, so the scores keep fp32 accuracy). The reads then never re-score a source: the
+# forward (``_fwd7_kernel``) takes the max of its scores from the table first (H fp32 per token and source,
+# 2H / D of the source bytes), then mixes with one multiply-add per element and source (no online-softmax
+# rescaling); the prefix kernel (``_prefix7_kernel``) mixes K reads in one pass over their common prefix with K
+# multiply-adds per element; the gradient kernel reads the score instead of a per-head dot product.
+# ----------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _sdot(x, w, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
+    """(BLOCK_T, C) source part x (its own dtype) times (C, KP) fp32 weights -> (BLOCK_T, KP) fp32. EMU (the
+    CPU interpreter, whose 16-bit tl.dot is wrong in Triton 3.6 / 3.9): the same hi + lo products as fp32 dots."""
+    if DOT:
+        if SPLIT:  # x in bf16 / fp16: w = hi + lo, both exact in x's dtype to ~2^-16 relative
+            wh = w.to(x.dtype)
+            wl = (w - wh.to(tl.float32)).to(x.dtype)
+            if EMU:
+                xf = x.to(tl.float32)
+                return (tl.dot(xf, wh.to(tl.float32), input_precision="ieee")
+                        + tl.dot(xf, wl.to(tl.float32), input_precision="ieee"))
+            return tl.dot(x, wh) + tl.dot(x, wl)
+        return tl.dot(x.to(tl.float32), w, input_precision="ieee")
+    return tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
+
+
+@triton.jit
+def _score_kernel(x_ptr, ss_ptr, w_ptr, s_ptr, k_lo, K, BT, D: tl.constexpr, H: tl.constexpr,
+                  DH: tl.constexpr, eps, BLOCK_T: tl.constexpr, KP: tl.constexpr, DA: tl.constexpr,
+                  DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
+    """S[k, t, h] (the slot's table, (K, BT, H) fp32) for reads k_lo <= k < K of one buffered source x (BT, D)
+    (ss: its sums of squares (BT,)); rows as ``_split``'s two parts."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = tok < BT
+    tok64 = tok.to(tl.int64)
+    kk = k_lo + tl.arange(0, KP)
+    kmask = kk < K
+    r = 1.0 / tl.sqrt(tl.load(ss_ptr + tok, mask=tmask, other=1.0) / D + eps)
+    x_base = x_ptr
+    s_base = s_ptr
+    ca = tl.arange(0, DA)
+    cb = DA + tl.arange(0, DB if DB > 0 else 1)
+    for h in tl.static_range(H):
+        x = tl.load(x_base + tok64[:, None] * D + h * DH + ca[None, :], mask=tmask[:, None], other=0.0)
+        w = tl.load(w_ptr + kk[None, :] * D + h * DH + ca[:, None], mask=kmask[None, :], other=0.0)
+        acc = _sdot(x, w, SPLIT, DOT, EMU)
+        if DB > 0:
+            cbm = cb < DH
+            x = tl.load(x_base + tok64[:, None] * D + h * DH + cb[None, :], mask=tmask[:, None] & cbm[None, :],
+                        other=0.0)
+            w = tl.load(w_ptr + kk[None, :] * D + h * DH + cb[:, None], mask=kmask[None, :] & cbm[:, None],
+                        other=0.0)
+            acc += _sdot(x, w, SPLIT, DOT, EMU)
+        tl.store(s_base + kk.to(tl.int64)[None, :] * BT * H + tok64[:, None] * H + h, acc * r[:, None],
+                 mask=tmask[:, None] & kmask[None, :])
+
+
+def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch.Tensor, slot: int, k_lo: int,
+                  H: int, eps: float) -> None:
+    """Fill the score table S (cap, K, BT, H) fp32 for buffered source ``slot`` and reads k_lo..K-1 (W = q * g,
+    (K, D) fp32 contiguous; ss the buffer's sums of squares (cap, BT))."""
+    _, BT, D = buf.shape
+    K = W.shape[0]
+    if S.numel() >= 2**31 or buf.numel() >= 2**31:
+        raise ValueError("fused routing: score table / buffer need 64-bit offsets (limit 2**31); use a smaller "
+                         "microbatch or routing_impl='fused_v6'")
+    _, DA, DB = _split(D, H)
+    KP = max(16, triton.next_power_of_2(K - k_lo))
+    dot = DA >= 16 and (DB == 0 or DB >= 16) and os.environ.get("MHAR_SCORE_DOT", "1") == "1"
+    block_t = 16 if dot else 2
+    grid = (triton.cdiv(BT, block_t),)
+    _score_kernel[grid](buf[slot], ss[slot], W, S[slot], k_lo, K, BT, D, H, D // H, eps, BLOCK_T=block_t, KP=KP, DA=DA, DB=DB,
+                        SPLIT=buf.dtype in (torch.bfloat16, torch.float16), DOT=dot,
+                        EMU=os.environ.get("TRITON_INTERPRET") == "1", num_warps=4)
+    LAUNCHES["score"] += 1
+
+
+@triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_INIT"], prune_configs_by={"early_config_prune": _prune6})
+@triton.jit
+def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr, lo, n_buf, buf_stride, s_stride, BT,
+                 D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, HAS_INIT: tl.constexpr,
+                 BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr):
+    """One read over buf[lo:n_buf) (after a prefix partial ``init`` / ``init_lse`` with HAS_INIT) with its scores
+    from the table: s_ptr points at S[0, k] (slot j's at + j * s_stride, (BT, H) fp32). First the max score per
+    (token, head) from the table, then one pass over the sources: p = exp(s - max), one multiply-add per
+    element. Writes out (BT, D) and lse (BT, H) fp32."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    hh = tl.arange(0, HP)
+    tmask = tok < BT
+    smask = tmask[:, None] & (hh[None, :] < H)
+    _, _, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
+    offb, mb = offa, ma
+    if DB > 0:
+        _, _, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
+    hoffs = tok.to(tl.int64)[:, None] * H + hh[None, :]
+    if HAS_INIT:
+        lse0 = tl.load(init_lse_ptr + hoffs, mask=smask, other=0.0)
+        m = lse0
+    else:
+        m = tl.full((BLOCK_T, HP), float("-inf"), tl.float32)
+    for j in range(lo, n_buf):
+        m = tl.maximum(m, tl.load(s_ptr + j * s_stride + hoffs, mask=smask, other=0.0))
+    if HAS_INIT:
+        l = tl.exp(lse0 - m)
+        acca = _ld(init_ptr, offa, ma) * l[:, :, None]
+        accb = acca
+        if DB > 0:
+            accb = _ld(init_ptr, offb, mb) * l[:, :, None]
+    else:
+        l = tl.zeros((BLOCK_T, HP), tl.float32)
+        acca = tl.zeros((BLOCK_T, HP, DA), tl.float32)
+        accb = acca
+        if DB > 0:
+            accb = tl.zeros((BLOCK_T, HP, DB), tl.float32)
+    for j in tl.range(lo, n_buf, num_stages=STAGES):
+        p = tl.exp(tl.load(s_ptr + j * s_stride + hoffs, mask=smask, other=0.0) - m)
+        l += p
+        acca = acca + p[:, :, None] * _ld(buf_ptr + j * buf_stride, offa, ma)
+        if DB > 0:
+            accb = accb + p[:, :, None] * _ld(buf_ptr + j * buf_stride, offb, mb)
+    tl.store(out_ptr + offa, (acca / l[:, :, None]).to(out_ptr.dtype.element_ty), mask=ma)
+    if DB > 0:
+        tl.store(out_ptr + offb, (accb / l[:, :, None]).to(out_ptr.dtype.element_ty), mask=mb)
+    tl.store(lse_ptr + hoffs, m + tl.log(l), mask=smask)
+
+
+def route_fwd7(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: int, H: int, BT: int, D: int,
+               out_dtype: torch.dtype, init: torch.Tensor | None = None, init_lse: torch.Tensor | None = None,
+               lse_out: torch.Tensor | None = None):
+    """Read k of the score table S (cap, K, BT, H) over buf[lo:n_buf) (after the partial init / init_lse, if
+    given). Returns out (BT, D) in ``out_dtype``, lse (BT, H) fp32 (written into ``lse_out`` if given)."""
+    _check_index_range(buf)
+    if n_buf - lo + (init is not None) <= 0:
+        raise ValueError("routing needs at least one source")
+    out = torch.empty(BT, D, device=buf.device, dtype=out_dtype)
+    lse = lse_out if lse_out is not None else torch.empty(BT, H, device=buf.device, dtype=torch.float32)
+    HP, DA, DB = _split(D, H)
+    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
+    args = (buf, S[0, k], out, lse, init if init is not None else out, init_lse if init_lse is not None else lse,
+            lo, n_buf, buf.stride(0), S.stride(0), BT, D, H, D // H)
+    flags = dict(HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB)
+    _launch(_fwd7_kernel, ("fwd7", D, H, *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args, flags)
+    LAUNCHES["route_fwd7"] += 1
+    return out, lse
+
+
+def _prefix7_configs(full: bool = False) -> list:
+    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
+        return [triton.Config({"BLOCK_T": 1, "STAGES": 2}, num_warps=4)]
+    return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw) for bt in (1, 2) for nw in (4, 8)
+            for ns in (2, 3)]
+
+
+def _prune_prefix7(configs, named_args, **kwargs):
+    """Tiles (KP, BLOCK_T, HP, DA + DB): at most 16384 fp32 accumulators per program, 64 per warp at least."""
+    row = _arg(named_args, kwargs, "KP") * _arg(named_args, kwargs, "HP") * (_arg(named_args, kwargs, "DA") +
+                                                                            _arg(named_args, kwargs, "DB"))
+    return _keep_tiles(configs, row, 16384)
+
+
+@triton.autotune(configs=_prefix7_configs(), key=["D", "H", "KP"], prune_configs_by={"early_config_prune": _prune_prefix7})
+@triton.jit
+def _prefix7_kernel(buf_ptr, s_ptr, p_ptr, lse_ptr, n_buf, buf_stride, s_stride, BT, K, D: tl.constexpr,
+                    H: tl.constexpr, DH: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, HP: tl.constexpr,
+                    DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr):
+    """Partials of K consecutive reads over buf[0:n_buf) in one pass: s_ptr points at S[0, k0] (read k0 + i's
+    scores of slot j at + j * s_stride + i * BT * H). The reads are a leading tile dimension: each element of
+    a source is loaded once and mixed into K accumulators (K multiply-adds). Writes P (K, BT, D) (each read's
+    normalised partial mix) and lse (K, BT, H) fp32."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    hh = tl.arange(0, HP)
+    tmask = tok < BT
+    smask = tmask[:, None] & (hh[None, :] < H)
+    kk = tl.arange(0, KP)
+    kmask = kk < K
+    _, _, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
+    offb, mb = offa, ma
+    if DB > 0:
+        _, _, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
+    koffs = kk.to(tl.int64)[:, None, None] * (BT * H) + (tok.to(tl.int64)[:, None] * H + hh[None, :])[None, :, :]
+    kmask3 = kmask[:, None, None] & smask[None, :, :]
+    m = tl.full((KP, BLOCK_T, HP), float("-inf"), tl.float32)
+    for j in range(0, n_buf):
+        m = tl.maximum(m, tl.load(s_ptr + j * s_stride + koffs, mask=kmask3, other=0.0))
+    l = tl.zeros((KP, BLOCK_T, HP), tl.float32)
+    acca = tl.zeros((KP, BLOCK_T, HP, DA), tl.float32)
+    accb = acca
+    if DB > 0:
+        accb = tl.zeros((KP, BLOCK_T, HP, DB), tl.float32)
+    for j in tl.range(0, n_buf, num_stages=STAGES):
+        p = tl.exp(tl.load(s_ptr + j * s_stride + koffs, mask=kmask3, other=0.0) - m)
+        l += p
+        acca = acca + p[:, :, :, None] * _ld(buf_ptr + j * buf_stride, offa, ma)[None, :, :, :]
+        if DB > 0:
+            accb = accb + p[:, :, :, None] * _ld(buf_ptr + j * buf_stride, offb, mb)[None, :, :, :]
+    pk = kk.to(tl.int64)[:, None, None, None] * (BT * D)
+    k4 = kmask[:, None, None, None]
+    tl.store(p_ptr + pk + offa[None], (acca / l[:, :, :, None]).to(p_ptr.dtype.element_ty), mask=k4 & ma[None])
+    if DB > 0:
+        tl.store(p_ptr + pk + offb[None], (accb / l[:, :, :, None]).to(p_ptr.dtype.element_ty), mask=k4 & mb[None])
+    tl.store(lse_ptr + koffs, m + tl.log(l), mask=kmask3)
+
+
+def prefix7_fwd(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf: int, H: int, BT: int, D: int,
+                out_dtype: torch.dtype):
+    """Partials of reads k0..k0+K-1 of the score table S over buf[0:n_buf): P (K, BT, D) in ``out_dtype``,
+    lse (K, BT, H) fp32."""
+    _check_index_range(buf)
+    if n_buf < 1:
+        raise ValueError("prefix7_fwd needs at least one buffered source")
+    P = torch.empty(K, BT, D, device=buf.device, dtype=out_dtype)
+    lse = torch.empty(K, BT, H, device=buf.device, dtype=torch.float32)
+    HP, DA, DB = _split(D, H)
+    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
+    args = (buf, S[0, k0], P, lse, n_buf, buf.stride(0), S.stride(0), BT, K, D, H, D // H)
+    flags = dict(KP=triton.next_power_of_2(K), HP=HP, DA=DA, DB=DB)
+    _launch(_prefix7_kernel, ("p7fwd", D, H, *flags.values(), str(buf.dtype), str(out_dtype)), grid, args, flags)
+    LAUNCHES["prefix7_fwd"] += 1
     return P, lse

@@ -64,8 +64,8 @@ import torch
 from torch import Tensor
 
 from . import Router, register_router
-from ._kernels import (LAUNCHES, append_source, prefix6_fwd, prefix_bwd, prefix_fwd, route_bwd, route_fwd, source_bwd,
-                       source_group_bwd, stash)
+from ._kernels import (LAUNCHES, append_source, prefix6_fwd, prefix7_fwd, prefix_bwd, prefix_fwd, route_bwd, route_fwd,
+                       route_fwd7, score_sources, source_bwd, source_group_bwd, stash)
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES"]
 
@@ -374,6 +374,9 @@ class _V6:
     rtoken: Optional[Tensor] = None  # chain token of the newest read
     done: bool = False  # the anchor's backward ran (a later read on this storage starts a new chain)
     group: Optional[tuple] = None  # forward prefix sharing: (k0, K, n_prefix, P (K, BT, D), lse (K, BT, H))
+    S: Optional[Tensor] = None  # v7 score table (capacity, K, BT, H) fp32: S[j, k] = score of slot j in read k
+    scored: int = 0  # slots 0..scored-1 have their rows s_lo[j].. of S
+    s_lo: dict = field(default_factory=dict)  # slot -> first read whose score row was computed
 
 
 def _source_group(st: _Storage, v: "_V6", slot: int, n_buf: int, k_first: int, init) -> list:
@@ -393,12 +396,19 @@ def _source_group(st: _Storage, v: "_V6", slot: int, n_buf: int, k_first: int, i
     return group
 
 
+def _table(v: "_V6", slot: int, k_first: int) -> Optional[Tensor]:
+    """Slot's score table (K, BT, H) if its rows from read k_first on were computed (v7), else None."""
+    if v.S is None or v.s_lo.get(slot, v.K) > k_first:
+        return None
+    return v.S[slot]
+
+
 class _Read6(torch.autograd.Function):
     """One read of a v6 storage (see ``_V6``). Outputs (out, scores or None, read-chain token)."""
 
     @staticmethod
     def forward(ctx, token, rtoken, query, norm_weight, Qr, Gr, null, extra, st: _Storage, n_buf: int, H: int,
-                eps: float, want_scores: bool, k: int, lo_new: int, k_next: int, lo: int, P, lse_p):
+                eps: float, want_scores: bool, k: int, lo_new: int, k_next: int, lo: int, P, lse_p, table: bool):
         _Read.calls += 1
         READS["plain"] += 1
         v = st.v6
@@ -410,7 +420,12 @@ class _Read6(torch.autograd.Function):
             ex = (ex if ex.dtype == st.dtype else ex.to(st.dtype)).contiguous()
         q, g = query.contiguous(), norm_weight.contiguous()
         nul = null.contiguous() if null is not None else None
-        if P is None:
+        if table:  # v7: the scores from the table (no null / extra / returned weights: see FusedRouter._read6)
+            out, lse = route_fwd7(st.buf, v.S, k, lo if P is not None else 0, n_buf, H, BT, D, st.dtype,
+                                  init=P.reshape(BT, D) if P is not None else None,
+                                  init_lse=lse_p.reshape(BT, H) if P is not None else None, lse_out=v.lse[k])
+            scores = None
+        elif P is None:
             out, lse, scores = route_fwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, H, eps, BT, D, st.dtype,
                                          store_scores=want_scores, lse_out=v.lse[k] if k >= 0 else None, ss=st.ss)
         else:  # continue the shared prefix partial (which holds the null source) over buf[lo:n_buf)
@@ -464,7 +479,7 @@ class _Read6(torch.autograd.Function):
                     grad = grad + init.float()
                 if k_first < k_part:
                     grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_part, grad,
-                                          gdtype, H, eps, BT, D, ss=st.ss[slot])
+                                          gdtype, H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first))
                     v.dW[:, k_first:k_part] += dW
                 else:
                     grad = grad.to(gdtype)
@@ -477,7 +492,7 @@ class _Read6(torch.autograd.Function):
                         v.partial[s_] = (k_first, parts[j])
                 else:
                     grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_hi, init,
-                                          gdtype, H, eps, BT, D, ss=st.ss[slot])
+                                          gdtype, H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first))
                 v.dW[:, k_first:k_hi] += dW
             else:
                 grad = init
@@ -502,11 +517,11 @@ class _Read6(torch.autograd.Function):
             # The backward of this forward is over: drop the douts, and the read-chain token, whose autograd node
             # (holding ctx.st) made a reference cycle storage -> token -> node -> storage that kept every step's
             # source and dout buffers allocated until the garbage collector ran (measured: +1.9 GiB at 350M).
-            v.dbuf = v.delta = v.dW = v.rtoken = None
+            v.dbuf = v.delta = v.dW = v.rtoken = v.S = None
         if dnull is not None and not ctx.needs_input_grad[6]:
             dnull = None
         dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
-        return (None, None, dq, dg, dQr, dGr, dnull, dextra) + (None,) * 11
+        return (None, None, dq, dg, dQr, dGr, dnull, dextra) + (None,) * 12
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -558,16 +573,18 @@ class FusedRouter(Router):
 
     def __init__(self, grad_dtype: Optional[torch.dtype] = None, group: Optional[int] = None,
                  shared_backward: Optional[bool] = None, two_pass: bool = False, algo: str = "v6",
-                 source_group: int = 1):
+                 source_group: int = 1, table: bool = False):
         if algo not in ("v6", "v5"):
             raise ValueError(f"algo must be 'v6' (source-major backward, routing_impl 'fused') or 'v5' "
                              f"(read-major, routing_impl 'fused_v5'), got {algo!r}")
         if not isinstance(source_group, int) or source_group < 1 or (source_group > 1 and algo != "v6"):
             raise ValueError(f"source_group must be an integer >= 1 (v6 only; 1 = one pass over the later reads' "
                              f"douts per source), got {source_group!r}")
-        self.algo, self.source_group = algo, source_group
+        if table and algo != "v6":
+            raise ValueError("table (the v7 score table) is an option of the v6 kernels")
+        self.algo, self.source_group, self.table = algo, source_group, bool(table)
         if algo == "v6":
-            self.name = "fused" if source_group == 1 else f"fused_sg{source_group}"
+            self.name = "fused_v7" if table else "fused" if source_group == 1 else f"fused_sg{source_group}"
             if shared_backward is not None or two_pass:
                 raise ValueError("shared_backward / two_pass are options of the v5 kernels "
                                  "(routing_impl 'fused_v5', FusedRouter(algo='v5')); v6 has none of them")
@@ -728,6 +745,8 @@ class FusedRouter(Router):
                 ptrs += [(Qr[i].data_ptr(), Gr[i].data_ptr()) for i in range(Qr.shape[0])]
             lse = torch.empty((len(ptrs), B * T, H), device=query.device, dtype=torch.float32)
             v = st.v6 = _V6(K=len(ptrs), ptrs=ptrs, W=W.contiguous(), lse=lse, H=H, eps=eps)
+            if self.table and st.null is None:  # v7: every buffered source's scores for all announced reads
+                v.S = torch.empty((max(st.capacity, 1), v.K, B * T, H), device=query.device, dtype=torch.float32)
         else:
             Qr = Gr = None
         n = state.n
@@ -740,13 +759,22 @@ class FusedRouter(Router):
         for slot in range(lo_new, n):
             v.first_read[slot] = k
         v.max_n = max(v.max_n, n)
+        if k >= 0 and v.S is not None:  # v7: score the sources no announced read has scored yet, once
+            for slot in range(v.scored, n):
+                score_sources(st.buf, st.ss, v.W, v.S, slot, k, H, eps)
+                v.s_lo[slot] = k
+            v.scored = max(v.scored, n)
+        table = k >= 0 and v.S is not None and extra is None and not return_weights
         lo, P, lse_p = 0, None, None
         if k >= 0 and self.group > 1 and not return_weights:  # forward prefix sharing among announced reads
             grp = v.group
             if grp is None or not grp[0] <= k < grp[0] + grp[1]:
                 v.group = grp = None
                 K = min(self.group, v.K - k)
-                if K > 1 and n + (st.null is not None) > 0:
+                if K > 1 and table and n > 0:
+                    Pk, lk = prefix7_fwd(st.buf, v.S, k, K, n, H, B * T, D, st.dtype)
+                    v.group = grp = (k, K, n, Pk, lk)
+                elif K > 1 and n + (st.null is not None) > 0:
                     Pk, lk = prefix6_fwd(st.buf if n else None, n, st.null.contiguous() if st.null is not None
                                          else None, v.W[k:k + K], H, eps, B * T, D, st.dtype, ss=st.ss)
                     v.group = grp = (k, K, n, Pk, lk)
@@ -755,7 +783,7 @@ class FusedRouter(Router):
                 if k == grp[0] + grp[1] - 1:
                     v.group = None  # the partials are transient
         out, scores, v.rtoken = _Read6.apply(state.token, v.rtoken, query, norm_weight, Qr, Gr, st.null, extra, st,
-                                             n, H, eps, return_weights, k, lo_new, k_next, lo, P, lse_p)
+                                             n, H, eps, return_weights, k, lo_new, k_next, lo, P, lse_p, table)
         st.reads += 1
         if return_weights:
             lse = torch.logsumexp(scores, dim=-1, keepdim=True)
@@ -776,3 +804,5 @@ def route_fused(sources: Tensor, query: Tensor, norm_weight: Tensor, num_heads: 
 register_router("fused", FusedRouter)
 register_router("fused_v5", lambda: FusedRouter(algo="v5"))
 register_router("fused_sg4", lambda: FusedRouter(source_group=4))  # v6 with source groups of 4 (slower)
+V7_GROUP = 4  # reads per forward group of routing_impl "fused_v7"
+register_router("fused_v7", lambda: FusedRouter(table=True, group=V7_GROUP))  # v6 + the score table + groups
