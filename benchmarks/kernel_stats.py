@@ -126,9 +126,9 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
     dims = dict(D=D, H=H, DH=D // H)
     rows = []
     for name, kernel, types, flags, div, prune in (
-            ("fwd7", K._fwd7_kernel, f7_types, dict(HAS_INIT=False, **dims), ("BT", "buf_stride", "s_stride"),
+            ("fwd7", K._fwd7_kernel, f7_types, dict(HAS_INIT=False, JC=16, **dims), ("BT", "buf_stride", "s_stride"),
              K._prune6),
-            *((f"prefix7_{kp}", K._prefix7_kernel, p7_types, dict(KP=kp, **dims), ("BT", "buf_stride", "s_stride"),
+            *((f"prefix7_{kp}", K._prefix7_kernel, p7_types, dict(KP=kp, JC=8, **dims), ("BT", "buf_stride", "s_stride"),
                K._prune_prefix7) for kp in (4, 8)),
             ("src_bwd_table", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False, HAS_S=True, **dims),
              ("BT", "BTD", "BTH"), K._prune6),

@@ -1214,7 +1214,8 @@ def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch
 @triton.jit
 def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr, lo, n_buf, buf_stride, s_stride, BT,
                  D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, HAS_INIT: tl.constexpr,
-                 BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr):
+                 BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
+                 JC: tl.constexpr):
     """One read over buf[lo:n_buf) (after a prefix partial ``init`` / ``init_lse`` with HAS_INIT) with its scores
     from the table: s_ptr points at S[0, k] (slot j's at + j * s_stride, (BT, H) fp32). First the max score per
     (token, head) from the table, then one pass over the sources: p = exp(s - max), one multiply-add per
@@ -1233,8 +1234,13 @@ def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr, lo, n
         m = lse0
     else:
         m = tl.full((BLOCK_T, HP), float("-inf"), tl.float32)
-    for j in range(lo, n_buf):
-        m = tl.maximum(m, tl.load(s_ptr + j * s_stride + hoffs, mask=smask, other=0.0))
+    jj = tl.arange(0, JC)
+    for j0 in range(lo, n_buf, JC):  # the max: JC sources' scores per load (independent loads, no latency chain)
+        jm = (j0 + jj) < n_buf
+        sv = tl.load(s_ptr + (j0 + jj)[:, None, None] * s_stride + hoffs[None, :, :],
+                     mask=jm[:, None, None] & smask[None, :, :], other=float("-inf"))
+        m = tl.maximum(m, tl.max(sv, axis=0))
+    m = tl.where(smask, m, 0.0)
     if HAS_INIT:
         l = tl.exp(lse0 - m)
         acca = _ld(init_ptr, offa, ma) * l[:, :, None]
@@ -1273,7 +1279,7 @@ def route_fwd7(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: int, 
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     args = (buf, S[0, k], out, lse, init if init is not None else out, init_lse if init_lse is not None else lse,
             lo, n_buf, buf.stride(0), S.stride(0), BT, D, H, D // H)
-    flags = dict(HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB)
+    flags = dict(HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB, JC=16)
     _launch(_fwd7_kernel, ("fwd7", D, H, *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args, flags)
     LAUNCHES["route_fwd7"] += 1
     return out, lse
@@ -1297,7 +1303,7 @@ def _prune_prefix7(configs, named_args, **kwargs):
 @triton.jit
 def _prefix7_kernel(buf_ptr, s_ptr, p_ptr, lse_ptr, n_buf, buf_stride, s_stride, BT, K, D: tl.constexpr,
                     H: tl.constexpr, DH: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, HP: tl.constexpr,
-                    DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr):
+                    DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr, JC: tl.constexpr):
     """Partials of K consecutive reads over buf[0:n_buf) in one pass: s_ptr points at S[0, k0] (read k0 + i's
     scores of slot j at + j * s_stride + i * BT * H). The reads are a leading tile dimension: each element of
     a source is loaded once and mixed into K accumulators (K multiply-adds). Writes P (K, BT, D) (each read's
@@ -1315,8 +1321,13 @@ def _prefix7_kernel(buf_ptr, s_ptr, p_ptr, lse_ptr, n_buf, buf_stride, s_stride,
     koffs = kk.to(tl.int64)[:, None, None] * (BT * H) + (tok.to(tl.int64)[:, None] * H + hh[None, :])[None, :, :]
     kmask3 = kmask[:, None, None] & smask[None, :, :]
     m = tl.full((KP, BLOCK_T, HP), float("-inf"), tl.float32)
-    for j in range(0, n_buf):
-        m = tl.maximum(m, tl.load(s_ptr + j * s_stride + koffs, mask=kmask3, other=0.0))
+    jj = tl.arange(0, JC)
+    for j0 in range(0, n_buf, JC):  # the max: JC sources' scores per load
+        jm = (j0 + jj) < n_buf
+        sv = tl.load(s_ptr + (j0 + jj)[:, None, None, None] * s_stride + koffs[None, :, :, :],
+                     mask=jm[:, None, None, None] & kmask3[None, :, :, :], other=float("-inf"))
+        m = tl.maximum(m, tl.max(sv, axis=0))
+    m = tl.where(kmask3, m, 0.0)
     l = tl.zeros((KP, BLOCK_T, HP), tl.float32)
     acca = tl.zeros((KP, BLOCK_T, HP, DA), tl.float32)
     accb = acca
@@ -1348,7 +1359,7 @@ def prefix7_fwd(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf: int,
     HP, DA, DB = _split(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     args = (buf, S[0, k0], P, lse, n_buf, buf.stride(0), S.stride(0), BT, K, D, H, D // H)
-    flags = dict(KP=triton.next_power_of_2(K), HP=HP, DA=DA, DB=DB)
+    flags = dict(KP=triton.next_power_of_2(K), HP=HP, DA=DA, DB=DB, JC=8)
     _launch(_prefix7_kernel, ("p7fwd", D, H, *flags.values(), str(buf.dtype), str(out_dtype)), grid, args, flags)
     LAUNCHES["prefix7_fwd"] += 1
     return P, lse
