@@ -16,6 +16,9 @@ tests). One byte "unit" = sum_n n * E * 2 bytes. Moved per microbatch:
   group's common prefix once, plus a partial per read written and read back; ``v6_sg4``: the backward with
   source groups of 4 (``FusedRouter(source_group=4)``, ``fused_sg4``): 4 consecutive sources share one pass
   over the later reads' douts (partials in fp32, completed by their first reader); ``v6_g8_sg4``: both;
+* ``v7_g4`` (``routing_impl: fused_v7``): v6 with the score table and forward groups of 4: each source read once
+  more to write its fp32 scores for every read that sees it; the reads and the prefix pass read score rows
+  (twice: the max, then the mix) instead of re-scoring; the gradient kernel reads one row per (source, read);
 * ``min``: any one-pass-per-read algorithm (``bench_routing_op.min_bytes``: forward reads the sources and
   writes the output, backward reads sources and dout and writes each source gradient once).
 
@@ -41,6 +44,7 @@ from mhar.config import PRESETS
 BYTES_PER_ELT = 2  # bf16 sources under autocast
 V6_SOURCE_GROUP = 4  # source-group size of the v6_sg row
 V6_GROUP = 8  # reads per forward prefix-sharing group of the v6 row with sharing (FusedRouter(group=8))
+V7_GROUP = 4  # reads per forward group of routing_impl fused_v7 (the score table: FusedRouter(table=True, group=4))
 
 
 def routing_reads(n_layers: int) -> list[int]:
@@ -79,9 +83,11 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
         v6g_f, v6g_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V6_GROUP)
         v6s_f, v6s_b = v6_bytes(ns, E, heads, cfg["d_model"], source_group=V6_SOURCE_GROUP)
         v6gs_f, v6gs_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V6_GROUP, source_group=V6_SOURCE_GROUP)
+        v7_f, v7_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True)
         for name, nbytes in (("v5", 4 * unit), ("v6", v6_f + v6_b), (f"v6_g{V6_GROUP}", v6g_f + v6g_b),
                              (f"v6_sg{V6_SOURCE_GROUP}", v6s_f + v6s_b),
-                             (f"v6_g{V6_GROUP}_sg{V6_SOURCE_GROUP}", v6gs_f + v6gs_b), ("min", mb_f + mb_b)):
+                             (f"v6_g{V6_GROUP}_sg{V6_SOURCE_GROUP}", v6gs_f + v6gs_b),
+                             (f"v7_g{V7_GROUP}", v7_f + v7_b), ("min", mb_f + mb_b)):
             ideal = nbytes / (hbm_gbps * 1e9) * 1e3
             row[f"{name}_gb"] = round(nbytes / 1e9, 3)
             row[f"{name}_ideal_ms"] = round(ideal, 2)
@@ -122,7 +128,8 @@ def main(argv=None) -> int:
               f"{r['v5_bound_ratio']:.3f} (v5) / {r['v6_bound_ratio']:.3f} (v6) / "
               f"{r[f'v6_g{V6_GROUP}_bound_ratio']:.3f} (v6 g{V6_GROUP}) / "
               f"{r[f'v6_sg{V6_SOURCE_GROUP}_bound_ratio']:.3f} (v6 sg{V6_SOURCE_GROUP}) / "
-              f"{r[f'v6_g{V6_GROUP}_sg{V6_SOURCE_GROUP}_bound_ratio']:.3f} (both) / {r['min_bound_ratio']:.3f} "
+              f"{r[f'v6_g{V6_GROUP}_sg{V6_SOURCE_GROUP}_bound_ratio']:.3f} (both) / "
+              f"{r[f'v7_g{V7_GROUP}_bound_ratio']:.3f} (v7 g{V7_GROUP}) / {r['min_bound_ratio']:.3f} "
               f"(one-pass write-once); measured "
               f"{r['measured_ratio']} (gap {r['measured_gap_ms']} ms vs {r['v5_ideal_ms']} ms v5 ideal)")
     return 0

@@ -118,3 +118,30 @@ def test_op_bench_names_v6_options():
         _v6_options("fused_x4")
     ns, E, D = [1, 2, 3, 4, 5, 6, 7, 8, 9], 4000, 40
     assert model_bytes("fused_g4_sg2", ns, E, 2, D) == v6_bytes(ns, E, 2, D, group=4, source_group=2)
+
+
+def test_v7_table_bytes_by_hand():
+    """The score table's bytes (fused_t*, fused_v7): five reads over 1..5 sources. Scoring reads each source and
+    its sums of squares once and writes one fp32 row of H per token for every read that sees it; a read then
+    reads two rows per source (the max, the mix) instead of the sums of squares; the gradient kernel one row per
+    (source, read). A group of K reads' prefix pass reads K rows per prefix source twice."""
+    from benchmarks.bench_routing_op import _router, model_bytes
+
+    ns, E, D, H = [1, 2, 3, 4, 5], 1000, 10, 2
+    tok, sb = E // D, (E // D) * H * 4
+    f6, b6 = v6_bytes(ns, E, H, D)
+    f7, b7 = v6_bytes(ns, E, H, D, table=True)
+    assert f7 - f6 == 5 * (E * 2 + tok * 4) + sum(ns) * sb + sum(ns) * (2 * sb - tok * 4)
+    assert b7 - b6 == sum(ns) * sb
+    # groups of 2 (reads 0-1, 2-3, 4): prefix passes over 1 and 3 sources for 2 reads each; read 4 plain
+    fg, _ = v6_bytes(ns, E, H, D, table=True, group=2)
+    per_group = [(0, 2), (2, 2)]
+    expect = 5 * tok * 4 + 5 * (E * 2 + tok * 4) + sum(ns) * sb
+    for a, K in per_group:
+        expect += (ns[a] + 2 * K + sum(ns[i] - ns[a] + 1 for i in range(a, a + K))) * E * 2 \
+            + sum(ns[i] - ns[a] for i in range(a, a + K)) * 2 * sb + K * ns[a] * 2 * sb
+    expect += (ns[4] + 1) * E * 2 + ns[4] * 2 * sb
+    assert fg == expect
+    r = _router("fused_t_g4")
+    assert (r.table, r.group, r.name) == (True, 4, "fused_v7")
+    assert model_bytes("fused_t_g2", ns, E, H, D) == v6_bytes(ns, E, H, D, table=True, group=2)

@@ -1143,69 +1143,84 @@ def prefix6_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: 
 
 
 @triton.jit
-def _sdot(x, w, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
-    """(BLOCK_T, C) source part x (its own dtype) times (C, KP) fp32 weights -> (BLOCK_T, KP) fp32. EMU (the
-    CPU interpreter, whose 16-bit tl.dot is wrong in Triton 3.6 / 3.9): the same hi + lo products as fp32 dots."""
+def _sdot(x, w, wl, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
+    """(BLOCK_T, C) source part x (its own dtype) times (C, KP) weights -> (BLOCK_T, KP) fp32. SPLIT (x in bf16 /
+    fp16): the weights as hi + lo parts w, wl in x's dtype (q g to ~2^-16 relative), two tensor-core dots with
+    fp32 accumulation; else w fp32 (one fp32 dot). EMU (the CPU interpreter, whose 16-bit tl.dot is wrong in
+    Triton 3.6 / 3.9): the same products as fp32 dots. Without DOT (parts narrower than 16): multiply-adds."""
+    xf = x.to(tl.float32)
+    if SPLIT:
+        if DOT and not EMU:
+            return tl.dot(x, w) + tl.dot(x, wl)
+        w = w.to(tl.float32) + wl.to(tl.float32)  # exact in fp32 (sum of a bf16 and its bf16 residual)
     if DOT:
-        if SPLIT:  # x in bf16 / fp16: w = hi + lo, both exact in x's dtype to ~2^-16 relative
-            wh = w.to(x.dtype)
-            wl = (w - wh.to(tl.float32)).to(x.dtype)
-            if EMU:
-                xf = x.to(tl.float32)
-                return (tl.dot(xf, wh.to(tl.float32), input_precision="ieee")
-                        + tl.dot(xf, wl.to(tl.float32), input_precision="ieee"))
-            return tl.dot(x, wh) + tl.dot(x, wl)
-        return tl.dot(x.to(tl.float32), w, input_precision="ieee")
-    return tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
+        return tl.dot(xf, w, input_precision="ieee")
+    return tl.sum(xf[:, :, None] * w[None, :, :], axis=1)
 
 
 @triton.jit
-def _score_kernel(x_ptr, ss_ptr, w_ptr, s_ptr, k_lo, K, BT, D: tl.constexpr, H: tl.constexpr,
+def _score_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.constexpr, H: tl.constexpr,
                   DH: tl.constexpr, eps, BLOCK_T: tl.constexpr, KP: tl.constexpr, DA: tl.constexpr,
                   DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
     """S[k, t, h] (the slot's table, (K, BT, H) fp32) for reads k_lo <= k < K of one buffered source x (BT, D)
-    (ss: its sums of squares (BT,)); rows as ``_split``'s two parts."""
+    (ss: its sums of squares (BT,)): one program per (token block, head) (program axis 1 = the head: many small
+    independent programs, so the loads' latency overlaps); a head's columns as ``_split``'s two parts."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1)
     tmask = tok < BT
     tok64 = tok.to(tl.int64)
     kk = k_lo + tl.arange(0, KP)
     kmask = kk < K
     r = 1.0 / tl.sqrt(tl.load(ss_ptr + tok, mask=tmask, other=1.0) / D + eps)
-    x_base = x_ptr
-    s_base = s_ptr
-    ca = tl.arange(0, DA)
-    cb = DA + tl.arange(0, DB if DB > 0 else 1)
-    for h in tl.static_range(H):
-        x = tl.load(x_base + tok64[:, None] * D + h * DH + ca[None, :], mask=tmask[:, None], other=0.0)
-        w = tl.load(w_ptr + kk[None, :] * D + h * DH + ca[:, None], mask=kmask[None, :], other=0.0)
-        acc = _sdot(x, w, SPLIT, DOT, EMU)
-        if DB > 0:
-            cbm = cb < DH
-            x = tl.load(x_base + tok64[:, None] * D + h * DH + cb[None, :], mask=tmask[:, None] & cbm[None, :],
-                        other=0.0)
-            w = tl.load(w_ptr + kk[None, :] * D + h * DH + cb[:, None], mask=kmask[None, :] & cbm[:, None],
-                        other=0.0)
-            acc += _sdot(x, w, SPLIT, DOT, EMU)
-        tl.store(s_base + kk.to(tl.int64)[None, :] * BT * H + tok64[:, None] * H + h, acc * r[:, None],
-                 mask=tmask[:, None] & kmask[None, :])
+    ca = h * DH + tl.arange(0, DA)
+    x = tl.load(x_ptr + tok64[:, None] * D + ca[None, :], mask=tmask[:, None], other=0.0)
+    woffs = kk[None, :] * D + ca[:, None]
+    w = tl.load(w_ptr + woffs, mask=kmask[None, :], other=0.0)
+    wl = w
+    if SPLIT:
+        wl = tl.load(wl_ptr + woffs, mask=kmask[None, :], other=0.0)
+    acc = _sdot(x, w, wl, SPLIT, DOT, EMU)
+    if DB > 0:
+        cb = DA + tl.arange(0, DB)
+        cbm = cb < DH
+        cb = h * DH + cb
+        x = tl.load(x_ptr + tok64[:, None] * D + cb[None, :], mask=tmask[:, None] & cbm[None, :], other=0.0)
+        woffs = kk[None, :] * D + cb[:, None]
+        w = tl.load(w_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
+        if SPLIT:
+            wl = tl.load(wl_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
+        acc += _sdot(x, w, wl, SPLIT, DOT, EMU)
+    tl.store(s_ptr + kk.to(tl.int64)[None, :] * BT * H + tok64[:, None] * H + h, acc * r[:, None],
+             mask=tmask[:, None] & kmask[None, :])
+
+
+def split_weights(W: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The score weights W = q * g (K, D) fp32 as ``score_sources`` takes them for sources of ``dtype``: (hi, lo)
+    in bf16 / fp16 (hi + lo = W to ~2^-16 relative), or (W, None) for fp32 sources."""
+    if dtype in (torch.bfloat16, torch.float16):
+        hi = W.to(dtype)
+        return hi, (W - hi.float()).to(dtype)
+    return W, None
 
 
 def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch.Tensor, slot: int, k_lo: int,
-                  H: int, eps: float) -> None:
+                  H: int, eps: float, W_split: tuple | None = None) -> None:
     """Fill the score table S (cap, K, BT, H) fp32 for buffered source ``slot`` and reads k_lo..K-1 (W = q * g,
-    (K, D) fp32 contiguous; ss the buffer's sums of squares (cap, BT))."""
+    (K, D) fp32 contiguous; ss the buffer's sums of squares (cap, BT)). W_split: ``split_weights(W, buf.dtype)``
+    if the caller keeps it (one forward's reads all share it), else computed here."""
     _, BT, D = buf.shape
     K = W.shape[0]
     if S.numel() >= 2**31 or buf.numel() >= 2**31:
         raise ValueError("fused routing: score table / buffer need 64-bit offsets (limit 2**31); use a smaller "
-                         "microbatch or routing_impl='fused_v6'")
+                         "microbatch or routing_impl='fused'")
+    wh, wl = W_split if W_split is not None else split_weights(W, buf.dtype)
     _, DA, DB = _split(D, H)
     KP = max(16, triton.next_power_of_2(K - k_lo))
-    dot = DA >= 16 and (DB == 0 or DB >= 16) and os.environ.get("MHAR_SCORE_DOT", "1") == "1"
+    dot = DA >= 16 and (DB == 0 or DB >= 16)
     block_t = 16 if dot else 2
-    grid = (triton.cdiv(BT, block_t),)
-    _score_kernel[grid](buf[slot], ss[slot], W, S[slot], k_lo, K, BT, D, H, D // H, eps, BLOCK_T=block_t, KP=KP, DA=DA, DB=DB,
-                        SPLIT=buf.dtype in (torch.bfloat16, torch.float16), DOT=dot,
+    grid = (triton.cdiv(BT, block_t), H)
+    _score_kernel[grid](buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k_lo, K, BT, D, H, D // H,
+                        eps, BLOCK_T=block_t, KP=KP, DA=DA, DB=DB, SPLIT=wl is not None, DOT=dot,
                         EMU=os.environ.get("TRITON_INTERPRET") == "1", num_warps=4)
     LAUNCHES["score"] += 1
 

@@ -65,7 +65,7 @@ from torch import Tensor
 
 from . import Router, register_router
 from ._kernels import (LAUNCHES, append_source, prefix6_fwd, prefix7_fwd, prefix_bwd, prefix_fwd, route_bwd, route_fwd,
-                       route_fwd7, score_sources, source_bwd, source_group_bwd, stash)
+                       route_fwd7, score_sources, source_bwd, source_group_bwd, split_weights, stash)
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES"]
 
@@ -375,6 +375,7 @@ class _V6:
     done: bool = False  # the anchor's backward ran (a later read on this storage starts a new chain)
     group: Optional[tuple] = None  # forward prefix sharing: (k0, K, n_prefix, P (K, BT, D), lse (K, BT, H))
     S: Optional[Tensor] = None  # v7 score table (capacity, K, BT, H) fp32: S[j, k] = score of slot j in read k
+    W_split: Optional[tuple] = None  # v7: W as score_sources takes it (hi / lo parts in the sources' dtype)
     scored: int = 0  # slots 0..scored-1 have their rows s_lo[j].. of S
     s_lo: dict = field(default_factory=dict)  # slot -> first read whose score row was computed
 
@@ -517,7 +518,7 @@ class _Read6(torch.autograd.Function):
             # The backward of this forward is over: drop the douts, and the read-chain token, whose autograd node
             # (holding ctx.st) made a reference cycle storage -> token -> node -> storage that kept every step's
             # source and dout buffers allocated until the garbage collector ran (measured: +1.9 GiB at 350M).
-            v.dbuf = v.delta = v.dW = v.rtoken = v.S = None
+            v.dbuf = v.delta = v.dW = v.rtoken = v.S = v.W_split = None
         if dnull is not None and not ctx.needs_input_grad[6]:
             dnull = None
         dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
@@ -761,7 +762,9 @@ class FusedRouter(Router):
         v.max_n = max(v.max_n, n)
         if k >= 0 and v.S is not None:  # v7: score the sources no announced read has scored yet, once
             for slot in range(v.scored, n):
-                score_sources(st.buf, st.ss, v.W, v.S, slot, k, H, eps)
+                if v.W_split is None:
+                    v.W_split = split_weights(v.W, st.buf.dtype)
+                score_sources(st.buf, st.ss, v.W, v.S, slot, k, H, eps, v.W_split)
                 v.s_lo[slot] = k
             v.scored = max(v.scored, n)
         table = k >= 0 and v.S is not None and extra is None and not return_weights
