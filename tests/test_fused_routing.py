@@ -303,10 +303,10 @@ def _model_grads(variant, impl, heads, seed=0, **res):
     ("mhar_delta", 4, {"delta_block_layers": 1}),
     ("mhar_hw", 1, {}),
 ])
-@pytest.mark.parametrize("impl", ["fused", "fused_v5", "fused_sg4"])
+@pytest.mark.parametrize("impl", ["fused", "fused_v5", "fused_sg4", "fused_v7"])
 def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
-    """A debug model with routing_impl='fused' (v6) / 'fused_v5' / 'fused_sg4' (v6, source groups of 4) gives the
-    eager logits and parameter grads (fp32)."""
+    """A debug model with routing_impl='fused' (v6) / 'fused_v5' / 'fused_sg4' (v6, source groups of 4) /
+    'fused_v7' (score table, forward groups of 4) gives the eager logits and parameter grads (fp32)."""
     from mhar.residuals import RESIDUALS
     if variant not in RESIDUALS:
         pytest.skip(f"residual variant {variant!r} not implemented yet")
@@ -318,11 +318,13 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
     ran = {k: fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("route_bwd", "stash", "source_bwd")}
     if impl == "fused_v5" and variant != "mhar_hw":  # the variant announced its next reads: prefix sharing ran
         assert fused_mod.READS["prefix"] > prefix
-    if impl in ("fused", "fused_sg4") and variant in ("mhar", "attnres", "mhar_delta"):
+    if impl in ("fused", "fused_sg4", "fused_v7") and variant in ("mhar", "attnres", "mhar_delta"):
         # every read announced: all source-major (no read-major backward at all), one stash per read
         assert ran["route_bwd"] == 0 and ran["stash"] == fused_mod._Read.calls - calls and ran["source_bwd"] > 0
     if impl == "fused_sg4" and variant in ("mhar", "attnres"):  # consecutive sources shared passes
         assert fused_mod.LAUNCHES["source_group_bwd"] > launches.get("source_group_bwd", 0)
+    if impl == "fused_v7" and variant in ("mhar", "attnres"):  # the table: scored once, reads and groups from it
+        assert all(fused_mod.LAUNCHES[k] > launches.get(k, 0) for k in ("score", "route_fwd7", "prefix7_fwd"))
     logits_e, grads_e = _model_grads(variant, "eager", heads, **res)
     assert rel(logits_f, logits_e) <= 1e-5
     assert grads_f.keys() == grads_e.keys()
@@ -607,10 +609,12 @@ def test_source_group_argument_checked():
         fused_mod.FusedRouter(algo="v5", source_group=2)
 
 
-def test_v6_buffers_freed_after_backward_without_gc():
+@pytest.mark.parametrize("table", [False, True])
+def test_v6_buffers_freed_after_backward_without_gc(table):
     """Once a forward's backward has run and the caller drops its tensors, the router's source and dout buffers
     are freed by reference counting alone (a reference cycle through the read chain kept one set per training
-    step alive until Python's garbage collector ran: +1.9 GiB at 350M on the H200)."""
+    step alive until Python's garbage collector ran: +1.9 GiB at 350M on the H200); v7's score table is dropped
+    by the backward itself."""
     import gc
     import weakref
 
@@ -619,7 +623,7 @@ def test_v6_buffers_freed_after_backward_without_gc():
     gc.collect()
     gc.disable()
     try:
-        router = fused_mod.FusedRouter()
+        router = fused_mod.FusedRouter(table=table)
         st = router.init(p["x"], capacity=5)
         Q, G = torch.stack(p["qs"]), torch.stack(p["gs"])
         outs = []
@@ -628,8 +632,13 @@ def test_v6_buffers_freed_after_backward_without_gc():
             st = router.append(st, outs[-1] * 0.5)
         storage = st.storage
         buf = weakref.ref(storage.buf)
+        if table:
+            assert storage.v6.S is not None and storage.v6.scored == 4
+            table_ref = weakref.ref(storage.v6.S)
         torch.stack(outs).sum().backward()
         assert storage.v6.done
+        if table:
+            assert storage.v6.S is None and table_ref() is None
         del st, outs, storage
         assert buf() is None, "the source buffer outlived the step (a reference cycle)"
     finally:

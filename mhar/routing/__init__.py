@@ -3,7 +3,7 @@
 A *Router* owns the storage of the sources (so a fused kernel can keep one
 shared buffer written once) and computes routed reads:
 
-    router = get_router("eager")            # "eager" | "compile" | "fused" | "fused_v5" | "fused_sg4"
+    router = get_router("eager")            # "eager" | "compile" | "fused" | "fused_v7" | "fused_v5" | "fused_sg4"
     st = router.init(emb, capacity=N_max)   # s_0; capacity = most sources ever held
     h  = router.read(st, query, norm_weight, num_heads, eps)            # (B, T, D)
     h  = router.read(st, q, g, H, eps, extra=partial)   # + one transient source (Block AttnRes)
@@ -15,7 +15,8 @@ Implementations register themselves in ``ROUTERS``; ``mhar.routing.fused``
 registers "fused" (kernels v6: source-major, write-once backward), "fused_v5"
 (the previous read-major kernels, kept for side-by-side benchmarks) and "fused_sg4"
 (v6 with source groups of 4: four sources' gradients from one pass over the later
-reads' douts; fewer bytes but slower on the H200, off by default) when Triton is importable.
+reads' douts; fewer bytes but slower on the H200, off by default) and "fused_v7" (v6 with a score
+table: each source scored once for all reads, forward groups of 4; off by default) when Triton is importable.
 """
 from __future__ import annotations
 

@@ -15,6 +15,10 @@ instead of v5's 4 (``benchmarks/traffic_bound.py``). See ``_V6`` for the orderin
 also write each source's sum of squares per token (``ss``), which its forward and
 gradient kernels read instead of reducing every row per read.
 
+v7 (``FusedRouter(table=True)``, "fused_v7"): v6 plus a score table: every buffered source is
+scored once for all announced reads (their queries are static parameters), so no read re-scores a
+source; see ``FusedRouter`` and ``_kernels.score_sources``.
+
 The rest of this docstring describes v5 (``FusedRouter(algo="v5")``, "fused_v5"),
 whose storage v6 shares.
 
@@ -568,6 +572,15 @@ class FusedRouter(Router):
     between); 1 (default) = one pass per source. Fewer bytes (the douts are the bulk of
     the backward's), but on the H200 the group kernel reaches less bandwidth: 6.9 / 10.8 /
     19.8 ms per microbatch against 6.0 / 9.7 / 19.9 (results/bench/NOTES.md), hence off by default.
+    table (v7, routing_impl "fused_v7" = table with group 4): the score table. The queries are
+    static, so each buffered source is scored ONCE for every announced read (``score_sources``,
+    tensor-core dots) when the first announced read sees it; reads then take their scores from
+    the table (``route_fwd7``: the max first, then one multiply-add per element and source;
+    ``prefix7_fwd``: a group's K reads mixed in one pass over their prefix), and the gradient
+    kernel reads them too. Only without a null source (the table holds buffered sources) and for
+    announced reads without ``extra`` / ``return_weights`` (others run the v6 kernels, same math).
+    Memory: (capacity, K, B*T, H) fp32 per forward, freed by the backward. Off by default: on
+    the H200 it measured no faster than v6 yet (results/bench/NOTES.md).
     """
 
     name = "fused"
