@@ -431,11 +431,14 @@ def test_v6_stale_read_and_weights():
         assert rel(a, b) <= 1e-5, i
 
 
-def test_model_v6_prefix_sharing_matches_eager():
-    """MHAR debug model with the v6 router sharing forward prefixes (groups of 3): eager logits and grads."""
+@pytest.mark.parametrize("table", [False, True])
+def test_model_v6_prefix_sharing_matches_eager(table):
+    """MHAR debug model with the v6 router sharing forward prefixes (groups of 3), with v7's score table or
+    without: eager logits and grads."""
     torch.manual_seed(0)
     cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused"})
-    launches = fused_mod.LAUNCHES["prefix6_fwd"]
+    names = ("prefix7_fwd", "route_fwd7", "score") if table else ("prefix6_fwd",)
+    launches = {k: fused_mod.LAUNCHES[k] for k in names}
 
     def run(router):
         model = build_model(cfg).to(DEV)
@@ -450,8 +453,8 @@ def test_model_v6_prefix_sharing_matches_eager():
         return out.logits.detach().cpu(), {n: p.grad.detach().cpu() for n, p in model.named_parameters()}
 
     torch.manual_seed(0)
-    logits_f, grads_f = run(fused_mod.FusedRouter(group=3))
-    assert fused_mod.LAUNCHES["prefix6_fwd"] > launches
+    logits_f, grads_f = run(fused_mod.FusedRouter(group=3, table=table))
+    assert all(fused_mod.LAUNCHES[k] > v for k, v in launches.items())
     torch.manual_seed(0)
     logits_e, grads_e = run(get_router("eager"))
     assert rel(logits_f, logits_e) <= 1e-5
@@ -500,32 +503,6 @@ def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, dtype):
     assert torch.isnan(S[0]).all() and torch.isnan(S[1, :k_lo]).all()
     err = (S[1, k_lo:].double().cpu() - ref[k_lo:]).abs().max().item()
     assert err <= 2e-5 * ref.abs().max().item(), err
-
-
-def test_model_v7_matches_eager():
-    """MHAR debug model with the score table and groups of 3: eager logits and grads."""
-    torch.manual_seed(0)
-    cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused"})
-    launches = {k: fused_mod.LAUNCHES[k] for k in ("prefix7_fwd", "route_fwd7", "score")}
-
-    def run(router):
-        model = build_model(cfg).to(DEV)
-        with torch.no_grad():
-            for p in model.residual.parameters():
-                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())).to(p.device) * 0.3 + p)
-        model.residual.router = router
-        ids = torch.randint(0, cfg.vocab_size, (2, 17), generator=torch.Generator().manual_seed(1)).to(DEV)
-        torch.manual_seed(0)
-        out = model(ids, labels=ids)
-        out.loss.backward()
-        return out.logits.detach().cpu(), {n: p.grad.detach().cpu() for n, p in model.named_parameters()}
-
-    logits_f, grads_f = run(fused_mod.FusedRouter(group=3, table=True))
-    assert all(fused_mod.LAUNCHES[k] > v for k, v in launches.items())
-    logits_e, grads_e = run(get_router("eager"))
-    assert rel(logits_f, logits_e) <= 1e-5
-    for n in grads_e:
-        assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
 
 
 # (N, B, T, D, H) at the paper's sizes: 100M H=8 (partial depth), 1B H=16 head width 80.
@@ -657,6 +634,13 @@ def test_gpu_v6_every_launch_config(D, H, source_group, monkeypatch):
 
     forced = (K._fwd6_kernel, K._src_bwd_kernel) if source_group == 1 else (K._src_group_bwd_kernel,)
     configs = K._v6_configs(full=True) if source_group == 1 else K._group_configs(full=True)
+    _each_launch_config(monkeypatch, forced, configs, D, H, with_null=True, source_group=source_group)
+
+
+def _each_launch_config(monkeypatch, forced, configs, D, H, **check):
+    """_check_router at width D once per launch configuration, forced on the kernels ``forced``."""
+    from mhar.routing import _kernels as K
+
     orig = K._launch
     for i, cfg in enumerate(configs):
         def launch(kernel, key, grid, args, kwargs, cfg=cfg):
@@ -665,8 +649,7 @@ def test_gpu_v6_every_launch_config(D, H, source_group, monkeypatch):
                 return cfg.kwargs["BLOCK_T"]
             return orig(kernel, key, grid, args, kwargs)
         monkeypatch.setattr(K, "_launch", launch)
-        _check_router(1, 256, D, H, n_reads=9, dtype=torch.bfloat16, with_null=True, with_extra=False, seed=i,
-                      source_group=source_group)
+        _check_router(1, 256, D, H, n_reads=9, dtype=torch.bfloat16, with_extra=False, seed=i, **check)
 
 
 @pytest.mark.gpu
@@ -680,16 +663,8 @@ def test_gpu_v7_every_launch_config(D, H, which, monkeypatch):
 
     forced = (K._fwd7_kernel, K._src_bwd_kernel) if which == "fwd7" else (K._prefix7_kernel,)
     configs = K._v6_configs(full=True) if which == "fwd7" else K._prefix7_configs(full=True)
-    orig = K._launch
-    for i, cfg in enumerate(configs):
-        def launch(kernel, key, grid, args, kwargs, cfg=cfg):
-            if kernel in forced:
-                kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
-                return cfg.kwargs["BLOCK_T"]
-            return orig(kernel, key, grid, args, kwargs)
-        monkeypatch.setattr(K, "_launch", launch)
-        _check_router(1, 256, D, H, n_reads=9, dtype=torch.bfloat16, with_null=False, with_extra=False, seed=i,
-                      group=4 if which == "prefix7" else None, table=True)
+    _each_launch_config(monkeypatch, forced, configs, D, H, with_null=False, group=4 if which == "prefix7" else None,
+                        table=True)
 
 
 @pytest.mark.gpu

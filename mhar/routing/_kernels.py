@@ -1304,7 +1304,7 @@ def _prefix7_configs(full: bool = False) -> list:
     if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
         return [triton.Config({"BLOCK_T": 1, "STAGES": 2}, num_warps=4)]
     return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw) for bt in (1, 2) for nw in (4, 8)
-            for ns in (2, 3)]
+            for ns in (2, 3, 4)]
 
 
 def _prune_prefix7(configs, named_args, **kwargs):
