@@ -1252,7 +1252,7 @@ def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr, lo, n
     jj = tl.arange(0, JC)
     for j0 in range(lo, n_buf, JC):  # the max: JC sources' scores per load (independent loads, no latency chain)
         jm = (j0 + jj) < n_buf
-        sv = tl.load(s_ptr + (j0 + jj)[:, None, None] * s_stride + hoffs[None, :, :],
+        sv = tl.load(s_ptr + (j0 + jj).to(tl.int64)[:, None, None] * s_stride + hoffs[None, :, :],
                      mask=jm[:, None, None] & smask[None, :, :], other=float("-inf"))
         m = tl.maximum(m, tl.max(sv, axis=0))
     m = tl.where(smask, m, 0.0)
@@ -1339,7 +1339,7 @@ def _prefix7_kernel(buf_ptr, s_ptr, p_ptr, lse_ptr, n_buf, buf_stride, s_stride,
     jj = tl.arange(0, JC)
     for j0 in range(0, n_buf, JC):  # the max: JC sources' scores per load
         jm = (j0 + jj) < n_buf
-        sv = tl.load(s_ptr + (j0 + jj)[:, None, None, None] * s_stride + koffs[None, :, :, :],
+        sv = tl.load(s_ptr + (j0 + jj).to(tl.int64)[:, None, None, None] * s_stride + koffs[None, :, :, :],
                      mask=jm[:, None, None, None] & kmask3[None, :, :, :], other=float("-inf"))
         m = tl.maximum(m, tl.max(sv, axis=0))
     m = tl.where(kmask3, m, 0.0)
