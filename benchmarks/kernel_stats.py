@@ -97,7 +97,7 @@ def compile_stats(kernel, types: dict, consts: dict, num_warps: int, divisible=(
             "loop_instructions": len(_sass_loop(compiled.asm["cubin"]))}
 
 
-def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
+def v6_stats(size: str, group: int = 4, prefix: int = 8, kernels=None) -> list[dict]:
     """Stats of the v6 forward, forward prefix (``prefix`` reads, one head per program), write-once gradient
     and source-group gradient (``group`` sources) kernels for every launch configuration the autotuner may pick
     (after its pruning) at a preset's width (bf16 sources)."""
@@ -142,6 +142,8 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8) -> list[dict]:
              ("BT", "BTD", "BTH"), K._prune6),
             (f"group{group}_bwd", K._src_group_bwd_kernel, grp_types, dict(GP=group), ("BT", "D", "DH", "BTD", "BTH"),
              K._prune_group)):
+        if kernels is not None and name not in kernels:
+            continue
         configs = (K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else
                    K._prefix6_configs(full=True) if kernel is K._prefix6_kernel else
                    K._prefix7_configs(full=True) if kernel is K._prefix7_kernel else K._v6_configs(full=True))
@@ -163,13 +165,15 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", default=list(WIDTHS), choices=list(WIDTHS))
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--kernels", nargs="+", help="only these (fwd6 src_bwd fwd7 src_bwd_table prefix7_4 prefix7_8 "
+                    "prefix8_fwd group4_bwd); default all")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("error: kernel_stats compiles the kernels; unset TRITON_INTERPRET", file=sys.stderr)
         raise SystemExit(2)
     import triton
     for size in args.sizes:
-        for r in v6_stats(size):
+        for r in v6_stats(size, kernels=args.kernels):
             if args.json:
                 print(json.dumps({**r, "triton": triton.__version__}), flush=True)
             else:
