@@ -143,8 +143,9 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
         else:  # prefix once, K partials written and read back, each read's newer sources and output
             fwd += (ns[a] + 2 * K + sum(ns[i] - ns[a] + 1 for i in range(a, a + K))) * E * elt + \
                 sum(ns[i] - ns[a] for i in range(a, a + K)) * per_src + (K * ns[a] * 2 * sb if table else 0)
-    dsr = sum(ns) * (E // D) * H * elt * 2  # dL/dscore per (token, head, read, source), in the sources' dtype:
-    # written by the gradient kernel, read back by the dW matmul
+    # dL/dscore per (token, head, read, source), in the sources' dtype: written by the gradient kernel into one
+    # (H, reads, sources x tokens) buffer, zeroed first and read whole (zeros too) by the single dW matmul
+    dsr = sum(ns) * (E // D) * H * elt + 2 * N * N * (E // D) * H * elt
     # stash: read dout + out, write the dout slot (3); per source: read it in the kernel and in the dW matmul
     # (2), write its gradient (1)
     douts, parts = _dout_passes(ns, source_group)

@@ -9,7 +9,8 @@ tests). One byte "unit" = sum_n n * E * 2 bytes. Moved per microbatch:
   read-modify-writes a gradient slot per source (3 units): 4 units;
 * ``v6`` (``routing_impl: fused``, ``v6_bytes``): the same forward (1 unit + the outputs); the source-major
   backward reads, per source, the douts of the reads that saw it (1 unit in all), plus dsr (H values per token
-  and read-source pair in the sources' dtype, written and read back: 2H/D of a unit) and per source / read
+  and read-source pair in the sources' dtype, written: H/D of a unit, into one (H, reads, sources x tokens)
+  buffer zeroed first and read whole by the one dW matmul: 2 x reads x sources x tokens x H more) and per source / read
   O(N) terms: stash (read dout and out, write the dout buffer), the source read twice (kernel and dW matmul),
   its gradient written once: about 2 units + 7N source sizes; ``v6_g8``: the same with forward prefix sharing
   in groups of 8 reads (``FusedRouter(group=8)``, the ``fused_g8`` row of bench_routing_op): the forward reads each

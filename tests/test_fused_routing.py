@@ -806,3 +806,23 @@ def test_gpu_cuda_graph_replay(impl, group, monkeypatch):
     assert rel(loss_g, loss_e) <= 1e-6
     for n, p in model.named_parameters():
         assert rel(grads_g[n], p.grad) <= 1e-5 if p.grad.norm() > 0 else grads_g[n].norm() == 0, n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dW_all_is_the_sum_of_per_source_contractions(dtype):
+    """dW_all (one batched matmul over every buffered source) equals the per-source contractions summed
+    (float64 einsum), and ignores the slots past n even when they hold NaN (the buffer's unused capacity)."""
+    from mhar.routing import _kernels as K
+    gen = torch.Generator().manual_seed(11)
+    cap, n, BT, D, H, Kr = 5, 3, 7, 24, 3, 4
+    buf = torch.randn(cap, BT, D, generator=gen).to(DEV, dtype)
+    buf[n:] = float("nan")
+    dsr = torch.randn(H, Kr, cap * BT, generator=gen).to(DEV, dtype)
+    dsr[:, :, n * BT:] = 0
+    got = K.dW_all(dsr, buf, n, H)
+    x = buf[:n].double().cpu().reshape(n * BT, H, D // H)
+    ref = torch.einsum("hkt,thd->hkd", dsr[:, :, :n * BT].double().cpu(), x)
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    assert rel(got, ref) <= (1e-6 if dtype == torch.float32 else 1e-2)
+    per_source = sum(K._dW(dsr[:, :, j * BT:(j + 1) * BT].contiguous(), buf[j], H).double().cpu() for j in range(n))
+    assert rel(got, per_source) <= (1e-6 if dtype == torch.float32 else 1e-2)

@@ -46,13 +46,15 @@ def test_unit_bytes_and_bounds():
     assert r["v5_bound_ratio"] == pytest.approx(50 / (50 + ideal), abs=1e-4)
     mf, mb = min_bytes(tb.routing_reads(cfg["n_layers"]), E)
     assert r["min_gb"] == pytest.approx((mf + mb) / 1e9, abs=1e-3) and r["min_gb"] < r["v5_gb"]
-    # v6: 2 units + dsr (2H/D of a unit: bf16, written and read) + 7 source sizes per read (1 output, 3 stash,
+    # v6: 2 units + dsr (H/D of a unit: bf16, written; its (H, reads, sources x tokens) buffer zeroed and read whole
+    # by the one dW matmul) + 7 source sizes per read (1 output, 3 stash,
     # 3 per source) + the sums of squares (fp32 per token): read with each scored source, written by each append,
     # read by each gradient
     unit = tb.unit_bytes("1B")
     tok = B * T
     ns = tb.routing_reads(cfg["n_layers"])
-    v6 = 2 * unit + unit * 2 * 8 / cfg["d_model"] + 7 * n * E * 2 + (sum(ns) + 2 * n) * tok * 4
+    v6 = 2 * unit + unit * 1 * 8 / cfg["d_model"] + 7 * n * E * 2 + (sum(ns) + 2 * n) * tok * 4 \
+        + 2 * n * n * tok * 8 * 2  # dL/dscore: written per (source, read), one buffer zeroed and read whole
     assert r["v6_gb"] == pytest.approx(v6 / 1e9, abs=1e-3)
     fwd6, bwd6 = v6_bytes(ns, E, 8, cfg["d_model"])
     assert fwd6 + bwd6 == pytest.approx(v6, rel=1e-12)

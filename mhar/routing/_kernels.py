@@ -771,7 +771,7 @@ def append_source(src: torch.Tensor, dst: torch.Tensor, ss: torch.Tensor) -> Non
 @triton.jit
 def _src_bwd_kernel(
     x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr, s_ptr,
-    k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, JB,
+    k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, JB, dsr_sh, dsr_sk,
     IS_NULL: tl.constexpr, HAS_INIT: tl.constexpr, HAS_S: tl.constexpr,
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
 ):
@@ -780,7 +780,8 @@ def _src_bwd_kernel(
     Read k's dout is dbuf[k] (BT, D), its log-sum-exp lse[k] and <dout, out> delta[k] (BT, H) fp32, its
     w = q * g in w[k] (D,) fp32; ss (BT,) fp32: the source's sum of squares per token (as the forward used it;
     ignored for the null vector). Writes grad (BT, D) (= init + sum over reads; IS_NULL: per-program sums over
-    tokens (n_prog, D)) and dsr[h, k - k_lo, t] = dL/dscore * rms^-1 (H, J, BT) in dsr's dtype. The read loop is a
+    tokens (n_prog, D)) and dsr[h, k - k_lo, t] = dL/dscore * rms^-1 (H, J, BT; strides dsr_sh, dsr_sk, 1) in
+    dsr's dtype. The read loop is a
     ``tl.range`` loop (software-pipelined: the douts stream through shared memory) whose body reduces over
     each head's columns only (the RMS term is summed per head and reduced over heads once, after the loop).
     Rows are the two tiles of ``_split`` (no idle lanes for head widths that are not powers of two). D, H and
@@ -799,7 +800,7 @@ def _src_bwd_kernel(
     tok = tok.to(tl.int64)
     hoffs = tok[:, None] * H + hh[None, :]  # (BLOCK_T, HP) into (BT, H)
     J = k_hi - k_lo
-    doffs = hh[None, :] * (J * BT) + tok[:, None]  # into dsr (H, J, BT), read k_lo
+    doffs = hh[None, :] * dsr_sh + tok[:, None]  # into dsr (H, J, BT), read k_lo
     if IS_NULL:
         xa = tl.zeros((BLOCK_T, HP, DA), tl.float32) + _ld(x_ptr, cola, cma)[None, :, :]
         xb = xa
@@ -845,7 +846,7 @@ def _src_bwd_kernel(
         if DB > 0:
             dxb = dxb + a[:, :, None] * db
             dxb = dxb + dsr[:, :, None] * wb[None, :, :]
-        tl.store(dsr_ptr + doffs + (k - k_lo) * BT, dsr.to(dsr_ptr.dtype.element_ty), mask=smask)
+        tl.store(dsr_ptr + doffs + (k - k_lo) * dsr_sk, dsr.to(dsr_ptr.dtype.element_ty), mask=smask)
     c = (tl.sum(csum, axis=1) * r * r / D)[:, None, None]
     _src_grad_out(dxa - xa * c, init_ptr, grad_ptr, pid, D, cola, cma, offa, ma, HAS_INIT, IS_NULL)
     if DB > 0:
@@ -992,7 +993,7 @@ def stash(dout: torch.Tensor, out: torch.Tensor, dslot: torch.Tensor, delta: tor
 def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
                w: torch.Tensor, k_lo: int, k_hi: int, init: torch.Tensor | None, grad_dtype: torch.dtype,
                H: int, eps: float, BT: int, D: int, ss: torch.Tensor | None = None,
-               scores: torch.Tensor | None = None):
+               scores: torch.Tensor | None = None, dsr_out: torch.Tensor | None = None):
     """Write-once gradient of one source from reads k_lo..k_hi-1 (dbuf / lse / delta / w: (K, ...) buffers).
 
     x: the source (BT, D) contiguous, or the null vector (D,) with ``is_null``; ss: its per-token sum of
@@ -1000,14 +1001,20 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
     add (a v5-style read's accumulation), or None; scores: the source's score table (K, BT, H) fp32 (v7,
     ``score_sources``; rows k_lo..k_hi-1 used) instead of recomputing each score. Returns (grad, dW): grad (BT, D) in ``grad_dtype`` ((D,)
     fp32 for the null source), dW (H, k_hi - k_lo, D / H) (x's dtype; fp32 for the null source) = this source's
-    part of dL/d(q_k * g_k), head-major."""
+    part of dL/d(q_k * g_k), head-major. dsr_out (buffered sources): an (H, J, BT) view (unit stride over
+    tokens, e.g. a slice of one tensor for all sources, ``dW_all``) to write dL/dscore * rms^-1 into instead of
+    contracting it here: dW is then None (the caller contracts all sources in one matmul)."""
     J = k_hi - k_lo
     dev = x.device
     if dbuf.numel() >= 2**31 or H * J * BT >= 2**31:
         raise ValueError(f"fused routing: dout buffer of {dbuf.numel()} elements needs 64-bit offsets (limit 2**31); "
                          "use a smaller microbatch or routing_impl='fused_v5'")
     # dsr in the source's dtype, the dtype of the dW matmul (fp32 for the null vector, summed over tokens here)
-    dsr = torch.empty(H, J, BT, device=dev, dtype=torch.float32 if is_null else x.dtype)
+    if dsr_out is not None and (is_null or dsr_out.shape != (H, J, BT) or dsr_out.stride(2) != 1
+                                or dsr_out.dtype != x.dtype):
+        raise ValueError("source_bwd: dsr_out must be an (H, J, BT) view with unit token stride in the source's dtype")
+    dsr = dsr_out if dsr_out is not None else torch.empty(H, J, BT, device=dev,
+                                                          dtype=torch.float32 if is_null else x.dtype)
     grad = (torch.empty(BT, D, device=dev, dtype=torch.float32) if is_null  # per-program rows, max BT programs
             else torch.empty(BT, D, device=dev, dtype=grad_dtype))
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
@@ -1015,7 +1022,8 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
     if ss is None and not is_null:
         raise ValueError("source_bwd: a buffered source needs its sums of squares (ss)")
     args = (x, ss if ss is not None else dsr, dbuf, lse, delta, w, init if init is not None else grad, grad, dsr,
-            scores if scores is not None else lse, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, jb)
+            scores if scores is not None else lse, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, jb,
+            dsr.stride(0), dsr.stride(1))
     HP, DA, DB = _split(D, H)
     flags = dict(IS_NULL=is_null, HAS_INIT=init is not None, HAS_S=scores is not None, HP=HP, DA=DA, DB=DB)
     key = ("src_bwd", D, H, jb, *flags.values(), *(str(a.dtype) for a in args[:8]))
@@ -1025,7 +1033,18 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
     if is_null:
         grad = grad[:triton.cdiv(BT, block_t)].sum(0)
         return grad, dsr.sum(-1)[:, :, None] * x.float().view(H, 1, DH)  # (H, J, DH)
-    return grad, _dW(dsr, x, H)
+    return grad, (_dW(dsr, x, H) if dsr_out is None else None)
+
+
+def dW_all(dsr_all: torch.Tensor, buf: torch.Tensor, n: int, H: int) -> torch.Tensor:
+    """All buffered sources' part of dL/d(q_k * g_k) in ONE batched matmul (instead of one per source):
+    dsr_all (H, K, cap * BT) in the buffer's dtype holds each source's dL/dscore * rms^-1 for the reads that saw
+    it (zeros elsewhere; ``source_bwd(dsr_out=...)``), buf (cap, BT, D) the sources; slots 0..n-1 are used (the
+    others may hold anything). Returns (H, K, D / H) fp32: dW[h, k] = sum over slots j and tokens t of
+    dsr_all[h, k, j * BT + t] * buf[j, t, h]."""
+    cap, BT, D = buf.shape
+    xv = buf[:n].reshape(n * BT, H, D // H).transpose(0, 1)  # (H, n * BT, DH), strided
+    return torch.bmm(dsr_all[:, :, :n * BT], xv).float()
 
 
 def _dW(dsr: torch.Tensor, x: torch.Tensor, H: int) -> torch.Tensor:

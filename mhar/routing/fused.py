@@ -69,7 +69,7 @@ from torch import Tensor
 
 from . import Router, register_router
 from ._kernels import (LAUNCHES, append_source, prefix6_fwd, prefix7_fwd, prefix_bwd, prefix_fwd, route_bwd, route_fwd,
-                       route_fwd7, score_sources, source_bwd, source_group_bwd, split_weights, stash)
+                       route_fwd7, score_sources, source_bwd, source_group_bwd, split_weights, stash, dW_all)
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES"]
 
@@ -369,6 +369,8 @@ class _V6:
     delta: Optional[Tensor] = None  # (K, BT, H) fp32
     dbuf: Optional[Tensor] = None  # (K, BT, D): the reads' douts
     dW: Optional[Tensor] = None  # (H, K, D / H) fp32: dL/dW accumulated over sources (head-major, as _dW gives it)
+    dsr: Optional[Tensor] = None  # (H, K, capacity * BT), buffer dtype: every buffered source's dL/dscore * rms^-1
+    # for the reads that saw it (zeros elsewhere), contracted with the buffer in ONE matmul by the anchor (dW_all)
     next_k: int = 0
     max_n: int = 0  # most buffered sources seen by any read so far
     k_hi: Optional[int] = None  # 1 + the newest source-major read whose backward ran
@@ -399,6 +401,13 @@ def _source_group(st: _Storage, v: "_V6", slot: int, n_buf: int, k_first: int, i
         group.insert(0, s_)
         s_ -= 1
     return group
+
+
+def _dsr_slot(v: "_V6", slot: int, k_lo: int, k_hi: int, BT: int) -> Optional[Tensor]:
+    """Slot's (H, k_hi - k_lo, BT) part of v.dsr (a strided view), or None without v.dsr."""
+    if v.dsr is None:
+        return None
+    return v.dsr[:, k_lo:k_hi, slot * BT:(slot + 1) * BT]
 
 
 def _table(v: "_V6", slot: int, k_first: int) -> Optional[Tensor]:
@@ -464,6 +473,8 @@ class _Read6(torch.autograd.Function):
                 v.dbuf = torch.empty((v.K, BT, D), device=dout.device, dtype=st.dtype)
                 v.delta = torch.empty((v.K, BT, H), device=dout.device, dtype=torch.float32)
                 v.dW = torch.zeros((H, v.K, D // H), device=dout.device, dtype=torch.float32)
+                if H * v.K * st.buf.shape[0] * BT < 2**31:  # else one dW matmul per source
+                    v.dsr = torch.zeros((H, v.K, st.buf.shape[0] * BT), device=dout.device, dtype=st.buf.dtype)
             stash(dout2, out, v.dbuf[k], v.delta[k], H, BT, D)
             if ex is not None:  # the transient source is seen by this read only: its gradient now
                 dw_e, _, dextra = route_bwd(None, 0, None, ex, q, g, out, dout2, lse, None, (0, 0), H, eps, BT, D)
@@ -484,8 +495,10 @@ class _Read6(torch.autograd.Function):
                     grad = grad + init.float()
                 if k_first < k_part:
                     grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_part, grad,
-                                          gdtype, H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first))
-                    v.dW[:, k_first:k_part] += dW
+                                          gdtype, H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first),
+                                          dsr_out=_dsr_slot(v, slot, k_first, k_part, BT))
+                    if dW is not None:
+                        v.dW[:, k_first:k_part] += dW
                 else:
                     grad = grad.to(gdtype)
             elif k_first < k_hi:
@@ -497,8 +510,10 @@ class _Read6(torch.autograd.Function):
                         v.partial[s_] = (k_first, parts[j])
                 else:
                     grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_hi, init,
-                                          gdtype, H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first))
-                v.dW[:, k_first:k_hi] += dW
+                                          gdtype, H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first),
+                                          dsr_out=_dsr_slot(v, slot, k_first, k_hi, BT))
+                if dW is not None:
+                    v.dW[:, k_first:k_hi] += dW
             else:
                 grad = init
             if grad is not None:
@@ -510,6 +525,8 @@ class _Read6(torch.autograd.Function):
                                     BT, D)
                 v.dW[:, :k_hi] += dW
                 dnull = dn.to(nul.dtype) if ctx.needs_input_grad[6] else None
+            if v.dsr is not None:  # every source's part in one matmul (slots 0..n-1 of the buffer)
+                v.dW += dW_all(v.dsr, st.buf, st.n, H)
             dW = v.dW.transpose(0, 1).reshape(v.K, D)  # (K, D)
             if ctx.needs_input_grad[2]:
                 dq = (dW[0] * g.float()).to(q.dtype)
@@ -522,7 +539,7 @@ class _Read6(torch.autograd.Function):
             # The backward of this forward is over: drop the douts, and the read-chain token, whose autograd node
             # (holding ctx.st) made a reference cycle storage -> token -> node -> storage that kept every step's
             # source and dout buffers allocated until the garbage collector ran (measured: +1.9 GiB at 350M).
-            v.dbuf = v.delta = v.dW = v.rtoken = v.S = v.W_split = None
+            v.dbuf = v.delta = v.dW = v.rtoken = v.S = v.W_split = v.dsr = None
         if dnull is not None and not ctx.needs_input_grad[6]:
             dnull = None
         dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
