@@ -640,9 +640,9 @@ def _launch_prefix(kernel, key: tuple, grid: tuple, args: tuple, kwargs: dict) -
 # delta = <dout, out> per head); each source's gradient is then formed ONCE, when its first reader's backward
 # runs (every later read has run its backward by then), from all reads that saw it: one pass over those reads'
 # douts per source instead of a read-modify-write of every source's gradient per read. The reads' query / norm
-# gradients need a sum over sources: the kernel writes dsr = dL/dscore * rms^-1 per (read, token, head) (H fp32
-# per token and read, 2H/D of the dout bytes) and one batched matmul per source contracts it with the source
-# over tokens (deterministic, no atomics).
+# gradients need a sum over sources: the kernel writes dsr = dL/dscore * rms^-1 per (read, token, head) (H values
+# per token and read in the sources' dtype) into one (H, reads, sources x tokens) buffer, and the first read's
+# backward contracts it with all sources in ONE batched matmul (``dW_all``; deterministic, no atomics).
 # ----------------------------------------------------------------------------------------------------------
 
 
