@@ -41,11 +41,12 @@ from benchmarks.bench_routing_op import MICROBATCH, min_bytes, v6_bytes
 from benchmarks.common import command_line, write_csv
 from mhar.provenance import git_info
 from mhar.config import PRESETS
+from mhar.routing import V7_GROUP
 
 BYTES_PER_ELT = 2  # bf16 sources under autocast
 V6_SOURCE_GROUP = 4  # source-group size of the v6_sg row
 V6_GROUP = 8  # reads per forward prefix-sharing group of the v6 row with sharing (FusedRouter(group=8))
-V7_GROUP = 4  # reads per forward group of routing_impl fused_v7 (the score table: FusedRouter(table=True, group=4))
+# V7_GROUP: reads per forward group of routing_impl fused_v7 (the score table: FusedRouter(table=True, group=4))
 
 
 def routing_reads(n_layers: int) -> list[int]:

@@ -87,6 +87,7 @@ class CompiledRouter(EagerRouter):
 
 
 ROUTERS: dict[str, Callable[[], Router]] = {"eager": EagerRouter, "compile": CompiledRouter}
+V7_GROUP = 4  # reads per forward group of routing_impl "fused_v7" (the score table; byte model: traffic_bound)
 
 
 def register_router(name: str, factory: Callable[[], Router]) -> None:

@@ -799,7 +799,6 @@ def _src_bwd_kernel(
         colb, cmb, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
     tok = tok.to(tl.int64)
     hoffs = tok[:, None] * H + hh[None, :]  # (BLOCK_T, HP) into (BT, H)
-    J = k_hi - k_lo
     doffs = hh[None, :] * dsr_sh + tok[:, None]  # into dsr (H, J, BT), read k_lo
     if IS_NULL:
         xa = tl.zeros((BLOCK_T, HP, DA), tl.float32) + _ld(x_ptr, cola, cma)[None, :, :]
@@ -1167,11 +1166,11 @@ def _sdot(x, w, wl, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
     fp16): the weights as hi + lo parts w, wl in x's dtype (q g to ~2^-16 relative), two tensor-core dots with
     fp32 accumulation; else w fp32 (one fp32 dot). EMU (the CPU interpreter, whose 16-bit tl.dot is wrong in
     Triton 3.6 / 3.9): the same products as fp32 dots. Without DOT (parts narrower than 16): multiply-adds."""
-    xf = x.to(tl.float32)
     if SPLIT:
         if DOT and not EMU:
             return tl.dot(x, w) + tl.dot(x, wl)
         w = w.to(tl.float32) + wl.to(tl.float32)  # exact in fp32 (sum of a bf16 and its bf16 residual)
+    xf = x.to(tl.float32)
     if DOT:
         return tl.dot(xf, w, input_precision="ieee")
     return tl.sum(xf[:, :, None] * w[None, :, :], axis=1)

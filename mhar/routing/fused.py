@@ -67,7 +67,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import Router, register_router
+from . import V7_GROUP, Router, register_router
 from ._kernels import (LAUNCHES, append_source, prefix6_fwd, prefix7_fwd, prefix_bwd, prefix_fwd, route_bwd, route_fwd,
                        route_fwd7, score_sources, source_bwd, source_group_bwd, split_weights, stash, dW_all)
 
@@ -837,5 +837,4 @@ def route_fused(sources: Tensor, query: Tensor, norm_weight: Tensor, num_heads: 
 register_router("fused", FusedRouter)
 register_router("fused_v5", lambda: FusedRouter(algo="v5"))
 register_router("fused_sg4", lambda: FusedRouter(source_group=4))  # v6 with source groups of 4 (slower)
-V7_GROUP = 4  # reads per forward group of routing_impl "fused_v7"
 register_router("fused_v7", lambda: FusedRouter(table=True, group=V7_GROUP))  # v6 + the score table + groups
