@@ -39,6 +39,8 @@ VARIANTS = {
     "mhar_fused_v5": {"variant": "mhar", "routing_impl": "fused_v5"},  # the previous kernels, side by side
     "mhar_fused_sg4": {"variant": "mhar", "routing_impl": "fused_sg4"},  # v6 with source groups of 4
     "mhar_fused_v7": {"variant": "mhar", "routing_impl": "fused_v7"},  # v6 + score table + forward groups
+    "mhar_fused_sg8": {"variant": "mhar", "routing_impl": "fused_sg8"},  # v6 + source groups of 8
+    "mhar_fused_v7_sg8": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},  # v7 + source groups of 8
 }
 
 

@@ -97,7 +97,7 @@ def compile_stats(kernel, types: dict, consts: dict, num_warps: int, divisible=(
             "loop_instructions": len(_sass_loop(compiled.asm["cubin"]))}
 
 
-def v6_stats(size: str, group: int = 4, prefix: int = 8, kernels=None) -> list[dict]:
+def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[dict]:
     """Stats of the v6 forward, forward prefix (``prefix`` reads, one head per program), write-once gradient
     and source-group gradient (``group`` sources) kernels for every launch configuration the autotuner may pick
     (after its pruning) at a preset's width (bf16 sources)."""
@@ -115,8 +115,8 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8, kernels=None) -> list[d
     bwd_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", w_ptr="*fp32", dsr_ptr="*fp32",
                      eps="fp32")
     grp_types = {n: "*bf16" for n in _jit(K._src_group_bwd_kernel).arg_names if n.endswith("_ptr")}
-    grp_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", w_ptr="*fp32", dsr_ptr="*fp32",
-                     part_ptr="*fp32", eps="fp32")
+    grp_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", part_ptr="*fp32", cpart_ptr="*fp32",
+                     eps="fp32")
     p6_types = {n: "*bf16" for n in _jit(K._prefix6_kernel).arg_names if n.endswith("_ptr")}
     p6_types.update(w_ptr="*fp32", lse_ptr="*fp32", ss_ptr="*fp32", eps="fp32")
     f7_types = {n: "*bf16" for n in _jit(K._fwd7_kernel).arg_names if n.endswith("_ptr")}
@@ -140,7 +140,8 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8, kernels=None) -> list[d
              K._prune6),
             ("src_bwd", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False, HAS_S=False, **dims),
              ("BT", "BTD", "BTH"), K._prune6),
-            (f"group{group}_bwd", K._src_group_bwd_kernel, grp_types, dict(GP=group), ("BT", "D", "DH", "BTD", "BTH"),
+            (f"group{group}_bwd", K._src_group_bwd_kernel, grp_types,
+             dict(GP=group, KC=16, LOW=True, EMU=False, **dims), ("BT", "BTD", "BTH", "dsr_sh", "dsr_sk"),
              K._prune_group)):
         if kernels is not None and name not in kernels:
             continue
@@ -148,13 +149,15 @@ def v6_stats(size: str, group: int = 4, prefix: int = 8, kernels=None) -> list[d
                    K._prefix6_configs(full=True) if kernel is K._prefix6_kernel else
                    K._prefix7_configs(full=True) if kernel is K._prefix7_kernel else K._v6_configs(full=True))
         tiles = ({"HP": HP, "DA": DA, "DB": DB} if prune in (K._prune6, K._prune_prefix7)
-                 else {"HP": HP, "DHP": DHP})
+                 else {"DA": DA, "DB": DB} if prune is K._prune_group else {"HP": HP, "DHP": DHP})
         for cfg in prune(configs, {**tiles, **flags}):
             consts = {**flags, **tiles, **cfg.kwargs}
             st = compile_stats(kernel, types, consts, cfg.num_warps, div)
             # issue slots per loaded element: SASS instructions of one loop iteration x 32 lanes x warps over the
             # elements one iteration loads (a token block's rows; the prefix kernel: one head's columns)
-            elems = cfg.kwargs["BLOCK_T"] * (D // H if kernel is K._prefix6_kernel else D)
+            # (the source-group kernel: one head's columns of KC = 16 reads' douts)
+            elems = cfg.kwargs["BLOCK_T"] * (D // H if kernel is K._prefix6_kernel else
+                                             16 * (D // H) if kernel is K._src_group_bwd_kernel else D)
             rows.append({"size": size, "kernel": name, "BLOCK_T": cfg.kwargs["BLOCK_T"],
                          "STAGES": cfg.kwargs["STAGES"], "warps": cfg.num_warps, **st,
                          "instr_per_element": round(st["loop_instructions"] * 32 * cfg.num_warps / elems, 2)})
@@ -166,7 +169,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", nargs="+", default=list(WIDTHS), choices=list(WIDTHS))
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--kernels", nargs="+", help="only these (fwd6 src_bwd fwd7 src_bwd_table prefix7_4 prefix7_8 "
-                    "prefix8_fwd group4_bwd); default all")
+                    "prefix8_fwd group8_bwd); default all")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("error: kernel_stats compiles the kernels; unset TRITON_INTERPRET", file=sys.stderr)

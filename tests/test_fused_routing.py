@@ -140,12 +140,12 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
     if algo == "v6":
         n_extra = sum(1 for i in range(n_reads) if with_extra and i % 2 == 1)
         n_src = n_reads + with_null  # one write-once pass per buffered source (+ the null)
-        if lookahead and source_group > 1:  # sources share passes: every group pass completes its newest source,
-            # the older ones later (one short pass each, except a source whose first reader is the group's)
+        if lookahead and source_group > 1:  # sources share passes (partial gradients), then each source is
+            # completed by one short pass (its reads before the group's, and the RMS term: empty for the newest)
             full, rest = divmod(n_reads, source_group)  # read k first sees slot k; groups from the newest down
             assert n_groups == full + (rest > 1), (n_groups, n_reads, source_group)
             assert ran["route_bwd"] == n_extra and ran["stash"] == n_reads, ran
-            assert ran["source_bwd"] + n_groups == n_src, (ran, n_groups)
+            assert ran["source_bwd"] == n_src, (ran, n_groups)
         elif lookahead:  # every read source-major: route_bwd only for the transient extra sources
             assert n_groups == 0
             assert ran == {"route_bwd": n_extra, "stash": n_reads, "source_bwd": n_src}, ran

@@ -766,13 +766,13 @@ def append_source(src: torch.Tensor, dst: torch.Tensor, ss: torch.Tensor) -> Non
     LAUNCHES["append"] += 1
 
 
-@triton.autotune(configs=_v6_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "HAS_S", "JB"],
+@triton.autotune(configs=_v6_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "HAS_S", "HAS_CINIT", "JB"],
                  prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _src_bwd_kernel(
-    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr, s_ptr,
+    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr, s_ptr, cinit_ptr,
     k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, JB, dsr_sh, dsr_sk,
-    IS_NULL: tl.constexpr, HAS_INIT: tl.constexpr, HAS_S: tl.constexpr,
+    IS_NULL: tl.constexpr, HAS_INIT: tl.constexpr, HAS_S: tl.constexpr, HAS_CINIT: tl.constexpr,
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Gradient of ONE source x (BT, D) (or the broadcast null vector (D,)) from reads k_lo..k_hi-1.
@@ -817,6 +817,8 @@ def _src_bwd_kernel(
     if DB > 0:
         dxb = tl.zeros((BLOCK_T, HP, DB), tl.float32)
     csum = tl.zeros((BLOCK_T, HP), tl.float32)  # per head, summed over reads: <dscore, score> (the RMS term)
+    if HAS_CINIT:  # a source-group pass's part of it (with init = its part of the gradient)
+        csum = tl.load(cinit_ptr + hoffs, mask=smask, other=0.0)
     for k in tl.range(k_lo, k_hi, num_stages=STAGES):
         da = _ld(dbuf_ptr + k * BTD, offa, ma)
         wa = tl.load(w_ptr + k * D + cola, mask=cma, other=0.0)  # (HP, DA) fp32
@@ -865,94 +867,180 @@ def _src_grad_out(dx, init_ptr, grad_ptr, pid, D, col, cmask, offs, mask, HAS_IN
 
 
 def _prune_group(configs, named_args, **kwargs):
-    """Tiles (GP, BLOCK_T, HP, DHP) of GP sources: 256..16384 elements, at least 64 per warp."""
-    return _keep_tiles(configs, _arg(named_args, kwargs, "GP") * _arg(named_args, kwargs, "HP") *
-                       _arg(named_args, kwargs, "DHP"), 16384)
+    """Accumulator tiles (BLOCK_T, GP, DA + DB) fp32 of a source group: 256..16384 elements, 64+ per warp."""
+    return _keep_tiles(configs, _arg(named_args, kwargs, "GP") * (_arg(named_args, kwargs, "DA") +
+                                                                   _arg(named_args, kwargs, "DB")), 16384)
 
 
 def _group_configs(full: bool = False) -> list:
-    """``_v6_configs`` and 16 warps (a group's tiles are GP times larger)."""
+    """BLOCK_T tokens (the batch dimension of the per-token dots) x warps x pipeline stages of the read loop."""
     if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
-        return _v6_configs()
-    return _v6_configs(full=True) + [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=16) for bt in (1, 2)
-                            for ns in (2, 4)]
+        return [triton.Config({"BLOCK_T": 2, "STAGES": 2}, num_warps=4)]
+    return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw)
+            for bt, nw, ns in ((2, 4, 2), (4, 4, 1), (4, 4, 2), (4, 8, 2), (8, 4, 2), (8, 8, 2))]
 
 
-@triton.autotune(configs=_group_configs(), key=["D", "H", "GP", "JB"],
+@triton.jit
+def _xdot(x, b, LOW: tl.constexpr, EMU: tl.constexpr):
+    """x @ b for operands that are exact in their dtype: LOW (16-bit operands) one tensor-core dot with fp32
+    accumulation (the products are exact in fp32); else, or under the interpreter (EMU: its 16-bit tl.dot is
+    wrong), an fp32 dot of the same values."""
+    if LOW and not EMU:
+        return tl.dot(x, b)
+    return tl.dot(x.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+
+
+@triton.jit
+def _adot(a, b, LOW: tl.constexpr, EMU: tl.constexpr):
+    """a (fp32) @ b: LOW (b 16-bit) a as hi + lo parts in b's dtype, two tensor-core dots (a to ~2^-16
+    relative); else / EMU an fp32 dot."""
+    if LOW and not EMU:
+        hi = a.to(b.dtype)
+        return tl.dot(hi, b) + tl.dot((a - hi.to(tl.float32)).to(b.dtype), b)
+    return tl.dot(a, b.to(tl.float32), input_precision="ieee")
+
+
+@triton.jit
+def _group_part_scores(x, d, wh, wl, BLOCK_T: tl.constexpr, GP: tl.constexpr, KC: tl.constexpr,
+                       LOW: tl.constexpr, EMU: tl.constexpr):
+    """One column part of a head: x (BLOCK_T, GP, C) the group's sources, d (BLOCK_T, KC, C) the reads' douts,
+    wh / wl (KC, C) their weights (hi / lo in the sources' dtype; wl unused unless LOW). Returns the raw scores
+    x . w (BLOCK_T, GP, KC) and x . dout (BLOCK_T, GP, KC), fp32."""
+    x2 = tl.reshape(x, (BLOCK_T * GP, x.shape[2]))
+    s = _xdot(x2, tl.trans(wh), LOW, EMU)
+    if LOW:
+        s += _xdot(x2, tl.trans(wl), LOW, EMU)
+    return tl.reshape(s, (BLOCK_T, GP, KC)), _xdot(x, tl.permute(d, (0, 2, 1)), LOW, EMU)
+
+
+@triton.jit
+def _group_part_update(acc, a, dsr, d, wh, wl, BLOCK_T: tl.constexpr, GP: tl.constexpr, LOW: tl.constexpr,
+                       EMU: tl.constexpr):
+    """acc (BLOCK_T, GP, C) += a @ dout (per token) + dsr @ w (weights shared by the tokens)."""
+    C: tl.constexpr = acc.shape[2]
+    dsr2 = tl.reshape(dsr, (BLOCK_T * GP, dsr.shape[2]))
+    dw = _adot(dsr2, wh, LOW, EMU)
+    if LOW:
+        dw += _xdot(dsr2.to(wl.dtype), wl, LOW, EMU)
+    return acc + _adot(a, d, LOW, EMU) + tl.reshape(dw, (BLOCK_T, GP, C))
+
+
+@triton.autotune(configs=_group_configs(), key=["D", "H", "GP", "LOW"],
                  prune_configs_by={"early_config_prune": _prune_group})
 @triton.jit
 def _src_group_bwd_kernel(
-    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, grad_ptr, part_ptr, dsr_ptr,
-    NG, k_lo, k_hi, BT, D, H, DH, BTD, BTH, eps, JB,
-    GP: tl.constexpr, BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, STAGES: tl.constexpr,
+    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, wh_ptr, wl_ptr, part_ptr, cpart_ptr, dsr_ptr,
+    NG, k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, dsr_sh, dsr_sk,
+    GP: tl.constexpr, KC: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, LOW: tl.constexpr, EMU: tl.constexpr,
+    BLOCK_T: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """``_src_bwd_kernel`` for NG <= GP CONSECUTIVE buffered sources at once, over the same reads k_lo..k_hi-1:
-    each read's dout is loaded once for all of them (a (GP, BLOCK_T, HP, DHP) tile: the group is a tensor
-    dimension). x / ss point at the first source (slots NG apart by BTD / BT). The newest source (index NG - 1)
-    gets its gradient in grad (BT, D) (grad dtype); the others a partial over these reads, fp32, in part
-    (NG - 1, BT, D), which their first reader's backward completes over the reads before k_lo
-    (``source_bwd(init=...)``: the sum over reads, RMS term included, is linear). dsr: (NG, H, J, BT) in dsr's dtype."""
-    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(tl.program_id(0), BT, D, H, DH, BLOCK_T, HP, DHP)
-    tok = tok.to(tl.int64)
+    """Partial gradients of NG <= GP CONSECUTIVE buffered sources (x: the first; slots BTD apart, ss their sums of
+    squares (NG, BT) fp32) from reads k_lo..k_hi-1, in ONE pass over those reads' douts (dbuf[k] (BT, D)): one
+    program per (token block, head); the reads in chunks of KC. Per token the group's sources and a chunk's
+    douts are small matrices, so everything that is per element is a tensor-core dot (fp32 accumulation):
+    scores x . w_k (w = q g as hi + lo parts: fp32 accuracy), x . dout_k, and the updates a @ dout + dsr @ w (a
+    and dsr as hi + lo parts); the CUDA cores do only per-(token, source, read) work. Writes part (NG, BT, D) fp32
+    = sum over these reads of a * dout + dsr * w (WITHOUT the RMS term, which needs all heads), cpart (NG, BT, H)
+    fp32 = per head the sum of dscore * score (the RMS term's factor) and dsr[h, k, g * BT + t] = dL/dscore *
+    rms^-1 (strides dsr_sh, dsr_sk, 1; dsr's dtype). ``source_bwd(init=part, cinit=cpart)`` completes each
+    source (its earlier reads and the RMS term). A head's columns are ``_split``'s two parts (DA, DB)."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1)
+    tmask = tok < BT
+    tok64 = tok.to(tl.int64)
     gg = tl.arange(0, GP)
-    gmask = gg < NG
-    g64 = gg.to(tl.int64)
-    xoffs = g64[:, None, None, None] * BTD + offs[None, :, :, :]  # (GP, BLOCK_T, HP, DHP)
-    xmask = gmask[:, None, None, None] & mask[None, :, :, :]
-    x = tl.load(x_ptr + xoffs, mask=xmask, other=0.0).to(tl.float32)
-    ssx = tl.load(ss_ptr + g64[:, None] * BT + tok[None, :], mask=gmask[:, None] & tmask[None, :], other=1.0)
-    r = 1.0 / tl.sqrt(ssx / D + eps)  # (GP, BLOCK_T)
-    hoffs = tok[:, None] * H + hh[None, :]
-    J = k_hi - k_lo
-    doffs = g64[:, None, None] * (H * J * BT) + hh[None, None, :] * (J * BT) + tok[None, :, None]  # (GP, BLOCK_T, HP)
-    dmask = gmask[:, None, None] & smask[None, :, :]
-    dx = tl.zeros((GP, BLOCK_T, HP, DHP), tl.float32)
-    csum = tl.zeros((GP, BLOCK_T, HP), tl.float32)
-    for k in tl.range(k_lo, k_hi, num_stages=STAGES):
-        dout = tl.load(dbuf_ptr + k * BTD + offs, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + k * D + col, mask=cmask, other=0.0)
-        lse = tl.load(lse_ptr + k * BTH + hoffs, mask=smask, other=0.0)
-        delta = tl.load(delta_ptr + k * BTH + hoffs, mask=smask, other=0.0)
-        s = tl.sum(x * w[None, None, :, :], axis=3) * r[:, :, None]  # (GP, BLOCK_T, HP)
-        a = tl.exp(s - lse[None, :, :])
-        ds = a * (tl.sum(dout[None, :, :, :] * x, axis=3) - delta[None, :, :])
-        csum += ds * s
+    tg = tmask[:, None] & (gg < NG)[None, :]  # (BLOCK_T, GP)
+    xrow = gg.to(tl.int64)[None, :] * BTD + tok64[:, None] * D  # (BLOCK_T, GP): row starts in x / part
+    r = 1.0 / tl.sqrt(tl.load(ss_ptr + gg[None, :] * BT + tok[:, None], mask=tg, other=1.0) / D + eps)
+    ca = tl.arange(0, DA)
+    cam = ca < DH  # (DA may exceed a narrow head: the dots need 16 columns)
+    ca = h * DH + ca
+    xa = tl.load(x_ptr + xrow[:, :, None] + ca[None, None, :], mask=tg[:, :, None] & cam[None, None, :], other=0.0)
+    acca = tl.zeros((BLOCK_T, GP, DA), tl.float32)
+    cb, cbm, xb, accb = ca, cam, xa, acca  # (placeholders when DB == 0: never used)
+    if DB > 0:
+        cb = DA + tl.arange(0, DB)
+        cbm = cb < DH
+        cb = h * DH + cb
+        xb = tl.load(x_ptr + xrow[:, :, None] + cb[None, None, :], mask=tg[:, :, None] & cbm[None, None, :],
+                     other=0.0)
+        accb = tl.zeros((BLOCK_T, GP, DB), tl.float32)
+    csum = tl.zeros((BLOCK_T, GP), tl.float32)
+    kc = tl.arange(0, KC)
+    hoffs = tok64[:, None] * H + h  # (BLOCK_T, 1) into (BT, H)
+    doffs = h * dsr_sh + gg[None, :, None] * BT + tok64[:, None, None]  # (BLOCK_T, GP, 1) into dsr
+    for k0 in tl.range(k_lo, k_hi, KC, num_stages=STAGES):
+        kk = (k0 + kc).to(tl.int64)
+        km = kk < k_hi
+        dm = tmask[:, None] & km[None, :]  # (BLOCK_T, KC)
+        drow = kk[None, :, None] * BTD + tok64[:, None, None] * D  # (BLOCK_T, KC, 1)
+        da = tl.load(dbuf_ptr + drow + ca[None, None, :], mask=dm[:, :, None] & cam[None, None, :], other=0.0)
+        wm = km[:, None] & cam[None, :]
+        wh_a = tl.load(wh_ptr + kk[:, None] * D + ca[None, :], mask=wm, other=0.0)
+        wl_a = wh_a
+        if LOW:
+            wl_a = tl.load(wl_ptr + kk[:, None] * D + ca[None, :], mask=wm, other=0.0)
+        s, sd = _group_part_scores(xa, da, wh_a, wl_a, BLOCK_T, GP, KC, LOW, EMU)
+        db, wh_b, wl_b = da, wh_a, wl_a
+        if DB > 0:
+            db = tl.load(dbuf_ptr + drow + cb[None, None, :], mask=dm[:, :, None] & cbm[None, None, :], other=0.0)
+            wm = km[:, None] & cbm[None, :]
+            wh_b = tl.load(wh_ptr + kk[:, None] * D + cb[None, :], mask=wm, other=0.0)
+            wl_b = wh_b
+            if LOW:
+                wl_b = tl.load(wl_ptr + kk[:, None] * D + cb[None, :], mask=wm, other=0.0)
+            s_b, sd_b = _group_part_scores(xb, db, wh_b, wl_b, BLOCK_T, GP, KC, LOW, EMU)
+            s += s_b
+            sd += sd_b
+        s = s * r[:, :, None]
+        lse = tl.load(lse_ptr + kk[None, :] * BTH + hoffs, mask=dm, other=0.0)
+        delta = tl.load(delta_ptr + kk[None, :] * BTH + hoffs, mask=dm, other=0.0)
+        a = tl.where(km[None, None, :], tl.exp(s - lse[:, None, :]), 0.0)  # (BLOCK_T, GP, KC) routing weights
+        ds = a * (sd - delta[:, None, :])  # dL/dscore
+        csum += tl.sum(ds * s, axis=2)
         dsr = ds * r[:, :, None]
-        dx += a[:, :, :, None] * dout[None, :, :, :] + dsr[:, :, :, None] * w[None, None, :, :]
-        tl.store(dsr_ptr + doffs + (k - k_lo) * BT, dsr.to(dsr_ptr.dtype.element_ty), mask=dmask)
-    dx -= x * (tl.sum(csum, axis=2) * r * r / D)[:, :, None, None]
-    top = gg[:, None, None, None] == NG - 1
-    tl.store(grad_ptr + offs[None, :, :, :] + 0 * g64[:, None, None, None], dx.to(grad_ptr.dtype.element_ty),
-             mask=xmask & top)
-    tl.store(part_ptr + xoffs, dx, mask=xmask & (gg[:, None, None, None] < NG - 1))
+        tl.store(dsr_ptr + doffs + kk[None, None, :] * dsr_sk, dsr.to(dsr_ptr.dtype.element_ty),
+                 mask=tg[:, :, None] & km[None, None, :])
+        acca = _group_part_update(acca, a, dsr, da, wh_a, wl_a, BLOCK_T, GP, LOW, EMU)
+        if DB > 0:
+            accb = _group_part_update(accb, a, dsr, db, wh_b, wl_b, BLOCK_T, GP, LOW, EMU)
+    tl.store(part_ptr + xrow[:, :, None] + ca[None, None, :], acca, mask=tg[:, :, None] & cam[None, None, :])
+    if DB > 0:
+        tl.store(part_ptr + xrow[:, :, None] + cb[None, None, :], accb, mask=tg[:, :, None] & cbm[None, None, :])
+    tl.store(cpart_ptr + gg[None, :] * BTH + hoffs, csum, mask=tg)
 
 
 def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf: torch.Tensor, lse: torch.Tensor,
-                     delta: torch.Tensor, w: torch.Tensor, k_lo: int, k_hi: int, grad_dtype: torch.dtype, H: int,
-                     eps: float, BT: int, D: int):
-    """Gradients of buffered sources s0..s0+NG-1 from reads k_lo..k_hi-1 in one pass over those reads' douts.
-    Returns (grad, parts, dW): the newest source's gradient (BT, D) in ``grad_dtype``; the partial gradients of
-    the NG - 1 others over these reads (NG - 1, BT, D) fp32; dW (H, k_hi - k_lo, D / H) fp32 = the group's part
-    of dL/d(q_k * g_k), head-major."""
-    J = k_hi - k_lo
-    HP, DHP = _tiles(D, H)
+                     delta: torch.Tensor, W_split: tuple, k_lo: int, k_hi: int, dsr_all: torch.Tensor, H: int,
+                     eps: float, BT: int, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial gradients of buffered sources s0..s0+NG-1 from reads k_lo..k_hi-1 in ONE pass over those reads'
+    douts (``_src_group_bwd_kernel``). W_split: ``split_weights(W, buf.dtype)``; dsr_all: the (H, K, cap * BT)
+    dL/dscore buffer of ``dW_all`` (this pass writes its slots' columns for these reads). Returns (parts
+    (NG, BT, D) fp32, cparts (NG, BT, H) fp32); complete source g with ``source_bwd(init=parts[g],
+    cinit=cparts[g])`` over its reads before k_lo (none for the newest: an empty range)."""
     dev = buf.device
-    if dbuf.numel() >= 2**31 or NG * H * J * BT >= 2**31 or buf.numel() >= 2**31:
+    if dbuf.numel() >= 2**31 or buf.numel() >= 2**31 or dsr_all.numel() >= 2**31:
         raise ValueError("fused routing: buffers need 64-bit offsets (limit 2**31); use a smaller microbatch or "
                          "routing_impl='fused_v5'")
-    dsr = torch.empty(NG, H, J, BT, device=dev, dtype=buf.dtype)  # the dtype of the dW matmul, as source_bwd
-    grad = torch.empty(BT, D, device=dev, dtype=grad_dtype)
-    parts = torch.empty(max(NG - 1, 1), BT, D, device=dev, dtype=torch.float32)
-    gp = triton.next_power_of_2(NG)
-    jb = min(triton.next_power_of_2(J), 16)
-    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
-    args = (buf[s0], ss[s0], dbuf, lse, delta, w, grad, parts, dsr, NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H,
-            eps, jb)
-    flags = dict(GP=gp, HP=HP, DHP=DHP)
-    key = ("src_group_bwd", D, H, gp, jb, *(str(a.dtype) for a in args[:9]))
+    if dsr_all.stride(2) != 1 or dsr_all.dtype != buf.dtype:
+        raise ValueError("source_group_bwd: dsr_all must be (H, K, cap * BT) with unit token stride in the "
+                         "buffer's dtype")
+    wh, wl = W_split
+    parts = torch.empty(NG, BT, D, device=dev, dtype=torch.float32)
+    cparts = torch.empty(NG, BT, H, device=dev, dtype=torch.float32)
+    _, DA, DB = _split(D, H)
+    if DA < 16 or 0 < DB < 16:  # the dots reduce over at least 16 columns: one masked part
+        DA, DB = max(16, triton.next_power_of_2(D // H)), 0
+    gp = max(triton.next_power_of_2(NG), 2)
+    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]), H)  # noqa: E731
+    dsr = dsr_all[:, :, s0 * BT:]
+    args = (buf[s0], ss[s0], dbuf, lse, delta, wh, wl if wl is not None else wh, parts, cparts, dsr,
+            NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, dsr.stride(0), dsr.stride(1))
+    flags = dict(GP=gp, KC=16, DA=DA, DB=DB, LOW=wl is not None, EMU=os.environ.get("TRITON_INTERPRET") == "1")
+    key = ("src_group_bwd", D, H, gp, *flags.values(), *(str(a.dtype) for a in args[:10]))
     _launch(_src_group_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_group_bwd"] += 1
-    return grad, parts[:NG - 1], sum(_dW(dsr[g], buf[s0 + g], H).float() for g in range(NG))
+    return parts, cparts
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]
@@ -992,7 +1080,8 @@ def stash(dout: torch.Tensor, out: torch.Tensor, dslot: torch.Tensor, delta: tor
 def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
                w: torch.Tensor, k_lo: int, k_hi: int, init: torch.Tensor | None, grad_dtype: torch.dtype,
                H: int, eps: float, BT: int, D: int, ss: torch.Tensor | None = None,
-               scores: torch.Tensor | None = None, dsr_out: torch.Tensor | None = None):
+               scores: torch.Tensor | None = None, dsr_out: torch.Tensor | None = None,
+               cinit: torch.Tensor | None = None):
     """Write-once gradient of one source from reads k_lo..k_hi-1 (dbuf / lse / delta / w: (K, ...) buffers).
 
     x: the source (BT, D) contiguous, or the null vector (D,) with ``is_null``; ss: its per-token sum of
@@ -1002,7 +1091,9 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
     fp32 for the null source), dW (H, k_hi - k_lo, D / H) (x's dtype; fp32 for the null source) = this source's
     part of dL/d(q_k * g_k), head-major. dsr_out (buffered sources): an (H, J, BT) view (unit stride over
     tokens, e.g. a slice of one tensor for all sources, ``dW_all``) to write dL/dscore * rms^-1 into instead of
-    contracting it here: dW is then None (the caller contracts all sources in one matmul)."""
+    contracting it here: dW is then None (the caller contracts all sources in one matmul). cinit (with init):
+    a source-group pass's part (``source_group_bwd``) of the per-head sums that the RMS term needs; the range
+    k_lo..k_hi-1 may then be empty (the group's pass covered every read)."""
     J = k_hi - k_lo
     dev = x.device
     if dbuf.numel() >= 2**31 or H * J * BT >= 2**31:
@@ -1020,11 +1111,14 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
     jb = min(triton.next_power_of_2(J), 16)  # autotuning bucket of the number of reads
     if ss is None and not is_null:
         raise ValueError("source_bwd: a buffered source needs its sums of squares (ss)")
+    if cinit is not None and (init is None or is_null or cinit.shape != (BT, H) or cinit.dtype != torch.float32):
+        raise ValueError("source_bwd: cinit (BT, H) fp32 comes with init (a source-group pass's part)")
     args = (x, ss if ss is not None else dsr, dbuf, lse, delta, w, init if init is not None else grad, grad, dsr,
-            scores if scores is not None else lse, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, jb,
-            dsr.stride(0), dsr.stride(1))
+            scores if scores is not None else lse, cinit if cinit is not None else lse, k_lo, k_hi, BT, D, H, D // H,
+            BT * D, BT * H, eps, jb, dsr.stride(0), dsr.stride(1))
     HP, DA, DB = _split(D, H)
-    flags = dict(IS_NULL=is_null, HAS_INIT=init is not None, HAS_S=scores is not None, HP=HP, DA=DA, DB=DB)
+    flags = dict(IS_NULL=is_null, HAS_INIT=init is not None, HAS_S=scores is not None, HAS_CINIT=cinit is not None,
+                 HP=HP, DA=DA, DB=DB)
     key = ("src_bwd", D, H, jb, *flags.values(), *(str(a.dtype) for a in args[:8]))
     block_t = _launch(_src_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_bwd"] += 1

@@ -490,24 +490,27 @@ class _Read6(torch.autograd.Function):
             gdtype = st.src_dtypes.get(slot, st.dtype)
             part = v.partial.pop(slot, None)
             if part is not None:  # a group pass covered reads part[0].. already: add the reads before them
-                k_part, grad = part
+                k_part, grad, cpart = part  # (and the RMS term, which needs every head: cpart)
                 if init is not None:
                     grad = grad + init.float()
-                if k_first < k_part:
-                    grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_part, grad,
-                                          gdtype, H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first),
-                                          dsr_out=_dsr_slot(v, slot, k_first, k_part, BT))
-                    if dW is not None:
-                        v.dW[:, k_first:k_part] += dW
-                else:
-                    grad = grad.to(gdtype)
+                grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_part, grad,
+                                      gdtype, H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first),
+                                      dsr_out=_dsr_slot(v, slot, k_first, k_part, BT), cinit=cpart)
+                if dW is not None:
+                    v.dW[:, k_first:k_part] += dW
             elif k_first < k_hi:
-                group = _source_group(st, v, slot, ctx.n_buf, k_first, init)
+                group = _source_group(st, v, slot, ctx.n_buf, k_first, init) if v.dsr is not None else [slot]
                 if len(group) > 1:  # this slot and the older ones it shares the pass over reads k_first.. with
-                    grad, parts, dW = source_group_bwd(st.buf, st.ss, group[0], len(group), v.dbuf, v.lse, v.delta,
-                                                       v.W, k_first, k_hi, gdtype, H, eps, BT, D)
-                    for j, s_ in enumerate(group[:-1]):
-                        v.partial[s_] = (k_first, parts[j])
+                    if v.W_split is None:
+                        v.W_split = split_weights(v.W, st.buf.dtype)
+                    parts, cparts = source_group_bwd(st.buf, st.ss, group[0], len(group), v.dbuf, v.lse, v.delta,
+                                                     v.W_split, k_first, k_hi, v.dsr, H, eps, BT, D)
+                    for j, s_ in enumerate(group):
+                        v.partial[s_] = (k_first, parts[j], cparts[j])
+                    k_part, grad, cpart = v.partial.pop(slot)  # this slot: complete (its first reader is k_first)
+                    grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_first, grad,
+                                          gdtype, H, eps, BT, D, ss=st.ss[slot],
+                                          dsr_out=_dsr_slot(v, slot, k_first, k_first, BT), cinit=cpart)
                 else:
                     grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_hi, init,
                                           gdtype, H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first),
@@ -836,5 +839,7 @@ def route_fused(sources: Tensor, query: Tensor, norm_weight: Tensor, num_heads: 
 
 register_router("fused", FusedRouter)
 register_router("fused_v5", lambda: FusedRouter(algo="v5"))
-register_router("fused_sg4", lambda: FusedRouter(source_group=4))  # v6 with source groups of 4 (slower)
+register_router("fused_sg4", lambda: FusedRouter(source_group=4))  # v6 with source groups of 4
+register_router("fused_sg8", lambda: FusedRouter(source_group=8))  # v6 with source groups of 8
+register_router("fused_v7_sg8", lambda: FusedRouter(table=True, group=V7_GROUP, source_group=8))  # v7 + groups of 8
 register_router("fused_v7", lambda: FusedRouter(table=True, group=V7_GROUP))  # v6 + the score table + groups
