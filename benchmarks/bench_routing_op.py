@@ -89,8 +89,10 @@ def v5_bytes(ns: list[int], E: int, elt: int = 2) -> tuple[int, int]:
 def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
     """(douts read, partial gradients) of the v6 backward for reads over ns sources when up to ``source_group``
     consecutive sources share one pass (the rule of ``mhar.routing.fused._source_group``: backward visits reads
-    newest first; a read's newest new source starts a group with older ones first seen by earlier reads; each
-    partial is completed by its first reader over the reads up to the group's)."""
+    newest first; a read's newest new source starts a group with older ones first seen by earlier reads; the
+    group pass writes a partial gradient for every member, the newest included (the RMS term needs every head:
+    ``source_bwd(cinit=...)`` completes it with no reads), each completed by its first reader over the reads up
+    to the group's)."""
     N = len(ns)
     first = {}  # slot -> first reader
     seen = 0
@@ -113,6 +115,7 @@ def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
                     partial[o] = k
                     parts += 1
                     o -= 1
+                parts += o < s_ - 1  # the newest member's partial (a group of two or more)
     return douts, parts
 
 
@@ -149,7 +152,9 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     # stash: read dout + out, write the dout slot (3); per source: read it in the kernel and in the dW matmul
     # (2), write its gradient (1)
     douts, parts = _dout_passes(ns, source_group)
-    bwd = douts * E * elt + dsr + 6 * N * E * elt + N * ss + parts * (5 * E * elt + ss)
+    # a partial: fp32 written by the group pass and read by the completion pass, which reads the source again
+    # (and its sums of squares); its RMS-term sums cpart (H fp32 per token) written and read
+    bwd = douts * E * elt + dsr + 6 * N * E * elt + N * ss + parts * (5 * E * elt + ss + 2 * sb)
     if table:
         bwd += sum(ns) * sb
     return fwd, bwd

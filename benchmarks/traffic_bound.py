@@ -14,12 +14,14 @@ tests). One byte "unit" = sum_n n * E * 2 bytes. Moved per microbatch:
   O(N) terms: stash (read dout and out, write the dout buffer), the source read twice (kernel and dW matmul),
   its gradient written once: about 2 units + 7N source sizes; ``v6_g8``: the same with forward prefix sharing
   in groups of 8 reads (``FusedRouter(group=8)``, the ``fused_g8`` row of bench_routing_op): the forward reads each
-  group's common prefix once, plus a partial per read written and read back; ``v6_sg4``: the backward with
-  source groups of 4 (``FusedRouter(source_group=4)``, ``fused_sg4``): 4 consecutive sources share one pass
-  over the later reads' douts (partials in fp32, completed by their first reader); ``v6_g8_sg4``: both;
+  group's common prefix once, plus a partial per read written and read back; ``v6_sg8``: the backward with
+  source groups of 8 (``FusedRouter(source_group=8)``, routing_impl ``fused_sg8``): 8 consecutive sources share
+  one pass over the later reads' douts (a partial per source in fp32, completed by its first reader);
+  ``v6_g8_sg8``: both;
 * ``v7_g4`` (``routing_impl: fused_v7``): v6 with the score table and forward groups of 4: each source read once
   more to write its fp32 scores for every read that sees it; the reads and the prefix pass read score rows
   (twice: the max, then the mix) instead of re-scoring; the gradient kernel reads one row per (source, read);
+  ``v7_g4_sg8`` (``routing_impl: fused_v7_sg8``): with source groups of 8 in the backward;
 * ``min``: any one-pass-per-read algorithm (``bench_routing_op.min_bytes``: forward reads the sources and
   writes the output, backward reads sources and dout and writes each source gradient once).
 
@@ -41,10 +43,10 @@ from benchmarks.bench_routing_op import MICROBATCH, min_bytes, v6_bytes
 from benchmarks.common import command_line, write_csv
 from mhar.provenance import git_info
 from mhar.config import PRESETS
-from mhar.routing import V7_GROUP
+from mhar.routing import SOURCE_GROUP, V7_GROUP
 
 BYTES_PER_ELT = 2  # bf16 sources under autocast
-V6_SOURCE_GROUP = 4  # source-group size of the v6_sg row
+V6_SOURCE_GROUP = SOURCE_GROUP  # source-group size of the v6_sg rows (routing_impl fused_sg8)
 V6_GROUP = 8  # reads per forward prefix-sharing group of the v6 row with sharing (FusedRouter(group=8))
 # V7_GROUP: reads per forward group of routing_impl fused_v7 (the score table: FusedRouter(table=True, group=4))
 
@@ -86,10 +88,12 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
         v6s_f, v6s_b = v6_bytes(ns, E, heads, cfg["d_model"], source_group=V6_SOURCE_GROUP)
         v6gs_f, v6gs_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V6_GROUP, source_group=V6_SOURCE_GROUP)
         v7_f, v7_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True)
+        v7s_f, v7s_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True, source_group=SOURCE_GROUP)
         for name, nbytes in (("v5", 4 * unit), ("v6", v6_f + v6_b), (f"v6_g{V6_GROUP}", v6g_f + v6g_b),
                              (f"v6_sg{V6_SOURCE_GROUP}", v6s_f + v6s_b),
                              (f"v6_g{V6_GROUP}_sg{V6_SOURCE_GROUP}", v6gs_f + v6gs_b),
-                             (f"v7_g{V7_GROUP}", v7_f + v7_b), ("min", mb_f + mb_b)):
+                             (f"v7_g{V7_GROUP}", v7_f + v7_b), (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}", v7s_f + v7s_b),
+                             ("min", mb_f + mb_b)):
             ideal = nbytes / (hbm_gbps * 1e9) * 1e3
             row[f"{name}_gb"] = round(nbytes / 1e9, 3)
             row[f"{name}_ideal_ms"] = round(ideal, 2)

@@ -411,7 +411,9 @@ _BENCH_ALIASES = {"tokens_per_s": ("tokens_per_s", "tok_per_s", "throughput", "t
                   "ratio": ("ratio", "thr_ratio", "throughput_ratio", "rel_throughput")}
 PROVIDER_NAMES = {"baseline": "baseline", "mhar_eager": "eager", "eager": "eager", "reference": "eager",
                   "mhar_compile": "compile", "compile": "compile", "mhar_fused": "fused", "fused": "fused",
-                  "mhar_compile_sub": "compile", "mhar_fused_sub": "fused"}
+                  "mhar_compile_sub": "compile", "mhar_fused_sub": "fused",
+                  # the other fused routers (routing_impl of bench_training's variants mhar_<impl>)
+                  **{f"mhar_{i}": i for i in ("fused_v5", "fused_v7", "fused_sg4", "fused_sg8", "fused_v7_sg8")}}
 
 
 _INFERENCE_COLS = ("size", "variant", "routing_impl", "prefill_tok_s", "decode_ms_per_token", "peak_mem_gib")

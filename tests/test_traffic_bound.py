@@ -93,20 +93,22 @@ def test_cli_writes_provenance_and_refuses_missing_input(tmp_path, capsys):
 
 def test_source_group_dout_passes_by_hand():
     """Five reads over 1..5 sources (read k first sees slot k), source groups of 2, backward newest first:
-    read 4 forms slot 4 and slot 3's part over read 4 (1 dout), read 3 completes slot 3 (1), read 2 forms
-    slots 2 and 1 over reads 2..4 (3), read 1 completes slot 1 (1), read 0 forms slot 0 alone (5)."""
+    read 4 forms slots 4 and 3's parts over read 4 (1 dout; slot 4 completed at once, no reads), read 3
+    completes slot 3 (1), read 2 forms slots 2 and 1 over reads 2..4 (3), read 1 completes slot 1 (1), read 0
+    forms slot 0 alone (5). Every member of a group has a part (the newest too: its RMS term needs all heads)."""
     from benchmarks.bench_routing_op import _dout_passes
 
     ns = [1, 2, 3, 4, 5]
     assert _dout_passes(ns, 1) == (sum(ns), 0)  # one pass per source over every read that saw it
-    assert _dout_passes(ns, 2) == (1 + 1 + 3 + 1 + 5, 2)
-    assert _dout_passes(ns, 8) == (1 + 1 + 2 + 3 + 4, 4)  # one group of all five over read 4, then completions
+    assert _dout_passes(ns, 2) == (1 + 1 + 3 + 1 + 5, 4)
+    assert _dout_passes(ns, 8) == (1 + 1 + 2 + 3 + 4, 5)  # one group of all five over read 4, then completions
     E, D = 1000, 10
     f1, b1 = v6_bytes(ns, E, 2, D)
     f2, b2 = v6_bytes(ns, E, 2, D, source_group=2)
     assert f1 == f2  # the forward is unchanged
-    # 4 douts fewer; two partials: fp32 written and read back, the source read again, its sums of squares read
-    assert b2 - b1 == -4 * E * 2 + 2 * (5 * E * 2 + (E // D) * 4)
+    # 4 douts fewer; four partials: fp32 written and read back, the source read again, its sums of squares read,
+    # its per-head RMS-term sums (2 heads, fp32) written and read
+    assert b2 - b1 == -4 * E * 2 + 4 * (5 * E * 2 + (E // D) * 4 + 2 * (E // D) * 2 * 4)
 
 
 def test_op_bench_names_v6_options():

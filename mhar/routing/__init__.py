@@ -88,6 +88,7 @@ class CompiledRouter(EagerRouter):
 
 ROUTERS: dict[str, Callable[[], Router]] = {"eager": EagerRouter, "compile": CompiledRouter}
 V7_GROUP = 4  # reads per forward group of routing_impl "fused_v7" (the score table; byte model: traffic_bound)
+SOURCE_GROUP = 8  # consecutive sources per backward group pass of routing_impls "fused_sg8" / "fused_v7_sg8"
 
 
 def register_router(name: str, factory: Callable[[], Router]) -> None:

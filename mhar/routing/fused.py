@@ -67,7 +67,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import V7_GROUP, Router, register_router
+from . import SOURCE_GROUP, V7_GROUP, Router, register_router
 from ._kernels import (LAUNCHES, append_source, prefix6_fwd, prefix7_fwd, prefix_bwd, prefix_fwd, route_bwd, route_fwd,
                        route_fwd7, score_sources, source_bwd, source_group_bwd, split_weights, stash, dW_all)
 
@@ -840,6 +840,7 @@ def route_fused(sources: Tensor, query: Tensor, norm_weight: Tensor, num_heads: 
 register_router("fused", FusedRouter)
 register_router("fused_v5", lambda: FusedRouter(algo="v5"))
 register_router("fused_sg4", lambda: FusedRouter(source_group=4))  # v6 with source groups of 4
-register_router("fused_sg8", lambda: FusedRouter(source_group=8))  # v6 with source groups of 8
-register_router("fused_v7_sg8", lambda: FusedRouter(table=True, group=V7_GROUP, source_group=8))  # v7 + groups of 8
+register_router(f"fused_sg{SOURCE_GROUP}", lambda: FusedRouter(source_group=SOURCE_GROUP))  # v6 + source groups
+register_router(f"fused_v7_sg{SOURCE_GROUP}",  # v7 (score table, forward groups) + source groups
+                lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP))
 register_router("fused_v7", lambda: FusedRouter(table=True, group=V7_GROUP))  # v6 + the score table + groups
