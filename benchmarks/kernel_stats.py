@@ -113,7 +113,7 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
                      init_lse_ptr="*fp32", eps="fp32")
     bwd_types = {n: "*bf16" for n in _jit(K._src_bwd_kernel).arg_names if n.endswith("_ptr")}
     bwd_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", w_ptr="*fp32", dsr_ptr="*fp32",
-                     eps="fp32")
+                     cinit_ptr="*fp32", eps="fp32")
     grp_types = {n: "*bf16" for n in _jit(K._src_group_bwd_kernel).arg_names if n.endswith("_ptr")}
     grp_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", part_ptr="*fp32", cpart_ptr="*fp32",
                      eps="fp32")
@@ -130,7 +130,8 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
              K._prune6),
             *((f"prefix7_{kp}", K._prefix7_kernel, p7_types, dict(KP=kp, JC=8, **dims), ("BT", "buf_stride", "s_stride"),
                K._prune_prefix7) for kp in (4, 8)),
-            ("src_bwd_table", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False, HAS_S=True, **dims),
+            ("src_bwd_table", K._src_bwd_kernel, bwd_types,
+             dict(IS_NULL=False, HAS_INIT=False, HAS_S=True, HAS_CINIT=False, **dims),
              ("BT", "BTD", "BTH"), K._prune6),
             (f"prefix{prefix}_fwd", K._prefix6_kernel, p6_types,
              dict(HAS_NULL=False, KP=prefix, DP=triton.next_power_of_2(D)), ("BT", "D", "DH", "buf_stride"),
@@ -138,7 +139,8 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
             ("fwd6", K._fwd6_kernel, fwd_types, dict(HAS_NULL=False, HAS_EXTRA=False, STORE_SCORES=False,
                                                      HAS_INIT=False, D=D, H=H, DH=D // H), ("BT", "buf_stride"),
              K._prune6),
-            ("src_bwd", K._src_bwd_kernel, bwd_types, dict(IS_NULL=False, HAS_INIT=False, HAS_S=False, **dims),
+            ("src_bwd", K._src_bwd_kernel, bwd_types,
+             dict(IS_NULL=False, HAS_INIT=False, HAS_S=False, HAS_CINIT=False, **dims),
              ("BT", "BTD", "BTH"), K._prune6),
             (f"group{group}_bwd", K._src_group_bwd_kernel, grp_types,
              dict(GP=group, KC=16, LOW=True, EMU=False, **dims), ("BT", "BTD", "BTH", "dsr_sh", "dsr_sk"),

@@ -29,11 +29,11 @@ def _stats(size: str, kernels: tuple) -> list[dict]:
 
 
 def test_v6_kernels_pipelined_and_lean_at_1b_width():
-    rows = _stats("1B", ("fwd6", "src_bwd", "group4_bwd"))
+    rows = _stats("1B", ("fwd6", "src_bwd", "group8_bwd"))
     assert {(r["kernel"], r["BLOCK_T"], r["STAGES"], r["warps"]) for r in rows} >= {
         ("fwd6", 1, 4, 8), ("src_bwd", 1, 4, 8), ("fwd6", 2, 2, 4), ("src_bwd", 4, 2, 8)}
     for r in rows:
-        assert r["cp_async"] > 0, f"loop not pipelined: {r}"
+        assert r["cp_async"] > 0 or r["STAGES"] == 1, f"loop not pipelined: {r}"
     for r in rows:
         if r["BLOCK_T"] == 1 and r["warps"] == 8 and r["kernel"] in ("fwd6", "src_bwd"):
             assert r["spill_bytes"] == 0 and r["registers"] <= 96, r
@@ -42,11 +42,11 @@ def test_v6_kernels_pipelined_and_lean_at_1b_width():
             # (dout bf16 + w fp32), not 8 x 256 padded lanes (37% idle: measured issue-bound on the H200;
             # the padded kernel staged 12.4 / 37.2 KB at 2 / 4 stages)
             assert r["shared_bytes"] <= (r["STAGES"] - 1) * 1280 * (2 + 4) + 1024, r
-    # the source-group kernel (4 sources per tile) has a spill-free configuration with 16 warps
-    assert any(r["spill_bytes"] == 0 and r["warps"] == 16 for r in rows if r["kernel"] == "group4_bwd")
+    # the source-group kernel (8 sources per pass, tensor-core dots) has spill-free configurations at 1B width
+    assert any(r["spill_bytes"] == 0 for r in rows if r["kernel"] == "group8_bwd"), rows
 
 
-_AT_350M = ("fwd6", "src_bwd", "fwd7", "src_bwd_table", "prefix7_4")  # (one compile run shared by two tests)
+_AT_350M = ("fwd6", "src_bwd", "fwd7", "src_bwd_table", "prefix7_4", "group8_bwd")  # (one compile run, three tests)
 
 
 def test_gradient_loop_issue_cost_at_350m_width():
@@ -73,6 +73,21 @@ def test_v7_kernels_within_the_issue_budget_at_350m_width():
     p4 = [r for k, r in rows.items() if k[0] == "prefix7_4"]
     assert p4 and min(r["instr_per_element"] for r in p4) <= 16, p4
     assert all(r["spill_bytes"] == 0 for r in p4)
+
+
+def test_source_group_kernel_costs_a_fraction_of_the_write_once_kernel_per_source():
+    """The source-group gradient kernel forms every per-element product of its 8 sources with a loaded dout
+    element on tensor cores (scores, x . dout, a @ dout, dsr @ w): its loop issues at most a quarter of the
+    write-once kernel's instructions per (source, dout element) in its best configuration at 350M width. The
+    CUDA-core group kernel it replaced needed 48-72 per dout element for 4 sources (12-18 per source: slower
+    than one pass per source on the H200, session 2026-12-01d)."""
+    rows = {(r["kernel"], r["BLOCK_T"], r["STAGES"], r["warps"]): r for r in _stats("350M", _AT_350M)}
+    single = rows[("src_bwd", 2, 2, 4)]["instr_per_element"]
+    group = [r for k, r in rows.items() if k[0] == "group8_bwd"]
+    assert group, rows.keys()
+    best = min(r["instr_per_element"] for r in group) / 8
+    assert 0 < best <= single / 4, (best, single)
+    assert any(r["spill_bytes"] == 0 for r in group)
 
 
 def test_refuses_the_interpreter():

@@ -877,7 +877,7 @@ def _group_configs(full: bool = False) -> list:
     if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
         return [triton.Config({"BLOCK_T": 2, "STAGES": 2}, num_warps=4)]
     return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw)
-            for bt, nw, ns in ((2, 4, 2), (4, 4, 1), (4, 4, 2), (4, 8, 2), (8, 4, 2), (8, 8, 2))]
+            for bt, nw, ns in ((1, 4, 2), (2, 4, 2), (2, 8, 2), (4, 4, 1), (4, 4, 2), (4, 8, 2), (8, 4, 2), (8, 8, 2))]
 
 
 @triton.jit
@@ -1329,11 +1329,14 @@ def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch
     _, DA, DB = _split(D, H)
     KP = max(16, triton.next_power_of_2(K - k_lo))
     dot = DA >= 16 and (DB == 0 or DB >= 16)
-    block_t = 16 if dot else 2
+    # 64 tokens per program: every program loads the head's (KP, DH) weights (hi + lo) from L2; with 16 tokens
+    # (session 2026-12-02 call 1: 0.69 ms per 350M microbatch, 7x the kernel's HBM bytes) those loads were 8x
+    # the source's bytes. Offline (sm_90, 8 warps): 87-205 registers, no spills at 350M / 1B widths.
+    block_t, warps = (64, 8) if dot else (2, 4)
     grid = (triton.cdiv(BT, block_t), H)
     _score_kernel[grid](buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k_lo, K, BT, D, H, D // H,
                         eps, BLOCK_T=block_t, KP=KP, DA=DA, DB=DB, SPLIT=wl is not None, DOT=dot,
-                        EMU=os.environ.get("TRITON_INTERPRET") == "1", num_warps=4)
+                        EMU=os.environ.get("TRITON_INTERPRET") == "1", num_warps=warps)
     LAUNCHES["score"] += 1
 
 
