@@ -571,6 +571,13 @@ def test_v6_row_split(D, H, parts):
     assert DA <= DH <= DA + DB
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_v6_source_groups_many_reads(dtype):
+    """A group pass over more reads than one chunk of the read loop (KC = 16): the oldest groups of 4 see 30+
+    later reads (3 chunks, the last one partly masked); head width 24 = one masked 32-column part."""
+    _check_router(1, 5, 48, 2, n_reads=37, dtype=dtype, with_null=True, with_extra=False, seed=37, source_group=4)
+
+
 def test_v6_source_groups_without_lookahead_fall_back():
     """Without announced reads no older source qualifies for a group: the plain path, same gradients."""
     launches = fused_mod.LAUNCHES["source_group_bwd"]
@@ -625,7 +632,7 @@ def test_v6_buffers_freed_after_backward_without_gc(table):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])  # 1B (head width 160, padded to 256), 350M
-@pytest.mark.parametrize("source_group", [1, 4])
+@pytest.mark.parametrize("source_group", [1, 8])
 def test_gpu_v6_every_launch_config(D, H, source_group, monkeypatch):
     """Each launch configuration the autotuner may pick for the v6 forward / write-once backward (BLOCK_T x
     warps x pipeline stages), or with ``source_group`` for the source-group kernel, gives the reference's
@@ -671,9 +678,9 @@ def test_gpu_v7_every_launch_config(D, H, which, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_v6_source_groups_deep(dtype):
-    """Source groups of 4 at 1B width with many reads, null + extra sources."""
+    """Source groups of 8 at 1B width with many reads (group passes over 17 reads: two chunks), null + extra."""
     _check_router(1, 512, 1280, 8, n_reads=25, dtype=dtype, with_null=True, with_extra=True, seed=26,
-                  source_group=4)
+                  source_group=8)
 
 
 # Prefix sharing: groups of K reads share one pass over their common prefix (forward and backward).
