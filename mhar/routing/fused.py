@@ -587,11 +587,12 @@ class FusedRouter(Router):
     two_pass: the bf16 backward of a plain read recomputes <dout, out> in fp32 from
     the sources (a second pass) instead of taking it from the bf16 output.
     source_group (v6): up to this many consecutive sources get their gradients from ONE
-    pass over the later reads' douts (``source_group_bwd``: the newest complete, the
-    older ones partial in fp32, completed by their first reader over the few reads
-    between); 1 (default) = one pass per source. Fewer bytes (the douts are the bulk of
-    the backward's), but on the H200 the group kernel reaches less bandwidth: 6.9 / 10.8 /
-    19.8 ms per microbatch against 6.0 / 9.7 / 19.9 (results/bench/NOTES.md), hence off by default.
+    pass over the later reads' douts (``source_group_bwd``: tensor-core dots; fp32 partial
+    gradients, each completed by its source's first reader over the few reads between, the
+    RMS term included); 1 (default) = one pass per source. routing_impl "fused_sg8" = 8:
+    on the H200 the routing op took 6.9 / 9.4 ms per microbatch against v6's 8.7 / 9.8 at
+    350M / 1B, the 350M training step 0.863x the baseline against 0.832x (results/bench/NOTES.md);
+    off by default until every autotuned launch configuration has passed its GPU test.
     table (v7, routing_impl "fused_v7" = table with group 4): the score table. The queries are
     static, so each buffered source is scored ONCE for every announced read (``score_sources``,
     tensor-core dots) when the first announced read sees it; reads then take their scores from
