@@ -901,6 +901,19 @@ def _adot(a, b, LOW: tl.constexpr, EMU: tl.constexpr):
 
 
 @triton.jit
+def _group_part_load(dbuf_ptr, wh_ptr, wl_ptr, drow, kk, dm, km, col, cm, D, LOW: tl.constexpr):
+    """One column part (columns col, mask cm) of a chunk's douts (BLOCK_T, KC, C) and weights wh / wl (KC, C)
+    (wl only when LOW; else wh again)."""
+    d = tl.load(dbuf_ptr + drow + col[None, None, :], mask=dm[:, :, None] & cm[None, None, :], other=0.0)
+    wm = km[:, None] & cm[None, :]
+    wh = tl.load(wh_ptr + kk[:, None] * D + col[None, :], mask=wm, other=0.0)
+    wl = wh
+    if LOW:
+        wl = tl.load(wl_ptr + kk[:, None] * D + col[None, :], mask=wm, other=0.0)
+    return d, wh, wl
+
+
+@triton.jit
 def _group_part_scores(x, d, wh, wl, BLOCK_T: tl.constexpr, GP: tl.constexpr, KC: tl.constexpr,
                        LOW: tl.constexpr, EMU: tl.constexpr):
     """One column part of a head: x (BLOCK_T, GP, C) the group's sources, d (BLOCK_T, KC, C) the reads' douts,
@@ -974,21 +987,11 @@ def _src_group_bwd_kernel(
         km = kk < k_hi
         dm = tmask[:, None] & km[None, :]  # (BLOCK_T, KC)
         drow = kk[None, :, None] * BTD + tok64[:, None, None] * D  # (BLOCK_T, KC, 1)
-        da = tl.load(dbuf_ptr + drow + ca[None, None, :], mask=dm[:, :, None] & cam[None, None, :], other=0.0)
-        wm = km[:, None] & cam[None, :]
-        wh_a = tl.load(wh_ptr + kk[:, None] * D + ca[None, :], mask=wm, other=0.0)
-        wl_a = wh_a
-        if LOW:
-            wl_a = tl.load(wl_ptr + kk[:, None] * D + ca[None, :], mask=wm, other=0.0)
+        da, wh_a, wl_a = _group_part_load(dbuf_ptr, wh_ptr, wl_ptr, drow, kk, dm, km, ca, cam, D, LOW)
         s, sd = _group_part_scores(xa, da, wh_a, wl_a, BLOCK_T, GP, KC, LOW, EMU)
         db, wh_b, wl_b = da, wh_a, wl_a
         if DB > 0:
-            db = tl.load(dbuf_ptr + drow + cb[None, None, :], mask=dm[:, :, None] & cbm[None, None, :], other=0.0)
-            wm = km[:, None] & cbm[None, :]
-            wh_b = tl.load(wh_ptr + kk[:, None] * D + cb[None, :], mask=wm, other=0.0)
-            wl_b = wh_b
-            if LOW:
-                wl_b = tl.load(wl_ptr + kk[:, None] * D + cb[None, :], mask=wm, other=0.0)
+            db, wh_b, wl_b = _group_part_load(dbuf_ptr, wh_ptr, wl_ptr, drow, kk, dm, km, cb, cbm, D, LOW)
             s_b, sd_b = _group_part_scores(xb, db, wh_b, wl_b, BLOCK_T, GP, KC, LOW, EMU)
             s += s_b
             sd += sd_b
