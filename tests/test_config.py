@@ -83,3 +83,15 @@ def test_config_hash_is_stable_and_sensitive():
     assert config_hash(a) == config_hash(b) and len(config_hash(a)) == 10
     assert config_hash(a) != config_hash(model_config("debug", residual={"variant": "mhar", "heads": 2}))
     assert config_hash({"x": 1, "y": 2}) == config_hash({"y": 2, "x": 1})
+
+
+def test_every_allowed_routing_impl_is_a_registered_router():
+    """The config accepts exactly the routing implementations the router registry provides (a registered name
+    the config refuses, or an accepted one no router answers to, fails here rather than in a user's run)."""
+    import mhar.routing.fused  # noqa: F401  (registers the fused routers)
+    from mhar.config import ROUTING_IMPLS
+    from mhar.routing import ROUTERS, get_router
+
+    assert set(ROUTING_IMPLS) == set(ROUTERS), (set(ROUTING_IMPLS) ^ set(ROUTERS))
+    for name in ROUTING_IMPLS:
+        assert get_router(name) is not None
