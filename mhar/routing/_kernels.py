@@ -918,11 +918,8 @@ def _group_part_scores(x, d, wh, wl, BLOCK_T: tl.constexpr, GP: tl.constexpr, KC
                        LOW: tl.constexpr, EMU: tl.constexpr):
     """One column part of a head: x (BLOCK_T, GP, C) the group's sources, d (BLOCK_T, KC, C) the reads' douts,
     wh / wl (KC, C) their weights (hi / lo in the sources' dtype; wl unused unless LOW). Returns the raw scores
-    x . w (BLOCK_T, GP, KC) and x . dout (BLOCK_T, GP, KC), fp32."""
-    x2 = tl.reshape(x, (BLOCK_T * GP, x.shape[2]))
-    s = _xdot(x2, tl.trans(wh), LOW, EMU)
-    if LOW:
-        s += _xdot(x2, tl.trans(wl), LOW, EMU)
+    x . w (BLOCK_T, GP, KC) (v7's ``_sdot``) and x . dout (BLOCK_T, GP, KC), fp32."""
+    s = _sdot(tl.reshape(x, (BLOCK_T * GP, x.shape[2])), tl.trans(wh), tl.trans(wl), LOW, True, EMU)
     return tl.reshape(s, (BLOCK_T, GP, KC)), _xdot(x, tl.permute(d, (0, 2, 1)), LOW, EMU)
 
 

@@ -488,37 +488,28 @@ class _Read6(torch.autograd.Function):
         for slot in range(ctx.lo_new, ctx.n_buf):  # sources no earlier read saw: their gradient is complete
             init = st.gacc[slot] if st.gacc is not None and st.g_valid[slot] else None
             gdtype = st.src_dtypes.get(slot, st.dtype)
-            part = v.partial.pop(slot, None)
-            if part is not None:  # a group pass covered reads part[0].. already: add the reads before them
-                k_part, grad, cpart = part  # (and the RMS term, which needs every head: cpart)
-                if init is not None:
-                    grad = grad + init.float()
-                grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_part, grad,
-                                      gdtype, H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first),
-                                      dsr_out=_dsr_slot(v, slot, k_first, k_part, BT), cinit=cpart)
-                if dW is not None:
-                    v.dW[:, k_first:k_part] += dW
-            elif k_first < k_hi:
+            if slot not in v.partial and k_first < k_hi:
                 group = _source_group(st, v, slot, ctx.n_buf, k_first, init) if v.dsr is not None else [slot]
-                if len(group) > 1:  # this slot and the older ones it shares the pass over reads k_first.. with
+                if len(group) > 1:  # this slot and the older ones share ONE pass over reads k_first..: partials
                     if v.W_split is None:
                         v.W_split = split_weights(v.W, st.buf.dtype)
                     parts, cparts = source_group_bwd(st.buf, st.ss, group[0], len(group), v.dbuf, v.lse, v.delta,
                                                      v.W_split, k_first, k_hi, v.dsr, H, eps, BT, D)
                     for j, s_ in enumerate(group):
                         v.partial[s_] = (k_first, parts[j], cparts[j])
-                    k_part, grad, cpart = v.partial.pop(slot)  # this slot: complete (its first reader is k_first)
-                    grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_first, grad,
-                                          gdtype, H, eps, BT, D, ss=st.ss[slot],
-                                          dsr_out=_dsr_slot(v, slot, k_first, k_first, BT), cinit=cpart)
-                else:
-                    grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_hi, init,
-                                          gdtype, H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first),
-                                          dsr_out=_dsr_slot(v, slot, k_first, k_hi, BT))
-                if dW is not None:
-                    v.dW[:, k_first:k_hi] += dW
-            else:
+            part = v.partial.pop(slot, None)
+            if part is None and k_first >= k_hi:
                 grad = init
+            else:
+                k_end, cinit = k_hi, None
+                if part is not None:  # a group pass covered reads k_end.. already (all but the RMS term, which
+                    k_end, grad, cinit = part  # needs every head: cinit): add the reads before them (none for
+                    init = grad if init is None else grad + init.float()  # the group's newest slot)
+                grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_end, init, gdtype,
+                                      H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first),
+                                      dsr_out=_dsr_slot(v, slot, k_first, k_end, BT), cinit=cinit)
+                if dW is not None:
+                    v.dW[:, k_first:k_end] += dW
             if grad is not None:
                 v.final[slot] = grad
         if k == 0:  # the anchor: every other read has run its backward
