@@ -484,14 +484,10 @@ def test_v7_many_sources():
                   group=8, table=True)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("D,H,k_lo", [(96, 2, 0), (64, 1, 3), (40, 8, 1), (320, 2, 2)])
-def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, dtype):
-    """score_sources against its definition: rms(x)^-1 * <x_h, (q g)_h> per head, in fp64 from the stored
-    source; rows below k_lo are left untouched (NaN). bf16 sources use the hi + lo split of q g: fp32 accuracy."""
+def _check_scores(D, H, k_lo, Kr, BT, dtype):
     from mhar.routing import _kernels as K
-    gen = torch.Generator().manual_seed(D + H + k_lo)
-    BT, Kr, eps = 21, 6, 1e-6
+    gen = torch.Generator().manual_seed(D + H + k_lo + Kr)
+    eps = 1e-6
     buf = torch.randn(2, BT, D, generator=gen).to(DEV, dtype)
     ss = buf.float().pow(2).sum(-1)
     W = (torch.randn(Kr, D, generator=gen) * 0.7).to(DEV)
@@ -503,6 +499,28 @@ def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, dtype):
     assert torch.isnan(S[0]).all() and torch.isnan(S[1, :k_lo]).all()
     err = (S[1, k_lo:].double().cpu() - ref[k_lo:]).abs().max().item()
     assert err <= 2e-5 * ref.abs().max().item(), err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D,H,k_lo,Kr", [(96, 2, 0, 6), (64, 1, 3, 6), (40, 8, 1, 6), (320, 2, 2, 6),
+                                         (32, 2, 5, 140)])
+def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, Kr, dtype):
+    """score_sources against its definition: rms(x)^-1 * <x_h, (q g)_h> per head, in fp64 from the stored
+    source; rows below k_lo are left untouched (NaN). bf16 sources use the hi + lo split of q g: fp32 accuracy.
+    135 reads: two launches (at most ``SCORE_READS`` reads each), the first with a 128-read tile."""
+    _check_scores(D, H, k_lo, Kr, 21, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D,k_lo,Kr,BT", [(1280, 0, 73, 2048), (1280, 40, 73, 2048), (1024, 0, 49, 4096),
+                                          (512, 0, 25, 16384), (1024, 3, 200, 1024)])
+def test_gpu_v7_scores_all_reads(D, k_lo, Kr, BT, dtype):
+    """The scoring kernel at the presets' widths, microbatches and read counts (1B: 73 reads, a 128-read tile
+    at head width 160 = 128 + 32, which faulted with 64 tokens x 8 warps per program), and a 100-layer model
+    (200 reads: two launches)."""
+    _check_scores(D, 8, k_lo, Kr, BT, dtype)
 
 
 # (N, B, T, D, H) at the paper's sizes: 100M H=8 (partial depth), 1B H=16 head width 80.

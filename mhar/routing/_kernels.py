@@ -1306,6 +1306,9 @@ def _score_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.conste
              mask=tmask[:, None] & kmask[None, :])
 
 
+SCORE_READS = 128  # reads per launch of the scoring kernel
+
+
 def split_weights(W: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The score weights W = q * g (K, D) fp32 as ``score_sources`` takes them for sources of ``dtype``: (hi, lo)
     in bf16 / fp16 (hi + lo = W to ~2^-16 relative), or (W, None) for fp32 sources."""
@@ -1327,16 +1330,22 @@ def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch
                          "microbatch or routing_impl='fused'")
     wh, wl = W_split if W_split is not None else split_weights(W, buf.dtype)
     _, DA, DB = _split(D, H)
-    KP = max(16, triton.next_power_of_2(K - k_lo))
     dot = DA >= 16 and (DB == 0 or DB >= 16)
-    # 64 tokens per program: every program loads the head's (KP, DH) weights (hi + lo) from L2; with 16 tokens
-    # (session 2026-12-02 call 1: 0.69 ms per 350M microbatch, 7x the kernel's HBM bytes) those loads were 8x
-    # the source's bytes. Offline (sm_90, 8 warps): 87-205 registers, no spills at 350M / 1B widths.
-    block_t, warps = (64, 8) if dot else (2, 4)
-    grid = (triton.cdiv(BT, block_t), H)
-    _score_kernel[grid](buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k_lo, K, BT, D, H, D // H,
-                        eps, BLOCK_T=block_t, KP=KP, DA=DA, DB=DB, SPLIT=wl is not None, DOT=dot,
-                        EMU=os.environ.get("TRITON_INTERPRET") == "1", num_warps=warps)
+    emu = os.environ.get("TRITON_INTERPRET") == "1"
+    # At most SCORE_READS reads per launch (deeper models: one launch per chunk of reads; a (64, 256) tile of
+    # scores does not compile). 64 tokens x 8 warps per program up to 64 reads: every program loads the head's
+    # (KP, DH) weights (hi + lo) from L2, which with 16 tokens (session 2026-12-02 call 1: 0.69 ms per 350M
+    # microbatch) were 8x the source's bytes; 32 tokens x 4 warps for 65-128 reads: 64 x 8 with 128 reads at
+    # the 1B width (head width 160 = 128 + 32) made an illegal memory access on the H200 (Triton 3.6; session
+    # 2026-12-02b call 2), 32 x 4 ran correctly (offline sm_90: 186 registers, no spills).
+    for k0 in range(k_lo, K, SCORE_READS):
+        k1 = min(K, k0 + SCORE_READS)
+        KP = max(16, triton.next_power_of_2(k1 - k0))
+        block_t, warps = ((64, 8) if KP <= 64 else (32, 4)) if dot else (2, 4)
+        grid = (triton.cdiv(BT, block_t), H)
+        _score_kernel[grid](buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k0, k1, BT, D, H,
+                            D // H, eps, BLOCK_T=block_t, KP=KP, DA=DA, DB=DB, SPLIT=wl is not None, DOT=dot,
+                            EMU=emu, num_warps=warps)
     LAUNCHES["score"] += 1
 
 
