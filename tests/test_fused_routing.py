@@ -140,7 +140,7 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
     if algo == "v6":
         n_extra = sum(1 for i in range(n_reads) if with_extra and i % 2 == 1)
         n_src = n_reads + with_null  # one write-once pass per buffered source (+ the null)
-        if lookahead and source_group > 1:  # sources share passes (partial gradients), then each source is
+        if lookahead and source_group > 1 and D // H <= fused_mod.SOURCE_GROUP_MAX_HEAD:  # sources share passes (partial gradients), then each source is
             # completed by one short pass (its reads before the group's, and the RMS term: empty for the newest)
             full, rest = divmod(n_reads, source_group)  # read k first sees slot k; groups from the newest down
             assert n_groups == full + (rest > 1), (n_groups, n_reads, source_group)
@@ -602,6 +602,23 @@ def test_v6_source_groups_without_lookahead_fall_back():
     _check_router(1, 7, 32, 2, n_reads=4, dtype=torch.float32, with_null=True, with_extra=False, seed=3,
                   source_group=4, lookahead=False)
     assert fused_mod.LAUNCHES["source_group_bwd"] == launches
+
+
+@pytest.mark.parametrize("max_head,grouped", [(16, False), (24, True)])
+def test_v6_source_groups_only_up_to_max_head(max_head, grouped, monkeypatch):
+    """Heads wider than SOURCE_GROUP_MAX_HEAD columns (24 here) take the per-source pass (no group launch; the
+    group kernel spills registers at such widths), heads up to it are grouped; same gradients either way."""
+    monkeypatch.setattr(fused_mod, "SOURCE_GROUP_MAX_HEAD", max_head)
+    launches = fused_mod.LAUNCHES["source_group_bwd"]
+    _check_router(1, 5, 48, 2, n_reads=6, dtype=torch.float32, with_null=False, with_extra=False, seed=5,
+                  source_group=4)
+    assert (fused_mod.LAUNCHES["source_group_bwd"] > launches) == grouped
+
+
+def test_source_group_max_head_covers_the_presets():
+    """H = 8 at the presets' widths (head widths 64 / 128 / 160) is grouped; H = 4 at 350M (256) is not."""
+    assert fused_mod.SOURCE_GROUP_MAX_HEAD >= max(512 // 8, 1024 // 8, 1280 // 8)
+    assert fused_mod.SOURCE_GROUP_MAX_HEAD < 1024 // 4
 
 
 def test_source_group_argument_checked():

@@ -386,14 +386,24 @@ class _V6:
     s_lo: dict = field(default_factory=dict)  # slot -> first read whose score row was computed
 
 
+# Widest head (D / H columns) that uses source groups: the group kernel holds a head's columns for a group's
+# sources per token; at 160 (the 1B width, H = 8) and below it compiles without register spills for sm_90
+# (64 and 80 at H = 16 too) and passed every launch configuration on the H200 (at 128 and 160); at 256 / 320
+# (H = 4 at 350M / 1B) it spills 0.3-2.5 KB per thread (benchmarks/kernel_stats.py) and at H = 1 (attnres)
+# far more, so wider heads take one pass over the later reads' douts per source (the v6 pass; same math).
+SOURCE_GROUP_MAX_HEAD = 160
+
+
 def _source_group(st: _Storage, v: "_V6", slot: int, n_buf: int, k_first: int, init) -> list:
     """Slots whose gradients the backward of read ``k_first`` forms in one pass over reads k_first..: ``slot``
     (complete) and up to ``st.source_group - 1`` older consecutive slots (partial, completed later by their
     first reader over the reads before k_first). An older slot qualifies when a source-major read before
     k_first saw it first (so every read from that one on saw it, and all of them are source-major); only
-    the newest slot of a read starts a group, and not when it has a v5-style accumulated gradient."""
+    the newest slot of a read starts a group, and not when it has a v5-style accumulated gradient. Heads wider
+    than ``SOURCE_GROUP_MAX_HEAD`` columns take no groups (register spills)."""
     group = [slot]
-    if st.source_group <= 1 or slot != n_buf - 1 or init is not None:
+    if (st.source_group <= 1 or slot != n_buf - 1 or init is not None
+            or st.shape[-1] // v.H > SOURCE_GROUP_MAX_HEAD):
         return group
     s_ = slot - 1
     while len(group) < st.source_group and s_ >= 0 and 0 <= v.first_read.get(s_, -1) < k_first \
