@@ -621,6 +621,41 @@ def test_source_group_max_head_covers_the_presets():
     assert fused_mod.SOURCE_GROUP_MAX_HEAD < 1024 // 4
 
 
+@pytest.mark.parametrize("impl_kwargs", [dict(group=4, source_group=4), dict(table=True, group=4, source_group=4)])
+def test_loop_kernels_autotune_per_loop_length(impl_kwargs, monkeypatch):
+    """Each loop kernel's autotuning key holds a bucket of its loop length (sources or reads), and every launch
+    passes the bucket of the loop it runs: a long loop is never run with a configuration timed on a one-source
+    loop (the first read's), where the pipeline depth makes no difference."""
+    from collections import defaultdict
+
+    from mhar.routing import _kernels as K
+    loops = {K._fwd6_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]), K._fwd7_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]),
+             K._prefix6_kernel: ("NB", lambda a: a["n_buf"]), K._prefix7_kernel: ("NB", lambda a: a["n_buf"]),
+             K._src_bwd_kernel: ("JB", lambda a: a["k_hi"] - a["k_lo"]),
+             K._src_group_bwd_kernel: ("JB", lambda a: -(-(a["k_hi"] - a["k_lo"]) // 16))}
+    for kernel, (name, _) in loops.items():
+        assert name in kernel.keys, (kernel.fn.__name__, kernel.keys)
+    seen = defaultdict(set)
+    orig = K._launch
+
+    def launch(kernel, key, grid, args, kwargs):
+        if kernel in loops:
+            a = dict(zip(kernel.fn.arg_names, args))
+            name, length = loops[kernel]
+            cap = 4 if kernel is K._src_group_bwd_kernel else 16
+            assert a[name] == min(triton.next_power_of_2(max(length(a), 1)), cap), (kernel.fn.__name__, a)
+            assert a[name] in key  # the launcher's cache of tuned configurations is per bucket too
+            seen[kernel.fn.__name__].add(a[name])
+        return orig(kernel, key, grid, args, kwargs)
+
+    monkeypatch.setattr(K, "_launch", launch)
+    _check_router(1, 2, 16, 2, n_reads=20, dtype=torch.float32, with_null=False, with_extra=False, seed=20,
+                  source_group=impl_kwargs["source_group"], group=impl_kwargs["group"],
+                  table=impl_kwargs.get("table", False))
+    fwd = "_fwd7_kernel" if impl_kwargs.get("table") else "_fwd6_kernel"
+    assert len(seen[fwd]) >= 2 and len(seen["_src_bwd_kernel"]) >= 2, dict(seen)
+
+
 def test_source_group_argument_checked():
     with pytest.raises(ValueError, match="source_group"):
         fused_mod.FusedRouter(source_group=0)

@@ -48,6 +48,14 @@ def _launch(kernel, key: tuple, grid, args: tuple, kwargs: dict) -> int:
     return kernel.best_config.kwargs["BLOCK_T"]
 
 
+def _loop_bucket(n: int, cap: int = 16) -> int:
+    """Autotuning bucket of a kernel's loop length n (sources or reads): the power of two >= n, at most ``cap``.
+    It is part of each loop kernel's autotuning key, so the configuration used by a long loop is timed on a
+    long loop: the first launch of a forward reads one or two sources, where the pipeline depth (STAGES) makes
+    no difference and the choice is noise (the 1B forward measured 4.59 and 5.61 ms in two sessions)."""
+    return min(triton.next_power_of_2(max(n, 1)), cap)
+
+
 def _configs() -> list:
     """Launch configurations tried by the autotuner (one fixed one under the interpreter, or when
     MHAR_ROUTING_AUTOTUNE=0, e.g. for tests over many shapes)."""
@@ -396,8 +404,9 @@ def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, e
                  HAS_INIT=init is not None)
     if ss is not None:  # v6: a row as two tiles per head
         flags.update(zip(("HP", "DA", "DB"), _split(D, H)))
-        key = ("fwd6", D, H, *flags.values(), *(str(a.dtype) for a in args[:9]))
-        _launch(_fwd6_kernel, key, grid, (*args[:10], ss, *args[10:]), flags)
+        nb = _loop_bucket(n_buf - lo)  # autotuning bucket of the source loop
+        key = ("fwd6", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:9]))
+        _launch(_fwd6_kernel, key, grid, (*args[:10], ss, *args[10:], nb), flags)
     else:  # v5: one padded tile per head
         flags.update(zip(("HP", "DHP"), _tiles(D, H)))
         key = ("fwd", D, H, *flags.values(), *(str(a.dtype) for a in args[:9]))
@@ -657,12 +666,12 @@ def _v6_configs(full: bool = False) -> list:
             for bt in (1, 2, 4) for nw in (4, 8) for ns in (2, 4)]
 
 
-@triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_NULL", "HAS_EXTRA", "HAS_INIT"],
+@triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_NULL", "HAS_EXTRA", "HAS_INIT", "NB"],
                  prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _fwd6_kernel(
     buf_ptr, null_ptr, extra_ptr, q_ptr, g_ptr, out_ptr, lse_ptr, score_ptr, init_ptr, init_lse_ptr, ss_ptr,
-    lo, n_buf, buf_stride, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, N_TOTAL, eps,
+    lo, n_buf, buf_stride, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, N_TOTAL, eps, NB,
     HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
 ):
@@ -935,12 +944,12 @@ def _group_part_update(acc, a, dsr, d, wh, wl, BLOCK_T: tl.constexpr, GP: tl.con
     return acc + _adot(a, d, LOW, EMU) + tl.reshape(dw, (BLOCK_T, GP, C))
 
 
-@triton.autotune(configs=_group_configs(), key=["D", "H", "GP", "LOW"],
+@triton.autotune(configs=_group_configs(), key=["D", "H", "GP", "LOW", "JB"],
                  prune_configs_by={"early_config_prune": _prune_group})
 @triton.jit
 def _src_group_bwd_kernel(
     x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, wh_ptr, wl_ptr, part_ptr, cpart_ptr, dsr_ptr,
-    NG, k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, dsr_sh, dsr_sk,
+    NG, k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, dsr_sh, dsr_sk, JB,
     GP: tl.constexpr, KC: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, LOW: tl.constexpr, EMU: tl.constexpr,
     BLOCK_T: tl.constexpr, STAGES: tl.constexpr,
 ):
@@ -1035,9 +1044,10 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]), H)  # noqa: E731
     dsr = dsr_all[:, :, s0 * BT:]
     args = (buf[s0], ss[s0], dbuf, lse, delta, wh, wl if wl is not None else wh, parts, cparts, dsr,
-            NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, dsr.stride(0), dsr.stride(1))
+            NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, dsr.stride(0), dsr.stride(1),
+            _loop_bucket(-(-(k_hi - k_lo) // 16), 4))  # autotuning bucket: chunks of 16 reads
     flags = dict(GP=gp, KC=16, DA=DA, DB=DB, LOW=wl is not None, EMU=os.environ.get("TRITON_INTERPRET") == "1")
-    key = ("src_group_bwd", D, H, gp, *flags.values(), *(str(a.dtype) for a in args[:10]))
+    key = ("src_group_bwd", D, H, gp, args[-1], *flags.values(), *(str(a.dtype) for a in args[:10]))
     _launch(_src_group_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_group_bwd"] += 1
     return parts, cparts
@@ -1108,7 +1118,7 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
     grad = (torch.empty(BT, D, device=dev, dtype=torch.float32) if is_null  # per-program rows, max BT programs
             else torch.empty(BT, D, device=dev, dtype=grad_dtype))
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
-    jb = min(triton.next_power_of_2(J), 16)  # autotuning bucket of the number of reads
+    jb = _loop_bucket(J)  # autotuning bucket of the number of reads
     if ss is None and not is_null:
         raise ValueError("source_bwd: a buffered source needs its sums of squares (ss)")
     if cinit is not None and (init is None or is_null or cinit.shape != (BT, H) or cinit.dtype != torch.float32):
@@ -1167,10 +1177,10 @@ def _prune_prefix6(configs, named_args, **kwargs):
     return _keep_tiles(configs, _arg(named_args, kwargs, "KP") * _arg(named_args, kwargs, "DHP"), 8192)
 
 
-@triton.autotune(configs=_prefix6_configs(), key=["D", "H", "K", "HAS_NULL"],
+@triton.autotune(configs=_prefix6_configs(), key=["D", "H", "K", "HAS_NULL", "NB"],
                  prune_configs_by={"early_config_prune": _prune_prefix6})
 @triton.jit
-def _prefix6_kernel(buf_ptr, null_ptr, w_ptr, p_ptr, lse_ptr, ss_ptr, n_buf, buf_stride, BT, D, H, DH, K, eps,
+def _prefix6_kernel(buf_ptr, null_ptr, w_ptr, p_ptr, lse_ptr, ss_ptr, n_buf, buf_stride, BT, D, H, DH, K, eps, NB,
                     HAS_NULL: tl.constexpr, BLOCK_T: tl.constexpr, KP: tl.constexpr, HP: tl.constexpr,
                     DHP: tl.constexpr, DP: tl.constexpr, STAGES: tl.constexpr):
     """K reads' partials over [null] + buf[0:n_buf) for ONE head (program axis 1) of BLOCK_T tokens: the reads
@@ -1233,10 +1243,10 @@ def prefix6_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: 
     if n_buf and ss is None:
         raise ValueError("prefix6_fwd: buffered sources need their sums of squares (ss)")
     args = (buf if buf is not None else P, null if null is not None else P, W, P, lse, ss if ss is not None else lse,
-            n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, K, eps)
+            n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, K, eps, _loop_bucket(n_buf))
     flags = dict(HAS_NULL=null is not None, KP=triton.next_power_of_2(K), HP=HP, DHP=DHP,
                  DP=triton.next_power_of_2(D))
-    _launch(_prefix6_kernel, ("p6fwd", D, H, K, *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args,
+    _launch(_prefix6_kernel, ("p6fwd", D, H, K, args[-1], *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args,
             flags)
     LAUNCHES["prefix6_fwd"] += 1
     return P, lse
@@ -1349,10 +1359,11 @@ def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch
     LAUNCHES["score"] += 1
 
 
-@triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_INIT"], prune_configs_by={"early_config_prune": _prune6})
+@triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_INIT", "NB"],
+                 prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr, lo, n_buf, buf_stride, s_stride, BT,
-                 D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, HAS_INIT: tl.constexpr,
+                 NB, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, HAS_INIT: tl.constexpr,
                  BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
                  JC: tl.constexpr):
     """One read over buf[lo:n_buf) (after a prefix partial ``init`` / ``init_lse`` with HAS_INIT) with its scores
@@ -1417,9 +1428,10 @@ def route_fwd7(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: int, 
     HP, DA, DB = _split(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     args = (buf, S[0, k], out, lse, init if init is not None else out, init_lse if init_lse is not None else lse,
-            lo, n_buf, buf.stride(0), S.stride(0), BT, D, H, D // H)
+            lo, n_buf, buf.stride(0), S.stride(0), BT, _loop_bucket(n_buf - lo), D, H, D // H)
     flags = dict(HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB, JC=16)
-    _launch(_fwd7_kernel, ("fwd7", D, H, *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args, flags)
+    _launch(_fwd7_kernel, ("fwd7", D, H, args[11], *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args,
+            flags)
     LAUNCHES["route_fwd7"] += 1
     return out, lse
 
@@ -1438,9 +1450,10 @@ def _prune_prefix7(configs, named_args, **kwargs):
     return _keep_tiles(configs, row, 16384)
 
 
-@triton.autotune(configs=_prefix7_configs(), key=["D", "H", "KP"], prune_configs_by={"early_config_prune": _prune_prefix7})
+@triton.autotune(configs=_prefix7_configs(), key=["D", "H", "KP", "NB"],
+                 prune_configs_by={"early_config_prune": _prune_prefix7})
 @triton.jit
-def _prefix7_kernel(buf_ptr, s_ptr, p_ptr, lse_ptr, n_buf, buf_stride, s_stride, BT, K, D: tl.constexpr,
+def _prefix7_kernel(buf_ptr, s_ptr, p_ptr, lse_ptr, n_buf, buf_stride, s_stride, BT, K, NB, D: tl.constexpr,
                     H: tl.constexpr, DH: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, HP: tl.constexpr,
                     DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr, JC: tl.constexpr):
     """Partials of K consecutive reads over buf[0:n_buf) in one pass: s_ptr points at S[0, k0] (read k0 + i's
@@ -1497,8 +1510,9 @@ def prefix7_fwd(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf: int,
     lse = torch.empty(K, BT, H, device=buf.device, dtype=torch.float32)
     HP, DA, DB = _split(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
-    args = (buf, S[0, k0], P, lse, n_buf, buf.stride(0), S.stride(0), BT, K, D, H, D // H)
+    nb = _loop_bucket(n_buf)
+    args = (buf, S[0, k0], P, lse, n_buf, buf.stride(0), S.stride(0), BT, K, nb, D, H, D // H)
     flags = dict(KP=triton.next_power_of_2(K), HP=HP, DA=DA, DB=DB, JC=8)
-    _launch(_prefix7_kernel, ("p7fwd", D, H, *flags.values(), str(buf.dtype), str(out_dtype)), grid, args, flags)
+    _launch(_prefix7_kernel, ("p7fwd", D, H, nb, *flags.values(), str(buf.dtype), str(out_dtype)), grid, args, flags)
     LAUNCHES["prefix7_fwd"] += 1
     return P, lse
