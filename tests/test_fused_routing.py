@@ -629,7 +629,8 @@ def test_loop_kernels_autotune_per_loop_length(impl_kwargs, monkeypatch):
     from collections import defaultdict
 
     from mhar.routing import _kernels as K
-    loops = {K._fwd6_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]), K._fwd7_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]),
+    loops = {K._fwd6_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]),
+             K._fwd7_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]),
              K._prefix6_kernel: ("NB", lambda a: a["n_buf"]), K._prefix7_kernel: ("NB", lambda a: a["n_buf"]),
              K._src_bwd_kernel: ("JB", lambda a: a["k_hi"] - a["k_lo"]),
              K._src_group_bwd_kernel: ("JB", lambda a: -(-(a["k_hi"] - a["k_lo"]) // 16))}

@@ -1246,8 +1246,8 @@ def prefix6_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: 
             n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, K, eps, _loop_bucket(n_buf))
     flags = dict(HAS_NULL=null is not None, KP=triton.next_power_of_2(K), HP=HP, DHP=DHP,
                  DP=triton.next_power_of_2(D))
-    _launch(_prefix6_kernel, ("p6fwd", D, H, K, args[-1], *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args,
-            flags)
+    key = ("p6fwd", D, H, K, args[-1], *flags.values(), *(str(a.dtype) for a in args[:6]))
+    _launch(_prefix6_kernel, key, grid, args, flags)
     LAUNCHES["prefix6_fwd"] += 1
     return P, lse
 
