@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import triton.testing
 
-from benchmarks.common import env_columns, measure_hbm_bandwidth, write_csv
+from benchmarks.common import env_columns, measure_hbm_bandwidth, tuned_lines, write_csv
 from mhar.config import PRESETS
 from mhar.routing import get_router
 
@@ -297,7 +297,7 @@ def main(argv=None) -> None:
     hbm = measure_hbm_bandwidth()
     print(f"measured HBM copy bandwidth: {hbm:.0f} GB/s")
     env = env_columns("benchmarks.bench_routing_op", argv)
-    rows = []
+    rows, tuned = [], set()
     for size in args.sizes:
         p = PRESETS[size]
         B, T = MICROBATCH[size]
@@ -313,6 +313,7 @@ def main(argv=None) -> None:
                 rows.append(r)
                 print({k: r[k] for k in ("size", "mode", "impl", "status", "fwd_ms", "bwd_ms", "fwd_bwd_ms",
                                          "model_gb", "model_gbps", "model_frac_hbm")}, flush=True)
+                print("\n".join(tuned_lines(tuned)), flush=True)  # the autotuner's choices for this case
                 write_csv(args.out, rows)
     by = {(r["size"], r["mode"], r["impl"]): r for r in rows}
     for (size, mode, impl), r in by.items():  # side by side: v6 against v5 in the same call

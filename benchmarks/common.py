@@ -57,3 +57,18 @@ def write_csv(path: str | Path, rows: list[dict]) -> None:
         w.writeheader()
         w.writerows(rows)
     print(f"wrote {path} ({len(rows)} rows)")
+
+
+def tuned_lines(seen: set | None = None) -> list[str]:
+    """One line per launch configuration the fused routing's autotuner has chosen (kernel, shape / loop-length
+    bucket key -> BLOCK_T, warps, stages), skipping keys in ``seen`` (which it extends): logged next to timings
+    so a run's configuration choices can be compared across sessions."""
+    from mhar.routing import _kernels
+    lines = []
+    for key, cfg in _kernels._TUNED.items():
+        if seen is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        lines.append(f"TUNED {key[0]} {key[1:6]}: {cfg}")
+    return lines

@@ -14,6 +14,7 @@ import sys
 
 import torch
 
+from benchmarks.common import tuned_lines
 from benchmarks.profile_step import _op_fn
 
 
@@ -28,9 +29,7 @@ def main(argv=None) -> None:
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
     print(f"NCU_ROUTING {size} {impl}: one microbatch profiled")
-    from mhar.routing import _kernels
-    for key, cfg in _kernels._TUNED.items():  # the launch configuration the autotuner chose per kernel / shape
-        print(f"TUNED {key[0]} {key[1:5]}: {cfg}")
+    print("\n".join(tuned_lines()))  # the launch configuration the autotuner chose per kernel / shape
 
 
 if __name__ == "__main__":

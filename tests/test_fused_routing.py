@@ -657,6 +657,22 @@ def test_loop_kernels_autotune_per_loop_length(impl_kwargs, monkeypatch):
     assert len(seen[fwd]) >= 2 and len(seen["_src_bwd_kernel"]) >= 2, dict(seen)
 
 
+def test_benchmarks_log_the_tuned_configurations(monkeypatch):
+    """The benchmarks log each autotuned choice once per key (kernel, width, heads, loop-length bucket)."""
+    from benchmarks.common import tuned_lines
+    from mhar.routing import _kernels as K
+    monkeypatch.setattr(K, "_TUNED", {})  # the launchers' cache, without earlier tests' choices
+    seen = set()
+    router = get_router("fused")
+    st = router.init(torch.randn(1, 3, 16, device=DEV), capacity=8)
+    for _ in range(5):
+        st = router.append(st, torch.randn(1, 3, 16, device=DEV))
+    router.read(st, torch.randn(16, device=DEV), torch.ones(16, device=DEV), 2)
+    lines = tuned_lines(seen)
+    assert any(line.startswith("TUNED fwd6 (16, 2, 8,") and "BLOCK_T" in line for line in lines), lines
+    assert tuned_lines(seen) == []
+
+
 def test_source_group_argument_checked():
     with pytest.raises(ValueError, match="source_group"):
         fused_mod.FusedRouter(source_group=0)
