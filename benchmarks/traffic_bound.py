@@ -46,7 +46,6 @@ from mhar.config import PRESETS
 from mhar.routing import SOURCE_GROUP, V7_GROUP
 
 BYTES_PER_ELT = 2  # bf16 sources under autocast
-V6_SOURCE_GROUP = SOURCE_GROUP  # source-group size of the v6_sg rows (routing_impl fused_sg8)
 V6_GROUP = 8  # reads per forward prefix-sharing group of the v6 row with sharing (FusedRouter(group=8))
 # V7_GROUP: reads per forward group of routing_impl fused_v7 (the score table: FusedRouter(table=True, group=4))
 
@@ -85,13 +84,13 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
         ns, E = routing_reads(cfg["n_layers"]), B * T * cfg["d_model"]
         v6_f, v6_b = v6_bytes(ns, E, heads, cfg["d_model"])
         v6g_f, v6g_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V6_GROUP)
-        v6s_f, v6s_b = v6_bytes(ns, E, heads, cfg["d_model"], source_group=V6_SOURCE_GROUP)
-        v6gs_f, v6gs_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V6_GROUP, source_group=V6_SOURCE_GROUP)
+        v6s_f, v6s_b = v6_bytes(ns, E, heads, cfg["d_model"], source_group=SOURCE_GROUP)
+        v6gs_f, v6gs_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V6_GROUP, source_group=SOURCE_GROUP)
         v7_f, v7_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True)
         v7s_f, v7s_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True, source_group=SOURCE_GROUP)
         for name, nbytes in (("v5", 4 * unit), ("v6", v6_f + v6_b), (f"v6_g{V6_GROUP}", v6g_f + v6g_b),
-                             (f"v6_sg{V6_SOURCE_GROUP}", v6s_f + v6s_b),
-                             (f"v6_g{V6_GROUP}_sg{V6_SOURCE_GROUP}", v6gs_f + v6gs_b),
+                             (f"v6_sg{SOURCE_GROUP}", v6s_f + v6s_b),
+                             (f"v6_g{V6_GROUP}_sg{SOURCE_GROUP}", v6gs_f + v6gs_b),
                              (f"v7_g{V7_GROUP}", v7_f + v7_b), (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}", v7s_f + v7s_b),
                              ("min", mb_f + mb_b)):
             ideal = nbytes / (hbm_gbps * 1e9) * 1e3
@@ -133,8 +132,8 @@ def main(argv=None) -> int:
               f"{r[f'v6_g{V6_GROUP}_gb']} GB ({r['v5_gb'] / r[f'v6_g{V6_GROUP}_gb']:.2f}x); bound "
               f"{r['v5_bound_ratio']:.3f} (v5) / {r['v6_bound_ratio']:.3f} (v6) / "
               f"{r[f'v6_g{V6_GROUP}_bound_ratio']:.3f} (v6 g{V6_GROUP}) / "
-              f"{r[f'v6_sg{V6_SOURCE_GROUP}_bound_ratio']:.3f} (v6 sg{V6_SOURCE_GROUP}) / "
-              f"{r[f'v6_g{V6_GROUP}_sg{V6_SOURCE_GROUP}_bound_ratio']:.3f} (both) / "
+              f"{r[f'v6_sg{SOURCE_GROUP}_bound_ratio']:.3f} (v6 sg{SOURCE_GROUP}) / "
+              f"{r[f'v6_g{V6_GROUP}_sg{SOURCE_GROUP}_bound_ratio']:.3f} (both) / "
               f"{r[f'v7_g{V7_GROUP}_bound_ratio']:.3f} (v7 g{V7_GROUP}) / {r['min_bound_ratio']:.3f} "
               f"(one-pass write-once); measured "
               f"{r['measured_ratio']} (gap {r['measured_gap_ms']} ms vs {r['v5_ideal_ms']} ms v5 ideal)")

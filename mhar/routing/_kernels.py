@@ -1043,11 +1043,11 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
     gp = max(triton.next_power_of_2(NG), 2)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]), H)  # noqa: E731
     dsr = dsr_all[:, :, s0 * BT:]
+    jb = _loop_bucket(-(-(k_hi - k_lo) // 16), 4)  # autotuning bucket: chunks of 16 reads
     args = (buf[s0], ss[s0], dbuf, lse, delta, wh, wl if wl is not None else wh, parts, cparts, dsr,
-            NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, dsr.stride(0), dsr.stride(1),
-            _loop_bucket(-(-(k_hi - k_lo) // 16), 4))  # autotuning bucket: chunks of 16 reads
+            NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, dsr.stride(0), dsr.stride(1), jb)
     flags = dict(GP=gp, KC=16, DA=DA, DB=DB, LOW=wl is not None, EMU=os.environ.get("TRITON_INTERPRET") == "1")
-    key = ("src_group_bwd", D, H, gp, args[-1], *flags.values(), *(str(a.dtype) for a in args[:10]))
+    key = ("src_group_bwd", D, H, gp, jb, *flags.values(), *(str(a.dtype) for a in args[:10]))
     _launch(_src_group_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_group_bwd"] += 1
     return parts, cparts
@@ -1242,11 +1242,12 @@ def prefix6_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: 
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]), H)  # noqa: E731
     if n_buf and ss is None:
         raise ValueError("prefix6_fwd: buffered sources need their sums of squares (ss)")
+    nb = _loop_bucket(n_buf)
     args = (buf if buf is not None else P, null if null is not None else P, W, P, lse, ss if ss is not None else lse,
-            n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, K, eps, _loop_bucket(n_buf))
+            n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, K, eps, nb)
     flags = dict(HAS_NULL=null is not None, KP=triton.next_power_of_2(K), HP=HP, DHP=DHP,
                  DP=triton.next_power_of_2(D))
-    key = ("p6fwd", D, H, K, args[-1], *flags.values(), *(str(a.dtype) for a in args[:6]))
+    key = ("p6fwd", D, H, K, nb, *flags.values(), *(str(a.dtype) for a in args[:6]))
     _launch(_prefix6_kernel, key, grid, args, flags)
     LAUNCHES["prefix6_fwd"] += 1
     return P, lse
@@ -1427,11 +1428,11 @@ def route_fwd7(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: int, 
     lse = lse_out if lse_out is not None else torch.empty(BT, H, device=buf.device, dtype=torch.float32)
     HP, DA, DB = _split(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
+    nb = _loop_bucket(n_buf - lo)
     args = (buf, S[0, k], out, lse, init if init is not None else out, init_lse if init_lse is not None else lse,
-            lo, n_buf, buf.stride(0), S.stride(0), BT, _loop_bucket(n_buf - lo), D, H, D // H)
+            lo, n_buf, buf.stride(0), S.stride(0), BT, nb, D, H, D // H)
     flags = dict(HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB, JC=16)
-    _launch(_fwd7_kernel, ("fwd7", D, H, args[11], *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args,
-            flags)
+    _launch(_fwd7_kernel, ("fwd7", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args, flags)
     LAUNCHES["route_fwd7"] += 1
     return out, lse
 
