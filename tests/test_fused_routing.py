@@ -332,6 +332,32 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
         assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
 
 
+@pytest.mark.parametrize("impl", ["fused_sg8", "fused_v7_sg8"])
+def test_model_fused_inference_matches_eager(impl):
+    """The paper configs' MHAR H=8 routers in inference (no autograd; v7 still scores into its table): the full
+    forward's hidden states and a KV-cached prefill + decode steps equal the eager router's (fp32)."""
+    from mhar.model import KVCache
+    hs = []
+    for name in (impl, "eager"):
+        torch.manual_seed(0)
+        model = build_model(model_config("debug", residual={"variant": "mhar", "heads": 8, "routing_impl": name}))
+        with torch.no_grad():
+            for pname, p in model.residual.named_parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+        model = model.to(DEV).eval()
+        ids = torch.randint(0, model.cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1)).to(DEV)
+        launches = dict(fused_mod.LAUNCHES)
+        with torch.no_grad():
+            full = model.hidden(ids)
+            cache = KVCache(model.cfg.n_layers)
+            steps = [model.hidden(ids[:, :6], cache), model.hidden(ids[:, 6:7], cache), model.hidden(ids[:, 7:], cache)]
+        if name == "fused_v7_sg8":  # the table path ran: scored once, reads from the table
+            assert all(fused_mod.LAUNCHES[k] > launches.get(k, 0) for k in ("score", "route_fwd7"))
+        hs.append((full.cpu(), torch.cat(steps, dim=1).cpu()))
+    (full_f, inc_f), (full_e, inc_e) = hs
+    assert rel(full_f, full_e) <= 1e-5 and rel(inc_f, inc_e) <= 1e-5 and rel(inc_f, full_f) <= 1e-5
+
+
 # v6 (routing_impl 'fused'): source-major, write-once backward.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N,B,T,D,H,with_null,with_extra", [

@@ -594,8 +594,7 @@ class FusedRouter(Router):
     on the H200 the routing op took 6.95 / 10.38 ms per microbatch against v6's 8.76 / 10.78 at
     350M / 1B, the 350M training step 0.863x the baseline against 0.832x (results/bench/NOTES.md);
     every autotuned launch configuration of the group kernel passed on the H200 at head widths 128
-    and 160 (the paper configs' MHAR H=8 use it). Heads wider than SOURCE_GROUP_MAX_HEAD take no
-    groups.
+    and 160. Heads wider than SOURCE_GROUP_MAX_HEAD take no groups.
     table (v7, routing_impl "fused_v7" = table with group 4): the score table. The queries are
     static, so each buffered source is scored ONCE for every announced read (``score_sources``,
     tensor-core dots) when the first announced read sees it; reads then take their scores from
@@ -604,10 +603,10 @@ class FusedRouter(Router):
     kernel reads them too. Only without a null source (the table holds buffered sources) and for
     announced reads without ``extra`` / ``return_weights`` (others run the v6 kernels, same math).
     Memory: (capacity, K, B*T, H) fp32 per forward, freed by the backward. routing_impl
-    "fused_v7_sg8" (table, forward groups of 4, source groups of 8) is the fastest on the H200:
-    training step 0.897x / 0.878x / 0.890x the baseline at 100M / 350M / 1B (memory 1.04 / 1.03 /
-    1.02x); opt-in until every launch configuration of its forward / prefix kernels has passed
-    its GPU test (results/bench/NOTES.md).
+    "fused_v7_sg8" (table, forward groups of 4, source groups of 8) is the fastest on the H200 and
+    the paper configs' MHAR H=8 routing: training step 0.900-0.909x / 0.901-0.904x / 0.896-0.897x
+    the baseline at 100M / 350M / 1B (two runs each; memory 1.04 / 1.03 / 1.02x); every launch
+    configuration of its kernels passed its GPU test (results/bench/NOTES.md).
     """
 
     name = "fused"
