@@ -28,7 +28,8 @@ RESIDUAL_VARIANTS = (
     "mhar_hw",
     "mhar_delta",
 )
-ROUTING_IMPLS = ("eager", "compile", "fused", "fused_v7", "fused_v5", "fused_sg4", "fused_sg8", "fused_v7_sg8")
+ROUTING_IMPLS = ("eager", "compile", "fused", "fused_v7", "fused_v5", "fused_sg4", "fused_sg8", "fused_v7_sg8",
+                 "fused_v7_sg8_norm")
 
 
 @dataclass

@@ -139,6 +139,8 @@ def _compile_model(raw: nn.Module, kind: str) -> None:
         for blk in raw.layers:
             blk.attn_sublayer = torch.compile(blk.attn_sublayer)
             blk.mlp_sublayer = torch.compile(blk.mlp_sublayer)
+            blk.attn_normed = torch.compile(blk.attn_normed)  # after a read with the pre-norm fused
+            blk.mlp_normed = torch.compile(blk.mlp_normed)
     elif kind == "decoder":
         raw.hidden = torch.compile(raw.hidden)
     raw.head_loss = torch.compile(raw.head_loss)

@@ -303,10 +303,11 @@ def _model_grads(variant, impl, heads, seed=0, **res):
     ("mhar_delta", 4, {"delta_block_layers": 1}),
     ("mhar_hw", 1, {}),
 ])
-@pytest.mark.parametrize("impl", ["fused", "fused_v5", "fused_sg4", "fused_v7"])
+@pytest.mark.parametrize("impl", ["fused", "fused_v5", "fused_sg4", "fused_v7", "fused_v7_sg8_norm"])
 def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
     """A debug model with routing_impl='fused' (v6) / 'fused_v5' / 'fused_sg4' (v6, source groups of 4) /
-    'fused_v7' (score table, forward groups of 4) gives the eager logits and parameter grads (fp32)."""
+    'fused_v7' (score table, forward groups of 4) / 'fused_v7_sg8_norm' (+ source groups of 8, the sublayers'
+    pre-norms fused into the reads) gives the eager logits and parameter grads (fp32)."""
     from mhar.residuals import RESIDUALS
     if variant not in RESIDUALS:
         pytest.skip(f"residual variant {variant!r} not implemented yet")
@@ -325,6 +326,12 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
         assert fused_mod.LAUNCHES["source_group_bwd"] > launches.get("source_group_bwd", 0)
     if impl == "fused_v7" and variant in ("mhar", "attnres"):  # the table: scored once, reads and groups from it
         assert all(fused_mod.LAUNCHES[k] > launches.get(k, 0) for k in ("score", "route_fwd7", "prefix7_fwd"))
+    if impl == "fused_v7_sg8_norm" and variant in ("mhar", "attnres"):  # every sublayer read (not the final
+        # readout, which the final norm follows) returned its norm, and its backward went through the fused stash
+        n_sub = model_config("debug").n_sublayers
+        assert fused_mod.LAUNCHES["prenorm_fwd"] - launches.get("prenorm_fwd", 0) == n_sub
+        assert fused_mod.LAUNCHES["prenorm_stash"] - launches.get("prenorm_stash", 0) == n_sub
+        assert ran["stash"] == fused_mod._Read.calls - calls - n_sub  # the readout's plain stash
     logits_e, grads_e = _model_grads(variant, "eager", heads, **res)
     assert rel(logits_f, logits_e) <= 1e-5
     assert grads_f.keys() == grads_e.keys()
@@ -332,7 +339,7 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
         assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
 
 
-@pytest.mark.parametrize("impl", ["fused_sg8", "fused_v7_sg8"])
+@pytest.mark.parametrize("impl", ["fused_sg8", "fused_v7_sg8", "fused_v7_sg8_norm"])
 def test_model_fused_inference_matches_eager(impl):
     """The paper configs' MHAR H=8 routers in inference (no autograd; v7 still scores into its table): the full
     forward's hidden states and a KV-cached prefill + decode steps equal the eager router's (fp32)."""
@@ -351,7 +358,7 @@ def test_model_fused_inference_matches_eager(impl):
             full = model.hidden(ids)
             cache = KVCache(model.cfg.n_layers)
             steps = [model.hidden(ids[:, :6], cache), model.hidden(ids[:, 6:7], cache), model.hidden(ids[:, 7:], cache)]
-        if name == "fused_v7_sg8":  # the table path ran: scored once, reads from the table
+        if name.startswith("fused_v7_sg8"):  # the table path ran: scored once, reads from the table
             assert all(fused_mod.LAUNCHES[k] > launches.get(k, 0) for k in ("score", "route_fwd7"))
         hs.append((full.cpu(), torch.cat(steps, dim=1).cpu()))
     (full_f, inc_f), (full_e, inc_e) = hs
@@ -946,3 +953,59 @@ def test_dW_all_is_the_sum_of_per_source_contractions(dtype):
     assert rel(got, ref) <= (1e-6 if dtype == torch.float32 else 1e-2)
     per_source = sum(K._dW(dsr[:, :, j * BT:(j + 1) * BT].contiguous(), buf[j], H).double().cpu() for j in range(n))
     assert rel(got, per_source) <= (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+# The following sublayer's pre-norm fused into the read (routing_impl "fused_v7_sg8_norm").
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("BT,D,H", [(37, 40, 2), (9, 48, 4), (21, 64, 8), (600, 24, 1)])
+def test_prenorm_kernels_match_autograd(BT, D, H, dtype):
+    """prenorm_fwd = the model's RMSNorm of the read's output; prenorm_stash = its autograd backward (dh, in the
+    dout buffer's dtype, and dL/dw) and the stash's delta = <dh, x> per head. (600, 24, 1): more token blocks than
+    programs, so each program loops and the dw partials sum several blocks."""
+    _check_prenorm(BT, D, H, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8), (512, 8)])
+def test_gpu_prenorm_every_launch_config(D, H, monkeypatch):
+    """Each launch configuration the autotuner may pick for the fused pre-norm kernels, at the presets' widths
+    and the 1B microbatch's 2048 tokens (bf16), gives autograd's norm and its backward."""
+    from mhar.routing import _kernels as K
+    orig = K._launch
+    for cfg in K._prenorm_configs(full=True):
+        def launch(kernel, key, grid, args, kwargs, cfg=cfg):
+            if kernel in (K._prenorm_fwd_kernel, K._prenorm_stash_kernel):
+                kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
+                return cfg.kwargs["BLOCK_T"]
+            return orig(kernel, key, grid, args, kwargs)
+        monkeypatch.setattr(K, "_launch", launch)
+        _check_prenorm(2048, D, H, torch.bfloat16)
+
+
+def _check_prenorm(BT, D, H, dtype):
+    from mhar.model import RMSNorm
+    from mhar.routing import _kernels as K
+    g = torch.Generator().manual_seed(BT + D)
+    x = torch.randn(BT, D, generator=g).to(dtype).to(DEV)
+    dy = torch.randn(BT, D, generator=g).to(dtype).to(DEV)
+    norm = RMSNorm(D, eps=1e-5).to(DEV)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.5 * torch.randn(D, generator=g))
+    xr = x.clone().requires_grad_(True)
+    y_ref = norm(xr)
+    y_ref.backward(dy)
+    y, rstd = K.prenorm_fwd(x, norm.weight.detach(), 1e-5, H, BT, D)
+    assert y.dtype == dtype and rel(y.float(), y_ref.detach().float()) <= TOL[dtype]  # (the interpreter truncates to bf16)
+    torch.testing.assert_close(rstd, torch.rsqrt(x.float().pow(2).mean(-1) + 1e-5), rtol=1e-5, atol=0)
+    dslot = torch.empty(BT, D, device=DEV, dtype=dtype)
+    delta = torch.empty(BT, H, device=DEV, dtype=torch.float32)
+    old_programs = K.PRENORM_PROGRAMS
+    K.PRENORM_PROGRAMS = 16 if BT == 600 else old_programs
+    try:
+        dw = K.prenorm_stash(dy, x, norm.weight.detach(), rstd, dslot, delta, H, BT, D)
+    finally:
+        K.PRENORM_PROGRAMS = old_programs
+    assert rel(dslot.float(), xr.grad.float()) <= TOL[dtype]
+    torch.testing.assert_close(delta, (dslot.float() * x.float()).view(BT, H, D // H).sum(-1), rtol=1e-5, atol=1e-5)
+    assert rel(dw, norm.weight.grad) <= 1e-5

@@ -153,7 +153,7 @@ def _gpu_pair(variant, impl):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant,impl", [("baseline", "eager"), ("mhar", "fused")])
+@pytest.mark.parametrize("variant,impl", [("baseline", "eager"), ("mhar", "fused"), ("mhar", "fused_v7_sg8_norm")])
 def test_cuda_graph_replay_equals_eager_steps(variant, impl):
     dev, a, b, (sa, sb) = _gpu_pair(variant, impl)
     assert sa.plan.cuda_graph and not sb.plan.cuda_graph

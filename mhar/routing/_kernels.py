@@ -1087,6 +1087,122 @@ def stash(dout: torch.Tensor, out: torch.Tensor, dslot: torch.Tensor, delta: tor
     LAUNCHES["stash"] += 1
 
 
+# The following sublayer's pre-norm fused into the read (routing_impl ``*_norm``): the read returns
+# y = RMSNorm(h) * w instead of h, and its backward takes dy, forms dh (the norm's backward) and stashes it in
+# ONE pass: no separate norm backward writing dh for the stash to read again (saves a write and two reads of
+# (B*T, D) per read).
+def _prenorm_configs(full: bool = False) -> list:
+    """Tokens per program x warps (pruned by ``_prune6``); one under the interpreter / without autotuning."""
+    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
+        return [triton.Config({"BLOCK_T": 2}, num_warps=4)]
+    return [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (2, 4, 8, 16) for nw in (4, 8)]
+
+
+PRENORM_PROGRAMS = 264  # programs of the norm-backward stash at most (2 per H200 SM): rows of its dw partials
+
+
+@triton.autotune(configs=_prenorm_configs(), key=["D", "H"], prune_configs_by={"early_config_prune": _prune6})
+@triton.jit
+def _prenorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, BT, D, H, DH, eps,
+                        BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr):
+    """y = x * rsqrt(mean(x^2) + eps) * w in fp32 on x as stored, y in y's dtype; rstd (BT,) fp32."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    hh = tl.arange(0, HP)
+    tmask = tok < BT
+    cola, cma, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
+    xa = _ld(x_ptr, offa, ma)
+    sq = tl.sum(_hdot(xa, xa), axis=1)
+    xb = xa
+    if DB > 0:
+        colb, cmb, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
+        xb = _ld(x_ptr, offb, mb)
+        sq += tl.sum(_hdot(xb, xb), axis=1)
+    r = 1.0 / tl.sqrt(sq / D + eps)
+    wa = tl.load(w_ptr + cola, mask=cma, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offa, (xa * r[:, None, None] * wa[None, :, :]).to(y_ptr.dtype.element_ty), mask=ma)
+    if DB > 0:
+        wb = tl.load(w_ptr + colb, mask=cmb, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offb, (xb * r[:, None, None] * wb[None, :, :]).to(y_ptr.dtype.element_ty), mask=mb)
+    tl.store(rstd_ptr + tok, r, mask=tmask)
+
+
+def prenorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float, H: int, BT: int, D: int):
+    """The sublayer's RMSNorm of a read's output x (BT, D): (y (BT, D) in x's dtype, rstd (BT,) fp32)."""
+    HP, DA, DB = _split(D, H)
+    y = torch.empty_like(x)
+    rstd = torch.empty(BT, device=x.device, dtype=torch.float32)
+    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
+    _launch(_prenorm_fwd_kernel, ("prenorm_fwd", D, H, str(x.dtype), str(w.dtype)), grid,
+            (x, w, y, rstd, BT, D, H, D // H, eps), dict(HP=HP, DA=DA, DB=DB))
+    LAUNCHES["prenorm_fwd"] += 1
+    return y, rstd
+
+
+@triton.autotune(configs=_prenorm_configs(), key=["D", "H"], prune_configs_by={"early_config_prune": _prune6})
+@triton.jit
+def _prenorm_stash_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dslot_ptr, delta_ptr, dw_part_ptr, BT, D, H, DH,
+                          BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr):
+    """The norm's backward and the stash in one pass over token blocks pid, pid + programs, ...: dh = r (w dy)
+    - x r^3 / D <w dy, x> (fp32, rounded to the dout buffer's dtype) into dslot, delta = <dh, x> per head (BT, H)
+    fp32 from the rounded dh (as ``_stash_kernel``), and this program's part of dw = sum_t dy x r: dw_part[pid]."""
+    pid = tl.program_id(0)
+    hh = tl.arange(0, HP)
+    t0 = tl.arange(0, BLOCK_T)
+    cola, cma, wofa, wma = _part(t0, hh, t0 < BT, H, DH, D, 0, DA)  # (only the columns are used)
+    wa = tl.load(w_ptr + cola, mask=cma, other=0.0).to(tl.float32)
+    dwa = tl.zeros((HP, DA), tl.float32)
+    wb, dwb, colb, cmb = wa, dwa, cola, cma
+    if DB > 0:
+        colb, cmb, wofb, wmb = _part(t0, hh, t0 < BT, H, DH, D, DA, DB)
+        wb = tl.load(w_ptr + colb, mask=cmb, other=0.0).to(tl.float32)
+        dwb = tl.zeros((HP, DB), tl.float32)
+    for start in range(pid * BLOCK_T, BT, tl.num_programs(0) * BLOCK_T):
+        tok = start + t0
+        tmask = tok < BT
+        tca, tcma, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
+        r = tl.load(rstd_ptr + tok, mask=tmask, other=0.0)
+        xa = _ld(x_ptr, offa, ma)
+        dya = _ld(dy_ptr, offa, ma)
+        ga = dya * wa[None, :, :]
+        s = tl.sum(_hdot(ga, xa), axis=1)
+        dwa += tl.sum(dya * xa * r[:, None, None], axis=0)
+        xb, gb, offb, mb = xa, ga, offa, ma
+        if DB > 0:
+            tcb, tcmb, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
+            xb = _ld(x_ptr, offb, mb)
+            dyb = _ld(dy_ptr, offb, mb)
+            gb = dyb * wb[None, :, :]
+            s += tl.sum(_hdot(gb, xb), axis=1)
+            dwb += tl.sum(dyb * xb * r[:, None, None], axis=0)
+        c = (r * r * r * s / D)[:, None, None]
+        dha = (r[:, None, None] * ga - xa * c).to(dslot_ptr.dtype.element_ty)
+        tl.store(dslot_ptr + offa, dha, mask=ma)
+        delta = _hdot(dha.to(tl.float32), xa)
+        if DB > 0:
+            dhb = (r[:, None, None] * gb - xb * c).to(dslot_ptr.dtype.element_ty)
+            tl.store(dslot_ptr + offb, dhb, mask=mb)
+            delta += _hdot(dhb.to(tl.float32), xb)
+        tl.store(delta_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], delta,
+                 mask=tmask[:, None] & (hh[None, :] < H))
+    tl.store(dw_part_ptr + pid * D + cola, dwa, mask=cma)
+    if DB > 0:
+        tl.store(dw_part_ptr + pid * D + colb, dwb, mask=cmb)
+
+
+def prenorm_stash(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, dslot: torch.Tensor,
+                  delta: torch.Tensor, H: int, BT: int, D: int) -> torch.Tensor:
+    """Backward of ``prenorm_fwd`` fused with ``stash``: from dy = dL/dy (BT, D) and the read's output x (BT, D),
+    write dh into the dout-buffer slot ``dslot`` and delta (BT, H) fp32 = <dh, x> per head; returns dL/dw (D,)
+    fp32 (per-program partials summed in a fixed order: deterministic)."""
+    HP, DA, DB = _split(D, H)
+    dw_part = torch.empty(PRENORM_PROGRAMS, D, device=x.device, dtype=torch.float32)
+    grid = lambda meta: (min(triton.cdiv(BT, meta["BLOCK_T"]), PRENORM_PROGRAMS),)  # noqa: E731
+    bt = _launch(_prenorm_stash_kernel, ("prenorm_stash", D, H, str(dy.dtype), str(x.dtype), str(dslot.dtype)),
+                 grid, (dy, x, w, rstd, dslot, delta, dw_part, BT, D, H, D // H), dict(HP=HP, DA=DA, DB=DB))
+    LAUNCHES["prenorm_stash"] += 1
+    return dw_part[:min(triton.cdiv(BT, bt), PRENORM_PROGRAMS)].sum(0)
+
+
 def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
                w: torch.Tensor, k_lo: int, k_hi: int, init: torch.Tensor | None, grad_dtype: torch.dtype,
                H: int, eps: float, BT: int, D: int, ss: torch.Tensor | None = None,

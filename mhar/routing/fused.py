@@ -68,8 +68,8 @@ import torch
 from torch import Tensor
 
 from . import SOURCE_GROUP, V7_GROUP, Router, register_router
-from ._kernels import (LAUNCHES, append_source, prefix6_fwd, prefix7_fwd, prefix_bwd, prefix_fwd, route_bwd, route_fwd,
-                       route_fwd7, score_sources, source_bwd, source_group_bwd, split_weights, stash, dW_all)
+from ._kernels import (LAUNCHES, append_source, prenorm_fwd, prenorm_stash, prefix6_fwd, prefix7_fwd, prefix_bwd,
+                       prefix_fwd, route_bwd, route_fwd, route_fwd7, score_sources, source_bwd, source_group_bwd, split_weights, stash, dW_all)
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES"]
 
@@ -432,7 +432,8 @@ class _Read6(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, token, rtoken, query, norm_weight, Qr, Gr, null, extra, st: _Storage, n_buf: int, H: int,
-                eps: float, want_scores: bool, k: int, lo_new: int, k_next: int, lo: int, P, lse_p, table: bool):
+                eps: float, want_scores: bool, k: int, lo_new: int, k_next: int, lo: int, P, lse_p, table: bool,
+                pn_w, pn_eps: float):
         _Read.calls += 1
         READS["plain"] += 1
         v = st.v6
@@ -456,18 +457,21 @@ class _Read6(torch.autograd.Function):
             out, lse, scores = route_fwd(st.buf if n_buf > lo else None, n_buf, None, ex, q, g, H, eps, BT, D,
                                          st.dtype, lo=lo, init=P.reshape(BT, D), init_lse=lse_p.reshape(BT, H),
                                          lse_out=v.lse[k], ss=st.ss)
-        ctx.save_for_backward(q, g, nul, ex, out, lse, Qr, Gr)
+        y, rstd = out, None
+        if pn_w is not None:  # the next sublayer's pre-norm (an announced read): return RMSNorm(out) * pn_w
+            y, rstd = prenorm_fwd(out, pn_w, pn_eps, H, BT, D)
+        ctx.save_for_backward(q, g, nul, ex, out, lse, Qr, Gr, rstd, pn_w)
         ctx.st, ctx.n_buf, ctx.H, ctx.eps, ctx.k, ctx.lo_new, ctx.k_next = st, n_buf, H, eps, k, lo_new, k_next
         ctx.extra_dtype = extra.dtype if extra is not None else None
         rtok = torch.empty((), device=out.device, dtype=torch.float32)  # chain token: value never used
         ctx.set_materialize_grads(False)  # (its gradient neither: None, no fill kernel)
         if want_scores:
             ctx.mark_non_differentiable(scores)
-        return out.view(B, T, D), scores, rtok
+        return y.view(B, T, D), scores, rtok
 
     @staticmethod
     def backward(ctx, dout, _dscores, _drtoken):
-        q, g, nul, ex, out, lse, Qr, Gr = ctx.saved_tensors
+        q, g, nul, ex, out, lse, Qr, Gr, rstd, pn_w = ctx.saved_tensors
         st, k, H, eps = ctx.st, ctx.k, ctx.H, ctx.eps
         v = st.v6
         B, T, D = st.shape
@@ -475,7 +479,7 @@ class _Read6(torch.autograd.Function):
         if dout is None:  # the output reached no loss (gradients are not materialised, see forward)
             dout = torch.zeros_like(out)
         dout2 = dout.reshape(BT, D).contiguous()
-        dq = dg = dQr = dGr = dnull = dextra = None
+        dq = dg = dQr = dGr = dnull = dextra = dpn_w = None
         if k >= 0:
             if v.k_hi is None:  # the newest source-major read to reach backward runs first
                 v.k_hi = k + 1
@@ -485,7 +489,12 @@ class _Read6(torch.autograd.Function):
                 v.dW = torch.zeros((H, v.K, D // H), device=dout.device, dtype=torch.float32)
                 if H * v.K * st.buf.shape[0] * BT < 2**31:  # else one dW matmul per source
                     v.dsr = torch.zeros((H, v.K, st.buf.shape[0] * BT), device=dout.device, dtype=st.buf.dtype)
-            stash(dout2, out, v.dbuf[k], v.delta[k], H, BT, D)
+            if pn_w is not None:  # dout is dL/d(normed): the norm's backward and the stash in one pass
+                dw = prenorm_stash(dout2, out, pn_w, rstd, v.dbuf[k], v.delta[k], H, BT, D)
+                dpn_w = dw.to(pn_w.dtype) if ctx.needs_input_grad[20] else None
+                dout2 = v.dbuf[k]  # dL/d(read output), for the transient source below
+            else:
+                stash(dout2, out, v.dbuf[k], v.delta[k], H, BT, D)
             if ex is not None:  # the transient source is seen by this read only: its gradient now
                 dw_e, _, dextra = route_bwd(None, 0, None, ex, q, g, out, dout2, lse, None, (0, 0), H, eps, BT, D)
                 v.dW[:, k] += dw_e.view(H, D // H)
@@ -547,7 +556,7 @@ class _Read6(torch.autograd.Function):
         if dnull is not None and not ctx.needs_input_grad[6]:
             dnull = None
         dextra = dextra.view(B, T, D).to(ctx.extra_dtype) if dextra is not None else None
-        return (None, None, dq, dg, dQr, dGr, dnull, dextra) + (None,) * 12
+        return (None, None, dq, dg, dQr, dGr, dnull, dextra) + (None,) * 12 + (dpn_w, None)
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -607,13 +616,17 @@ class FusedRouter(Router):
     the paper configs' MHAR H=8 routing: training step 0.900-0.909x / 0.901-0.904x / 0.896-0.897x
     the baseline at 100M / 350M / 1B (two runs each; memory 1.04 / 1.03 / 1.02x); every launch
     configuration of its kernels passed its GPU test (results/bench/NOTES.md).
+    prenorm (routing_impl "fused_v7_sg8_norm"; not yet run on the GPU): ``read(..., prenorm=(weight, eps))``
+    returns the reader's RMSNorm of the mix, and an announced read's backward forms the norm's input gradient
+    and stashes it in one pass (``prenorm_stash``) instead of a separate norm backward; the residual uses it
+    through ``read_normed`` and the model skips the sublayer's own norm.
     """
 
     name = "fused"
 
     def __init__(self, grad_dtype: Optional[torch.dtype] = None, group: Optional[int] = None,
                  shared_backward: Optional[bool] = None, two_pass: bool = False, algo: str = "v6",
-                 source_group: int = 1, table: bool = False):
+                 source_group: int = 1, table: bool = False, prenorm: bool = False):
         if algo not in ("v6", "v5"):
             raise ValueError(f"algo must be 'v6' (source-major backward, routing_impl 'fused') or 'v5' "
                              f"(read-major, routing_impl 'fused_v5'), got {algo!r}")
@@ -622,7 +635,9 @@ class FusedRouter(Router):
                              f"douts per source), got {source_group!r}")
         if table and algo != "v6":
             raise ValueError("table (the v7 score table) is an option of the v6 kernels")
-        self.algo, self.source_group, self.table = algo, source_group, bool(table)
+        if prenorm and algo != "v6":
+            raise ValueError("prenorm (the next sublayer's pre-norm fused into the read) is an option of the v6 kernels")
+        self.algo, self.source_group, self.table, self.prenorm = algo, source_group, bool(table), bool(prenorm)
         if algo == "v6":
             self.name = "fused_v7" if table else "fused" if source_group == 1 else f"fused_sg{source_group}"
             if shared_backward is not None or two_pass:
@@ -714,11 +729,14 @@ class FusedRouter(Router):
 
     @torch.compiler.disable
     def read(self, state: FusedState, query, norm_weight, num_heads, eps=1e-6, *, extra=None,
-             return_weights=False, lookahead=None):
+             return_weights=False, lookahead=None, prenorm=None):
         """One routed read. ``lookahead = (Q, G)`` (M, D): queries / key norms of the next M reads, which the
         caller promises to issue in that order, each on this state plus the sources appended meanwhile. The
         first read of a group then computes the partials of up to ``group`` reads in one pass over the
-        common prefix, and the following reads only add their new sources."""
+        common prefix, and the following reads only add their new sources. ``prenorm = (weight, eps)``: return
+        the reader's RMSNorm of the routed mix (x * rsqrt(mean(x^2) + eps) * weight, fp32 math, in the mix's
+        dtype) instead of the mix: announced v6 reads fuse the norm's backward with the dout stash
+        (``prenorm_stash``); others apply it in torch (same math)."""
         st = state.storage
         D = query.shape[-1]
         if D % num_heads:
@@ -731,7 +749,12 @@ class FusedRouter(Router):
             extra = extra.expand(st.shape)
         _check_device(query)
         if self.algo == "v6":
-            return self._read6(state, query, norm_weight, num_heads, eps, extra, return_weights, lookahead)
+            return self._read6(state, query, norm_weight, num_heads, eps, extra, return_weights, lookahead,
+                               prenorm)
+        if prenorm is not None:
+            out = self.read(state, query, norm_weight, num_heads, eps, extra=extra, return_weights=return_weights,
+                            lookahead=lookahead)
+            return ((rms_norm(out[0], *prenorm), out[1]) if return_weights else rms_norm(out, *prenorm))
         grp = st.group
         if grp is not None and (return_weights or grp.next >= grp.K):
             st.group = grp = None  # finished (or abandoned for an analysis read)
@@ -769,7 +792,7 @@ class FusedRouter(Router):
         return out
 
 
-    def _read6(self, state: FusedState, query, norm_weight, H, eps, extra, return_weights, lookahead):
+    def _read6(self, state: FusedState, query, norm_weight, H, eps, extra, return_weights, lookahead, prenorm=None):
         st = state.storage
         B, T, D = st.shape
         v = st.v6
@@ -824,13 +847,24 @@ class FusedRouter(Router):
                 lo, P, lse_p = grp[2], grp[3][k - grp[0]], grp[4][k - grp[0]]
                 if k == grp[0] + grp[1] - 1:
                     v.group = None  # the partials are transient
+        fuse = prenorm is not None and k >= 0 and not return_weights  # the norm's backward joins the stash
+        pn_w, pn_eps = prenorm if fuse else (None, 0.0)
         out, scores, v.rtoken = _Read6.apply(state.token, v.rtoken, query, norm_weight, Qr, Gr, st.null, extra, st,
-                                             n, H, eps, return_weights, k, lo_new, k_next, lo, P, lse_p, table)
+                                             n, H, eps, return_weights, k, lo_new, k_next, lo, P, lse_p, table,
+                                             pn_w, pn_eps)
         st.reads += 1
+        if prenorm is not None and not fuse:
+            out = rms_norm(out, *prenorm)
         if return_weights:
             lse = torch.logsumexp(scores, dim=-1, keepdim=True)
             return out, torch.exp(scores - lse).view(B, T, H, -1)  # (B, T, H, N) fp32
         return out
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """The decoder's RMSNorm (``mhar.model.RMSNorm``) as a function: fp32 math, the result in x's dtype."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
 def route_fused(sources: Tensor, query: Tensor, norm_weight: Tensor, num_heads: int, eps: float = 1e-6,
@@ -849,4 +883,6 @@ register_router("fused_sg4", lambda: FusedRouter(source_group=4))  # v6 with sou
 register_router(f"fused_sg{SOURCE_GROUP}", lambda: FusedRouter(source_group=SOURCE_GROUP))  # v6 + source groups
 register_router(f"fused_v7_sg{SOURCE_GROUP}",  # v7 (score table, forward groups) + source groups
                 lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP))
-register_router("fused_v7", lambda: FusedRouter(table=True, group=V7_GROUP))  # v6 + the score table + groups
+register_router("fused_v7", lambda: FusedRouter(table=True, group=V7_GROUP))
+register_router(f"fused_v7_sg{SOURCE_GROUP}_norm",  # fused_v7_sg8 + the next sublayer's pre-norm in the read
+                lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, prenorm=True))  # v6 + the score table + groups
