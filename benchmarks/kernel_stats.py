@@ -120,14 +120,17 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
     p6_types = {n: "*bf16" for n in _jit(K._prefix6_kernel).arg_names if n.endswith("_ptr")}
     p6_types.update(w_ptr="*fp32", lse_ptr="*fp32", ss_ptr="*fp32", eps="fp32")
     f7_types = {n: "*bf16" for n in _jit(K._fwd7_kernel).arg_names if n.endswith("_ptr")}
-    f7_types.update(s_ptr="*fp32", lse_ptr="*fp32", init_lse_ptr="*fp32")
+    f7_types.update(s_ptr="*fp32", lse_ptr="*fp32", init_lse_ptr="*fp32", w_ptr="*fp32", rstd_ptr="*fp32",
+                    pn_eps="fp32")
     p7_types = {n: "*bf16" for n in _jit(K._prefix7_kernel).arg_names if n.endswith("_ptr")}
     p7_types.update(s_ptr="*fp32", lse_ptr="*fp32")
     dims = dict(D=D, H=H, DH=D // H)
     rows = []
     for name, kernel, types, flags, div, prune in (
-            ("fwd7", K._fwd7_kernel, f7_types, dict(HAS_INIT=False, JC=16, **dims), ("BT", "buf_stride", "s_stride"),
-             K._prune6),
+            ("fwd7", K._fwd7_kernel, f7_types, dict(HAS_INIT=False, JC=16, PRENORM=False, **dims),
+             ("BT", "buf_stride", "s_stride"), K._prune6),
+            ("fwd7_prenorm", K._fwd7_kernel, f7_types, dict(HAS_INIT=False, JC=16, PRENORM=True, **dims),
+             ("BT", "buf_stride", "s_stride"), K._prune6),
             *((f"prefix7_{kp}", K._prefix7_kernel, p7_types, dict(KP=kp, JC=8, **dims), ("BT", "buf_stride", "s_stride"),
                K._prune_prefix7) for kp in (4, 8)),
             ("src_bwd_table", K._src_bwd_kernel, bwd_types,

@@ -332,6 +332,7 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
         assert fused_mod.LAUNCHES["prenorm_fwd"] - launches.get("prenorm_fwd", 0) == n_sub
         assert fused_mod.LAUNCHES["prenorm_stash"] - launches.get("prenorm_stash", 0) == n_sub
         assert ran["stash"] == fused_mod._Read.calls - calls - n_sub  # the readout's plain stash
+        assert fused_mod.LAUNCHES["route_fwd7_prenorm"] > launches.get("route_fwd7_prenorm", 0)  # in the table read
     logits_e, grads_e = _model_grads(variant, "eager", heads, **res)
     assert rel(logits_f, logits_e) <= 1e-5
     assert grads_f.keys() == grads_e.keys()
@@ -1009,3 +1010,46 @@ def _check_prenorm(BT, D, H, dtype):
     assert rel(dslot.float(), xr.grad.float()) <= TOL[dtype]
     torch.testing.assert_close(delta, (dslot.float() * x.float()).view(BT, H, D // H).sum(-1), rtol=1e-5, atol=1e-5)
     assert rel(dw, norm.weight.grad) <= 1e-5
+
+
+def _check_fwd7_prenorm(BT, D, H, n, dtype, seed=0, init=False):
+    """route_fwd7 with prenorm = route_fwd7 without, then prenorm_fwd: the same out / lse, and y / rstd."""
+    from mhar.routing import _kernels as K
+    g = torch.Generator().manual_seed(seed)
+    buf = torch.randn(n, BT, D, generator=g).to(dtype).to(DEV)
+    S = (3 * torch.randn(n, 2, BT, H, generator=g)).to(DEV)
+    w = (1 + 0.5 * torch.randn(D, generator=g)).to(DEV)
+    P = torch.randn(BT, D, generator=g).to(dtype).to(DEV) if init else None
+    lse_p = torch.randn(BT, H, generator=g).to(DEV) if init else None
+    out, lse = K.route_fwd7(buf, S, 1, 1 if init else 0, n, H, BT, D, dtype, init=P, init_lse=lse_p)
+    out2, lse2, y, rstd = K.route_fwd7(buf, S, 1, 1 if init else 0, n, H, BT, D, dtype, init=P, init_lse=lse_p,
+                                       prenorm=(w, 1e-6))
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    y_ref, rstd_ref = K.prenorm_fwd(out, w, 1e-6, H, BT, D)
+    torch.testing.assert_close(rstd, rstd_ref, rtol=1e-6, atol=0)
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("BT,D,H,n,init", [(7, 40, 2, 3, False), (5, 48, 4, 4, True), (9, 64, 8, 2, False)])
+def test_fwd7_prenorm_matches_separate_norm(BT, D, H, n, init, dtype):
+    """The table read with the pre-norm formed in the same kernel (PRENORM) = the plain read + prenorm_fwd."""
+    _check_fwd7_prenorm(BT, D, H, n, dtype, seed=BT + n, init=init)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8), (512, 8)])
+def test_gpu_fwd7_prenorm_every_launch_config(D, H, monkeypatch):
+    """Each launch configuration of the table read with the pre-norm (PRENORM) at the presets' widths, 2048
+    tokens, 25 sources, with and without a prefix partial (bf16)."""
+    from mhar.routing import _kernels as K
+    orig = K._launch
+    for i, cfg in enumerate(K._v6_configs(full=True)):
+        def launch(kernel, key, grid, args, kwargs, cfg=cfg):
+            if kernel is K._fwd7_kernel:
+                kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
+                return cfg.kwargs["BLOCK_T"]
+            return orig(kernel, key, grid, args, kwargs)
+        monkeypatch.setattr(K, "_launch", launch)
+        _check_fwd7_prenorm(2048, D, H, 25, torch.bfloat16, seed=i, init=bool(i % 2))

@@ -1476,25 +1476,27 @@ def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch
     LAUNCHES["score"] += 1
 
 
-@triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_INIT", "NB"],
+@triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_INIT", "NB", "PRENORM"],
                  prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
-def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr, lo, n_buf, buf_stride, s_stride, BT,
+def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr, w_ptr, y_ptr, rstd_ptr, pn_eps,
+                 lo, n_buf, buf_stride, s_stride, BT,
                  NB, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, HAS_INIT: tl.constexpr,
                  BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
-                 JC: tl.constexpr):
+                 JC: tl.constexpr, PRENORM: tl.constexpr):
     """One read over buf[lo:n_buf) (after a prefix partial ``init`` / ``init_lse`` with HAS_INIT) with its scores
     from the table: s_ptr points at S[0, k] (slot j's at + j * s_stride, (BT, H) fp32). First the max score per
     (token, head) from the table, then one pass over the sources: p = exp(s - max), one multiply-add per
-    element. Writes out (BT, D) and lse (BT, H) fp32."""
+    element. Writes out (BT, D) and lse (BT, H) fp32. PRENORM: also the reader's RMSNorm of out (as stored)
+    y = out * rstd * w into y (BT, D) and rstd (BT,) fp32 (``prenorm_fwd``'s outputs, from the rows in hand)."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     hh = tl.arange(0, HP)
     tmask = tok < BT
     smask = tmask[:, None] & (hh[None, :] < H)
-    _, _, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
-    offb, mb = offa, ma
+    cola, cma, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
+    colb, cmb, offb, mb = cola, cma, offa, ma
     if DB > 0:
-        _, _, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
+        colb, cmb, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
     hoffs = tok.to(tl.int64)[:, None] * H + hh[None, :]
     if HAS_INIT:
         lse0 = tl.load(init_lse_ptr + hoffs, mask=smask, other=0.0)
@@ -1526,17 +1528,35 @@ def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr, lo, n
         acca = acca + p[:, :, None] * _ld(buf_ptr + j * buf_stride, offa, ma)
         if DB > 0:
             accb = accb + p[:, :, None] * _ld(buf_ptr + j * buf_stride, offb, mb)
-    tl.store(out_ptr + offa, (acca / l[:, :, None]).to(out_ptr.dtype.element_ty), mask=ma)
+    oa = (acca / l[:, :, None]).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + offa, oa, mask=ma)
+    ob = oa
     if DB > 0:
-        tl.store(out_ptr + offb, (accb / l[:, :, None]).to(out_ptr.dtype.element_ty), mask=mb)
+        ob = (accb / l[:, :, None]).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + offb, ob, mask=mb)
     tl.store(lse_ptr + hoffs, m + tl.log(l), mask=smask)
+    if PRENORM:
+        xa = tl.where(ma, oa.to(tl.float32), 0.0)
+        sq = tl.sum(_hdot(xa, xa), axis=1)
+        xb = xa
+        if DB > 0:
+            xb = tl.where(mb, ob.to(tl.float32), 0.0)
+            sq += tl.sum(_hdot(xb, xb), axis=1)
+        r = 1.0 / tl.sqrt(sq / D + pn_eps)
+        wa = tl.load(w_ptr + cola, mask=cma, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offa, (xa * r[:, None, None] * wa[None, :, :]).to(y_ptr.dtype.element_ty), mask=ma)
+        if DB > 0:
+            wb = tl.load(w_ptr + colb, mask=cmb, other=0.0).to(tl.float32)
+            tl.store(y_ptr + offb, (xb * r[:, None, None] * wb[None, :, :]).to(y_ptr.dtype.element_ty), mask=mb)
+        tl.store(rstd_ptr + tok, r, mask=tmask)
 
 
 def route_fwd7(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: int, H: int, BT: int, D: int,
                out_dtype: torch.dtype, init: torch.Tensor | None = None, init_lse: torch.Tensor | None = None,
-               lse_out: torch.Tensor | None = None):
+               lse_out: torch.Tensor | None = None, prenorm: tuple | None = None):
     """Read k of the score table S (cap, K, BT, H) over buf[lo:n_buf) (after the partial init / init_lse, if
-    given). Returns out (BT, D) in ``out_dtype``, lse (BT, H) fp32 (written into ``lse_out`` if given)."""
+    given). Returns out (BT, D) in ``out_dtype``, lse (BT, H) fp32 (written into ``lse_out`` if given), and with
+    ``prenorm = (weight, eps)`` also ``prenorm_fwd(out, weight, eps)``'s y and rstd, formed in the same kernel."""
     _check_index_range(buf)
     if n_buf - lo + (init is not None) <= 0:
         raise ValueError("routing needs at least one source")
@@ -1545,11 +1565,18 @@ def route_fwd7(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: int, 
     HP, DA, DB = _split(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     nb = _loop_bucket(n_buf - lo)
+    w, pn_eps = prenorm if prenorm is not None else (lse, 0.0)
+    y = torch.empty_like(out) if prenorm is not None else out
+    rstd = torch.empty(BT, device=buf.device, dtype=torch.float32) if prenorm is not None else lse
     args = (buf, S[0, k], out, lse, init if init is not None else out, init_lse if init_lse is not None else lse,
-            lo, n_buf, buf.stride(0), S.stride(0), BT, nb, D, H, D // H)
-    flags = dict(HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB, JC=16)
-    _launch(_fwd7_kernel, ("fwd7", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args, flags)
+            w, y, rstd, pn_eps, lo, n_buf, buf.stride(0), S.stride(0), BT, nb, D, H, D // H)
+    flags = dict(HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB, JC=16, PRENORM=prenorm is not None)
+    _launch(_fwd7_kernel, ("fwd7", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:9])), grid, args, flags)
     LAUNCHES["route_fwd7"] += 1
+    if prenorm is not None:
+        LAUNCHES["prenorm_fwd"] += 1
+        LAUNCHES["route_fwd7_prenorm"] += 1
+        return out, lse, y, rstd
     return out, lse
 
 

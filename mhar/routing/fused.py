@@ -445,10 +445,15 @@ class _Read6(torch.autograd.Function):
             ex = (ex if ex.dtype == st.dtype else ex.to(st.dtype)).contiguous()
         q, g = query.contiguous(), norm_weight.contiguous()
         nul = null.contiguous() if null is not None else None
+        y, rstd = None, None
         if table:  # v7: the scores from the table (no null / extra / returned weights: see FusedRouter._read6)
-            out, lse = route_fwd7(st.buf, v.S, k, lo if P is not None else 0, n_buf, H, BT, D, st.dtype,
-                                  init=P.reshape(BT, D) if P is not None else None,
-                                  init_lse=lse_p.reshape(BT, H) if P is not None else None, lse_out=v.lse[k])
+            res = route_fwd7(st.buf, v.S, k, lo if P is not None else 0, n_buf, H, BT, D, st.dtype,
+                             init=P.reshape(BT, D) if P is not None else None,
+                             init_lse=lse_p.reshape(BT, H) if P is not None else None, lse_out=v.lse[k],
+                             prenorm=(pn_w, pn_eps) if pn_w is not None else None)
+            out, lse = res[:2]
+            if pn_w is not None:  # the pre-norm formed by the same kernel, from the rows in hand
+                y, rstd = res[2:]
             scores = None
         elif P is None:
             out, lse, scores = route_fwd(st.buf if n_buf else None, n_buf, nul, ex, q, g, H, eps, BT, D, st.dtype,
@@ -457,8 +462,9 @@ class _Read6(torch.autograd.Function):
             out, lse, scores = route_fwd(st.buf if n_buf > lo else None, n_buf, None, ex, q, g, H, eps, BT, D,
                                          st.dtype, lo=lo, init=P.reshape(BT, D), init_lse=lse_p.reshape(BT, H),
                                          lse_out=v.lse[k], ss=st.ss)
-        y, rstd = out, None
-        if pn_w is not None:  # the next sublayer's pre-norm (an announced read): return RMSNorm(out) * pn_w
+        if pn_w is None:
+            y = out
+        elif y is None:  # the next sublayer's pre-norm (an announced read): return RMSNorm(out) * pn_w
             y, rstd = prenorm_fwd(out, pn_w, pn_eps, H, BT, D)
         ctx.save_for_backward(q, g, nul, ex, out, lse, Qr, Gr, rstd, pn_w)
         ctx.st, ctx.n_buf, ctx.H, ctx.eps, ctx.k, ctx.lo_new, ctx.k_next = st, n_buf, H, eps, k, lo_new, k_next
