@@ -22,6 +22,10 @@ tests). One byte "unit" = sum_n n * E * 2 bytes. Moved per microbatch:
   more to write its fp32 scores for every read that sees it; the reads and the prefix pass read score rows
   (twice: the max, then the mix) instead of re-scoring; the gradient kernel reads one row per (source, read);
   ``v7_g4_sg8`` (``routing_impl: fused_v7_sg8``): with source groups of 8 in the backward;
+  ``v7_g4_sg8_norm`` (``routing_impl: fused_v7_sg8_norm``): the same routing bytes minus what fusing each
+  sublayer's pre-norm into its read removes from the step (``PRENORM_SAVED`` source-sized passes per sublayer
+  read: the norm's backward no longer writes dh and reads it back with h, and the read's kernel norms the rows it
+  holds instead of a norm kernel reading the mix again); the final readout keeps its separate norm;
 * ``min``: any one-pass-per-read algorithm (``bench_routing_op.min_bytes``: forward reads the sources and
   writes the output, backward reads sources and dout and writes each source gradient once).
 
@@ -47,6 +51,7 @@ from mhar.routing import SOURCE_GROUP, V7_GROUP
 
 BYTES_PER_ELT = 2  # bf16 sources under autocast
 V6_GROUP = 8  # reads per forward prefix-sharing group of the v6 row with sharing (FusedRouter(group=8))
+PRENORM_SAVED = 4  # source-sized passes per sublayer read removed by the fused pre-norm: 3 backward, 1 forward
 # V7_GROUP: reads per forward group of routing_impl fused_v7 (the score table: FusedRouter(table=True, group=4))
 
 
@@ -92,6 +97,8 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
                              (f"v6_sg{SOURCE_GROUP}", v6s_f + v6s_b),
                              (f"v6_g{V6_GROUP}_sg{SOURCE_GROUP}", v6gs_f + v6gs_b),
                              (f"v7_g{V7_GROUP}", v7_f + v7_b), (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}", v7s_f + v7s_b),
+                             (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}_norm",
+                              v7s_f + v7s_b - PRENORM_SAVED * 2 * cfg["n_layers"] * E * BYTES_PER_ELT),
                              ("min", mb_f + mb_b)):
             ideal = nbytes / (hbm_gbps * 1e9) * 1e3
             row[f"{name}_gb"] = round(nbytes / 1e9, 3)

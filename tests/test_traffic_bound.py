@@ -149,3 +149,17 @@ def test_v7_table_bytes_by_hand():
     r = _router("fused_t_g4")
     assert (r.table, r.group, r.name) == (True, 4, "fused_v7")
     assert model_bytes("fused_t_g2", ns, E, H, D) == v6_bytes(ns, E, H, D, table=True, group=2)
+
+
+def test_prenorm_row_removes_the_fused_norm_passes():
+    """v7_g4_sg8_norm: the v7_g4_sg8 routing bytes minus, per SUBLAYER read (not the final readout), the norm's
+    backward dh write + its read back + the second read of h, and the forward norm's read of the mix: 4 sources'
+    bytes each."""
+    cfg = PRESETS["350M"]
+    B, T = MICROBATCH["350M"]
+    E = B * T * cfg["d_model"]
+    rows = [dict(size="350M", variant="baseline", step_ms="40", status="ok")]
+    (r,) = tb.bound_rows(rows, 4000.0)
+    saved = 4 * (2 * cfg["n_layers"]) * E * 2
+    assert r["v7_g4_sg8_norm_gb"] == pytest.approx(r["v7_g4_sg8_gb"] - saved / 1e9, abs=2e-3)
+    assert r["v7_g4_sg8_norm_bound_ratio"] > r["v7_g4_sg8_bound_ratio"]
