@@ -68,8 +68,9 @@ import torch
 from torch import Tensor
 
 from . import SOURCE_GROUP, V7_GROUP, Router, register_router
-from ._kernels import (LAUNCHES, append_source, prenorm_fwd, prenorm_stash, prefix6_fwd, prefix7_fwd, prefix_bwd,
-                       prefix_fwd, route_bwd, route_fwd, route_fwd7, score_sources, source_bwd, source_group_bwd, split_weights, stash, dW_all)
+from ._kernels import (LAUNCHES, append_source, dW_all, prefix6_fwd, prefix7_fwd, prefix_bwd, prefix_fwd,
+                       prenorm_fwd, prenorm_stash, route_bwd, route_fwd, route_fwd7, score_sources, source_bwd,
+                       source_group_bwd, split_weights, stash)
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES"]
 
