@@ -1101,6 +1101,23 @@ def _prenorm_configs(full: bool = False) -> list:
 PRENORM_PROGRAMS = 264  # programs of the norm-backward stash at most (2 per H200 SM): rows of its dw partials
 
 
+@triton.jit
+def _norm_rows(xa, xb, w_ptr, y_ptr, rstd_ptr, tok, tmask, cola, cma, offa, ma, colb, cmb, offb, mb, D, eps,
+               DB: tl.constexpr):
+    """Token rows held as the two parts of ``_split`` (xa, xb fp32, zero where masked): y = x rsqrt(mean(x^2) +
+    eps) w stored in y's dtype, rstd (BT,) fp32."""
+    sq = tl.sum(_hdot(xa, xa), axis=1)
+    if DB > 0:
+        sq += tl.sum(_hdot(xb, xb), axis=1)
+    r = 1.0 / tl.sqrt(sq / D + eps)
+    wa = tl.load(w_ptr + cola, mask=cma, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offa, (xa * r[:, None, None] * wa[None, :, :]).to(y_ptr.dtype.element_ty), mask=ma)
+    if DB > 0:
+        wb = tl.load(w_ptr + colb, mask=cmb, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offb, (xb * r[:, None, None] * wb[None, :, :]).to(y_ptr.dtype.element_ty), mask=mb)
+    tl.store(rstd_ptr + tok, r, mask=tmask)
+
+
 @triton.autotune(configs=_prenorm_configs(), key=["D", "H"], prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _prenorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, BT, D, H, DH, eps,
@@ -1111,19 +1128,11 @@ def _prenorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, BT, D, H, DH, eps,
     tmask = tok < BT
     cola, cma, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
     xa = _ld(x_ptr, offa, ma)
-    sq = tl.sum(_hdot(xa, xa), axis=1)
-    xb = xa
+    colb, cmb, offb, mb, xb = cola, cma, offa, ma, xa
     if DB > 0:
         colb, cmb, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
         xb = _ld(x_ptr, offb, mb)
-        sq += tl.sum(_hdot(xb, xb), axis=1)
-    r = 1.0 / tl.sqrt(sq / D + eps)
-    wa = tl.load(w_ptr + cola, mask=cma, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offa, (xa * r[:, None, None] * wa[None, :, :]).to(y_ptr.dtype.element_ty), mask=ma)
-    if DB > 0:
-        wb = tl.load(w_ptr + colb, mask=cmb, other=0.0).to(tl.float32)
-        tl.store(y_ptr + offb, (xb * r[:, None, None] * wb[None, :, :]).to(y_ptr.dtype.element_ty), mask=mb)
-    tl.store(rstd_ptr + tok, r, mask=tmask)
+    _norm_rows(xa, xb, w_ptr, y_ptr, rstd_ptr, tok, tmask, cola, cma, offa, ma, colb, cmb, offb, mb, D, eps, DB)
 
 
 def prenorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float, H: int, BT: int, D: int):
@@ -1535,20 +1544,9 @@ def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr, w_ptr
         ob = (accb / l[:, :, None]).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + offb, ob, mask=mb)
     tl.store(lse_ptr + hoffs, m + tl.log(l), mask=smask)
-    if PRENORM:
-        xa = tl.where(ma, oa.to(tl.float32), 0.0)
-        sq = tl.sum(_hdot(xa, xa), axis=1)
-        xb = xa
-        if DB > 0:
-            xb = tl.where(mb, ob.to(tl.float32), 0.0)
-            sq += tl.sum(_hdot(xb, xb), axis=1)
-        r = 1.0 / tl.sqrt(sq / D + pn_eps)
-        wa = tl.load(w_ptr + cola, mask=cma, other=0.0).to(tl.float32)
-        tl.store(y_ptr + offa, (xa * r[:, None, None] * wa[None, :, :]).to(y_ptr.dtype.element_ty), mask=ma)
-        if DB > 0:
-            wb = tl.load(w_ptr + colb, mask=cmb, other=0.0).to(tl.float32)
-            tl.store(y_ptr + offb, (xb * r[:, None, None] * wb[None, :, :]).to(y_ptr.dtype.element_ty), mask=mb)
-        tl.store(rstd_ptr + tok, r, mask=tmask)
+    if PRENORM:  # the reader's norm of the rows as stored
+        _norm_rows(tl.where(ma, oa.to(tl.float32), 0.0), tl.where(mb, ob.to(tl.float32), 0.0), w_ptr, y_ptr,
+                   rstd_ptr, tok, tmask, cola, cma, offa, ma, colb, cmb, offb, mb, D, pn_eps, DB)
 
 
 def route_fwd7(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: int, H: int, BT: int, D: int,
