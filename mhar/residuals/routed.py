@@ -54,7 +54,7 @@ class MultiHeadAttnRes(Residual):
         routing_impl ``fused_v7_sg8_norm``); None for the others (the sublayer then norms ``read``)."""
         if not getattr(self.router, "prenorm", False):
             return None
-        return self._route(state, i, prenorm=(norm.weight, norm.eps))
+        return self._route(state, i, prenorm=norm)
 
     def write(self, state, i: int, out: Tensor):
         return self.router.append(state, out)

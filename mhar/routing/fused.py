@@ -623,7 +623,7 @@ class FusedRouter(Router):
     the paper configs' MHAR H=8 routing: training step 0.900-0.909x / 0.901-0.904x / 0.896-0.897x
     the baseline at 100M / 350M / 1B (two runs each; memory 1.04 / 1.03 / 1.02x); every launch
     configuration of its kernels passed its GPU test (results/bench/NOTES.md).
-    prenorm (routing_impl "fused_v7_sg8_norm"; not yet run on the GPU): ``read(..., prenorm=(weight, eps))``
+    prenorm (routing_impl "fused_v7_sg8_norm"; not yet run on the GPU): ``read(..., prenorm=norm)``
     returns the reader's RMSNorm of the mix, and an announced read's backward forms the norm's input gradient
     and stashes it in one pass (``prenorm_stash``) instead of a separate norm backward; the residual uses it
     through ``read_normed`` and the model skips the sublayer's own norm.
@@ -740,10 +740,10 @@ class FusedRouter(Router):
         """One routed read. ``lookahead = (Q, G)`` (M, D): queries / key norms of the next M reads, which the
         caller promises to issue in that order, each on this state plus the sources appended meanwhile. The
         first read of a group then computes the partials of up to ``group`` reads in one pass over the
-        common prefix, and the following reads only add their new sources. ``prenorm = (weight, eps)``: return
-        the reader's RMSNorm of the routed mix (x * rsqrt(mean(x^2) + eps) * weight, fp32 math, in the mix's
-        dtype) instead of the mix: announced v6 reads fuse the norm's backward with the dout stash
-        (``prenorm_stash``); others apply it in torch (same math)."""
+        common prefix, and the following reads only add their new sources. ``prenorm``: the reader's RMSNorm
+        module (``weight``, ``eps``; x * rsqrt(mean(x^2) + eps) * weight, fp32 math, in the mix's dtype): return
+        its norm of the routed mix instead of the mix. Announced v6 reads form it in the read kernel and fuse its
+        backward with the dout stash (``prenorm_stash``); other reads call the module on the mix."""
         st = state.storage
         D = query.shape[-1]
         if D % num_heads:
@@ -758,10 +758,10 @@ class FusedRouter(Router):
         if self.algo == "v6":
             return self._read6(state, query, norm_weight, num_heads, eps, extra, return_weights, lookahead,
                                prenorm)
-        if prenorm is not None:
+        if prenorm is not None:  # v5 has no fused pre-norm: the module norms the mix
             out = self.read(state, query, norm_weight, num_heads, eps, extra=extra, return_weights=return_weights,
                             lookahead=lookahead)
-            return ((rms_norm(out[0], *prenorm), out[1]) if return_weights else rms_norm(out, *prenorm))
+            return (prenorm(out[0]), out[1]) if return_weights else prenorm(out)
         grp = st.group
         if grp is not None and (return_weights or grp.next >= grp.K):
             st.group = grp = None  # finished (or abandoned for an analysis read)
@@ -855,23 +855,17 @@ class FusedRouter(Router):
                 if k == grp[0] + grp[1] - 1:
                     v.group = None  # the partials are transient
         fuse = prenorm is not None and k >= 0 and not return_weights  # the norm's backward joins the stash
-        pn_w, pn_eps = prenorm if fuse else (None, 0.0)
+        pn_w, pn_eps = (prenorm.weight, float(prenorm.eps)) if fuse else (None, 0.0)
         out, scores, v.rtoken = _Read6.apply(state.token, v.rtoken, query, norm_weight, Qr, Gr, st.null, extra, st,
                                              n, H, eps, return_weights, k, lo_new, k_next, lo, P, lse_p, table,
                                              pn_w, pn_eps)
         st.reads += 1
         if prenorm is not None and not fuse:
-            out = rms_norm(out, *prenorm)
+            out = prenorm(out)
         if return_weights:
             lse = torch.logsumexp(scores, dim=-1, keepdim=True)
             return out, torch.exp(scores - lse).view(B, T, H, -1)  # (B, T, H, N) fp32
         return out
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """The decoder's RMSNorm (``mhar.model.RMSNorm``) as a function: fp32 math, the result in x's dtype."""
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
 def route_fused(sources: Tensor, query: Tensor, norm_weight: Tensor, num_heads: int, eps: float = 1e-6,
