@@ -412,8 +412,16 @@ _BENCH_ALIASES = {"tokens_per_s": ("tokens_per_s", "tok_per_s", "throughput", "t
 PROVIDER_NAMES = {"baseline": "baseline", "mhar_eager": "eager", "eager": "eager", "reference": "eager",
                   "mhar_compile": "compile", "compile": "compile", "mhar_fused": "fused", "fused": "fused",
                   "mhar_compile_sub": "compile", "mhar_fused_sub": "fused",
-                  # the other fused routers (routing_impl of bench_training's variants mhar_<impl>)
-                  **{f"mhar_{i}": i for i in ("fused_v5", "fused_v7", "fused_sg4", "fused_sg8", "fused_v7_sg8")}}
+                  }
+
+
+def provider_name(name) -> str:
+    """The routing implementation a benchmark row names: bench_training's variants ``mhar_<routing_impl>``
+    (``mhar_fused_v7_sg8`` -> ``fused_v7_sg8``) and the aliases above; other names lower-cased as given."""
+    v = str(name).lower()
+    if v in PROVIDER_NAMES:
+        return PROVIDER_NAMES[v]
+    return v[len("mhar_"):] if v.startswith("mhar_fused_") else v
 
 
 _INFERENCE_COLS = ("size", "variant", "routing_impl", "prefill_tok_s", "decode_ms_per_token", "peak_mem_gib")
@@ -452,7 +460,7 @@ def load_inference(paths: Iterable[str | os.PathLike]):
                                      "benchmarks/bench_inference.py CSV")
         out = pd.DataFrame({
             "size": df["size"].astype(str),
-            "provider": ["baseline" if str(v) == "baseline" else PROVIDER_NAMES.get(str(i).lower(), str(i).lower())
+            "provider": ["baseline" if str(v) == "baseline" else provider_name(i)
                          for v, i in zip(df["variant"], df["routing_impl"])],
             "prefill_tok_s": pd.to_numeric(df["prefill_tok_s"], errors="coerce"),
             "decode_ms_per_token": pd.to_numeric(df["decode_ms_per_token"], errors="coerce"),
@@ -493,7 +501,7 @@ def load_bench(paths: Iterable[str | os.PathLike]):
             out[canon] = df[col] if col is not None else np.nan
         out["status"] = df["status"].astype(str) if "status" in df.columns else "ok"
         out["tokens_per_s"] = pd.to_numeric(out["tokens_per_s"], errors="coerce")
-        out["provider"] = [PROVIDER_NAMES.get(str(v).lower(), str(v).lower()) for v in out["provider"]]
+        out["provider"] = [provider_name(v) for v in out["provider"]]
         out["size"] = out["size"].astype(str)
         out["source"] = str(p)
         frames.append(out)
