@@ -6,11 +6,19 @@
     PYTHONPATH=. python benchmarks/profile_step.py generate 350M mhar       # Transformer.generate as bench_inference
                                                                             # times it (8 x 512 prompt + 8 tokens)
 
+    PYTHONPATH=. python benchmarks/profile_step.py train 1B baseline mhar_fused_v7_sg8 --json $OUT/prof.json
+                                     # several in one process: kernel time by category side by side, with the
+                                     # difference to the first (where MHAR's extra step time goes)
+
 Prints, per iteration: wall ms (synchronised), summed CUDA kernel ms, kernel count, and the kernels with
-the most CUDA time. Wall >> kernel time means the GPU waits for the CPU (launch / Python overhead).
+the most CUDA time. Wall >> kernel time means the GPU waits for the CPU (launch / Python overhead). With
+several targets, also the CUDA time per kernel category (``kernel_category``). ``--json`` writes every
+kernel's ms / calls per iteration for each target.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 import time
 from collections import defaultdict
@@ -56,13 +64,71 @@ def _generate_fn(size: str, variant: str, new: int = 8):
     return lambda: model.generate(contexts, 1 + new)
 
 
-def main(argv=None) -> None:
-    kind, size, what = (argv or sys.argv[1:])[:3]
+# kernel categories, first match wins (substrings of the lower-cased CUDA kernel name)
+_CATEGORIES = (
+    ("optimizer", ("multi_tensor", "fused_adam", "adamw", "foreach")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn_generated")),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "splitk")),
+    ("inductor fused", ("triton_",)),
+    ("copy / fill", ("copy", "memcpy", "memset", "fill", "catarray", "cat_")),
+    ("aten elementwise / reduce", ("elementwise", "reduce_kernel", "vectorized")),
+)
+
+
+def _routing_kernel_names() -> tuple[str, ...]:
+    """Names of the fused router's Triton kernels (every ``*_kernel`` of mhar.routing._kernels)."""
+    from mhar.routing import _kernels
+    return tuple(sorted(n for n in dir(_kernels) if n.endswith("_kernel") and n.startswith("_")))
+
+
+def kernel_category(name: str, routing: tuple[str, ...] = ()) -> str:
+    """The category of one CUDA kernel: "routing: <kernel>" for the fused router's kernels (``routing``),
+    else the first of ``_CATEGORIES`` whose substrings the name contains, else "other"."""
+    base = name.split("(")[0].strip()
+    if base in routing:
+        return f"routing: {base}"
+    low = name.lower()
+    for cat, keys in _CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def by_category(per_kernel: dict, routing: tuple[str, ...]) -> dict:
+    """{category: ms per iteration} from {kernel name: [ms per iteration, calls per iteration]}."""
+    out: dict = defaultdict(float)
+    for name, (ms, _) in per_kernel.items():
+        out[kernel_category(name, routing)] += ms
+    return dict(out)
+
+
+def category_table(results: dict, routing: tuple[str, ...]) -> str:
+    """Side-by-side text table: CUDA ms per iteration per category for each target, and each later target's
+    difference to the first (rows sorted by the largest difference)."""
+    names = list(results)
+    cats = {n: by_category(results[n]["kernels"], routing) for n in names}
+    keys = sorted({c for d in cats.values() for c in d},
+                  key=lambda c: -max(abs(cats[n].get(c, 0.0) - cats[names[0]].get(c, 0.0)) for n in names))
+    head = f"  {'category':28s}" + "".join(f"{n[:22]:>24s}" for n in names) + \
+        "".join(f"{'d ' + n[:20]:>24s}" for n in names[1:])
+    lines = [head]
+    for c in keys + ["all kernels", "wall"]:
+        if c == "all kernels":
+            vals = [sum(cats[n].values()) for n in names]
+        elif c == "wall":
+            vals = [results[n]["wall_ms"] for n in names]
+        else:
+            vals = [cats[n].get(c, 0.0) for n in names]
+        lines.append(f"  {c:28s}" + "".join(f"{v:24.3f}" for v in vals) +
+                     "".join(f"{v - vals[0]:+24.3f}" for v in vals[1:]))
+    return "\n".join(lines)
+
+
+def _profile(kind: str, size: str, what: str, iters: int = 3) -> dict:
     fn = {"op": _op_fn, "train": _train_fn, "generate": _generate_fn}[kind](size, what)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    iters = 3
     t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
@@ -79,16 +145,42 @@ def main(argv=None) -> None:
         if e.device_type == torch.autograd.DeviceType.CUDA:
             per[e.name][0] += e.device_time_total / 1e3 / iters
             per[e.name][1] += 1
+    for v in per.values():
+        v[1] /= iters
     total = sum(v[0] for v in per.values())
-    n = sum(v[1] for v in per.values()) / iters
+    n = sum(v[1] for v in per.values())
     print(f"PROFILE {kind} {size} {what}: wall {wall_noprof:.2f} ms/iter (profiled {wall:.2f}), "
           f"CUDA kernels {total:.2f} ms/iter, {n:.0f} kernels/iter")
     for name, (ms, cnt) in sorted(per.items(), key=lambda kv: -kv[1][0])[:14]:
-        print(f"  {ms:8.3f} ms  x{cnt / iters:5.0f}  {name[:110]}")
+        print(f"  {ms:8.3f} ms  x{cnt:5.0f}  {name[:110]}")
     if kind == "generate":  # where the host time goes
         print("  top CPU operators (self time):")
         for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]:
             print(f"  {e.self_cpu_time_total / 1e3 / iters:8.3f} ms  x{e.count / iters:6.0f}  {e.key[:100]}")
+    return {"wall_ms": wall_noprof, "wall_profiled_ms": wall, "kernels": {k: list(v) for k, v in per.items()}}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("kind", choices=["op", "train", "generate"])
+    ap.add_argument("size")
+    ap.add_argument("targets", nargs="+", help="router impls (op) or bench_training variants (train, generate)")
+    ap.add_argument("--json", help="write every kernel's ms / calls per iteration for each target here")
+    args = ap.parse_args(argv)
+    results = {}
+    for what in args.targets:
+        results[what] = _profile(args.kind, args.size, what)
+        torch.cuda.empty_cache()
+    routing = _routing_kernel_names()
+    if len(results) > 1:
+        print(f"CATEGORIES {args.kind} {args.size} (CUDA ms per iteration; d = minus {args.targets[0]})")
+        print(category_table(results, routing))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"kind": args.kind, "size": args.size, "command": " ".join(sys.argv),
+                       "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results,
+                       "categories": {n: by_category(r["kernels"], routing) for n, r in results.items()}},
+                      f, indent=1)
 
 
 if __name__ == "__main__":
