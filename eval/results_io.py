@@ -474,7 +474,8 @@ def load_inference(paths: Iterable[str | os.PathLike]):
 def load_bench(paths: Iterable[str | os.PathLike]):
     """Concatenate training-throughput benchmark CSVs into one DataFrame with columns size, provider
     (baseline/eager/compile/fused), tokens_per_s, peak_mem_gb, ratio (throughput / baseline throughput),
-    status, source. ``paths`` is an explicit list (the workflow's ``cost.bench_files``); inference records
+    status, source, paired (the ratio came with the record: the variant against the baseline of its own run).
+    ``paths`` is an explicit list (the workflow's ``cost.bench_files``); inference records
     among them (``load_inference``) are left to the caller; any other listed CSV that is
     not a training-throughput benchmark (no throughput column, e.g. routing-op timings) is an error, not
     skipped. Memory is taken as reported (GiB when the CSV says ``peak_mem_gib``)."""
@@ -509,6 +510,10 @@ def load_bench(paths: Iterable[str | os.PathLike]):
         raise AnalysisInputError("no training-throughput CSV given: list benchmarks/bench_training.py CSVs "
                                  "(cost.bench_files)")
     df = pd.concat(frames, ignore_index=True)
+    df["ratio"] = pd.to_numeric(df["ratio"], errors="coerce")
+    # a ratio the record carries pairs the variant with the baseline of its own run (bench_training.py's
+    # thr_ratio); a missing one is filled against the mean baseline of the size: not paired
+    df["paired"] = df["ratio"].notna() & (df["provider"] != "baseline")
     for size, sub in df.groupby("size"):
         base = sub.loc[sub["provider"] == "baseline", "tokens_per_s"].astype(float).mean()
         missing = sub["ratio"].isna()

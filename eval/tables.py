@@ -675,7 +675,11 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
         tps_m, tps_se, n_ok = _mean_se(sub["tokens_per_s"])
         r, r_se, _ = _mean_se(sub["ratio"])
         bm, bse, _ = base_tps.get(size, (None, None, 0))
-        if r is not None and tps_m and bm and (tps_se is not None or bse is not None):
+        ok = sub["ratio"].notna()
+        paired = provider != "baseline" and bool(ok.any()) and bool(sub.loc[ok, "paired"].all())
+        if paired:
+            pass  # every ratio pairs a run with its own baseline: the mean and SE over those runs
+        elif r is not None and tps_m and bm and (tps_se is not None or bse is not None):
             # delta method: spread of the variant and of the baseline repeats
             r_se = r * math.sqrt(((tps_se or 0.0) / tps_m) ** 2 + ((bse or 0.0) / bm) ** 2)
         mem = sub["peak_mem_gb"].astype(float)
@@ -689,7 +693,9 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
         rows.append({"size": size, "provider": provider, "n": len(sub), "n_ok": n_ok, "status": status,
                      "tokens_per_s": tps_m, "tokens_per_s_sd": float(sub["tokens_per_s"].astype(float).std(ddof=1))
                      if n_ok > 1 else None,
-                     "ratio": r, "ratio_se": r_se, "peak_mem_gb": float(mem.mean()) if mem.notna().any() else None,
+                     "ratio": r, "ratio_se": r_se,
+                     "pairing": "" if provider == "baseline" else ("same run" if paired else "mean baseline"),
+                     "peak_mem_gb": float(mem.mean()) if mem.notna().any() else None,
                      "published_ratio": pr, "published_mem_gb": pm, "same_scale": same,
                      "comparison": "" if provider == "baseline" else f"{provider} / baseline throughput ({size})",
                      "delta": (r - 1.0) if (r is not None and provider != "baseline") else None,
@@ -700,8 +706,9 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
             Column("n", lambda r: str(r["n_ok"])),
             Column("tokens/s", lambda r: f_sd(r["tokens_per_s"], r["tokens_per_s_sd"], 0)
                    if _ok(r["tokens_per_s"]) else r["status"]),
-            Column("ratio ± SE", lambda r: f_sd(r["ratio"], r["ratio_se"], 2) if _ok(r["ratio"]) else
+            Column("ratio ± SE", lambda r: f_sd(r["ratio"], r["ratio_se"], 3) if _ok(r["ratio"]) else
                    (vd.OOM if vd.OOM in r["status"].upper() else "-")),
+            Column("ratio vs", lambda r: r["pairing"] or "-"),
             Column("peak GB", lambda r: f_num(r["peak_mem_gb"], 1)),
             Column("paper ratio", lambda r: f_num(r["published_ratio"], 2)),
             Column("paper GB", lambda r: f_num(r["published_mem_gb"], 1)),
@@ -712,9 +719,11 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
                        Column("decode ms/token (ratio)", lambda r: f"{f_num(r['decode_ms'], 1)} "
                               f"({f_num(r['decode_ratio'], 2)})" if _ok(r.get("decode_ms")) else "-"),
                        Column("inference peak GB", lambda r: f_num(r.get("infer_peak_gb"), 2))]
-    notes = ["ratio = tokens/s of the routing implementation / mean tokens/s of the baseline at the same size; "
-             "SE from repeat measurements (variant and baseline, delta method) where the records have repeats; "
-             "memory as the benchmark reports it (torch peak allocated).",
+    notes = ["ratio vs 'same run': each record's ratio pairs the routing implementation with the baseline "
+             "measured in the same run (benchmarks/bench_training.py); the table gives the mean over runs and its "
+             "SE over runs (n runs). ratio vs 'mean baseline': tokens/s of the routing implementation / mean "
+             "tokens/s of the baseline at the same size, SE from the repeats of both (delta method). Memory as the "
+             "benchmark reports it (torch peak allocated).",
              "Paper: cost table (single H100); eager 1B was OOM (>80 GB).",
              "Verdicts: eval/verdict.py COST_RULE (quoted once at the top of REPORT.md): two-sided tolerance 0.10 "
              "plus 2 SE of the repeats."] + \

@@ -548,3 +548,25 @@ def test_every_bench_training_variant_is_tabulated_under_its_routing_impl():
     for name, spec in VARIANTS.items():
         assert io.provider_name(name) == spec.get("routing_impl", "baseline"), name
         assert io.provider_name(name.upper()) == io.provider_name(name)
+
+
+def test_cost_table_same_run_ratios_are_averaged_over_runs(tmp_path):
+    """Records that pair each MHAR run with the baseline of its own run (bench_training.py's thr_ratio): the
+    ratio and its SE are the mean and SE over those runs, not a delta method over unpaired baselines (whose
+    spread between runs on different days says nothing about the ratio)."""
+    rows = ["size,variant,tokens_per_s,peak_mem_gib,status,thr_ratio",
+            "1B,baseline,40000,19.0,ok,", "1B,mhar_fused_v7_sg8,36000,20.0,ok,0.90",  # run 1
+            "1B,baseline,20000,19.0,ok,", "1B,mhar_fused_v7_sg8,18200,20.0,ok,0.91",  # run 2: a slower machine
+            "1B,mhar_compile,9000,40.0,ok,"]  # no paired ratio: against the mean baseline
+    bench = tmp_path / "training.csv"
+    bench.write_text("\n".join(rows) + "\n")
+    t = tables.cost_table([bench])
+    r = {x["provider"]: x for x in t.rows}
+    want = np.array([0.90, 0.91])
+    assert r["fused_v7_sg8"]["ratio"] == pytest.approx(want.mean())
+    assert r["fused_v7_sg8"]["ratio_se"] == pytest.approx(want.std(ddof=1) / np.sqrt(2))
+    assert r["fused_v7_sg8"]["pairing"] == "same run"
+    base = np.array([40000, 20000.0])
+    assert r["compile"]["ratio"] == pytest.approx(9000 / base.mean()) and r["compile"]["pairing"] == "mean baseline"
+    assert r["compile"]["ratio_se"] == pytest.approx((9000 / base.mean()) * (base.std(ddof=1) / np.sqrt(2)) / base.mean())
+    assert "| 1B | fused_v7_sg8 | 2 |" in tables.to_markdown(t) and "same run" in tables.to_markdown(t)
