@@ -16,7 +16,7 @@ Medians over ``--repeats`` timed calls after warm-up calls (Triton compilation a
 ``MHAR_ROUTING_AUTOTUNE=0`` skips the fused kernels' autotuning (one fixed launch configuration; recorded
 in the ``routing_autotune`` column) when a cold Triton cache would make the run too long.
 
-    PYTHONPATH=. python benchmarks/bench_inference.py --sizes 100M 350M 1B --out results/bench/inference.csv
+    PYTHONPATH=. python benchmarks/bench_inference.py --sizes 100M 350M 1B --out results/bench/inference.csv --append
     PYTHONPATH=. python benchmarks/bench_inference.py --sizes debug --device cpu --mhar-impl eager \\
         --batch 2 --prompt 32 --new 4 --repeats 1 --out /tmp/inference.csv        # CPU smoke run
 """
@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from benchmarks.common import env_columns, write_csv
+from benchmarks.common import add_out_args, env_columns, existing_rows, write_csv
 from mhar.config import model_config
 from mhar.model import build_model
 
@@ -99,8 +99,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float32"], help="default: bf16 on cuda, fp32 on cpu")
-    ap.add_argument("--out", default="results/bench/inference.csv")
+    add_out_args(ap, "results/bench/inference.csv")
     a = ap.parse_args(argv)
+    keep = existing_rows(a.out, a.append)  # before any run: an existing record is never overwritten
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error(f"--device {a.device}: CUDA is not available")
@@ -117,7 +118,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print({k: row[k] for k in ("size", "variant", "prefill_tok_s", "decode_ms_per_token", "peak_mem_gib")},
                   flush=True)
             rows.append({**row, **env})
-    write_csv(a.out, rows)
+    write_csv(a.out, rows, keep)
     return 0
 
 

@@ -17,7 +17,7 @@ are the bytes of each kernel version's byte model (``v6_bytes`` / ``v5_bytes``, 
 the bandwidth they are moved at (``--graph 1``: CUDA-graph replays, kernel time only).
 
     PYTHONPATH=. python benchmarks/bench_routing_op.py --sizes 100M 350M 1B --heads 8 --graph 1 \
-        --out results/bench/routing_op.csv
+        --out results/bench/routing_op.csv --append
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import triton.testing
 
-from benchmarks.common import env_columns, measure_hbm_bandwidth, tuned_lines, write_csv
+from benchmarks.common import add_out_args, env_columns, existing_rows, measure_hbm_bandwidth, tuned_lines, write_csv
 from mhar.config import PRESETS
 from mhar.routing import get_router
 
@@ -291,8 +291,9 @@ def main(argv=None) -> None:
     ap.add_argument("--modes", nargs="+", default=["microbatch"])
     ap.add_argument("--graph", type=int, choices=(0, 1), default=0,
                     help="1: time CUDA-graph replays (triton.testing.do_bench_cudagraph): kernel time only")
-    ap.add_argument("--out", default="results/bench/routing_op.csv")
+    add_out_args(ap, "results/bench/routing_op.csv")
     args = ap.parse_args(argv)
+    keep = existing_rows(args.out, args.append)  # before any run: an existing record is never overwritten
     torch._dynamo.config.cache_size_limit = 512  # compile: one graph per distinct number of sources
     hbm = measure_hbm_bandwidth()
     print(f"measured HBM copy bandwidth: {hbm:.0f} GB/s")
@@ -314,12 +315,12 @@ def main(argv=None) -> None:
                 print({k: r[k] for k in ("size", "mode", "impl", "status", "fwd_ms", "bwd_ms", "fwd_bwd_ms",
                                          "model_gb", "model_gbps", "model_frac_hbm")}, flush=True)
                 print("\n".join(tuned_lines(tuned)), flush=True)  # the autotuner's choices for this case
-                write_csv(args.out, rows)
+                write_csv(args.out, rows, keep)
     by = {(r["size"], r["mode"], r["impl"]): r for r in rows}
     for (size, mode, impl), r in by.items():  # side by side: v6 against v5 in the same call
         old = by.get((size, mode, "fused_v5"))
-        if (impl == "fused" or impl.startswith("fused_g")) and old and r["status"] == old["status"] == "ok":
-            print(f"{size} {mode}: {impl} (v6) {r['fwd_bwd_ms']:.3f} ms ({r['model_gb']} GB, {r['model_gbps']} GB/s) "
+        if impl.startswith("fused") and impl != "fused_v5" and old and r["status"] == old["status"] == "ok":
+            print(f"{size} {mode}: {impl} {r['fwd_bwd_ms']:.3f} ms ({r['model_gb']} GB, {r['model_gbps']} GB/s) "
                   f"vs fused_v5 {old['fwd_bwd_ms']:.3f} ms ({old['model_gb']} GB, {old['model_gbps']} GB/s): "
                   f"{old['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x faster", flush=True)
 

@@ -10,10 +10,13 @@ torch.cuda.max_memory_allocated over the whole process (warm-up and graph captur
 the trainer's summary). Ratios are against the baseline of the same size and
 mode. ``--trainer-steps N`` adds, per row, a real ``python -m mhar.train`` run of the same configuration on
 synthetic tokens (mode=trainer: the median step time after warm-up from its summary.json), so the trainer
-and the step can be compared in one call.
+and the step can be compared in one call. ``--repeats N`` runs the sequence of variants N times per size (fresh
+processes each time): every MHAR row is paired with the baseline of its own repeat (column ``repeat``), and a
+``SUMMARY`` line per variant gives the mean same-run ratio over repeats with its 95% t interval. An existing
+``--out`` is never overwritten: pass ``--append`` to add the rows to it.
 
     PYTHONPATH=. python -m benchmarks.bench_training --sizes 100M 350M 1B \
-        --variants baseline mhar_fused --heads 8 --trainer-steps 40 --out results/bench/training.csv
+        --variants baseline mhar_fused_v7_sg8 --heads 8 --repeats 3 --out results/bench/training.csv --append
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import env_columns, write_csv
+from benchmarks.common import add_out_args, env_columns, existing_rows, write_csv
 
 MICROBATCH = {"100M": (8, 2048), "350M": (4, 1024), "1B": (2, 1024), "debug": (2, 64), "tiny": (2, 128)}
 # residual config of each benchmark variant (routing_impl picks the Router: mhar/routing)
@@ -162,7 +165,11 @@ def main(argv=None) -> None:
                          "`python -m mhar.train` (synthetic tokens) and add a row (mode=trainer) with its steady tok/s")
     ap.add_argument("--trainer-only", action="store_true",
                     help="with --trainer-steps: only the trainer rows (no benchmark rows)")
-    ap.add_argument("--out", default="results/bench/training.csv")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run the whole sequence of variants this many times per size (each in fresh processes); "
+                         "each MHAR row is paired with the baseline of its own repeat, and a summary gives the mean "
+                         "ratio over repeats with its 95%% t interval")
+    add_out_args(ap, "results/bench/training.csv")
     ap.add_argument("--one", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
@@ -170,57 +177,88 @@ def main(argv=None) -> None:
                       graph=bool(args.graph))
         print("RESULT " + json.dumps(row), flush=True)
         return
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: must be >= 1")
+    keep = existing_rows(args.out, args.append)  # before any run: an existing record is never overwritten
     env = env_columns("benchmarks.bench_training", argv)
     rows = []
-    keys = ["size", "variant", "mode", "heads", "B", "T", "params", "steps", "step_ms", "tokens_per_s",
+    keys = ["size", "variant", "mode", "repeat", "heads", "B", "T", "params", "steps", "step_ms", "tokens_per_s",
             "peak_mem_gib", "thr_ratio", "mem_ratio", "mfu", "step_plan", "cuda_graph", "warmup_s", "final_loss",
             "status", "wall_s"]
 
     def add(row: dict) -> None:
         base = next((r for r in rows if r["size"] == row["size"] and r["variant"] == "baseline"
-                     and r["mode"] == row["mode"] and r.get("status") == "ok"), None)
+                     and r["mode"] == row["mode"] and r.get("repeat") == row.get("repeat")
+                     and r.get("status") == "ok"), None)  # the baseline of the same repeat (same run)
         if base and row.get("status") == "ok":
             row["thr_ratio"] = round(row["tokens_per_s"] / base["tokens_per_s"], 4)
             row["mem_ratio"] = round(row["peak_mem_gib"] / base["peak_mem_gib"], 4)
         rows.append(row)
         print(json.dumps(row), flush=True)
-        write_csv(args.out, [{**{k: r.get(k) for k in keys}, **env} for r in rows])
+        write_csv(args.out, [{**{k: r.get(k) for k in keys}, **env} for r in rows], keep)
 
-    def add_trainer_row(size: str, variant: str) -> None:
+    def add_trainer_row(size: str, variant: str, rep: int) -> None:
         t0 = time.time()
         try:
             row = run_trainer(size, variant, args.heads, args.trainer_steps, args.device,
                               Path("results/cache/bench_runs"), args.timeout)
         except subprocess.TimeoutExpired:
             row = dict(status=f"timeout after {args.timeout:.0f}s")
-        row.update(size=size, variant=variant, mode="trainer", wall_s=round(time.time() - t0, 1))
+        row.update(size=size, variant=variant, mode="trainer", repeat=rep, wall_s=round(time.time() - t0, 1))
         add(row)
 
-    for size in args.sizes:
-        for variant in args.variants:
-            if args.trainer_only and args.trainer_steps > 0:
-                add_trainer_row(size, variant)
-                continue
-            cmd = [sys.executable, "-m", "benchmarks.bench_training", "--one", size, variant,
-                   "--heads", str(args.heads), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                   "--device", args.device, "--backend", args.backend, "--graph", str(args.graph)]
-            t0 = time.time()
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-                if lines:
-                    row = json.loads(lines[-1][7:])
-                else:
-                    err = (p.stderr.strip().splitlines() or ["no output"])[-1]
-                    row = dict(size=size, variant=variant, status="OOM" if "OutOfMemory" in p.stderr
-                               else f"error: {err[:200]}")
-                    print(p.stderr[-3000:], file=sys.stderr)
-            except subprocess.TimeoutExpired:
-                row = dict(size=size, variant=variant, status=f"timeout after {args.timeout:.0f}s")
-            row.update(mode="step", wall_s=round(time.time() - t0, 1))
-            add(row)
-            if args.trainer_steps > 0:
-                add_trainer_row(size, variant)
+    for size, rep, variant in ((s, r, v) for s in args.sizes for r in range(args.repeats) for v in args.variants):
+        if args.trainer_only and args.trainer_steps > 0:
+            add_trainer_row(size, variant, rep)
+            continue
+        cmd = [sys.executable, "-m", "benchmarks.bench_training", "--one", size, variant,
+               "--heads", str(args.heads), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--device", args.device, "--backend", args.backend, "--graph", str(args.graph)]
+        t0 = time.time()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+            if lines:
+                row = json.loads(lines[-1][7:])
+            else:
+                err = (p.stderr.strip().splitlines() or ["no output"])[-1]
+                row = dict(size=size, variant=variant, status="OOM" if "OutOfMemory" in p.stderr
+                           else f"error: {err[:200]}")
+                print(p.stderr[-3000:], file=sys.stderr)
+        except subprocess.TimeoutExpired:
+            row = dict(size=size, variant=variant, status=f"timeout after {args.timeout:.0f}s")
+        row.update(mode="step", repeat=rep, wall_s=round(time.time() - t0, 1))
+        add(row)
+        if args.trainer_steps > 0:
+            add_trainer_row(size, variant, rep)
+    for line in repeat_summary(rows):
+        print(line, flush=True)
+
+
+def repeat_summary(rows: list[dict]) -> list[str]:
+    """One ``SUMMARY {json}`` line per (size, mode, MHAR variant) with at least one paired ratio: the same-run
+    throughput / memory ratios of its repeats, their mean, sample sd and 95% t interval (scipy; none for one
+    repeat). The repeat (a fresh pair of processes) is the unit: steps within a run are not independent."""
+    import math
+
+    from scipy import stats
+
+    out = []
+    groups: dict = {}
+    for r in rows:
+        if r.get("thr_ratio") is not None and r.get("status") == "ok":
+            groups.setdefault((r["size"], r["mode"], r["variant"]), []).append(r)
+    for (size, mode, variant), rs in groups.items():
+        x = [float(r["thr_ratio"]) for r in rs]
+        n, mean = len(x), sum(x) / len(x)
+        s = {"size": size, "mode": mode, "variant": variant, "repeats": n, "thr_ratios": x,
+             "thr_ratio_mean": round(mean, 4), "mem_ratio_max": max(float(r["mem_ratio"]) for r in rs)}
+        if n > 1:
+            sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (n - 1))
+            h = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+            s.update(thr_ratio_sd=round(sd, 4), thr_ratio_ci95=[round(mean - h, 4), round(mean + h, 4)])
+        out.append("SUMMARY " + json.dumps(s))
+    return out
 
 
 if __name__ == "__main__":

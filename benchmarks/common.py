@@ -6,6 +6,7 @@ commit (when known) and the exact command that produced it.
 from __future__ import annotations
 
 import csv
+import io
 import shlex
 import sys
 from pathlib import Path
@@ -48,15 +49,48 @@ def measure_hbm_bandwidth(gib: float = 2.0) -> float:
     return 2 * a.numel() * 4 / (ms * 1e-3) / 1e9
 
 
-def write_csv(path: str | Path, rows: list[dict]) -> None:
-    """Write rows (dicts with the same keys) to ``path``, creating parent folders."""
+def add_out_args(ap, default: str) -> None:
+    """``--out`` and ``--append`` of a benchmark that writes a CSV record."""
+    ap.add_argument("--out", default=default, help="CSV to write; an existing one is kept unless --append")
+    ap.add_argument("--append", action="store_true",
+                    help="add this run's rows to an existing --out (its rows are kept; columns are merged)")
+
+
+def existing_rows(path: str | Path, append: bool) -> list[dict]:
+    """Rows of ``path`` to keep in front of this run's rows (``--append``), or [] when it does not exist yet.
+    An existing record without ``--append`` is refused before anything runs (one ``error:`` line, exit 2):
+    a benchmark never overwrites an earlier measurement (e.g. the committed results/bench/*.csv)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    if not append:
+        print(f"error: {path} already exists (an earlier record); pass --append to add this run's rows to it, "
+              "or --out a new file", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        with path.open(newline="") as f:
+            return list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        print(f"error: --append: cannot read {path} as CSV ({e}); fix or move it, or --out a new file",
+              file=sys.stderr)
+        raise SystemExit(2)
+
+
+def write_csv(path: str | Path, rows: list[dict], keep: list[dict] = ()) -> None:
+    """Write ``keep`` (rows already in the record) and then ``rows`` to ``path`` atomically (temp file +
+    rename: a killed run leaves the previous file whole), creating parent folders; the header is the union
+    of the columns, in order of first appearance (missing cells empty)."""
+    from mhar.atomic import atomic_write_text
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {path} ({len(rows)} rows)")
+    fields = list(dict.fromkeys(k for r in [*keep, *rows] for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, restval="")
+    w.writeheader()
+    w.writerows([*keep, *rows])
+    atomic_write_text(path, buf.getvalue())
+    print(f"wrote {path} ({len(keep)} kept + {len(rows)} new rows)" if keep else f"wrote {path} ({len(rows)} rows)")
 
 
 def tuned_lines(seen: set | None = None) -> list[str]:

@@ -56,22 +56,22 @@ for stage in "$@"; do
     op|op:*)
       IFS=: read -r _ sizes impls <<< "$stage"
       timeout "${OP_SECONDS:-330}" python3 -m benchmarks.bench_routing_op --graph 1 --impls ${impls:-fused fused_v5} \
-        --sizes ${sizes:-100M 350M 1B} --out "$OUT/routing_op.csv" 2>&1 | tee "$OUT/routing_op.log" | tail -20 ;;
+        --sizes ${sizes:-100M 350M 1B} --out "$OUT/routing_op.csv" --append 2>&1 | tee "$OUT/routing_op.log" | tail -20 ;;
     train:*)
       IFS=: read -r _ sizes variants nsteps <<< "$stage"
       python3 -m benchmarks.bench_training --sizes $sizes --variants $variants --heads 8 --steps 20 --warmup 6 \
-        --trainer-steps "${nsteps:-0}" --out "$OUT/training_${sizes// /-}.csv" 2>&1 | tee -a "$OUT/training.log" \
+        --trainer-steps "${nsteps:-0}" --out "$OUT/training_${sizes// /-}.csv" --append 2>&1 | tee -a "$OUT/training.log" \
         | grep -v "^\[mhar.train\]" | tail -20 ;;
     trainer:*)
       IFS=: read -r _ sizes variants nsteps <<< "$stage"
       python3 -m benchmarks.bench_training --sizes $sizes --variants $variants --heads 8 --trainer-only \
-        --trainer-steps "$nsteps" --out "$OUT/trainer_${sizes// /-}.csv" 2>&1 | tee -a "$OUT/training.log" \
+        --trainer-steps "$nsteps" --out "$OUT/trainer_${sizes// /-}.csv" --append 2>&1 | tee -a "$OUT/training.log" \
         | grep -v "^\[mhar.train\]" | tail -20 ;;
     memory:*)
       IFS=: read -r _ size variants <<< "$stage"
       timeout 240 python3 -m benchmarks.memory_step $size $variants --graph 2>&1 | tee -a "$OUT/memory.log" | grep -v "^\[" | tail -30 ;;
     infer)
-      timeout 90 python3 -m benchmarks.bench_inference --out "$OUT/inference.csv" 2>&1 | tee "$OUT/inference.log" | tail -12 ;;
+      timeout 90 python3 -m benchmarks.bench_inference --out "$OUT/inference.csv" --append 2>&1 | tee "$OUT/inference.log" | tail -12 ;;
     workflow:*)
       IFS=: read -r _ target secs <<< "$stage"
       "${SMK[@]}" --unlock "$target" > /dev/null 2>&1

@@ -53,3 +53,69 @@ def test_bench_training_trainer_only_rows(tmp_path, monkeypatch):
     rows = list(csv.DictReader(out.open()))
     assert [(r["variant"], r["mode"], r["status"]) for r in rows] == [("baseline", "trainer", "ok")]
     assert float(rows[0]["tokens_per_s"]) > 0
+
+
+def test_bench_training_repeats_pair_each_mhar_row_with_its_own_baseline(tmp_path, monkeypatch, capsys):
+    """--repeats 2: the variants run twice in fresh processes; each MHAR ratio uses the baseline of the same
+    repeat, and the summary's mean / 95% interval are scipy's t interval over the repeats' ratios."""
+    import json
+
+    import numpy as np
+    from scipy import stats
+
+    from benchmarks import bench_training
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "training.csv"
+    bench_training.main(["--sizes", "debug", "--variants", "baseline", "mhar_eager", "--device", "cpu",
+                         "--backend", "none", "--steps", "1", "--warmup", "1", "--graph", "0", "--repeats", "2",
+                         "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["variant"], r["repeat"]) for r in rows] == [("baseline", "0"), ("mhar_eager", "0"),
+                                                           ("baseline", "1"), ("mhar_eager", "1")]
+    ratios = []
+    for rep in ("0", "1"):
+        b, m = (next(r for r in rows if r["repeat"] == rep and r["variant"] == v) for v in ("baseline", "mhar_eager"))
+        assert float(m["thr_ratio"]) == pytest.approx(float(m["tokens_per_s"]) / float(b["tokens_per_s"]), rel=1e-3)
+        ratios.append(float(m["thr_ratio"]))
+    summ = [json.loads(l[8:]) for l in capsys.readouterr().out.splitlines() if l.startswith("SUMMARY ")]
+    assert len(summ) == 1 and summ[0]["variant"] == "mhar_eager" and summ[0]["repeats"] == 2
+    x = np.array(ratios)
+    lo, hi = stats.t.interval(0.95, 1, loc=x.mean(), scale=x.std(ddof=1) / np.sqrt(2))
+    assert summ[0]["thr_ratio_mean"] == pytest.approx(x.mean(), abs=1e-4)
+    assert summ[0]["thr_ratio_ci95"] == pytest.approx([lo, hi], abs=1e-4)
+
+
+@pytest.mark.parametrize("module,args", [
+    ("bench_training", ["--sizes", "debug", "--variants", "baseline", "--device", "cpu"]),
+    ("bench_routing_op", ["--sizes", "100M"]),
+    ("bench_inference", ["--sizes", "debug", "--device", "cpu"]),
+])
+def test_benchmarks_never_overwrite_an_existing_record(tmp_path, capsys, module, args):
+    """An existing --out (e.g. the committed results/bench/*.csv) is refused before anything runs: one error
+    line, exit 2, the file untouched; --append is the way to add rows."""
+    import importlib
+    mod = importlib.import_module(f"benchmarks.{module}")
+    out = tmp_path / "record.csv"
+    out.write_text("size,variant,tokens_per_s\r\n1B,baseline,1.0\r\n")
+    before = out.read_bytes()
+    with pytest.raises(SystemExit) as e:
+        mod.main([*args, "--out", str(out)])
+    assert e.value.code == 2 and out.read_bytes() == before
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "already exists" in err[-1] and "--append" in err[-1]
+
+
+def test_append_keeps_the_record_and_merges_columns(tmp_path):
+    from benchmarks.common import existing_rows, write_csv
+    out = tmp_path / "record.csv"
+    out.write_text("size,variant,tokens_per_s\r\n1B,baseline,1.0\r\n")
+    keep = existing_rows(out, append=True)
+    write_csv(out, [{"size": "1B", "variant": "mhar", "tokens_per_s": 0.9, "repeat": 0}], keep)
+    rows = list(csv.DictReader(out.open(newline="")))
+    assert rows == [{"size": "1B", "variant": "baseline", "tokens_per_s": "1.0", "repeat": ""},
+                    {"size": "1B", "variant": "mhar", "tokens_per_s": "0.9", "repeat": "0"}]
+    assert existing_rows(tmp_path / "new.csv", append=False) == []
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SystemExit):
+        existing_rows(bad, append=True)
