@@ -239,8 +239,7 @@ def repeat_summary(rows: list[dict]) -> list[str]:
     """One ``SUMMARY {json}`` line per (size, mode, MHAR variant) with at least one paired ratio: the same-run
     throughput / memory ratios of its repeats, their mean, sample sd and 95% t interval (scipy; none for one
     repeat). The repeat (a fresh pair of processes) is the unit: steps within a run are not independent."""
-    import math
-
+    import numpy as np
     from scipy import stats
 
     out = []
@@ -249,14 +248,13 @@ def repeat_summary(rows: list[dict]) -> list[str]:
         if r.get("thr_ratio") is not None and r.get("status") == "ok":
             groups.setdefault((r["size"], r["mode"], r["variant"]), []).append(r)
     for (size, mode, variant), rs in groups.items():
-        x = [float(r["thr_ratio"]) for r in rs]
-        n, mean = len(x), sum(x) / len(x)
-        s = {"size": size, "mode": mode, "variant": variant, "repeats": n, "thr_ratios": x,
+        x = np.array([float(r["thr_ratio"]) for r in rs])
+        n, mean = len(x), float(x.mean())
+        s = {"size": size, "mode": mode, "variant": variant, "repeats": n, "thr_ratios": x.tolist(),
              "thr_ratio_mean": round(mean, 4), "mem_ratio_max": max(float(r["mem_ratio"]) for r in rs)}
         if n > 1:
-            sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (n - 1))
-            h = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-            s.update(thr_ratio_sd=round(sd, 4), thr_ratio_ci95=[round(mean - h, 4), round(mean + h, 4)])
+            lo, hi = stats.t.interval(0.95, n - 1, loc=mean, scale=stats.sem(x))
+            s.update(thr_ratio_sd=round(float(x.std(ddof=1)), 4), thr_ratio_ci95=[round(lo, 4), round(hi, 4)])
         out.append("SUMMARY " + json.dumps(s))
     return out
 

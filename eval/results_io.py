@@ -411,8 +411,7 @@ _BENCH_ALIASES = {"tokens_per_s": ("tokens_per_s", "tok_per_s", "throughput", "t
                   "ratio": ("ratio", "thr_ratio", "throughput_ratio", "rel_throughput")}
 PROVIDER_NAMES = {"baseline": "baseline", "mhar_eager": "eager", "eager": "eager", "reference": "eager",
                   "mhar_compile": "compile", "compile": "compile", "mhar_fused": "fused", "fused": "fused",
-                  "mhar_compile_sub": "compile", "mhar_fused_sub": "fused",
-                  }
+                  "mhar_compile_sub": "compile", "mhar_fused_sub": "fused"}
 
 
 def provider_name(name) -> str:

@@ -677,9 +677,8 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
         bm, bse, _ = base_tps.get(size, (None, None, 0))
         ok = sub["ratio"].notna()
         paired = provider != "baseline" and bool(ok.any()) and bool(sub.loc[ok, "paired"].all())
-        if paired:
-            pass  # every ratio pairs a run with its own baseline: the mean and SE over those runs
-        elif r is not None and tps_m and bm and (tps_se is not None or bse is not None):
+        # paired: every ratio pairs a run with its own baseline, so r and r_se are the mean and SE over runs
+        if not paired and r is not None and tps_m and bm and (tps_se is not None or bse is not None):
             # delta method: spread of the variant and of the baseline repeats
             r_se = r * math.sqrt(((tps_se or 0.0) / tps_m) ** 2 + ((bse or 0.0) / bm) ** 2)
         mem = sub["peak_mem_gb"].astype(float)
