@@ -114,6 +114,8 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
     bwd_types = {n: "*bf16" for n in _jit(K._src_bwd_kernel).arg_names if n.endswith("_ptr")}
     bwd_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", w_ptr="*fp32", dsr_ptr="*fp32",
                      cinit_ptr="*fp32", eps="fp32")
+    sc_types = {n: "*bf16" for n in _jit(K._score_kernel).arg_names if n.endswith("_ptr")}
+    sc_types.update(ss_ptr="*fp32", s_ptr="*fp32", eps="fp32")
     grp_types = {n: "*bf16" for n in _jit(K._src_group_bwd_kernel).arg_names if n.endswith("_ptr")}
     grp_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", part_ptr="*fp32", cpart_ptr="*fp32",
                      eps="fp32")
@@ -146,25 +148,33 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
              dict(IS_NULL=False, HAS_INIT=False, HAS_S=False, HAS_CINIT=False, **dims),
              ("BT", "BTD", "BTH"), K._prune6),
             (f"group{group}_bwd", K._src_group_bwd_kernel, grp_types,
-             dict(GP=group, KC=16, LOW=True, EMU=False, **dims), ("BT", "BTD", "BTH", "dsr_sh", "dsr_sk"),
-             K._prune_group)):
+             dict(GP=group, LOW=True, EMU=False, **dims), ("BT", "BTD", "BTH", "dsr_sh", "dsr_sk"),
+             K._prune_group),
+            *((f"score_{kp}", K._score_kernel, sc_types, dict(KP=kp, DA=DA, DB=DB, SPLIT=True, DOT=True, EMU=False,
+                                                             **dims), ("BT",), K._prune_score) for kp in (64, 128))):
         if kernels is not None and name not in kernels:
             continue
         configs = (K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else
                    K._prefix6_configs(full=True) if kernel is K._prefix6_kernel else
-                   K._prefix7_configs(full=True) if kernel is K._prefix7_kernel else K._v6_configs(full=True))
+                   K._prefix7_configs(full=True) if kernel is K._prefix7_kernel else
+                   K._score_configs(full=True) if kernel is K._score_kernel else K._v6_configs(full=True))
         tiles = ({"HP": HP, "DA": DA, "DB": DB} if prune in (K._prune6, K._prune_prefix7)
-                 else {"DA": DA, "DB": DB} if prune is K._prune_group else {"HP": HP, "DHP": DHP})
-        for cfg in prune(configs, {**tiles, **flags}):
+                 else {"DA": DA, "DB": DB} if prune is K._prune_group else {} if prune is K._prune_score
+                 else {"HP": HP, "DHP": DHP})
+        kept = (K._score_tiles(configs, flags["KP"]) if prune is K._prune_score  # (every tile the autotuner tries)
+                else prune(configs, {**tiles, **flags}))
+        for cfg in kept:
             consts = {**flags, **tiles, **cfg.kwargs}
             st = compile_stats(kernel, types, consts, cfg.num_warps, div)
             # issue slots per loaded element: SASS instructions of one loop iteration x 32 lanes x warps over the
             # elements one iteration loads (a token block's rows; the prefix kernel: one head's columns)
-            # (the source-group kernel: one head's columns of KC = 16 reads' douts)
-            elems = cfg.kwargs["BLOCK_T"] * (D // H if kernel is K._prefix6_kernel else
-                                             16 * (D // H) if kernel is K._src_group_bwd_kernel else D)
+            # (the source-group kernel: one head's columns of KC reads' douts; the scoring kernel, which has no
+            # loop: one head's columns of the source)
+            elems = cfg.kwargs["BLOCK_T"] * (D // H if kernel in (K._prefix6_kernel, K._score_kernel) else
+                                             cfg.kwargs["KC"] * (D // H) if kernel is K._src_group_bwd_kernel else D)
             rows.append({"size": size, "kernel": name, "BLOCK_T": cfg.kwargs["BLOCK_T"],
-                         "STAGES": cfg.kwargs["STAGES"], "warps": cfg.num_warps, **st,
+                         "STAGES": cfg.kwargs.get("STAGES", 1), "warps": cfg.num_warps,
+                         **{k: cfg.kwargs[k] for k in ("KC", "HEADS_FIRST") if k in cfg.kwargs}, **st,
                          "instr_per_element": round(st["loop_instructions"] * 32 * cfg.num_warps / elems, 2)})
     return rows
 
@@ -174,7 +184,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", nargs="+", default=list(WIDTHS), choices=list(WIDTHS))
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--kernels", nargs="+", help="only these (fwd6 src_bwd fwd7 src_bwd_table prefix7_4 prefix7_8 "
-                    "prefix8_fwd group8_bwd); default all")
+                    "prefix8_fwd group8_bwd score_64 score_128); default all")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("error: kernel_stats compiles the kernels; unset TRITON_INTERPRET", file=sys.stderr)
@@ -185,7 +195,8 @@ def main(argv=None) -> None:
             if args.json:
                 print(json.dumps({**r, "triton": triton.__version__}), flush=True)
             else:
-                print(f"{r['size']:5s} {r['kernel']:8s} BLOCK_T {r['BLOCK_T']} stages {r['STAGES']} warps {r['warps']}: "
+                print(f"{r['size']:5s} {r['kernel']:8s} BLOCK_T {r['BLOCK_T']} stages {r['STAGES']} warps {r['warps']}"
+                      f"{' KC ' + str(r['KC']) if 'KC' in r else ''}: "
                       f"{r['registers']} registers, {r['spill_bytes']} B spilled, {r['shared_bytes']} B shared, "
                       f"{r['cp_async']} cp.async, {r['instr_per_element']} instructions per element", flush=True)
 

@@ -557,6 +557,62 @@ def test_gpu_v7_scores_all_reads(D, k_lo, Kr, BT, dtype):
     _check_scores(D, 8, k_lo, Kr, BT, dtype)
 
 
+def _force_config(monkeypatch, kernel, cfg) -> None:
+    """Make ``_launch`` run ``kernel`` with launch configuration ``cfg`` (no autotuning); others unchanged."""
+    from mhar.routing import _kernels as K
+
+    orig = K._launch
+
+    def launch(kern, key, grid, args, kwargs):
+        if kern is kernel:
+            kern.fn[grid](*args, **kwargs, **cfg.all_kwargs())
+            return cfg.kwargs["BLOCK_T"]
+        return orig(kern, key, grid, args, kwargs)
+    monkeypatch.setattr(K, "_launch", launch)
+
+
+@pytest.mark.parametrize("i", range(4))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_score_kernel_launch_configs(i, dtype, monkeypatch):
+    """Launch configurations of the autotuned scoring kernel (both grid orders, the largest tiles) give the
+    fp64 definition's scores (a 40-read tile, head width 48 = 32 + 16, 21 tokens: partial token blocks)."""
+    from mhar.routing import _kernels as K
+    cfgs = K._score_tiles(K._score_configs(full=True), 64)
+    picks = [c for c in cfgs if c.kwargs["HEADS_FIRST"]][:2] + [c for c in cfgs if not c.kwargs["HEADS_FIRST"]][-2:]
+    assert len(picks) == 4 and {c.kwargs["HEADS_FIRST"] for c in picks} == {False, True}
+    _force_config(monkeypatch, K._score_kernel, picks[i])
+    _check_scores(96, 2, 3, 40, 21, dtype)
+
+
+def test_score_autotuner_keeps_safe_tiles():
+    """The autotuner never tries a score tile above SCORE_TILE_MAX (64 tokens x 128 reads faulted on the
+    H200), tries both grid orders, and without autotuning keeps the launch measured before (64 x 8 warps up
+    to 64 reads, 32 x 4 above)."""
+    from mhar.routing import _kernels as K
+    for KP in (16, 32, 64, 128):
+        cfgs = K._score_tiles(K._score_configs(full=True), KP)
+        assert cfgs and all(c.kwargs["BLOCK_T"] * KP <= 4096 for c in cfgs)
+        assert {c.kwargs["HEADS_FIRST"] for c in cfgs} == {False, True}
+        fixed = K._prune_score(K._score_configs(), {"KP": KP})  # the untuned list (this run: the interpreter)
+        assert [(c.kwargs["BLOCK_T"], c.num_warps) for c in fixed] == [(64, 8) if KP <= 64 else (32, 4)]
+    assert (64, 8) not in [(c.kwargs["BLOCK_T"], c.num_warps) for c in K._score_tiles(K._score_configs(full=True), 128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("Kr", [73, 64, 32, 16])
+def test_gpu_score_every_launch_config(Kr, monkeypatch):
+    """Each launch configuration the scoring kernel's autotuner may pick, forced in turn, at the 1B width and
+    microbatch (head width 160 = 128 + 32, 2048 tokens) for every tile of reads the 1B model uses (73 reads:
+    KP 128; 64, 32, 16), bf16 and fp32."""
+    from mhar.routing import _kernels as K
+    KP = max(16, 1 << (Kr - 1).bit_length())
+    for cfg in K._score_tiles(K._score_configs(full=True), KP):
+        _force_config(monkeypatch, K._score_kernel, cfg)
+        for dtype in (torch.bfloat16, torch.float32):
+            _check_scores(1280, 8, 0, Kr, 2048, dtype)
+
+
 # (N, B, T, D, H) at the paper's sizes: 100M H=8 (partial depth), 1B H=16 head width 80.
 GPU_SHAPES = [(25, 2, 2048, 512, 8), (37, 2, 1024, 1280, 16), (9, 1, 1024, 4096, 8)]
 
@@ -628,6 +684,18 @@ def test_v6_source_groups_many_reads(dtype):
     """A group pass over more reads than one chunk of the read loop (KC = 16): the oldest groups of 4 see 30+
     later reads (3 chunks, the last one partly masked); head width 24 = one masked 32-column part."""
     _check_router(1, 5, 48, 2, n_reads=37, dtype=dtype, with_null=True, with_extra=False, seed=37, source_group=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_v6_source_groups_32_read_chunks(dtype, monkeypatch):
+    """The group kernel's read loop in chunks of KC = 32 (launch configurations the autotuner may pick): 37
+    reads, so the oldest groups take a full chunk and a partly masked one; every gradient as the reference."""
+    from mhar.routing import _kernels as K
+    cfg = next(c for c in K._group_configs(full=True) if c.kwargs["KC"] == 32 and c.kwargs["BLOCK_T"] == 2)
+    _force_config(monkeypatch, K._src_group_bwd_kernel, cfg)
+    launches = fused_mod.LAUNCHES["source_group_bwd"]
+    _check_router(1, 5, 48, 2, n_reads=37, dtype=dtype, with_null=True, with_extra=False, seed=38, source_group=4)
+    assert fused_mod.LAUNCHES["source_group_bwd"] > launches
 
 
 def test_v6_source_groups_without_lookahead_fall_back():

@@ -882,11 +882,15 @@ def _prune_group(configs, named_args, **kwargs):
 
 
 def _group_configs(full: bool = False) -> list:
-    """BLOCK_T tokens (the batch dimension of the per-token dots) x warps x pipeline stages of the read loop."""
+    """BLOCK_T tokens (the batch dimension of the per-token dots) x warps x pipeline stages of the read loop x
+    KC reads per chunk (the inner dimension of the a @ dout dots; 32: half the loop's steps, twice the chunk's
+    registers)."""
     if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
-        return [triton.Config({"BLOCK_T": 2, "STAGES": 2}, num_warps=4)]
-    return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw)
-            for bt, nw, ns in ((1, 4, 2), (2, 4, 2), (2, 8, 2), (4, 4, 1), (4, 4, 2), (4, 8, 2), (8, 4, 2), (8, 8, 2))]
+        return [triton.Config({"BLOCK_T": 2, "STAGES": 2, "KC": 16}, num_warps=4)]
+    return [triton.Config({"BLOCK_T": bt, "STAGES": ns, "KC": kc}, num_warps=nw)
+            for bt, nw, ns, kc in ((1, 4, 2, 16), (2, 4, 2, 16), (2, 8, 2, 16), (4, 4, 1, 16), (4, 4, 2, 16),
+                                   (4, 8, 2, 16), (8, 4, 2, 16), (8, 8, 2, 16),
+                                   (1, 4, 2, 32), (1, 8, 2, 32), (2, 4, 2, 32), (2, 8, 2, 32))]
 
 
 @triton.jit
@@ -1046,7 +1050,7 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
     jb = _loop_bucket(-(-(k_hi - k_lo) // 16), 4)  # autotuning bucket: chunks of 16 reads
     args = (buf[s0], ss[s0], dbuf, lse, delta, wh, wl if wl is not None else wh, parts, cparts, dsr,
             NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, dsr.stride(0), dsr.stride(1), jb)
-    flags = dict(GP=gp, KC=16, DA=DA, DB=DB, LOW=wl is not None, EMU=os.environ.get("TRITON_INTERPRET") == "1")
+    flags = dict(GP=gp, DA=DA, DB=DB, LOW=wl is not None, EMU=os.environ.get("TRITON_INTERPRET") == "1")
     key = ("src_group_bwd", D, H, gp, jb, *flags.values(), *(str(a.dtype) for a in args[:10]))
     _launch(_src_group_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_group_bwd"] += 1
@@ -1406,15 +1410,55 @@ def _sdot(x, w, wl, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
     return tl.sum(xf[:, :, None] * w[None, :, :], axis=1)
 
 
+def _score_configs(full: bool = False) -> list:
+    """Launch configurations of the scoring kernel: BLOCK_T tokens x warps x grid order (HEADS_FIRST: program
+    axis 0 is the head, so the programs of one token block, whose table rows share sectors, run together).
+    Without autotuning (the interpreter, MHAR_ROUTING_AUTOTUNE=0) the fixed launch measured before: 64 tokens x
+    8 warps, 32 x 4 above 64 reads (``_prune_score`` keeps the first that fits)."""
+    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
+        return [triton.Config({"BLOCK_T": 64, "HEADS_FIRST": False}, num_warps=8),
+                triton.Config({"BLOCK_T": 32, "HEADS_FIRST": False}, num_warps=4)]
+    return [triton.Config({"BLOCK_T": bt, "HEADS_FIRST": hf}, num_warps=nw)
+            for bt in (16, 32, 64, 128) for nw in (4, 8) for hf in (False, True)]
+
+
+# Largest (BLOCK_T x KP) tile of scores per program: 64 tokens x 128 reads x 8 warps made an illegal memory access
+# on the H200 (Triton 3.6, session 2026-12-02b call 2); every tile of at most 4096 ran correctly.
+SCORE_TILE_MAX = 4096
+
+
+def _score_tiles(configs, KP: int) -> list:
+    """The configurations whose score tile (BLOCK_T, KP) has at most ``SCORE_TILE_MAX`` fp32 elements and 4+
+    per thread (else the smallest)."""
+    keep = [c for c in configs if 4 * 32 * c.num_warps <= c.kwargs["BLOCK_T"] * KP <= SCORE_TILE_MAX]
+    return keep or [min(configs, key=lambda c: c.kwargs["BLOCK_T"] * c.num_warps)]
+
+
+def _prune_score(configs, named_args, **kwargs):
+    """``_score_tiles``; without autotuning only the first."""
+    keep = _score_tiles(configs, _arg(named_args, kwargs, "KP"))
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0":
+        return keep[:1]
+    return keep
+
+
+@triton.autotune(configs=_score_configs(), key=["D", "H", "KP", "SPLIT"],
+                 prune_configs_by={"early_config_prune": _prune_score})
 @triton.jit
 def _score_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.constexpr, H: tl.constexpr,
-                  DH: tl.constexpr, eps, BLOCK_T: tl.constexpr, KP: tl.constexpr, DA: tl.constexpr,
-                  DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
+                  DH: tl.constexpr, eps, KP: tl.constexpr, DA: tl.constexpr,
+                  DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr,
+                  BLOCK_T: tl.constexpr, HEADS_FIRST: tl.constexpr):
     """S[k, t, h] (the slot's table, (K, BT, H) fp32) for reads k_lo <= k < K of one buffered source x (BT, D)
-    (ss: its sums of squares (BT,)): one program per (token block, head) (program axis 1 = the head: many small
-    independent programs, so the loads' latency overlaps); a head's columns as ``_split``'s two parts."""
-    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    h = tl.program_id(1)
+    (ss: its sums of squares (BT,)): one program per (token block, head) (many small independent programs, so
+    the loads' latency overlaps; HEADS_FIRST: the head is program axis 0); a head's columns as ``_split``'s two
+    parts."""
+    if HEADS_FIRST:
+        tok = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        h = tl.program_id(0)
+    else:
+        tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        h = tl.program_id(1)
     tmask = tok < BT
     tok64 = tok.to(tl.int64)
     kk = k_lo + tl.arange(0, KP)
@@ -1469,19 +1513,21 @@ def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch
     dot = DA >= 16 and (DB == 0 or DB >= 16)
     emu = os.environ.get("TRITON_INTERPRET") == "1"
     # At most SCORE_READS reads per launch (deeper models: one launch per chunk of reads; a (64, 256) tile of
-    # scores does not compile). 64 tokens x 8 warps per program up to 64 reads: every program loads the head's
-    # (KP, DH) weights (hi + lo) from L2, which with 16 tokens (session 2026-12-02 call 1: 0.69 ms per 350M
-    # microbatch) were 8x the source's bytes; 32 tokens x 4 warps for 65-128 reads: 64 x 8 with 128 reads at
-    # the 1B width (head width 160 = 128 + 32) made an illegal memory access on the H200 (Triton 3.6; session
-    # 2026-12-02b call 2), 32 x 4 ran correctly (offline sm_90: 186 registers, no spills).
+    # scores does not compile). Every program loads the head's (KP, DH) weights (hi + lo) from L2: few tokens
+    # per program multiply those loads (16 tokens: 8x the source's bytes), many leave few programs; the
+    # autotuner picks per number of reads (KP) among tiles of at most SCORE_TILE_MAX scores (``_score_configs``).
+    # Heads narrower than 16 columns (no tensor-core dot) take a fixed small launch.
     for k0 in range(k_lo, K, SCORE_READS):
         k1 = min(K, k0 + SCORE_READS)
         KP = max(16, triton.next_power_of_2(k1 - k0))
-        block_t, warps = ((64, 8) if KP <= 64 else (32, 4)) if dot else (2, 4)
-        grid = (triton.cdiv(BT, block_t), H)
-        _score_kernel[grid](buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k0, k1, BT, D, H,
-                            D // H, eps, BLOCK_T=block_t, KP=KP, DA=DA, DB=DB, SPLIT=wl is not None, DOT=dot,
-                            EMU=emu, num_warps=warps)
+        args = (buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k0, k1, BT, D, H, D // H, eps)
+        flags = dict(KP=KP, DA=DA, DB=DB, SPLIT=wl is not None, DOT=dot, EMU=emu)
+        if dot:
+            grid = lambda meta: ((H, triton.cdiv(BT, meta["BLOCK_T"])) if meta["HEADS_FIRST"]  # noqa: E731
+                                 else (triton.cdiv(BT, meta["BLOCK_T"]), H))
+            _launch(_score_kernel, ("score", D, H, KP, wl is not None, str(buf.dtype)), grid, args, flags)
+        else:
+            _score_kernel.fn[(triton.cdiv(BT, 2), H)](*args, **flags, BLOCK_T=2, HEADS_FIRST=False, num_warps=4)
     LAUNCHES["score"] += 1
 
 
