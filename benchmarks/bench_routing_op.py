@@ -162,11 +162,13 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
 
 def _v6_options(impl: str) -> dict:
     """``fused_sgG`` -> source_group G; ``fused_gK_sgG`` -> group K and source_group G; a part ``t`` (``fused_t``,
-    ``fused_t_g4``): the v7 score table."""
+    ``fused_t_g4``): the v7 score table; a part ``ts`` (``fused_t_g4_sg8_ts``): the group pass reads its scores."""
     opts = {}
     for part in impl[len("fused_"):].split("_"):
         if part == "t":
             opts["table"] = True
+        elif part == "ts":  # (after "sgG"): the group pass reads the table's scores
+            opts["group_scores"] = True
         elif part.startswith("sg"):
             opts["source_group"] = int(part[2:])
         elif part.startswith("g"):

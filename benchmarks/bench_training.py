@@ -45,6 +45,7 @@ VARIANTS = {
     "mhar_fused_sg8": {"variant": "mhar", "routing_impl": "fused_sg8"},  # v6 + source groups of 8
     "mhar_fused_v7_sg8": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},  # v7 + source groups of 8
     "mhar_fused_v7_sg8_norm": {"variant": "mhar", "routing_impl": "fused_v7_sg8_norm"},  # + pre-norm in the read
+    "mhar_fused_v7_sg8_ts": {"variant": "mhar", "routing_impl": "fused_v7_sg8_ts"},  # group pass: table scores
 }
 
 

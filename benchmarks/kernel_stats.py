@@ -1,4 +1,5 @@
-"""Compile the v6 routing kernels for the H100/H200 (sm_90) without a GPU and report what decides their speed:
+"""Compile the routing kernels (v6 / v7 forward, gradient, source-group, prefix, scoring and pre-norm kernels) for
+the H100/H200 (sm_90) without a GPU and report what decides their speed:
 registers per thread, spills, shared memory, whether the source / read loop is software-pipelined
 (``cp.async`` copies into shared memory in the PTX), and the loop's issue cost: SASS instructions per loaded
 element (per thread). The H200 streams about 8 bf16 elements per SM and cycle at full HBM bandwidth and issues
@@ -97,6 +98,13 @@ def compile_stats(kernel, types: dict, consts: dict, num_warps: int, divisible=(
             "loop_instructions": len(_sass_loop(compiled.asm["cubin"]))}
 
 
+def _score_config(K, KP: int):
+    """The scoring kernel's one launch for a tile of KP reads (``score_launch``: not autotuned) as a Config."""
+    import triton
+    block_t, warps = K.score_launch(KP)
+    return triton.Config({"BLOCK_T": block_t}, num_warps=warps)
+
+
 def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[dict]:
     """Stats of the v6 forward, forward prefix (``prefix`` reads, one head per program), write-once gradient
     and source-group gradient (``group`` sources) kernels for every launch configuration the autotuner may pick
@@ -114,10 +122,14 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
     bwd_types = {n: "*bf16" for n in _jit(K._src_bwd_kernel).arg_names if n.endswith("_ptr")}
     bwd_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", w_ptr="*fp32", dsr_ptr="*fp32",
                      cinit_ptr="*fp32", eps="fp32")
+    pn_types = {n: "*bf16" for n in (*_jit(K._prenorm_fwd_kernel).arg_names, *_jit(K._prenorm_stash_kernel).arg_names)
+                if n.endswith("_ptr")}  # (the norm weight and the fp32 outputs below; eps the norm's)
+    pn_types.update(w_ptr="*fp32", rstd_ptr="*fp32", delta_ptr="*fp32", dw_part_ptr="*fp32", eps="fp32")
     sc_types = {n: "*bf16" for n in _jit(K._score_kernel).arg_names if n.endswith("_ptr")}
     sc_types.update(ss_ptr="*fp32", s_ptr="*fp32", eps="fp32")
     grp_types = {n: "*bf16" for n in _jit(K._src_group_bwd_kernel).arg_names if n.endswith("_ptr")}
     grp_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", part_ptr="*fp32", cpart_ptr="*fp32",
+                     s_ptr="*fp32",
                      eps="fp32")
     p6_types = {n: "*bf16" for n in _jit(K._prefix6_kernel).arg_names if n.endswith("_ptr")}
     p6_types.update(w_ptr="*fp32", lse_ptr="*fp32", ss_ptr="*fp32", eps="fp32")
@@ -147,22 +159,25 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
             ("src_bwd", K._src_bwd_kernel, bwd_types,
              dict(IS_NULL=False, HAS_INIT=False, HAS_S=False, HAS_CINIT=False, **dims),
              ("BT", "BTD", "BTH"), K._prune6),
-            (f"group{group}_bwd", K._src_group_bwd_kernel, grp_types,
-             dict(GP=group, LOW=True, EMU=False, **dims), ("BT", "BTD", "BTH", "dsr_sh", "dsr_sk"),
-             K._prune_group),
+            *((f"group{group}_bwd{'_table' if has_s else ''}", K._src_group_bwd_kernel, grp_types,
+               dict(GP=group, KC=16, LOW=True, EMU=False, HAS_S=has_s, **dims),
+               ("BT", "BTD", "BTH", "dsr_sh", "dsr_sk", "s_stride"), K._prune_group) for has_s in (False, True)),
+            ("prenorm_fwd", K._prenorm_fwd_kernel, pn_types, {}, ("BT", "D", "DH"), K._prune6),
+            ("prenorm_stash", K._prenorm_stash_kernel, pn_types, {}, ("BT", "D", "DH"), K._prune6),
             *((f"score_{kp}", K._score_kernel, sc_types, dict(KP=kp, DA=DA, DB=DB, SPLIT=True, DOT=True, EMU=False,
-                                                             **dims), ("BT",), K._prune_score) for kp in (64, 128))):
+                                                             **dims), ("BT",), None) for kp in (64, 128))):
         if kernels is not None and name not in kernels:
             continue
         configs = (K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else
                    K._prefix6_configs(full=True) if kernel is K._prefix6_kernel else
                    K._prefix7_configs(full=True) if kernel is K._prefix7_kernel else
-                   K._score_configs(full=True) if kernel is K._score_kernel else K._v6_configs(full=True))
+                   [_score_config(K, flags["KP"])] if kernel is K._score_kernel else
+                   K._prenorm_configs(full=True) if kernel in (K._prenorm_fwd_kernel, K._prenorm_stash_kernel) else
+                   K._v6_configs(full=True))
         tiles = ({"HP": HP, "DA": DA, "DB": DB} if prune in (K._prune6, K._prune_prefix7)
-                 else {"DA": DA, "DB": DB} if prune is K._prune_group else {} if prune is K._prune_score
+                 else {"DA": DA, "DB": DB} if prune is K._prune_group else {} if prune is None
                  else {"HP": HP, "DHP": DHP})
-        kept = (K._score_tiles(configs, flags["KP"]) if prune is K._prune_score  # (every tile the autotuner tries)
-                else prune(configs, {**tiles, **flags}))
+        kept = configs if prune is None else prune(configs, {**tiles, **flags})
         for cfg in kept:
             consts = {**flags, **tiles, **cfg.kwargs}
             st = compile_stats(kernel, types, consts, cfg.num_warps, div)
@@ -171,10 +186,10 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
             # (the source-group kernel: one head's columns of KC reads' douts; the scoring kernel, which has no
             # loop: one head's columns of the source)
             elems = cfg.kwargs["BLOCK_T"] * (D // H if kernel in (K._prefix6_kernel, K._score_kernel) else
-                                             cfg.kwargs["KC"] * (D // H) if kernel is K._src_group_bwd_kernel else D)
+                                             flags["KC"] * (D // H) if kernel is K._src_group_bwd_kernel else D)
             rows.append({"size": size, "kernel": name, "BLOCK_T": cfg.kwargs["BLOCK_T"],
                          "STAGES": cfg.kwargs.get("STAGES", 1), "warps": cfg.num_warps,
-                         **{k: cfg.kwargs[k] for k in ("KC", "HEADS_FIRST") if k in cfg.kwargs}, **st,
+                         **st,
                          "instr_per_element": round(st["loop_instructions"] * 32 * cfg.num_warps / elems, 2)})
     return rows
 
@@ -184,7 +199,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", nargs="+", default=list(WIDTHS), choices=list(WIDTHS))
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--kernels", nargs="+", help="only these (fwd6 src_bwd fwd7 src_bwd_table prefix7_4 prefix7_8 "
-                    "prefix8_fwd group8_bwd score_64 score_128); default all")
+                    "prefix8_fwd group8_bwd group8_bwd_table prenorm_fwd prenorm_stash score_64 score_128); default all")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("error: kernel_stats compiles the kernels; unset TRITON_INTERPRET", file=sys.stderr)
@@ -195,8 +210,7 @@ def main(argv=None) -> None:
             if args.json:
                 print(json.dumps({**r, "triton": triton.__version__}), flush=True)
             else:
-                print(f"{r['size']:5s} {r['kernel']:8s} BLOCK_T {r['BLOCK_T']} stages {r['STAGES']} warps {r['warps']}"
-                      f"{' KC ' + str(r['KC']) if 'KC' in r else ''}: "
+                print(f"{r['size']:5s} {r['kernel']:8s} BLOCK_T {r['BLOCK_T']} stages {r['STAGES']} warps {r['warps']}: "
                       f"{r['registers']} registers, {r['spill_bytes']} B spilled, {r['shared_bytes']} B shared, "
                       f"{r['cp_async']} cp.async, {r['instr_per_element']} instructions per element", flush=True)
 

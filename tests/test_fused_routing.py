@@ -109,7 +109,7 @@ def _flat(p):
 
 
 def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, group=None, shared_backward=True,
-                  two_pass=False, algo="v6", lookahead=True, source_group=1, table=False):
+                  two_pass=False, algo="v6", lookahead=True, source_group=1, table=False, group_scores=False):
     """``algo`` "v6" (routing_impl 'fused'): with ``lookahead`` every read is source-major (write-once source
     gradients); without, only the first is and the others run the v5 backward for their own part (the
     fallback). "v5" (routing_impl 'fused_v5'): ``group`` / ``shared_backward`` / ``two_pass`` as before."""
@@ -124,7 +124,8 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
         if impl == "fused":
             router = (fused_mod.FusedRouter(algo="v5", group=group, shared_backward=shared_backward,
                                             two_pass=two_pass) if algo == "v5"
-                      else fused_mod.FusedRouter(group=group, source_group=source_group, table=table))
+                      else fused_mod.FusedRouter(group=group, source_group=source_group, table=table,
+                                                 group_scores=group_scores))
         else:
             router = get_router(impl)
         la = group is not None if algo == "v5" else lookahead
@@ -144,6 +145,8 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
             # completed by one short pass (its reads before the group's, and the RMS term: empty for the newest)
             full, rest = divmod(n_reads, source_group)  # read k first sees slot k; groups from the newest down
             assert n_groups == full + (rest > 1), (n_groups, n_reads, source_group)
+            n_tab = fused_mod.LAUNCHES["source_group_bwd_table"] - launches.get("source_group_bwd_table", 0)
+            assert n_tab == (n_groups if group_scores and table and not with_null else 0), (n_tab, n_groups)
             assert ran["route_bwd"] == n_extra and ran["stash"] == n_reads, ran
             assert ran["source_bwd"] == n_src, (ran, n_groups)
         elif lookahead:  # every read source-major: route_bwd only for the transient extra sources
@@ -518,6 +521,55 @@ def test_v7_many_sources():
                   group=8, table=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,D,H", [(19, 48, 2), (12, 40, 1)])
+def test_v7_group_pass_reads_table_scores(N, D, H, dtype):
+    """routing_impl "fused_v7_sg8_ts" (FusedRouter(group_scores=True)): every source-group pass takes its scores
+    from the v7 table; outputs and every gradient as the float64 reference (19 reads: two full groups of 8 and one
+    of 3; head width 40 = 32 + 8, a masked second part)."""
+    _check_router(1, 5, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=False, seed=5 * N, group=4,
+                  source_group=8, table=True, group_scores=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_source_group_kernel_uses_the_table_scores(dtype):
+    """source_group_bwd(scores=S) gives the partials of the recomputing kernel when S holds the scores, and
+    different partials when S is altered (it reads S, not the dots)."""
+    from mhar.routing import _kernels as K
+    gen = torch.Generator().manual_seed(3)
+    NG, BT, D, H, Kr, eps = 3, 7, 48, 2, 9, 1e-6
+    buf = torch.randn(NG + 1, BT, D, generator=gen).to(DEV, dtype)
+    ss = buf.float().pow(2).sum(-1).contiguous()
+    W = (torch.randn(Kr, D, generator=gen) * 0.5).to(DEV)
+    dbuf = torch.randn(Kr, BT, D, generator=gen).to(DEV, dtype)
+    lse = (torch.randn(Kr, BT, H, generator=gen) + 2).to(DEV)
+    delta = torch.randn(Kr, BT, H, generator=gen).to(DEV)
+    S = torch.full((NG + 1, Kr, BT, H), float("nan"), device=DEV)
+    for slot in range(NG + 1):
+        K.score_sources(buf, ss, W, S, slot, 0, H, eps)
+    Ws = K.split_weights(W, buf.dtype)
+
+    def parts(scores):
+        dsr = torch.zeros(H, Kr, (NG + 1) * BT, device=DEV, dtype=buf.dtype)
+        p, c = K.source_group_bwd(buf, ss, 1, NG, dbuf, lse, delta, Ws, 2, Kr, dsr, H, eps, BT, D, scores=scores)
+        return p.clone(), c.clone(), dsr.clone()
+
+    ref, with_s = parts(None), parts(S)
+    for a, b in zip(ref, with_s):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-4), (a - b).abs().max()
+    S2 = S.clone()
+    S2[2, 5] += 0.5  # one (source, read) score row
+    moved = parts(S2)
+    assert not torch.allclose(moved[0], with_s[0], rtol=1e-4, atol=1e-4)
+
+
+def test_group_scores_needs_table_and_source_groups():
+    for kw in (dict(group_scores=True), dict(group_scores=True, table=True), dict(group_scores=True, source_group=8)):
+        with pytest.raises(ValueError, match="group_scores"):
+            fused_mod.FusedRouter(**kw)
+    assert get_router("fused_v7_sg8_ts").group_scores
+
+
 def _check_scores(D, H, k_lo, Kr, BT, dtype):
     from mhar.routing import _kernels as K
     gen = torch.Generator().manual_seed(D + H + k_lo + Kr)
@@ -555,62 +607,6 @@ def test_gpu_v7_scores_all_reads(D, k_lo, Kr, BT, dtype):
     at head width 160 = 128 + 32, which faulted with 64 tokens x 8 warps per program), and a 100-layer model
     (200 reads: two launches)."""
     _check_scores(D, 8, k_lo, Kr, BT, dtype)
-
-
-def _force_config(monkeypatch, kernel, cfg) -> None:
-    """Make ``_launch`` run ``kernel`` with launch configuration ``cfg`` (no autotuning); others unchanged."""
-    from mhar.routing import _kernels as K
-
-    orig = K._launch
-
-    def launch(kern, key, grid, args, kwargs):
-        if kern is kernel:
-            kern.fn[grid](*args, **kwargs, **cfg.all_kwargs())
-            return cfg.kwargs["BLOCK_T"]
-        return orig(kern, key, grid, args, kwargs)
-    monkeypatch.setattr(K, "_launch", launch)
-
-
-@pytest.mark.parametrize("i", range(4))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_score_kernel_launch_configs(i, dtype, monkeypatch):
-    """Launch configurations of the autotuned scoring kernel (both grid orders, the largest tiles) give the
-    fp64 definition's scores (a 40-read tile, head width 48 = 32 + 16, 21 tokens: partial token blocks)."""
-    from mhar.routing import _kernels as K
-    cfgs = K._score_tiles(K._score_configs(full=True), 64)
-    picks = [c for c in cfgs if c.kwargs["HEADS_FIRST"]][:2] + [c for c in cfgs if not c.kwargs["HEADS_FIRST"]][-2:]
-    assert len(picks) == 4 and {c.kwargs["HEADS_FIRST"] for c in picks} == {False, True}
-    _force_config(monkeypatch, K._score_kernel, picks[i])
-    _check_scores(96, 2, 3, 40, 21, dtype)
-
-
-def test_score_autotuner_keeps_safe_tiles():
-    """The autotuner never tries a score tile above SCORE_TILE_MAX (64 tokens x 128 reads faulted on the
-    H200), tries both grid orders, and without autotuning keeps the launch measured before (64 x 8 warps up
-    to 64 reads, 32 x 4 above)."""
-    from mhar.routing import _kernels as K
-    for KP in (16, 32, 64, 128):
-        cfgs = K._score_tiles(K._score_configs(full=True), KP)
-        assert cfgs and all(c.kwargs["BLOCK_T"] * KP <= 4096 for c in cfgs)
-        assert {c.kwargs["HEADS_FIRST"] for c in cfgs} == {False, True}
-        fixed = K._prune_score(K._score_configs(), {"KP": KP})  # the untuned list (this run: the interpreter)
-        assert [(c.kwargs["BLOCK_T"], c.num_warps) for c in fixed] == [(64, 8) if KP <= 64 else (32, 4)]
-    assert (64, 8) not in [(c.kwargs["BLOCK_T"], c.num_warps) for c in K._score_tiles(K._score_configs(full=True), 128)]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("Kr", [73, 64, 32, 16])
-def test_gpu_score_every_launch_config(Kr, monkeypatch):
-    """Each launch configuration the scoring kernel's autotuner may pick, forced in turn, at the 1B width and
-    microbatch (head width 160 = 128 + 32, 2048 tokens) for every tile of reads the 1B model uses (73 reads:
-    KP 128; 64, 32, 16), bf16 and fp32."""
-    from mhar.routing import _kernels as K
-    KP = max(16, 1 << (Kr - 1).bit_length())
-    for cfg in K._score_tiles(K._score_configs(full=True), KP):
-        _force_config(monkeypatch, K._score_kernel, cfg)
-        for dtype in (torch.bfloat16, torch.float32):
-            _check_scores(1280, 8, 0, Kr, 2048, dtype)
 
 
 # (N, B, T, D, H) at the paper's sizes: 100M H=8 (partial depth), 1B H=16 head width 80.
@@ -684,18 +680,6 @@ def test_v6_source_groups_many_reads(dtype):
     """A group pass over more reads than one chunk of the read loop (KC = 16): the oldest groups of 4 see 30+
     later reads (3 chunks, the last one partly masked); head width 24 = one masked 32-column part."""
     _check_router(1, 5, 48, 2, n_reads=37, dtype=dtype, with_null=True, with_extra=False, seed=37, source_group=4)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_v6_source_groups_32_read_chunks(dtype, monkeypatch):
-    """The group kernel's read loop in chunks of KC = 32 (launch configurations the autotuner may pick): 37
-    reads, so the oldest groups take a full chunk and a partly masked one; every gradient as the reference."""
-    from mhar.routing import _kernels as K
-    cfg = next(c for c in K._group_configs(full=True) if c.kwargs["KC"] == 32 and c.kwargs["BLOCK_T"] == 2)
-    _force_config(monkeypatch, K._src_group_bwd_kernel, cfg)
-    launches = fused_mod.LAUNCHES["source_group_bwd"]
-    _check_router(1, 5, 48, 2, n_reads=37, dtype=dtype, with_null=True, with_extra=False, seed=38, source_group=4)
-    assert fused_mod.LAUNCHES["source_group_bwd"] > launches
 
 
 def test_v6_source_groups_without_lookahead_fall_back():
@@ -846,6 +830,17 @@ def _each_launch_config(monkeypatch, forced, configs, D, H, **check):
             return orig(kernel, key, grid, args, kwargs)
         monkeypatch.setattr(K, "_launch", launch)
         _check_router(1, 256, D, H, n_reads=9, dtype=torch.bfloat16, with_extra=False, seed=i, **check)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])
+def test_gpu_group_scores_every_launch_config(D, H, monkeypatch):
+    """routing_impl "fused_v7_sg8_ts": each launch configuration the autotuner may pick for the source-group
+    kernel reading the table's scores gives the reference's outputs and gradients (1B and 350M widths)."""
+    from mhar.routing import _kernels as K
+    _each_launch_config(monkeypatch, (K._src_group_bwd_kernel,), K._group_configs(full=True), D, H, with_null=False,
+                        group=4, source_group=8, table=True, group_scores=True)
 
 
 @pytest.mark.gpu

@@ -882,15 +882,11 @@ def _prune_group(configs, named_args, **kwargs):
 
 
 def _group_configs(full: bool = False) -> list:
-    """BLOCK_T tokens (the batch dimension of the per-token dots) x warps x pipeline stages of the read loop x
-    KC reads per chunk (the inner dimension of the a @ dout dots; 32: half the loop's steps, twice the chunk's
-    registers)."""
+    """BLOCK_T tokens (the batch dimension of the per-token dots) x warps x pipeline stages of the read loop."""
     if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
-        return [triton.Config({"BLOCK_T": 2, "STAGES": 2, "KC": 16}, num_warps=4)]
-    return [triton.Config({"BLOCK_T": bt, "STAGES": ns, "KC": kc}, num_warps=nw)
-            for bt, nw, ns, kc in ((1, 4, 2, 16), (2, 4, 2, 16), (2, 8, 2, 16), (4, 4, 1, 16), (4, 4, 2, 16),
-                                   (4, 8, 2, 16), (8, 4, 2, 16), (8, 8, 2, 16),
-                                   (1, 4, 2, 32), (1, 8, 2, 32), (2, 4, 2, 32), (2, 8, 2, 32))]
+        return [triton.Config({"BLOCK_T": 2, "STAGES": 2}, num_warps=4)]
+    return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw)
+            for bt, nw, ns in ((1, 4, 2), (2, 4, 2), (2, 8, 2), (4, 4, 1), (4, 4, 2), (4, 8, 2), (8, 4, 2), (8, 8, 2))]
 
 
 @triton.jit
@@ -937,6 +933,12 @@ def _group_part_scores(x, d, wh, wl, BLOCK_T: tl.constexpr, GP: tl.constexpr, KC
 
 
 @triton.jit
+def _group_part_sd(x, d, LOW: tl.constexpr, EMU: tl.constexpr):
+    """x . dout (BLOCK_T, GP, KC) fp32 of one column part (the scores come from the v7 table)."""
+    return _xdot(x, tl.permute(d, (0, 2, 1)), LOW, EMU)
+
+
+@triton.jit
 def _group_part_update(acc, a, dsr, d, wh, wl, BLOCK_T: tl.constexpr, GP: tl.constexpr, LOW: tl.constexpr,
                        EMU: tl.constexpr):
     """acc (BLOCK_T, GP, C) += a @ dout (per token) + dsr @ w (weights shared by the tokens)."""
@@ -948,14 +950,14 @@ def _group_part_update(acc, a, dsr, d, wh, wl, BLOCK_T: tl.constexpr, GP: tl.con
     return acc + _adot(a, d, LOW, EMU) + tl.reshape(dw, (BLOCK_T, GP, C))
 
 
-@triton.autotune(configs=_group_configs(), key=["D", "H", "GP", "LOW", "JB"],
+@triton.autotune(configs=_group_configs(), key=["D", "H", "GP", "LOW", "JB", "HAS_S"],
                  prune_configs_by={"early_config_prune": _prune_group})
 @triton.jit
 def _src_group_bwd_kernel(
-    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, wh_ptr, wl_ptr, part_ptr, cpart_ptr, dsr_ptr,
-    NG, k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, dsr_sh, dsr_sk, JB,
-    GP: tl.constexpr, KC: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, LOW: tl.constexpr, EMU: tl.constexpr,
-    BLOCK_T: tl.constexpr, STAGES: tl.constexpr,
+    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, wh_ptr, wl_ptr, part_ptr, cpart_ptr, dsr_ptr, s_ptr,
+    NG, k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, dsr_sh, dsr_sk, s_stride,
+    JB, GP: tl.constexpr, KC: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, LOW: tl.constexpr,
+    EMU: tl.constexpr, HAS_S: tl.constexpr, BLOCK_T: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Partial gradients of NG <= GP CONSECUTIVE buffered sources (x: the first; slots BTD apart, ss their sums of
     squares (NG, BT) fp32) from reads k_lo..k_hi-1, in ONE pass over those reads' douts (dbuf[k] (BT, D)): one
@@ -966,7 +968,9 @@ def _src_group_bwd_kernel(
     = sum over these reads of a * dout + dsr * w (WITHOUT the RMS term, which needs all heads), cpart (NG, BT, H)
     fp32 = per head the sum of dscore * score (the RMS term's factor) and dsr[h, k, g * BT + t] = dL/dscore *
     rms^-1 (strides dsr_sh, dsr_sk, 1; dsr's dtype). ``source_bwd(init=part, cinit=cpart)`` completes each
-    source (its earlier reads and the RMS term). A head's columns are ``_split``'s two parts (DA, DB)."""
+    source (its earlier reads and the RMS term). A head's columns are ``_split``'s two parts (DA, DB). HAS_S (v7):
+    the scores come from the table (s_ptr: the first source's S[s0], (K, BT, H) fp32, slots s_stride apart) instead
+    of the x . w dots (two tensor-core dots per column part fewer; w is still needed for dsr @ w)."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
     tmask = tok < BT
@@ -998,14 +1002,24 @@ def _src_group_bwd_kernel(
         dm = tmask[:, None] & km[None, :]  # (BLOCK_T, KC)
         drow = kk[None, :, None] * BTD + tok64[:, None, None] * D  # (BLOCK_T, KC, 1)
         da, wh_a, wl_a = _group_part_load(dbuf_ptr, wh_ptr, wl_ptr, drow, kk, dm, km, ca, cam, D, LOW)
-        s, sd = _group_part_scores(xa, da, wh_a, wl_a, BLOCK_T, GP, KC, LOW, EMU)
+        if HAS_S:
+            sd = _group_part_sd(xa, da, LOW, EMU)
+        else:
+            s, sd = _group_part_scores(xa, da, wh_a, wl_a, BLOCK_T, GP, KC, LOW, EMU)
         db, wh_b, wl_b = da, wh_a, wl_a
         if DB > 0:
             db, wh_b, wl_b = _group_part_load(dbuf_ptr, wh_ptr, wl_ptr, drow, kk, dm, km, cb, cbm, D, LOW)
-            s_b, sd_b = _group_part_scores(xb, db, wh_b, wl_b, BLOCK_T, GP, KC, LOW, EMU)
-            s += s_b
-            sd += sd_b
-        s = s * r[:, :, None]
+            if HAS_S:
+                sd += _group_part_sd(xb, db, LOW, EMU)
+            else:
+                s_b, sd_b = _group_part_scores(xb, db, wh_b, wl_b, BLOCK_T, GP, KC, LOW, EMU)
+                s += s_b
+                sd += sd_b
+        if HAS_S:  # S[s0 + g, k, t, h] (the table's scores carry the rms factor)
+            s = tl.load(s_ptr + gg.to(tl.int64)[None, :, None] * s_stride + kk[None, None, :] * BTH +
+                        hoffs[:, :, None], mask=tg[:, :, None] & km[None, None, :], other=0.0)
+        else:
+            s = s * r[:, :, None]
         lse = tl.load(lse_ptr + kk[None, :] * BTH + hoffs, mask=dm, other=0.0)
         delta = tl.load(delta_ptr + kk[None, :] * BTH + hoffs, mask=dm, other=0.0)
         a = tl.where(km[None, None, :], tl.exp(s - lse[:, None, :]), 0.0)  # (BLOCK_T, GP, KC) routing weights
@@ -1025,12 +1039,13 @@ def _src_group_bwd_kernel(
 
 def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf: torch.Tensor, lse: torch.Tensor,
                      delta: torch.Tensor, W_split: tuple, k_lo: int, k_hi: int, dsr_all: torch.Tensor, H: int,
-                     eps: float, BT: int, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     eps: float, BT: int, D: int, scores: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial gradients of buffered sources s0..s0+NG-1 from reads k_lo..k_hi-1 in ONE pass over those reads'
     douts (``_src_group_bwd_kernel``). W_split: ``split_weights(W, buf.dtype)``; dsr_all: the (H, K, cap * BT)
     dL/dscore buffer of ``dW_all`` (this pass writes its slots' columns for these reads). Returns (parts
     (NG, BT, D) fp32, cparts (NG, BT, H) fp32); complete source g with ``source_bwd(init=parts[g],
-    cinit=cparts[g])`` over its reads before k_lo (none for the newest: an empty range)."""
+    cinit=cparts[g])`` over its reads before k_lo (none for the newest: an empty range). ``scores``: the v7 table
+    (cap, K, BT, H) fp32 whose rows k_lo..k_hi-1 of slots s0..s0+NG-1 hold the scores (no x . w dots then)."""
     dev = buf.device
     if dbuf.numel() >= 2**31 or buf.numel() >= 2**31 or dsr_all.numel() >= 2**31:
         raise ValueError("fused routing: buffers need 64-bit offsets (limit 2**31); use a smaller microbatch or "
@@ -1048,12 +1063,18 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]), H)  # noqa: E731
     dsr = dsr_all[:, :, s0 * BT:]
     jb = _loop_bucket(-(-(k_hi - k_lo) // 16), 4)  # autotuning bucket: chunks of 16 reads
+    if scores is not None and (scores.dtype != torch.float32 or scores.shape[2:] != (BT, H) or
+                               not scores[0].is_contiguous() or scores.numel() >= 2**31):
+        raise ValueError("source_group_bwd: scores must be the (cap, K, BT, H) fp32 table")
     args = (buf[s0], ss[s0], dbuf, lse, delta, wh, wl if wl is not None else wh, parts, cparts, dsr,
-            NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, dsr.stride(0), dsr.stride(1), jb)
-    flags = dict(GP=gp, DA=DA, DB=DB, LOW=wl is not None, EMU=os.environ.get("TRITON_INTERPRET") == "1")
+            scores[s0] if scores is not None else ss[s0], NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps,
+            dsr.stride(0), dsr.stride(1), scores.stride(0) if scores is not None else 0, jb)
+    flags = dict(GP=gp, KC=16, DA=DA, DB=DB, LOW=wl is not None, EMU=os.environ.get("TRITON_INTERPRET") == "1",
+                 HAS_S=scores is not None)
     key = ("src_group_bwd", D, H, gp, jb, *flags.values(), *(str(a.dtype) for a in args[:10]))
     _launch(_src_group_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_group_bwd"] += 1
+    LAUNCHES["source_group_bwd_table"] += scores is not None
     return parts, cparts
 
 
@@ -1410,55 +1431,15 @@ def _sdot(x, w, wl, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
     return tl.sum(xf[:, :, None] * w[None, :, :], axis=1)
 
 
-def _score_configs(full: bool = False) -> list:
-    """Launch configurations of the scoring kernel: BLOCK_T tokens x warps x grid order (HEADS_FIRST: program
-    axis 0 is the head, so the programs of one token block, whose table rows share sectors, run together).
-    Without autotuning (the interpreter, MHAR_ROUTING_AUTOTUNE=0) the fixed launch measured before: 64 tokens x
-    8 warps, 32 x 4 above 64 reads (``_prune_score`` keeps the first that fits)."""
-    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
-        return [triton.Config({"BLOCK_T": 64, "HEADS_FIRST": False}, num_warps=8),
-                triton.Config({"BLOCK_T": 32, "HEADS_FIRST": False}, num_warps=4)]
-    return [triton.Config({"BLOCK_T": bt, "HEADS_FIRST": hf}, num_warps=nw)
-            for bt in (16, 32, 64, 128) for nw in (4, 8) for hf in (False, True)]
-
-
-# Largest (BLOCK_T x KP) tile of scores per program: 64 tokens x 128 reads x 8 warps made an illegal memory access
-# on the H200 (Triton 3.6, session 2026-12-02b call 2); every tile of at most 4096 ran correctly.
-SCORE_TILE_MAX = 4096
-
-
-def _score_tiles(configs, KP: int) -> list:
-    """The configurations whose score tile (BLOCK_T, KP) has at most ``SCORE_TILE_MAX`` fp32 elements and 4+
-    per thread (else the smallest)."""
-    keep = [c for c in configs if 4 * 32 * c.num_warps <= c.kwargs["BLOCK_T"] * KP <= SCORE_TILE_MAX]
-    return keep or [min(configs, key=lambda c: c.kwargs["BLOCK_T"] * c.num_warps)]
-
-
-def _prune_score(configs, named_args, **kwargs):
-    """``_score_tiles``; without autotuning only the first."""
-    keep = _score_tiles(configs, _arg(named_args, kwargs, "KP"))
-    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0":
-        return keep[:1]
-    return keep
-
-
-@triton.autotune(configs=_score_configs(), key=["D", "H", "KP", "SPLIT"],
-                 prune_configs_by={"early_config_prune": _prune_score})
 @triton.jit
 def _score_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.constexpr, H: tl.constexpr,
-                  DH: tl.constexpr, eps, KP: tl.constexpr, DA: tl.constexpr,
-                  DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr,
-                  BLOCK_T: tl.constexpr, HEADS_FIRST: tl.constexpr):
+                  DH: tl.constexpr, eps, BLOCK_T: tl.constexpr, KP: tl.constexpr, DA: tl.constexpr,
+                  DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
     """S[k, t, h] (the slot's table, (K, BT, H) fp32) for reads k_lo <= k < K of one buffered source x (BT, D)
-    (ss: its sums of squares (BT,)): one program per (token block, head) (many small independent programs, so
-    the loads' latency overlaps; HEADS_FIRST: the head is program axis 0); a head's columns as ``_split``'s two
-    parts."""
-    if HEADS_FIRST:
-        tok = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-        h = tl.program_id(0)
-    else:
-        tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        h = tl.program_id(1)
+    (ss: its sums of squares (BT,)): one program per (token block, head) (program axis 1 = the head: many small
+    independent programs, so the loads' latency overlaps); a head's columns as ``_split``'s two parts."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1)
     tmask = tok < BT
     tok64 = tok.to(tl.int64)
     kk = k_lo + tl.arange(0, KP)
@@ -1489,6 +1470,20 @@ def _score_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.conste
 SCORE_READS = 128  # reads per launch of the scoring kernel
 
 
+def score_launch(KP: int, dot: bool = True) -> tuple[int, int]:
+    """(tokens, warps) per program of the scoring kernel for a tile of KP reads. Every program loads the head's
+    (KP, DH) weights (hi + lo) from L2, which with 16 tokens (session 2026-12-02 call 1: 0.69 ms per 350M
+    microbatch) were 8x the source's bytes: 64 tokens x 8 warps up to 64 reads; 32 x 4 for 65-128 (64 x 8 with
+    128 reads at the 1B width, head width 160 = 128 + 32, made an illegal memory access on the H200, Triton 3.6,
+    session 2026-12-02b call 2; 32 x 4 ran correctly: offline sm_90 186 registers, no spills). Autotuning over
+    16-128 tokens x 4 / 8 warps x both grid orders gained 0.06 of 0.78 ms per 1B microbatch and some tile of 32
+    reads faulted the same way (session 2026-12-02e): not autotuned. Heads narrower than 16 columns (no
+    tensor-core dot): 2 tokens x 4 warps."""
+    if not dot:
+        return 2, 4
+    return (64, 8) if KP <= 64 else (32, 4)
+
+
 def split_weights(W: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The score weights W = q * g (K, D) fp32 as ``score_sources`` takes them for sources of ``dtype``: (hi, lo)
     in bf16 / fp16 (hi + lo = W to ~2^-16 relative), or (W, None) for fp32 sources."""
@@ -1513,21 +1508,15 @@ def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch
     dot = DA >= 16 and (DB == 0 or DB >= 16)
     emu = os.environ.get("TRITON_INTERPRET") == "1"
     # At most SCORE_READS reads per launch (deeper models: one launch per chunk of reads; a (64, 256) tile of
-    # scores does not compile). Every program loads the head's (KP, DH) weights (hi + lo) from L2: few tokens
-    # per program multiply those loads (16 tokens: 8x the source's bytes), many leave few programs; the
-    # autotuner picks per number of reads (KP) among tiles of at most SCORE_TILE_MAX scores (``_score_configs``).
-    # Heads narrower than 16 columns (no tensor-core dot) take a fixed small launch.
+    # scores does not compile); tokens and warps per program: ``score_launch``.
     for k0 in range(k_lo, K, SCORE_READS):
         k1 = min(K, k0 + SCORE_READS)
         KP = max(16, triton.next_power_of_2(k1 - k0))
-        args = (buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k0, k1, BT, D, H, D // H, eps)
-        flags = dict(KP=KP, DA=DA, DB=DB, SPLIT=wl is not None, DOT=dot, EMU=emu)
-        if dot:
-            grid = lambda meta: ((H, triton.cdiv(BT, meta["BLOCK_T"])) if meta["HEADS_FIRST"]  # noqa: E731
-                                 else (triton.cdiv(BT, meta["BLOCK_T"]), H))
-            _launch(_score_kernel, ("score", D, H, KP, wl is not None, str(buf.dtype)), grid, args, flags)
-        else:
-            _score_kernel.fn[(triton.cdiv(BT, 2), H)](*args, **flags, BLOCK_T=2, HEADS_FIRST=False, num_warps=4)
+        block_t, warps = score_launch(KP, dot)
+        grid = (triton.cdiv(BT, block_t), H)
+        _score_kernel[grid](buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k0, k1, BT, D, H,
+                            D // H, eps, BLOCK_T=block_t, KP=KP, DA=DA, DB=DB, SPLIT=wl is not None, DOT=dot,
+                            EMU=emu, num_warps=warps)
     LAUNCHES["score"] += 1
 
 

@@ -104,6 +104,7 @@ class _Storage:
     group: Optional["_Group"] = None  # the open prefix-sharing group, if any
     v6: Optional["_V6"] = None  # source-major backward bookkeeping (algo "v6"), created by the first read
     source_group: int = 1  # v6: consecutive sources whose gradients share one pass over the later reads' douts
+    group_scores: bool = False  # v7: the group pass takes its scores from the table (no x . w dots)
     src_dtypes: dict = field(default_factory=dict)  # slot -> dtype of the appended source (v6 gradients)
 
     def grads(self, device) -> Tensor:
@@ -519,8 +520,9 @@ class _Read6(torch.autograd.Function):
                 if len(group) > 1:  # this slot and the older ones share ONE pass over reads k_first..: partials
                     if v.W_split is None:
                         v.W_split = split_weights(v.W, st.buf.dtype)
+                    tab = v.S if st.group_scores and all(_table(v, s_, k_first) is not None for s_ in group) else None
                     parts, cparts = source_group_bwd(st.buf, st.ss, group[0], len(group), v.dbuf, v.lse, v.delta,
-                                                     v.W_split, k_first, k_hi, v.dsr, H, eps, BT, D)
+                                                     v.W_split, k_first, k_hi, v.dsr, H, eps, BT, D, scores=tab)
                     for j, s_ in enumerate(group):
                         v.partial[s_] = (k_first, parts[j], cparts[j])
             part = v.partial.pop(slot, None)
@@ -628,13 +630,18 @@ class FusedRouter(Router):
     returns the reader's RMSNorm of the mix, and an announced read's backward forms the norm's input gradient
     and stashes it in one pass (``prenorm_stash``) instead of a separate norm backward; the residual uses it
     through ``read_normed`` and the model skips the sublayer's own norm.
+    group_scores (routing_impl "fused_v7_sg8_ts"; needs table and source groups): the source-group pass
+    reads each (source, read) score from the table instead of recomputing it with two tensor-core dots
+    per column part (the same fp32 scores the forward used). Offline sm_90 compile (Triton 3.9,
+    benchmarks/kernel_stats.py): 10-20% fewer loop instructions per dout element (1B: 13.85 vs 16.74
+    in the best spill-free configuration). Not yet run on the GPU: opt-in until it is.
     """
 
     name = "fused"
 
     def __init__(self, grad_dtype: Optional[torch.dtype] = None, group: Optional[int] = None,
                  shared_backward: Optional[bool] = None, two_pass: bool = False, algo: str = "v6",
-                 source_group: int = 1, table: bool = False, prenorm: bool = False):
+                 source_group: int = 1, table: bool = False, prenorm: bool = False, group_scores: bool = False):
         if algo not in ("v6", "v5"):
             raise ValueError(f"algo must be 'v6' (source-major backward, routing_impl 'fused') or 'v5' "
                              f"(read-major, routing_impl 'fused_v5'), got {algo!r}")
@@ -645,7 +652,11 @@ class FusedRouter(Router):
             raise ValueError("table (the v7 score table) is an option of the v6 kernels")
         if prenorm and algo != "v6":
             raise ValueError("prenorm (the next sublayer's pre-norm fused into the read) is an option of the v6 kernels")
+        if group_scores and not (table and source_group > 1):
+            raise ValueError("group_scores (the source-group pass reads the v7 score table) needs table=True and "
+                             "source_group > 1")
         self.algo, self.source_group, self.table, self.prenorm = algo, source_group, bool(table), bool(prenorm)
+        self.group_scores = bool(group_scores)
         if algo == "v6":
             self.name = "fused_v7" if table else "fused" if source_group == 1 else f"fused_sg{source_group}"
             if shared_backward is not None or two_pass:
@@ -688,7 +699,7 @@ class FusedRouter(Router):
         _check_device(first)
         vec = _broadcast_vector(first)
         st = _Storage(capacity=capacity, two_pass=self.two_pass, shared_backward=self.shared_backward,
-                      source_group=self.source_group)
+                      source_group=self.source_group, group_scores=self.group_scores)
         if vec is not None:
             st.null, st.capacity = vec, capacity - 1
             if first.dim() == 3:
@@ -886,5 +897,7 @@ register_router(f"fused_sg{SOURCE_GROUP}", lambda: FusedRouter(source_group=SOUR
 register_router(f"fused_v7_sg{SOURCE_GROUP}",  # v7 (score table, forward groups) + source groups
                 lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP))
 register_router("fused_v7", lambda: FusedRouter(table=True, group=V7_GROUP))
+register_router(f"fused_v7_sg{SOURCE_GROUP}_ts",  # fused_v7_sg8 whose group pass reads the table's scores
+                lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, group_scores=True))
 register_router(f"fused_v7_sg{SOURCE_GROUP}_norm",  # fused_v7_sg8 + the next sublayer's pre-norm in the read
                 lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, prenorm=True))  # v6 + the score table + groups
