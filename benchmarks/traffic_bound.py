@@ -35,11 +35,17 @@ kernels. The measured ratio and step gap (MHAR fused minus baseline) are printed
 
     PYTHONPATH=. python -m benchmarks.traffic_bound --training results/bench/training.csv \
         --op results/bench/routing_op.csv --out results/bench/traffic_bound.csv
+
+Per kernel (``kernel_bytes``, fused_v7_sg8): each routing kernel's bytes beside the CUDA ms that
+``benchmarks/profile_step.py --json`` measured, i.e. which kernel is how far from the bandwidth:
+
+    PYTHONPATH=. python -m benchmarks.traffic_bound --profile results/gpu/session_2026-12-02e/call1_prof_train_1B.json
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -112,13 +118,99 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
     return rows
 
 
+# Kernels of routing_impl fused_v7_sg8 (score table, forward groups, source groups) in ``kernel_bytes``.
+V7_KERNELS = ("_append_kernel", "_score_kernel", "_prefix7_kernel", "_fwd7_kernel", "_stash_kernel",
+              "_src_group_bwd_kernel", "_src_bwd_kernel")
+
+
+def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group: int = SOURCE_GROUP) -> dict:
+    """Per routing kernel of ``fused_v7_sg8`` at a preset (the paper's microbatch, bf16 sources): (launches, HBM
+    bytes) per microbatch, each load and store of the kernel (``mhar/routing/_kernels.py``) counted once: L2 hits
+    are not subtracted, so bytes / bandwidth is a lower bound on the kernel's time. Read k (k = 0..N-1, N = 2L+1)
+    sees sources 0..k. Forward: every append copies its source and writes its sums of squares; every source is
+    scored once for the reads from its first reader on (H fp32 per token and read); a group of ``group`` reads
+    makes one prefix pass over its first read's sources (their score rows twice: the max, then the mix) writing
+    a partial and lse per read, and each read then mixes its newer sources into its partial. Backward, newest
+    read first (the rule of ``mhar.routing.fused._source_group``): each read stashes its dout; a read's new
+    source either completes a group member (its douts, lse, delta and score rows for the reads since its first
+    reader, the fp32 partial and its RMS sums in, the gradient and dsr out) or starts a group pass over up to
+    ``source_group`` consecutive sources and every later read's dout (fp32 partials and RMS sums out, dsr out;
+    the newest member completed at once), or, alone, one pass over its later reads. Not counted: the dsr
+    buffer's zero fill and the one dW matmul (``dW_all``), which the aggregate model (``v6_bytes``) includes,
+    and the append's copy, which it leaves out; the totals agree within 2% (``tests/test_traffic_bound.py``)."""
+    B, T = MICROBATCH[size]
+    D, L = PRESETS[size]["d_model"], PRESETS[size]["n_layers"]
+    N, BT, H = 2 * L + 1, B * T, heads
+    src, f32 = BT * D * BYTES_PER_ELT, BT * D * 4  # a source / dout / output / partial; an fp32 gradient partial
+    ss, row = BT * 4, BT * H * 4  # one source's sums of squares; one (source, read) score / lse / delta row
+    dsr = BT * H * BYTES_PER_ELT  # one (source, read) dsr row (the sources' dtype)
+    calls = dict.fromkeys(V7_KERNELS, 0)
+    out = dict.fromkeys(V7_KERNELS, 0)
+
+    def add(kernel: str, nbytes: int) -> None:
+        calls[kernel] += 1
+        out[kernel] += nbytes
+
+    for j in range(N):
+        add("_append_kernel", 2 * src + ss)
+        add("_score_kernel", src + ss + (N - j) * row)
+        add("_stash_kernel", 3 * src + row)
+    for a in range(0, N, group):
+        K = min(group, N - a)
+        if K > 1:
+            add("_prefix7_kernel", (a + 1) * (src + 2 * K * row) + K * (src + row))
+        for i in range(a, a + K):
+            newer = i - a if K > 1 else i + 1  # sources past the prefix
+            add("_fwd7_kernel", (src + row if K > 1 else 0) + newer * (src + 2 * row) + src + row)
+    partial: dict = {}  # group member -> the read whose backward formed its partial
+    for k in range(N - 1, -1, -1):  # read k's one new source is slot k
+        if k in partial:
+            n = partial.pop(k) - k
+            add("_src_bwd_kernel", n * (src + 3 * row + dsr) + src + ss + f32 + row + src)
+            continue
+        members = [k]
+        while len(members) < source_group and members[0] > 0 and members[0] - 1 not in partial:
+            members.insert(0, members[0] - 1)
+        n = N - k  # reads k..N-1 saw slot k
+        if len(members) > 1:
+            G = len(members)
+            add("_src_group_bwd_kernel", G * (src + ss) + n * (src + 2 * row) + G * (f32 + row) + G * n * dsr)
+            partial.update((m, k) for m in members[:-1])
+            add("_src_bwd_kernel", src + ss + f32 + row + src)
+        else:
+            add("_src_bwd_kernel", n * (src + 3 * row + dsr) + src + ss + src)
+    return {k: (calls[k], out[k]) for k in V7_KERNELS}
+
+
+def kernel_table(prof: dict, hbm_gbps: float) -> list[dict]:
+    """For each MHAR target of a ``benchmarks/profile_step.py --json`` record (kind train or op, H = 8): per
+    routing kernel the launches and CUDA ms per step the profiler measured, beside ``kernel_bytes``: GB, achieved
+    GB/s, fraction of ``hbm_gbps`` and the ms at that bandwidth."""
+    est = kernel_bytes(prof["size"])
+    rows = []
+    for target, res in prof["results"].items():
+        if not target.startswith(("mhar", "fused")):
+            continue
+        for kern, (calls, nbytes) in est.items():
+            ms, seen = res["kernels"].get(kern, [0.0, 0])
+            rows.append(dict(size=prof["size"], target=target, kernel=kern, calls=seen, model_calls=calls, ms=ms,
+                             gb=nbytes / 1e9, gbps=nbytes / ms / 1e6 if ms else None,
+                             of_hbm=nbytes / ms / 1e6 / hbm_gbps if ms else None,
+                             ms_at_hbm=nbytes / (hbm_gbps * 1e9) * 1e3))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--training", default="results/bench/training.csv", help="bench_training.py CSV")
     ap.add_argument("--op", default="results/bench/routing_op.csv", help="bench_routing_op.py CSV (hbm_gbps)")
     ap.add_argument("--hbm-gbps", type=float, help="HBM bandwidth in GB/s (default: from --op)")
     ap.add_argument("--out", default="results/bench/traffic_bound.csv")
+    ap.add_argument("--profile", help="a profile_step.py --json record: print its routing kernels' bytes and "
+                    "fraction of the HBM bandwidth instead (writes nothing)")
     args = ap.parse_args(argv)
+    if args.profile:
+        return _print_profile(args)
     for p in [args.training] + ([] if args.hbm_gbps else [args.op]):
         if not Path(p).is_file():
             print(f"error: {p} not found (run the GPU benchmarks first: benchmarks/gpu_session.sh)", file=sys.stderr)
@@ -144,6 +236,35 @@ def main(argv=None) -> int:
               f"{r[f'v7_g{V7_GROUP}_bound_ratio']:.3f} (v7 g{V7_GROUP}) / {r['min_bound_ratio']:.3f} "
               f"(one-pass write-once); measured "
               f"{r['measured_ratio']} (gap {r['measured_gap_ms']} ms vs {r['v5_ideal_ms']} ms v5 ideal)")
+    return 0
+
+
+
+def _print_profile(args) -> int:
+    for p in [args.profile] + ([] if args.hbm_gbps else [args.op]):
+        if not Path(p).is_file():
+            print(f"error: {p} not found (benchmarks/profile_step.py --json writes the profile; --hbm-gbps or --op "
+                  "gives the bandwidth)", file=sys.stderr)
+            return 2
+    hbm = args.hbm_gbps or float(next(csv.DictReader(open(args.op, newline="")))["hbm_gbps"])
+    try:
+        rows = kernel_table(json.load(open(args.profile)), hbm)
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        print(f"error: {args.profile} is not a profile_step.py --json record ({e!r})", file=sys.stderr)
+        return 2
+    if not rows:
+        print(f"error: {args.profile} has no MHAR target", file=sys.stderr)
+        return 2
+    print(f"routing kernels per step, bytes from kernel_bytes, at {hbm:.0f} GB/s ({args.profile})")
+    for target in dict.fromkeys(r["target"] for r in rows):
+        sub = [r for r in rows if r["target"] == target]
+        print(f"{sub[0]['size']} {target}\n  {'kernel':24s} {'calls':>6s} {'ms':>7s} {'GB':>7s} {'GB/s':>7s} "
+              f"{'of HBM':>7s} {'ms at HBM':>9s}")
+        for r in sub + [dict(kernel="all of these", calls=sum(r["calls"] for r in sub), ms=sum(r["ms"] for r in sub),
+                             gb=sum(r["gb"] for r in sub), ms_at_hbm=sum(r["ms_at_hbm"] for r in sub))]:
+            gbps = r["gb"] / r["ms"] * 1e3 if r["ms"] else 0.0
+            print(f"  {r['kernel']:24s} {r['calls']:6.0f} {r['ms']:7.3f} {r['gb']:7.3f} {gbps:7.0f} "
+                  f"{gbps / hbm:7.2f} {r['ms_at_hbm']:9.3f}")
     return 0
 
 

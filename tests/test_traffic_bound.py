@@ -163,3 +163,49 @@ def test_prenorm_row_removes_the_fused_norm_passes():
     saved = 4 * (2 * cfg["n_layers"]) * E * 2
     assert r["v7_g4_sg8_norm_gb"] == pytest.approx(r["v7_g4_sg8_gb"] - saved / 1e9, abs=2e-3)
     assert r["v7_g4_sg8_norm_bound_ratio"] > r["v7_g4_sg8_bound_ratio"]
+
+
+@pytest.mark.parametrize("size", ["100M", "350M", "1B"])
+def test_kernel_bytes_agree_with_the_aggregate_model(size):
+    """The per-kernel count of fused_v7_sg8 (kernel by kernel, from the kernels' loads and stores) and the
+    aggregate byte model (v6_bytes with the table, forward groups of 4, source groups of 8) are written
+    independently; they differ only by what each leaves out (the append's copy; dsr's fill and dW matmul)."""
+    cfg, (B, T) = PRESETS[size], MICROBATCH[size]
+    f, b = v6_bytes(tb.routing_reads(cfg["n_layers"]), B * T * cfg["d_model"], 8, cfg["d_model"], group=4,
+                    source_group=8, table=True)
+    total = sum(n for _, n in tb.kernel_bytes(size).values())
+    assert abs(total / (f + b) - 1) < 0.02, (total, f + b)
+
+
+def test_kernel_launches_match_the_h200_profile():
+    """The launches per 1B step the model counts (73 reads: 18 prefix passes, 9 source-group passes, ...) are the
+    launches torch.profiler saw on the H200 (results/gpu/session_2026-12-02e, committed record)."""
+    import json
+    from pathlib import Path
+    prof = json.load(open(Path(__file__).parents[1] / "results/gpu/session_2026-12-02e/call1_prof_train_1B.json"))
+    seen = prof["results"]["mhar_fused_v7_sg8"]["kernels"]
+    model = tb.kernel_bytes("1B")
+    assert {k: round(seen[k][1]) for k in model} == {k: c for k, (c, _) in model.items()}
+
+
+def test_profile_cli_prints_each_kernels_fraction_of_hbm(tmp_path, capsys):
+    import json
+    model = tb.kernel_bytes("350M")
+    ms = {k: 0.5 + i / 10 for i, k in enumerate(model)}
+    prof = {"kind": "train", "size": "350M", "results": {
+        "baseline": {"kernels": {"gemm": [1.0, 3]}},
+        "mhar_fused_v7_sg8": {"kernels": {k: [ms[k], model[k][0]] for k in model}}}}
+    path = tmp_path / "prof.json"
+    path.write_text(json.dumps(prof))
+    assert tb.main(["--profile", str(path), "--hbm-gbps", "4000"]) == 0
+    out = capsys.readouterr().out
+    for k, (calls, nbytes) in model.items():
+        line = next(l for l in out.splitlines() if l.strip().startswith(k))
+        f = line.split()
+        assert int(f[1]) == calls and float(f[5]) == pytest.approx(nbytes / ms[k] / 1e6 / 4000, abs=0.006), line
+    assert "baseline" not in out
+    path.write_text("{not json")
+    assert tb.main(["--profile", str(path), "--hbm-gbps", "4000"]) == 2
+    assert capsys.readouterr().err.startswith("error:")
+    assert tb.main(["--profile", str(tmp_path / "none.json"), "--hbm-gbps", "4000"]) == 2
+    assert "not found" in capsys.readouterr().err
