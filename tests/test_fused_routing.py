@@ -343,6 +343,18 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
         assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
 
 
+def test_model_fused_v7_sg8_ts_matches_eager():
+    """routing_impl 'fused_v7_sg8_ts' in a debug MHAR model (config -> router registry -> model): the group
+    passes read the table's scores, and the logits and parameter grads equal eager routing's (fp32)."""
+    launches = fused_mod.LAUNCHES["source_group_bwd_table"]
+    logits_f, grads_f = _model_grads("mhar", "fused_v7_sg8_ts", 4)
+    assert fused_mod.LAUNCHES["source_group_bwd_table"] > launches
+    logits_e, grads_e = _model_grads("mhar", "eager", 4)
+    assert rel(logits_f, logits_e) <= 1e-5 and grads_f.keys() == grads_e.keys()
+    for n in grads_e:
+        assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
+
+
 @pytest.mark.parametrize("impl", ["fused_sg8", "fused_v7_sg8", "fused_v7_sg8_norm"])
 def test_model_fused_inference_matches_eager(impl):
     """The paper configs' MHAR H=8 routers in inference (no autograd; v7 still scores into its table): the full
