@@ -86,36 +86,48 @@ def v5_bytes(ns: list[int], E: int, elt: int = 2) -> tuple[int, int]:
     return unit, 3 * unit
 
 
-def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
-    """(douts read, partial gradients) of the v6 backward for reads over ns sources when up to ``source_group``
-    consecutive sources share one pass (the rule of ``mhar.routing.fused._source_group``: backward visits reads
-    newest first; a read's newest new source starts a group with older ones first seen by earlier reads; the
-    group pass writes a partial gradient for every member, the newest included (the RMS term needs every head:
-    ``source_bwd(cinit=...)`` completes it with no reads), each completed by its first reader over the reads up
-    to the group's)."""
-    N = len(ns)
+def backward_passes(ns: list[int], source_group: int):
+    """The source-gradient passes of the v6 backward for reads over ns sources, in the order they run (the rule
+    of ``mhar.routing.fused._source_group``: backward visits reads newest first; a read's newest new source
+    starts a group with the older consecutive slots first seen by earlier reads and not yet in a group, up to
+    ``source_group`` in all). Yields ``("pass", k, members)``: one pass over reads k..N-1 for the slots
+    ``members`` (one slot: the plain write-once pass; several: a group pass writing a partial gradient for every
+    member, the newest completed at once with no reads, as its RMS term needs every head), and
+    ``("complete", slot, k, k_end)``: a group member completed by its first reader k over reads k..k_end-1."""
     first = {}  # slot -> first reader
     seen = 0
     for k, n in enumerate(ns):
         for s_ in range(seen, n):
             first[s_] = k
         seen = max(seen, n)
-    partial: dict = {}
-    douts = parts = 0
-    for k in range(N - 1, -1, -1):
+    partial: dict = {}  # group member -> the read whose backward formed its partial
+    for k in range(len(ns) - 1, -1, -1):
         new = [s_ for s_ in first if first[s_] == k]
         for s_ in new:
             if s_ in partial:
-                douts += partial.pop(s_) - k
+                yield "complete", s_, k, partial.pop(s_)
                 continue
-            douts += N - k
+            members = [s_]
             if source_group > 1 and s_ == max(new):  # older consecutive slots first seen by earlier reads
                 o = s_ - 1
-                while s_ - o < source_group and o >= 0 and first.get(o, N) < k and o not in partial:
-                    partial[o] = k
-                    parts += 1
+                while s_ - o < source_group and o >= 0 and first.get(o, len(ns)) < k and o not in partial:
+                    members.insert(0, o)
                     o -= 1
-                parts += o < s_ - 1  # the newest member's partial (a group of two or more)
+                partial.update((m, k) for m in members[:-1])
+            yield "pass", k, members
+
+
+def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
+    """(douts read, partial gradients) of the v6 backward for reads over ns sources when up to ``source_group``
+    consecutive sources share one pass (``backward_passes``): a pass over reads k.. reads N - k douts, a
+    completion k_end - k; a group pass writes a partial for each of its members."""
+    douts = parts = 0
+    for ev in backward_passes(ns, source_group):
+        if ev[0] == "complete":
+            douts += ev[3] - ev[2]
+        else:
+            douts += len(ns) - ev[1]
+            parts += len(ev[2]) if len(ev[2]) > 1 else 0
     return douts, parts
 
 

@@ -49,7 +49,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.bench_routing_op import MICROBATCH, min_bytes, v6_bytes
+from benchmarks.bench_routing_op import MICROBATCH, backward_passes, min_bytes, v6_bytes
 from benchmarks.common import command_line, write_csv
 from mhar.provenance import git_info
 from mhar.config import PRESETS
@@ -131,7 +131,7 @@ def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group:
     scored once for the reads from its first reader on (H fp32 per token and read); a group of ``group`` reads
     makes one prefix pass over its first read's sources (their score rows twice: the max, then the mix) writing
     a partial and lse per read, and each read then mixes its newer sources into its partial. Backward, newest
-    read first (the rule of ``mhar.routing.fused._source_group``): each read stashes its dout; a read's new
+    read first (``bench_routing_op.backward_passes``): each read stashes its dout; a read's new
     source either completes a group member (its douts, lse, delta and score rows for the reads since its first
     reader, the fp32 partial and its RMS sums in, the gradient and dsr out) or starts a group pass over up to
     ``source_group`` consecutive sources and every later read's dout (fp32 partials and RMS sums out, dsr out;
@@ -162,21 +162,17 @@ def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group:
         for i in range(a, a + K):
             newer = i - a if K > 1 else i + 1  # sources past the prefix
             add("_fwd7_kernel", (src + row if K > 1 else 0) + newer * (src + 2 * row) + src + row)
-    partial: dict = {}  # group member -> the read whose backward formed its partial
-    for k in range(N - 1, -1, -1):  # read k's one new source is slot k
-        if k in partial:
-            n = partial.pop(k) - k
+    for ev in backward_passes(routing_reads(L), source_group):  # read k's one new source is slot k
+        if ev[0] == "complete":  # a group member over its reads k..k_end-1: douts, lse, delta, scores; dsr out
+            n = ev[3] - ev[2]
             add("_src_bwd_kernel", n * (src + 3 * row + dsr) + src + ss + f32 + row + src)
             continue
-        members = [k]
-        while len(members) < source_group and members[0] > 0 and members[0] - 1 not in partial:
-            members.insert(0, members[0] - 1)
+        k, members = ev[1], ev[2]
         n = N - k  # reads k..N-1 saw slot k
         if len(members) > 1:
             G = len(members)
             add("_src_group_bwd_kernel", G * (src + ss) + n * (src + 2 * row) + G * (f32 + row) + G * n * dsr)
-            partial.update((m, k) for m in members[:-1])
-            add("_src_bwd_kernel", src + ss + f32 + row + src)
+            add("_src_bwd_kernel", src + ss + f32 + row + src)  # the newest member, completed at once
         else:
             add("_src_bwd_kernel", n * (src + 3 * row + dsr) + src + ss + src)
     return {k: (calls[k], out[k]) for k in V7_KERNELS}
@@ -239,7 +235,6 @@ def main(argv=None) -> int:
     return 0
 
 
-
 def _print_profile(args) -> int:
     for p in [args.profile] + ([] if args.hbm_gbps else [args.op]):
         if not Path(p).is_file():
@@ -260,11 +255,12 @@ def _print_profile(args) -> int:
         sub = [r for r in rows if r["target"] == target]
         print(f"{sub[0]['size']} {target}\n  {'kernel':24s} {'calls':>6s} {'ms':>7s} {'GB':>7s} {'GB/s':>7s} "
               f"{'of HBM':>7s} {'ms at HBM':>9s}")
-        for r in sub + [dict(kernel="all of these", calls=sum(r["calls"] for r in sub), ms=sum(r["ms"] for r in sub),
-                             gb=sum(r["gb"] for r in sub), ms_at_hbm=sum(r["ms_at_hbm"] for r in sub))]:
-            gbps = r["gb"] / r["ms"] * 1e3 if r["ms"] else 0.0
-            print(f"  {r['kernel']:24s} {r['calls']:6.0f} {r['ms']:7.3f} {r['gb']:7.3f} {gbps:7.0f} "
-                  f"{gbps / hbm:7.2f} {r['ms_at_hbm']:9.3f}")
+        ms, gb = sum(r["ms"] for r in sub), sum(r["gb"] for r in sub)
+        for r in sub + [dict(kernel="all of these", calls=sum(r["calls"] for r in sub), ms=ms, gb=gb,
+                             gbps=gb / ms * 1e3 if ms else None, of_hbm=gb / ms * 1e3 / hbm if ms else None,
+                             ms_at_hbm=sum(r["ms_at_hbm"] for r in sub))]:
+            print(f"  {r['kernel']:24s} {r['calls']:6.0f} {r['ms']:7.3f} {r['gb']:7.3f} {r['gbps'] or 0:7.0f} "
+                  f"{r['of_hbm'] or 0:7.2f} {r['ms_at_hbm']:9.3f}")
     return 0
 
 
