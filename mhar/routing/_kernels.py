@@ -1037,6 +1037,144 @@ def _src_group_bwd_kernel(
     tl.store(cpart_ptr + gg[None, :] * BTH + hoffs, csum, mask=tg)
 
 
+@triton.jit
+def _bdot(b, a, LOW: tl.constexpr, EMU: tl.constexpr):
+    """b @ a for a 16-bit (or fp32) b and an fp32 a: LOW a as hi + lo parts in b's dtype, two tensor-core dots
+    (a to ~2^-16 relative); else / EMU an fp32 dot (``_adot`` with the operands' roles swapped)."""
+    if LOW and not EMU:
+        hi = a.to(b.dtype)
+        return tl.dot(b, hi) + tl.dot(b, (a - hi.to(tl.float32)).to(b.dtype))
+    return tl.dot(b.to(tl.float32), a, input_precision="ieee")
+
+
+@triton.jit
+def _groupt_part(x_ptr, xrow_t, tg_t, x2_ptr_offs, x2_mask, dbuf_ptr, wh_ptr, wl_ptr, drow, kk, dm, km, col, cm, D,
+                 BLOCK_T: tl.constexpr, GP: tl.constexpr, KC: tl.constexpr, LOW: tl.constexpr, EMU: tl.constexpr,
+                 HAS_S: tl.constexpr):
+    """One column part (columns col, mask cm) of a chunk of KC reads, transposed layout: the douts d (BLOCK_T, KC,
+    C), the weights' transposes whT / wlT (C, KC), x . dout (BLOCK_T, KC, GP) and (without HAS_S) the raw scores
+    x . w (BLOCK_T, KC, GP), fp32. x2_ptr_offs / x2_mask (BLOCK_T * GP, 1): the group's rows as one axis."""
+    d = tl.load(dbuf_ptr + drow + col[None, None, :], mask=dm[:, :, None] & cm[None, None, :], other=0.0)
+    wm = cm[:, None] & km[None, :]
+    wht = tl.load(wh_ptr + kk[None, :] * D + col[:, None], mask=wm, other=0.0)  # (C, KC)
+    wlt = wht
+    if LOW:
+        wlt = tl.load(wl_ptr + kk[None, :] * D + col[:, None], mask=wm, other=0.0)
+    xt = tl.load(x_ptr + xrow_t[:, None, :] + col[None, :, None], mask=tg_t[:, None, :] & cm[None, :, None],
+                 other=0.0)  # (BLOCK_T, C, GP): the group's sources, from L2 after the first chunk
+    sd = _xdot(d, xt, LOW, EMU)
+    s = sd
+    if not HAS_S:  # w (KC, C) @ x (C, BLOCK_T * GP): one 2D dot (hi + lo weights), then per token
+        x2 = tl.load(x_ptr + x2_ptr_offs + col[None, :], mask=x2_mask & cm[None, :], other=0.0)
+        s2 = _sdot(x2, wht, wlt, LOW, True, EMU)  # (BLOCK_T * GP, KC)
+        s = tl.permute(tl.reshape(s2, (BLOCK_T, GP, KC)), (0, 2, 1))
+    return d, wht, wlt, sd, s
+
+
+@triton.jit
+def _groupt_update(acc, a, dsr, d, wht, wlt, BLOCK_T: tl.constexpr, GP: tl.constexpr, KC: tl.constexpr,
+                   LOW: tl.constexpr, EMU: tl.constexpr):
+    """acc (BLOCK_T, C, GP) += dout^T @ a (per token) + w^T @ dsr (weights shared by the tokens: one 2D dot)."""
+    C: tl.constexpr = acc.shape[1]
+    dsr2 = tl.reshape(tl.permute(dsr, (1, 0, 2)), (KC, BLOCK_T * GP))
+    dw = _bdot(wht, dsr2, LOW, EMU)
+    if LOW:
+        dw += _xdot(wlt, dsr2.to(wlt.dtype), LOW, EMU)
+    return acc + _bdot(tl.permute(d, (0, 2, 1)), a, LOW, EMU) + tl.permute(tl.reshape(dw, (C, BLOCK_T, GP)),
+                                                                           (1, 0, 2))
+
+
+@triton.autotune(configs=_group_configs(), key=["D", "H", "GP", "LOW", "JB", "HAS_S"],
+                 prune_configs_by={"early_config_prune": _prune_group})
+@triton.jit
+def _src_group_bwd_t_kernel(
+    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, wh_ptr, wl_ptr, part_ptr, cpart_ptr, dsr_ptr, s_ptr,
+    NG, k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, dsr_sh, dsr_sk, s_stride,
+    JB, GP: tl.constexpr, KC: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, LOW: tl.constexpr,
+    EMU: tl.constexpr, HAS_S: tl.constexpr, BLOCK_T: tl.constexpr, STAGES: tl.constexpr,
+):
+    """``_src_group_bwd_kernel`` (same arguments, same outputs) with the group's sources on the N side of every
+    per-token dot: a tensor-core tile is 16 rows by 8 columns, so a group of 8 as the rows (M) fills half of
+    each tile and its padding doubles the accumulators' registers; here the accumulators are (BLOCK_T, head
+    columns, GP) and the per-(token, read, source) terms (BLOCK_T, KC, GP). The group's sources are loaded per
+    chunk (L2; not held through the loop)."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1)
+    tmask = tok < BT
+    tok64 = tok.to(tl.int64)
+    gg = tl.arange(0, GP)
+    gm = gg < NG
+    tg = tmask[:, None] & gm[None, :]  # (BLOCK_T, GP)
+    xrow = gg.to(tl.int64)[None, :] * BTD + tok64[:, None] * D  # (BLOCK_T, GP): row starts in x / part
+    # the same rows as one (BLOCK_T * GP) axis for the 2D score dot: j = t * GP + g
+    jj = tl.arange(0, BLOCK_T * GP)
+    jt = tl.program_id(0) * BLOCK_T + jj // GP
+    jg = jj % GP
+    x2_offs = (jg.to(tl.int64) * BTD + jt.to(tl.int64) * D)[:, None]  # (BLOCK_T * GP, 1)
+    x2_mask = ((jt < BT) & (jg < NG))[:, None]
+    r = 1.0 / tl.sqrt(tl.load(ss_ptr + gg[None, :] * BT + tok[:, None], mask=tg, other=1.0) / D + eps)  # (BT, GP)
+    ca = tl.arange(0, DA)
+    cam = ca < DH  # (DA may exceed a narrow head: the dots need 16 columns)
+    ca = h * DH + ca
+    acca = tl.zeros((BLOCK_T, DA, GP), tl.float32)
+    cb, cbm, accb = ca, cam, acca  # (placeholders when DB == 0: never used)
+    if DB > 0:
+        cb = DA + tl.arange(0, DB)
+        cbm = cb < DH
+        cb = h * DH + cb
+        accb = tl.zeros((BLOCK_T, DB, GP), tl.float32)
+    csum = tl.zeros((BLOCK_T, GP), tl.float32)
+    kc = tl.arange(0, KC)
+    hoffs = tok64[:, None] * H + h  # (BLOCK_T, 1) into (BT, H)
+    doffs = h * dsr_sh + gg[None, None, :] * BT + tok64[:, None, None]  # (BLOCK_T, 1, GP) into dsr
+    for k0 in tl.range(k_lo, k_hi, KC, num_stages=STAGES):
+        kk = (k0 + kc).to(tl.int64)
+        km = kk < k_hi
+        dm = tmask[:, None] & km[None, :]  # (BLOCK_T, KC)
+        drow = kk[None, :, None] * BTD + tok64[:, None, None] * D  # (BLOCK_T, KC, 1)
+        da, wht_a, wlt_a, sd, s = _groupt_part(x_ptr, xrow, tg, x2_offs, x2_mask, dbuf_ptr, wh_ptr, wl_ptr, drow, kk,
+                                               dm, km, ca, cam, D, BLOCK_T, GP, KC, LOW, EMU, HAS_S)
+        db, wht_b, wlt_b = da, wht_a, wlt_a
+        if DB > 0:
+            db, wht_b, wlt_b, sd_b, s_b = _groupt_part(x_ptr, xrow, tg, x2_offs, x2_mask, dbuf_ptr, wh_ptr, wl_ptr,
+                                                       drow, kk, dm, km, cb, cbm, D, BLOCK_T, GP, KC, LOW, EMU, HAS_S)
+            sd += sd_b
+            s += s_b
+        if HAS_S:  # S[s0 + g, k, t, h] (the table's scores carry the rms factor)
+            s = tl.load(s_ptr + gg.to(tl.int64)[None, None, :] * s_stride + kk[None, :, None] * BTH +
+                        hoffs[:, :, None], mask=tg[:, None, :] & km[None, :, None], other=0.0)
+        else:
+            s = s * r[:, None, :]
+        lse = tl.load(lse_ptr + kk[None, :] * BTH + hoffs, mask=dm, other=0.0)
+        delta = tl.load(delta_ptr + kk[None, :] * BTH + hoffs, mask=dm, other=0.0)
+        a = tl.where(km[None, :, None], tl.exp(s - lse[:, :, None]), 0.0)  # (BLOCK_T, KC, GP) routing weights
+        ds = a * (sd - delta[:, :, None])  # dL/dscore
+        csum += tl.sum(ds * s, axis=1)
+        dsr = ds * r[:, None, :]
+        tl.store(dsr_ptr + doffs + kk[None, :, None] * dsr_sk, dsr.to(dsr_ptr.dtype.element_ty),
+                 mask=tg[:, None, :] & km[None, :, None])
+        acca = _groupt_update(acca, a, dsr, da, wht_a, wlt_a, BLOCK_T, GP, KC, LOW, EMU)
+        if DB > 0:
+            accb = _groupt_update(accb, a, dsr, db, wht_b, wlt_b, BLOCK_T, GP, KC, LOW, EMU)
+    tl.store(part_ptr + xrow[:, None, :] + ca[None, :, None], acca, mask=tg[:, None, :] & cam[None, :, None])
+    if DB > 0:
+        tl.store(part_ptr + xrow[:, None, :] + cb[None, :, None], accb, mask=tg[:, None, :] & cbm[None, :, None])
+    tl.store(cpart_ptr + gg[None, :] * BTH + hoffs, csum, mask=tg)
+
+
+def group_layout() -> str:
+    """Which source-group kernel runs: "rows" (``_src_group_bwd_kernel``: the group's sources as the rows of the
+    per-token dots) or "cols" (``_src_group_bwd_t_kernel``: as their columns). ``MHAR_GROUP_LAYOUT`` overrides
+    the default (side-by-side comparisons and tests)."""
+    env = os.environ.get("MHAR_GROUP_LAYOUT", "")
+    if env not in ("", "rows", "cols"):
+        raise ValueError(f"MHAR_GROUP_LAYOUT={env!r}: use 'rows' or 'cols'")
+    return env or GROUP_LAYOUT
+
+
+GROUP_LAYOUT = "rows"
+
+
 def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf: torch.Tensor, lse: torch.Tensor,
                      delta: torch.Tensor, W_split: tuple, k_lo: int, k_hi: int, dsr_all: torch.Tensor, H: int,
                      eps: float, BT: int, D: int, scores: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1072,7 +1210,8 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
     flags = dict(GP=gp, KC=16, DA=DA, DB=DB, LOW=wl is not None, EMU=os.environ.get("TRITON_INTERPRET") == "1",
                  HAS_S=scores is not None)
     key = ("src_group_bwd", D, H, gp, jb, *flags.values(), *(str(a.dtype) for a in args[:10]))
-    _launch(_src_group_bwd_kernel, key, grid, args, flags)
+    kernel = _src_group_bwd_t_kernel if group_layout() == "cols" else _src_group_bwd_kernel
+    _launch(kernel, key + (group_layout(),), grid, args, flags)
     LAUNCHES["source_group_bwd"] += 1
     LAUNCHES["source_group_bwd_table"] += scores is not None
     return parts, cparts
