@@ -132,7 +132,7 @@ def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
 
 
 def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1,
-             source_group: int = 1, table: bool = False) -> tuple[int, int]:
+             source_group: int = 1, table: bool = False, group_scores: bool = False) -> tuple[int, int]:
     """(fwd, bwd) bytes of the v6 kernels for reads over ns sources (non-decreasing, each read the first to
     see its newest source), E = B*T*D elements per source. ``group`` > 1: forward prefix sharing (groups of
     that many reads: one pass over the first read's sources writes a partial per read, which each read reads
@@ -142,7 +142,10 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     partial gradient costs an fp32 write and read and its completion pass reads the source again.
     ``table`` (v7): each source is read once more (with its sums of squares) to write its score rows for every
     read that sees it (fp32, H per token); the reads take their scores from the table (read twice: the max, then
-    the mix) instead of the sums of squares, and the gradient kernel reads each (source, read) row once."""
+    the mix) instead of the sums of squares, and the gradient kernel reads each (source, read) row once.
+    ``group_scores`` (``_ts``: the source-group pass reads its sources' rows instead of recomputing the scores)
+    moves those row reads between kernels without changing their number: the same bytes."""
+    del group_scores  # (accepted so that every routing implementation's options reach the model)
     unit = sum(ns) * E * elt
     N = len(ns)
     ss = (E // D) * 4  # one source's sums of squares

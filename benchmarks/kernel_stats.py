@@ -159,17 +159,16 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
             ("src_bwd", K._src_bwd_kernel, bwd_types,
              dict(IS_NULL=False, HAS_INIT=False, HAS_S=False, HAS_CINIT=False, **dims),
              ("BT", "BTD", "BTH"), K._prune6),
-            *((f"group{group}_bwd{'_cols' if kern is K._src_group_bwd_t_kernel else ''}{'_table' if has_s else ''}",
-               kern, grp_types, dict(GP=group, KC=16, LOW=True, EMU=False, HAS_S=has_s, **dims),
-               ("BT", "BTD", "BTH", "dsr_sh", "dsr_sk", "s_stride"), K._prune_group)
-              for kern in (K._src_group_bwd_kernel, K._src_group_bwd_t_kernel) for has_s in (False, True)),
+            *((f"group{group}_bwd{'_table' if has_s else ''}", K._src_group_bwd_kernel, grp_types,
+               dict(GP=group, KC=16, LOW=True, EMU=False, HAS_S=has_s, **dims),
+               ("BT", "BTD", "BTH", "dsr_sh", "dsr_sk", "s_stride"), K._prune_group) for has_s in (False, True)),
             ("prenorm_fwd", K._prenorm_fwd_kernel, pn_types, {}, ("BT", "D", "DH"), K._prune6),
             ("prenorm_stash", K._prenorm_stash_kernel, pn_types, {}, ("BT", "D", "DH"), K._prune6),
             *((f"score_{kp}", K._score_kernel, sc_types, dict(KP=kp, DA=DA, DB=DB, SPLIT=True, DOT=True, EMU=False,
                                                              **dims), ("BT",), None) for kp in (64, 128))):
         if kernels is not None and name not in kernels:
             continue
-        configs = (K._group_configs(full=True) if kernel in (K._src_group_bwd_kernel, K._src_group_bwd_t_kernel) else
+        configs = (K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else
                    K._prefix6_configs(full=True) if kernel is K._prefix6_kernel else
                    K._prefix7_configs(full=True) if kernel is K._prefix7_kernel else
                    [_score_config(K, flags["KP"])] if kernel is K._score_kernel else
@@ -187,7 +186,7 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
             # (the source-group kernel: one head's columns of KC reads' douts; the scoring kernel, which has no
             # loop: one head's columns of the source)
             elems = cfg.kwargs["BLOCK_T"] * (D // H if kernel in (K._prefix6_kernel, K._score_kernel) else
-                                             flags["KC"] * (D // H) if kernel in (K._src_group_bwd_kernel, K._src_group_bwd_t_kernel) else D)
+                                             flags["KC"] * (D // H) if kernel is K._src_group_bwd_kernel else D)
             rows.append({"size": size, "kernel": name, "BLOCK_T": cfg.kwargs["BLOCK_T"],
                          "STAGES": cfg.kwargs.get("STAGES", 1), "warps": cfg.num_warps,
                          **st,
@@ -200,7 +199,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", nargs="+", default=list(WIDTHS), choices=list(WIDTHS))
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--kernels", nargs="+", help="only these (fwd6 src_bwd fwd7 src_bwd_table prefix7_4 prefix7_8 "
-                    "prefix8_fwd group8_bwd group8_bwd_table group8_bwd_cols group8_bwd_cols_table prenorm_fwd prenorm_stash score_64 score_128); default all")
+                    "prefix8_fwd group8_bwd group8_bwd_table prenorm_fwd prenorm_stash score_64 score_128); default all")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("error: kernel_stats compiles the kernels; unset TRITON_INTERPRET", file=sys.stderr)

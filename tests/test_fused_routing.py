@@ -687,58 +687,11 @@ def test_v6_row_split(D, H, parts):
     assert DA <= DH <= DA + DB
 
 
-@pytest.mark.parametrize("layout", ["rows", "cols"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_v6_source_groups_many_reads(dtype, layout, monkeypatch):
+def test_v6_source_groups_many_reads(dtype):
     """A group pass over more reads than one chunk of the read loop (KC = 16): the oldest groups of 4 see 30+
-    later reads (3 chunks, the last one partly masked); head width 24 = one masked 32-column part. Both
-    source-group kernels (the group as the rows / the columns of the per-token dots)."""
-    monkeypatch.setenv("MHAR_GROUP_LAYOUT", layout)
+    later reads (3 chunks, the last one partly masked); head width 24 = one masked 32-column part."""
     _check_router(1, 5, 48, 2, n_reads=37, dtype=dtype, with_null=True, with_extra=False, seed=37, source_group=4)
-
-
-@pytest.mark.parametrize("table", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_source_group_layouts_agree(dtype, table):
-    """The two source-group kernels (MHAR_GROUP_LAYOUT rows / cols) give the same partials, RMS sums and
-    dL/dscore columns (to fp32 rounding) on awkward shapes: 3 sources of a group of 4, head width 40 = 32 + 8
-    (a masked second part), reads starting mid-chunk; with the v7 table's scores or recomputed ones."""
-    import os
-    from mhar.routing import _kernels as K
-    gen = torch.Generator().manual_seed(11)
-    NG, BT, D, H, Kr, eps = 3, 5, 80, 2, 21, 1e-6
-    buf = torch.randn(NG + 2, BT, D, generator=gen).to(DEV, dtype)
-    ss = buf.float().pow(2).sum(-1).contiguous()
-    W = (torch.randn(Kr, D, generator=gen) * 0.5).to(DEV)
-    dbuf = torch.randn(Kr, BT, D, generator=gen).to(DEV, dtype)
-    lse = (torch.randn(Kr, BT, H, generator=gen) + 2).to(DEV)
-    delta = torch.randn(Kr, BT, H, generator=gen).to(DEV)
-    S = None
-    if table:
-        S = torch.full((NG + 2, Kr, BT, H), float("nan"), device=DEV)
-        for slot in range(NG + 2):
-            K.score_sources(buf, ss, W, S, slot, 0, H, eps)
-    Ws = K.split_weights(W, buf.dtype)
-    out = {}
-    for layout in ("rows", "cols"):
-        os.environ["MHAR_GROUP_LAYOUT"] = layout
-        try:
-            dsr = torch.zeros(H, Kr, (NG + 2) * BT, device=DEV, dtype=buf.dtype)
-            p, c = K.source_group_bwd(buf, ss, 1, NG, dbuf, lse, delta, Ws, 3, Kr, dsr, H, eps, BT, D, scores=S)
-            out[layout] = (p, c, dsr)
-        finally:
-            del os.environ["MHAR_GROUP_LAYOUT"]
-    assert out["rows"][0].abs().max() > 0.1  # (not a comparison of zeros)
-    for a, b in zip(out["rows"], out["cols"]):  # (fp32 sums in another order: relative to the largest entry)
-        err = (a.float() - b.float()).abs().max() / a.float().abs().max()
-        assert err < (1e-5 if a.dtype == torch.float32 else 1e-2), err
-
-
-def test_group_layout_checked(monkeypatch):
-    from mhar.routing import _kernels as K
-    monkeypatch.setenv("MHAR_GROUP_LAYOUT", "diagonal")
-    with pytest.raises(ValueError, match="MHAR_GROUP_LAYOUT"):
-        K.group_layout()
 
 
 def test_v6_source_groups_without_lookahead_fall_back():
@@ -874,21 +827,6 @@ def test_gpu_v6_every_launch_config(D, H, source_group, monkeypatch):
     forced = (K._fwd6_kernel, K._src_bwd_kernel) if source_group == 1 else (K._src_group_bwd_kernel,)
     configs = K._v6_configs(full=True) if source_group == 1 else K._group_configs(full=True)
     _each_launch_config(monkeypatch, forced, configs, D, H, with_null=True, source_group=source_group)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])
-@pytest.mark.parametrize("table", [False, True])
-def test_gpu_group_cols_every_launch_config(D, H, table, monkeypatch):
-    """The source-group kernel with the group on the columns of its dots (MHAR_GROUP_LAYOUT=cols): each launch
-    configuration the autotuner may pick gives the reference's outputs and gradients (v6 / v7 table scores)."""
-    from mhar.routing import _kernels as K
-
-    monkeypatch.setenv("MHAR_GROUP_LAYOUT", "cols")
-    _each_launch_config(monkeypatch, (K._src_group_bwd_t_kernel,), K._group_configs(full=True), D, H,
-                        with_null=False, source_group=8, **({"group": 4, "table": True, "group_scores": True}
-                                                           if table else {}))
 
 
 def _each_launch_config(monkeypatch, forced, configs, D, H, **check):

@@ -124,6 +124,18 @@ def test_op_bench_names_v6_options():
     assert model_bytes("fused_g4_sg2", ns, E, 2, D) == v6_bytes(ns, E, 2, D, group=4, source_group=2)
 
 
+def test_every_v6_option_reaches_the_byte_model():
+    """model_bytes takes every v6 / v7 option _v6_options parses (fused_t_g4_sg8_ts crashed the 1B routing op
+    bench on the H200, session 2026-12-02f: v6_bytes did not take group_scores); the table-score group pass
+    moves row reads between kernels, not their number."""
+    from benchmarks.bench_routing_op import model_bytes
+
+    ns, E, D, H = [1, 2, 3, 4, 5, 6, 7, 8, 9], 4000, 40, 2
+    ts = model_bytes("fused_t_g4_sg8_ts", ns, E, H, D)
+    assert ts == model_bytes("fused_t_g4_sg8", ns, E, H, D) == v6_bytes(ns, E, H, D, table=True, group=4,
+                                                                        source_group=8)
+
+
 def test_v7_table_bytes_by_hand():
     """The score table's bytes (fused_t*, fused_v7): five reads over 1..5 sources. Scoring reads each source and
     its sums of squares once and writes one fp32 row of H per token for every read that sees it; a read then

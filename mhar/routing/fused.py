@@ -634,7 +634,10 @@ class FusedRouter(Router):
     reads each (source, read) score from the table instead of recomputing it with two tensor-core dots
     per column part (the same fp32 scores the forward used). Offline sm_90 compile (Triton 3.9,
     benchmarks/kernel_stats.py): 10-20% fewer loop instructions per dout element (1B: 13.85 vs 16.74
-    in the best spill-free configuration). Not yet run on the GPU: opt-in until it is.
+    in the best spill-free configuration). On the H200 (session 2026-12-02f) it is correct in every launch
+    configuration but no faster: the group kernel is latency bound at 12.5% occupancy (Nsight Compute), so
+    fewer instructions do not show (1B step's group passes 2.341 ms vs 2.249 ms for fused_v7_sg8, two
+    sessions). Opt-in, not recommended.
     """
 
     name = "fused"
