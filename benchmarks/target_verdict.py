@@ -1,0 +1,145 @@
+"""Is a throughput target met? The same-run ratios of a training-throughput record, per size, against a target.
+
+    python -m benchmarks.target_verdict results/bench/training.csv                      # mhar_fused_v7_sg8 vs 0.90
+    python -m benchmarks.target_verdict results/bench/training.csv --target 0.95 --unit call
+    python -m benchmarks.target_verdict F.csv --variant mhar_fused_sg8 --json
+
+Each row of the record with ``mode`` "step", the variant, status ok and a ``thr_ratio`` (MHAR's tokens/s over the
+baseline's, both measured in ONE run: a truly paired ratio) is one run. ``--unit run`` (default) treats every run
+as independent; ``--unit call`` first averages the runs that share a device call (the ``source`` column's
+"session ... call N": same machine, same compile caches), the stricter unit when a call holds repeats. Per size:
+n, mean, sample sd, the 95% t interval (scipy), the one-sided t test of mean > target (scipy) and its Holm
+adjustment over the sizes (statsmodels: the issue asks for the target at EVERY size, so each size is one of
+several tests). Verdict per size: "met" (Holm p < alpha), "below" (the interval's upper end under the target),
+else "not demonstrated" (with one unit, always). The target holds overall only if every size is "met".
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+SIZE_ORDER = {"100M": 0, "350M": 1, "1B": 2}
+
+
+def _call_id(source: str) -> str:
+    """The device call a row came from ("session 2026-12-02f call 4"), or the whole source string."""
+    m = re.search(r"session \S+ call \d+", source or "")
+    return m.group(0) if m else (source or "")
+
+
+def load_units(path: str | Path, variant: str, unit: str = "run") -> dict[str, list[tuple[str, float]]]:
+    """size -> [(unit label, ratio)]: the record's paired step ratios of ``variant`` (status ok), one per run or,
+    with ``unit="call"``, the mean of each call's runs."""
+    if unit not in ("run", "call"):
+        raise ValueError(f"unit {unit!r}: use 'run' or 'call'")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such training-throughput record")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and not {"size", "variant", "mode", "thr_ratio", "status"} <= set(rows[0]):
+        raise ValueError(f"{path}: not a training-throughput record (needs size, variant, mode, thr_ratio, status)")
+    runs: dict[str, list[tuple[str, float]]] = {}
+    for i, r in enumerate(rows):
+        if r["variant"] != variant or r["mode"] != "step" or r["status"] != "ok" or not r["thr_ratio"]:
+            continue
+        x = float(r["thr_ratio"])
+        if not math.isfinite(x):
+            raise ValueError(f"{path}: row {i + 2} has thr_ratio {r['thr_ratio']!r}")
+        runs.setdefault(r["size"], []).append((_call_id(r.get("source", "")) or f"row {i + 2}", x))
+    if unit == "run":
+        return runs
+    out = {}
+    for size, xs in runs.items():
+        calls: dict[str, list[float]] = {}
+        for label, x in xs:
+            calls.setdefault(label, []).append(x)
+        out[size] = [(label, sum(v) / len(v)) for label, v in calls.items()]
+    return out
+
+
+def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: float = 0.05) -> list[dict]:
+    """One row per size (``SIZE_ORDER``, then by name): n, ratios, mean, sd, ci95, p (one-sided, mean > target),
+    p_holm (over the sizes with n >= 2), verdict."""
+    import numpy as np
+    from scipy import stats
+    from statsmodels.stats.multitest import multipletests
+
+    out = []
+    for size in sorted(units, key=lambda s: (SIZE_ORDER.get(s, 99), s)):
+        x = np.array([v for _, v in units[size]], float)
+        row = {"size": size, "n": int(x.size), "ratios": [round(float(v), 4) for v in x],
+               "mean": float(x.mean()), "sd": None, "ci95": None, "p": None, "p_holm": None}
+        if x.size >= 2:
+            row["sd"] = float(x.std(ddof=1))
+            lo, hi = stats.t.interval(1 - alpha, x.size - 1, loc=x.mean(), scale=stats.sem(x))
+            row["ci95"] = [float(lo), float(hi)]
+            row["p"] = float(stats.ttest_1samp(x, target, alternative="greater").pvalue)
+        out.append(row)
+    tested = [r for r in out if r["p"] is not None]
+    if tested:
+        adj = multipletests([r["p"] for r in tested], alpha=alpha, method="holm")[1]
+        for r, pa in zip(tested, adj):
+            r["p_holm"] = float(pa)
+    for r in out:
+        if r["p_holm"] is not None and r["p_holm"] < alpha:
+            r["verdict"] = "met"
+        elif r["ci95"] is not None and r["ci95"][1] < target:
+            r["verdict"] = "below"
+        else:
+            r["verdict"] = "not demonstrated"
+    return out
+
+
+def _fmt(v, nd=4):
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def markdown(rows: list[dict], target: float, variant: str, unit: str) -> str:
+    lines = [f"`{variant}` throughput ratio vs target {target:g} (unit: {unit}; one-sided t test, Holm over sizes)",
+             "", "| size | n | ratios | mean | sd | 95% interval | p | p (Holm) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = "-" if r["ci95"] is None else f"{r['ci95'][0]:.4f}-{r['ci95'][1]:.4f}"
+        lines.append(f"| {r['size']} | {r['n']} | {', '.join(f'{v:.4f}' for v in r['ratios'])} | {r['mean']:.4f} | "
+                     f"{_fmt(r['sd'])} | {ci} | {_fmt(r['p'], 3)} | {_fmt(r['p_holm'], 3)} | {r['verdict']} |")
+    overall = "met at every size" if rows and all(r["verdict"] == "met" for r in rows) else "not met at every size"
+    lines += ["", f"Overall: {overall}."]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("record", help="training-throughput CSV (benchmarks/bench_training.py --out)")
+    ap.add_argument("--variant", default="mhar_fused_v7_sg8")
+    ap.add_argument("--target", type=float, default=0.90)
+    ap.add_argument("--unit", choices=("run", "call"), default="run")
+    ap.add_argument("--alpha", type=float, default=0.05)
+    ap.add_argument("--json", action="store_true", help="one JSON object per size instead of a table")
+    args = ap.parse_args(argv)
+    if not 0 < args.alpha < 1:
+        ap.error(f"--alpha {args.alpha}: must be in (0, 1)")
+    try:
+        units = load_units(args.record, args.variant, args.unit)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not units:
+        print(f"error: {args.record}: no ok step rows with a thr_ratio for variant {args.variant!r}; check --variant",
+              file=sys.stderr)
+        return 2
+    rows = verdicts(units, args.target, args.alpha)
+    if args.json:
+        for r in rows:
+            print(json.dumps({**r, "variant": args.variant, "target": args.target, "unit": args.unit}))
+    else:
+        print(markdown(rows, args.target, args.variant, args.unit))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""benchmarks/target_verdict.py: the per-size test of a throughput target over paired runs (CPU, tiny CSVs)."""
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+from benchmarks import target_verdict as tv
+
+COLS = ["size", "variant", "mode", "thr_ratio", "status", "source"]
+
+
+def _write(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLS, lineterminator="\r\n")
+        w.writeheader()
+        for r in rows:
+            w.writerow(dict(zip(COLS, r)))
+    return path
+
+
+def _record(tmp_path):
+    v = "mhar_x"
+    return _write(tmp_path / "t.csv", [
+        # 100M: clearly above 0.90, two runs share call 4
+        ("100M", v, "step", "0.930", "ok", "session s1 call 1 (one run)"),
+        ("100M", v, "step", "0.934", "ok", "session s1 call 2"),
+        ("100M", v, "step", "0.931", "ok", "session s2 call 4 (two repeats)"),
+        ("100M", v, "step", "0.929", "ok", "session s2 call 4 (two repeats)"),
+        ("100M", "baseline", "step", "", "ok", "session s1 call 1"),  # the baseline row: no ratio
+        ("100M", v, "trainer", "0.5", "ok", "session s1 call 1"),  # another mode: ignored
+        ("100M", v, "step", "0.1", "timeout after 300s", "session s1 call 3"),  # not ok: ignored
+        # 1B: clearly below
+        ("1B", v, "step", "0.850", "ok", "session s1 call 1"),
+        ("1B", v, "step", "0.853", "ok", "session s1 call 2"),
+        ("1B", v, "step", "0.851", "ok", "session s2 call 1"),
+        # 350M: one run only
+        ("350M", v, "step", "0.990", "ok", "session s1 call 1"),
+        ("350M", "mhar_other", "step", "0.2", "ok", "session s1 call 1"),  # another variant: ignored
+    ])
+
+
+def test_units_run_and_call(tmp_path):
+    path = _record(tmp_path)
+    runs = tv.load_units(path, "mhar_x", "run")
+    assert sorted(runs) == ["100M", "1B", "350M"]
+    assert [x for _, x in runs["100M"]] == [0.930, 0.934, 0.931, 0.929]
+    calls = tv.load_units(path, "mhar_x", "call")
+    assert [x for _, x in calls["100M"]] == pytest.approx([0.930, 0.934, 0.930])  # call 4's two runs averaged
+    assert [label for label, _ in calls["100M"]] == ["session s1 call 1", "session s1 call 2", "session s2 call 4"]
+    assert len(calls["1B"]) == 3  # distinct calls stay apart (same call number, other session)
+
+
+def test_verdicts_by_hand(tmp_path):
+    """The t statistic, its one-sided p (Student t survival function), the interval and Holm's step-down
+    adjustment computed by hand; met / below / not demonstrated."""
+    from scipy.stats import t as student
+
+    rows = tv.verdicts(tv.load_units(_record(tmp_path), "mhar_x", "run"), 0.90)
+    assert [r["size"] for r in rows] == ["100M", "350M", "1B"]
+    ps = {}
+    for r, x in ((rows[0], [0.930, 0.934, 0.931, 0.929]), (rows[2], [0.850, 0.853, 0.851])):
+        n = len(x)
+        m = sum(x) / n
+        sd = math.sqrt(sum((v - m) ** 2 for v in x) / (n - 1))
+        tstat = (m - 0.90) / (sd / math.sqrt(n))
+        ps[r["size"]] = student.sf(tstat, n - 1)
+        half = student.ppf(0.975, n - 1) * sd / math.sqrt(n)
+        assert r["mean"] == pytest.approx(m) and r["sd"] == pytest.approx(sd)
+        assert r["p"] == pytest.approx(ps[r["size"]], rel=1e-9)
+        assert r["ci95"] == pytest.approx([m - half, m + half])
+    # Holm over the two tested sizes (350M has one run: not tested): smaller p times 2, larger times 1, monotone
+    small, large = sorted(ps.values())
+    assert rows[0]["p_holm"] == pytest.approx(min(1.0, 2 * small))
+    assert rows[2]["p_holm"] == pytest.approx(min(1.0, max(2 * small, large)))
+    assert rows[1]["p"] is None and rows[1]["p_holm"] is None
+    assert [r["verdict"] for r in rows] == ["met", "not demonstrated", "below"]
+
+
+def test_call_unit_can_change_the_verdict(tmp_path):
+    """Runs that agree only within one call: significant with runs as units, not with calls as units."""
+    v = "mhar_x"
+    path = _write(tmp_path / "c.csv", [
+        ("100M", v, "step", "0.901", "ok", "session a call 1"),
+        ("100M", v, "step", "0.912", "ok", "session b call 1"),
+        ("100M", v, "step", "0.912", "ok", "session b call 1"),
+        ("100M", v, "step", "0.912", "ok", "session b call 1"),
+        ("100M", v, "step", "0.912", "ok", "session b call 1"),
+    ])
+    assert tv.verdicts(tv.load_units(path, v, "run"), 0.90)[0]["verdict"] == "met"
+    by_call = tv.verdicts(tv.load_units(path, v, "call"), 0.90)[0]
+    assert by_call["n"] == 2 and by_call["verdict"] == "not demonstrated"
+
+
+def test_cli_table_and_errors(tmp_path, capsys):
+    path = _record(tmp_path)
+    assert tv.main([str(path), "--variant", "mhar_x"]) == 0
+    out = capsys.readouterr().out
+    assert "| 100M | 4 |" in out and "| met |" in out and "Overall: not met at every size." in out
+    assert tv.main([str(tmp_path / "missing.csv")]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    assert tv.main([str(path), "--variant", "nope"]) == 2
+    assert "check --variant" in capsys.readouterr().err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    assert tv.main([str(bad)]) == 2
+    assert "not a training-throughput record" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tv.main([str(path), "--alpha", "2"])
+
+
+def test_the_repository_record_reads():
+    """The committed record parses and gives one row per size it holds for the paper routing."""
+    from pathlib import Path
+    rec = Path(__file__).resolve().parents[1] / "results" / "bench" / "training.csv"
+    units = tv.load_units(rec, "mhar_fused_v7_sg8", "run")
+    assert {"100M", "350M", "1B"} <= set(units)
+    rows = tv.verdicts(units, 0.90)
+    assert all(r["n"] >= 2 and r["verdict"] in ("met", "below", "not demonstrated") for r in rows)
