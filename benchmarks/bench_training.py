@@ -241,7 +241,8 @@ def repeat_summary(rows: list[dict]) -> list[str]:
     throughput / memory ratios of its repeats, their mean, sample sd and 95% t interval (scipy; none for one
     repeat). The repeat (a fresh pair of processes) is the unit: steps within a run are not independent."""
     import numpy as np
-    from scipy import stats
+
+    from benchmarks.common import t_interval
 
     out = []
     groups: dict = {}
@@ -254,8 +255,8 @@ def repeat_summary(rows: list[dict]) -> list[str]:
         s = {"size": size, "mode": mode, "variant": variant, "repeats": n, "thr_ratios": x.tolist(),
              "thr_ratio_mean": round(mean, 4), "mem_ratio_max": max(float(r["mem_ratio"]) for r in rs)}
         if n > 1:
-            lo, hi = stats.t.interval(0.95, n - 1, loc=mean, scale=stats.sem(x))
-            s.update(thr_ratio_sd=round(float(x.std(ddof=1)), 4), thr_ratio_ci95=[round(lo, 4), round(hi, 4)])
+            _, sd, lo, hi = t_interval(x)
+            s.update(thr_ratio_sd=round(sd, 4), thr_ratio_ci95=[round(lo, 4), round(hi, 4)])
         out.append("SUMMARY " + json.dumps(s))
     return out
 

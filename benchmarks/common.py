@@ -93,6 +93,17 @@ def write_csv(path: str | Path, rows: list[dict], keep: list[dict] = ()) -> None
     print(f"wrote {path} ({len(keep)} kept + {len(rows)} new rows)" if keep else f"wrote {path} ({len(rows)} rows)")
 
 
+def t_interval(x, level: float = 0.95) -> tuple[float, float, float, float]:
+    """(mean, sample sd, low, high) of the values ``x`` (two or more), the interval Student's t at ``level``
+    (scipy): the unit of ``x`` (a run, a call) is the caller's choice."""
+    import numpy as np
+    from scipy import stats
+
+    x = np.asarray(x, float)
+    lo, hi = stats.t.interval(level, x.size - 1, loc=x.mean(), scale=stats.sem(x))
+    return float(x.mean()), float(x.std(ddof=1)), float(lo), float(hi)
+
+
 def tuned_lines(seen: set | None = None) -> list[str]:
     """One line per launch configuration the fused routing's autotuner has chosen (kernel, shape / loop-length
     bucket key -> BLOCK_T, warps, stages), skipping keys in ``seen`` (which it extends): logged next to timings

@@ -40,8 +40,11 @@ def load_units(path: str | Path, variant: str, unit: str = "run") -> dict[str, l
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such training-throughput record")
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"{path}: cannot read it as CSV ({e})") from e
     if rows and not {"size", "variant", "mode", "thr_ratio", "status"} <= set(rows[0]):
         raise ValueError(f"{path}: not a training-throughput record (needs size, variant, mode, thr_ratio, status)")
     runs: dict[str, list[tuple[str, float]]] = {}
@@ -70,15 +73,16 @@ def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: fl
     from scipy import stats
     from statsmodels.stats.multitest import multipletests
 
+    from benchmarks.common import t_interval
+
     out = []
     for size in sorted(units, key=lambda s: (SIZE_ORDER.get(s, 99), s)):
         x = np.array([v for _, v in units[size]], float)
         row = {"size": size, "n": int(x.size), "ratios": [round(float(v), 4) for v in x],
                "mean": float(x.mean()), "sd": None, "ci95": None, "p": None, "p_holm": None}
         if x.size >= 2:
-            row["sd"] = float(x.std(ddof=1))
-            lo, hi = stats.t.interval(1 - alpha, x.size - 1, loc=x.mean(), scale=stats.sem(x))
-            row["ci95"] = [float(lo), float(hi)]
+            _, row["sd"], lo, hi = t_interval(x, 1 - alpha)
+            row["ci95"] = [lo, hi]
             row["p"] = float(stats.ttest_1samp(x, target, alternative="greater").pvalue)
         out.append(row)
     tested = [r for r in out if r["p"] is not None]

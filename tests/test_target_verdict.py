@@ -106,6 +106,10 @@ def test_cli_table_and_errors(tmp_path, capsys):
     bad.write_text("a,b\n1,2\n")
     assert tv.main([str(bad)]) == 2
     assert "not a training-throughput record" in capsys.readouterr().err
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(b"\xff\xfe\x00size")
+    assert tv.main([str(binary)]) == 2
+    assert "cannot read it as CSV" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         tv.main([str(path), "--alpha", "2"])
 

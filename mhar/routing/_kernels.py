@@ -923,19 +923,19 @@ def _group_part_load(dbuf_ptr, wh_ptr, wl_ptr, drow, kk, dm, km, col, cm, D, LOW
 
 
 @triton.jit
+def _group_part_sd(x, d, LOW: tl.constexpr, EMU: tl.constexpr):
+    """x . dout (BLOCK_T, GP, KC) fp32 of one column part (alone: the scores come from the v7 table)."""
+    return _xdot(x, tl.permute(d, (0, 2, 1)), LOW, EMU)
+
+
+@triton.jit
 def _group_part_scores(x, d, wh, wl, BLOCK_T: tl.constexpr, GP: tl.constexpr, KC: tl.constexpr,
                        LOW: tl.constexpr, EMU: tl.constexpr):
     """One column part of a head: x (BLOCK_T, GP, C) the group's sources, d (BLOCK_T, KC, C) the reads' douts,
     wh / wl (KC, C) their weights (hi / lo in the sources' dtype; wl unused unless LOW). Returns the raw scores
     x . w (BLOCK_T, GP, KC) (v7's ``_sdot``) and x . dout (BLOCK_T, GP, KC), fp32."""
     s = _sdot(tl.reshape(x, (BLOCK_T * GP, x.shape[2])), tl.trans(wh), tl.trans(wl), LOW, True, EMU)
-    return tl.reshape(s, (BLOCK_T, GP, KC)), _xdot(x, tl.permute(d, (0, 2, 1)), LOW, EMU)
-
-
-@triton.jit
-def _group_part_sd(x, d, LOW: tl.constexpr, EMU: tl.constexpr):
-    """x . dout (BLOCK_T, GP, KC) fp32 of one column part (the scores come from the v7 table)."""
-    return _xdot(x, tl.permute(d, (0, 2, 1)), LOW, EMU)
+    return tl.reshape(s, (BLOCK_T, GP, KC)), _group_part_sd(x, d, LOW, EMU)
 
 
 @triton.jit
