@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections import defaultdict
@@ -124,13 +125,31 @@ def category_table(results: dict, routing: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def _profile(kind: str, size: str, what: str, iters: int = 3) -> dict:
+def launch_sites(events, pattern: str, iters: int = 1, depth: int = 8) -> list[tuple[float, str, str, str]]:
+    """Where the kernels whose name matches ``pattern`` (a regex) are launched from: one row per (operator,
+    input shapes, Python stack) of the CPU events whose launched kernels match, as (launches per iteration,
+    operator, shapes, stack: the innermost ``depth`` Python frames, innermost first), most launches first.
+    ``events``: ``prof.events()`` of a profile taken with ``with_stack=True, record_shapes=True``."""
+    rx = re.compile(pattern)
+    sites = defaultdict(int)
+    for e in events:
+        kernels = getattr(e, "kernels", None) or []
+        if not any(rx.search(k.name) for k in kernels):
+            continue
+        stack = " <- ".join((getattr(e, "stack", None) or [])[:depth])
+        shapes = str(getattr(e, "input_shapes", ""))
+        sites[(e.name, shapes, stack)] += sum(1 for k in kernels if rx.search(k.name))
+    return sorted(((n / iters, op, sh, st) for (op, sh, st), n in sites.items()), key=lambda r: -r[0])
+
+
+def _profile(kind: str, size: str, what: str, iters: int = 3, stack: str | None = None) -> dict:
     fn = {"op": _op_fn, "train": _train_fn, "generate": _generate_fn}[kind](size, what)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stack is not None,
+                 record_shapes=stack is not None) as prof:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
@@ -157,7 +176,14 @@ def _profile(kind: str, size: str, what: str, iters: int = 3) -> dict:
         print("  top CPU operators (self time):")
         for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]:
             print(f"  {e.self_cpu_time_total / 1e3 / iters:8.3f} ms  x{e.count / iters:6.0f}  {e.key[:100]}")
-    return {"wall_ms": wall_noprof, "wall_profiled_ms": wall, "kernels": {k: list(v) for k, v in per.items()}}
+    out = {"wall_ms": wall_noprof, "wall_profiled_ms": wall, "kernels": {k: list(v) for k, v in per.items()}}
+    if stack is not None:  # who launches the kernels matching --stack
+        rows = launch_sites(prof.events(), stack, iters)
+        print(f"  launch sites of kernels matching {stack!r} (per iteration):")
+        for n, op, sh, st in rows[:20]:
+            print(f"  x{n:5.1f}  {op}  {sh[:120]}\n           {st}")
+        out["launch_sites"] = [list(r) for r in rows]
+    return out
 
 
 def main(argv=None) -> None:
@@ -166,10 +192,12 @@ def main(argv=None) -> None:
     ap.add_argument("size")
     ap.add_argument("targets", nargs="+", help="router impls (op) or bench_training variants (train, generate)")
     ap.add_argument("--json", help="write every kernel's ms / calls per iteration for each target here")
+    ap.add_argument("--stack", metavar="REGEX", help="also print the operator, input shapes and Python stack that "
+                    "launch each kernel whose name matches REGEX (profiles with stacks and shapes: slower)")
     args = ap.parse_args(argv)
     results = {}
     for what in args.targets:
-        results[what] = _profile(args.kind, args.size, what)
+        results[what] = _profile(args.kind, args.size, what, stack=args.stack)
         torch.cuda.empty_cache()
     routing = _routing_kernel_names()
     if len(results) > 1:

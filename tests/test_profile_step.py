@@ -43,3 +43,21 @@ def test_category_table_sums_and_differences():
     assert float(rows["wall"][-1]) == pytest.approx(1.5)
     first = ps.category_table(r, routing).splitlines()[1]
     assert first.strip().startswith("routing: _fwd7_kernel")  # largest difference first
+
+
+def test_launch_sites_groups_matching_launches_by_operator_shapes_and_stack():
+    """``--stack``: the CPU operators whose launched kernels match, counted per iteration and grouped by (operator,
+    shapes, stack); operators launching nothing that matches are left out."""
+    from types import SimpleNamespace as NS
+
+    fill = NS(name="vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>")
+    add = NS(name="vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>")
+    ev = [NS(name="aten::fill_", kernels=[fill], input_shapes=[[8, 2048, 1280], []],
+             stack=["mhar/routing/fused.py(499): backward", "x.py(1): f"]) for _ in range(6)]
+    ev += [NS(name="aten::zero_", kernels=[fill], input_shapes=[[64]], stack=["a.py(3): g"])]
+    ev += [NS(name="aten::add", kernels=[add], input_shapes=[[4], [4]], stack=["b.py(2): h"]),
+           NS(name="ProfilerStep", kernels=[], input_shapes=[], stack=[])]
+    rows = ps.launch_sites(ev, r"FillFunctor<float>", iters=3, depth=1)
+    assert rows == [(2.0, "aten::fill_", "[[8, 2048, 1280], []]", "mhar/routing/fused.py(499): backward"),
+                    (1 / 3, "aten::zero_", "[[64]]", "a.py(3): g")]
+    assert ps.launch_sites(ev, r"nothing") == []
