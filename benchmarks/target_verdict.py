@@ -3,8 +3,9 @@
     python -m benchmarks.target_verdict results/bench/training.csv                      # mhar_fused_v7_sg8 vs 0.90
     python -m benchmarks.target_verdict results/bench/training.csv --target 0.95 --unit call
     python -m benchmarks.target_verdict F.csv --variant mhar_fused_sg8 --json
+    python -m benchmarks.target_verdict results/bench/training.csv --mode both --unit call  # + the trainer rows
 
-Each row of the record with ``mode`` "step", the variant, status ok and a ``thr_ratio`` (MHAR's tokens/s over the
+Each row of the record with ``mode`` "step" (``--mode``: "trainer" for the ``python -m mhar.train`` rows, "both"), the variant, status ok and a ``thr_ratio`` (MHAR's tokens/s over the
 baseline's, both measured in ONE run: a truly paired ratio) is one run. ``--unit run`` (default) treats every run
 as independent; ``--unit call`` first averages the runs that share a device call (the ``source`` column's
 "session ... call N": same machine, same compile caches), the stricter unit when a call holds repeats. Per size:
@@ -32,11 +33,19 @@ def _call_id(source: str) -> str:
     return m.group(0) if m else (source or "")
 
 
-def load_units(path: str | Path, variant: str, unit: str = "run") -> dict[str, list[tuple[str, float]]]:
-    """size -> [(unit label, ratio)]: the record's paired step ratios of ``variant`` (status ok), one per run or,
-    with ``unit="call"``, the mean of each call's runs."""
+MODES = {"step": ("step",), "trainer": ("trainer",), "both": ("step", "trainer")}
+
+
+def load_units(path: str | Path, variant: str, unit: str = "run",
+               mode: str = "step") -> dict[str, list[tuple[str, float]]]:
+    """size -> [(unit label, ratio)]: the record's paired ratios of ``variant`` (status ok) in ``mode`` ("step":
+    the benchmark's TrainStep rows; "trainer": the ``python -m mhar.train`` rows of ``--trainer-steps``, each paired
+    with the trainer baseline of its call; "both"), one per run or, with ``unit="call"``, the mean of each call's
+    runs (a call's step and trainer rows re-measure one build: with "both", use calls as units)."""
     if unit not in ("run", "call"):
         raise ValueError(f"unit {unit!r}: use 'run' or 'call'")
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: use one of {', '.join(MODES)}")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such training-throughput record")
@@ -49,7 +58,7 @@ def load_units(path: str | Path, variant: str, unit: str = "run") -> dict[str, l
         raise ValueError(f"{path}: not a training-throughput record (needs size, variant, mode, thr_ratio, status)")
     runs: dict[str, list[tuple[str, float]]] = {}
     for i, r in enumerate(rows):
-        if r["variant"] != variant or r["mode"] != "step" or r["status"] != "ok" or not r["thr_ratio"]:
+        if r["variant"] != variant or r["mode"] not in MODES[mode] or r["status"] != "ok" or not r["thr_ratio"]:
             continue
         x = float(r["thr_ratio"])
         if not math.isfinite(x):
@@ -104,8 +113,9 @@ def _fmt(v, nd=4):
     return "-" if v is None else f"{v:.{nd}f}"
 
 
-def markdown(rows: list[dict], target: float, variant: str, unit: str) -> str:
-    lines = [f"`{variant}` throughput ratio vs target {target:g} (unit: {unit}; one-sided t test, Holm over sizes)",
+def markdown(rows: list[dict], target: float, variant: str, unit: str, mode: str = "step") -> str:
+    lines = [f"`{variant}` throughput ratio vs target {target:g} (rows: {mode}; unit: {unit}; one-sided t test, "
+             f"Holm over sizes)",
              "", "| size | n | ratios | mean | sd | 95% interval | p | p (Holm) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ci = "-" if r["ci95"] is None else f"{r['ci95'][0]:.4f}-{r['ci95'][1]:.4f}"
@@ -122,26 +132,30 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", default="mhar_fused_v7_sg8")
     ap.add_argument("--target", type=float, default=0.90)
     ap.add_argument("--unit", choices=("run", "call"), default="run")
+    ap.add_argument("--mode", choices=tuple(MODES), default="step",
+                    help="rows to use: the benchmark's step rows (default), the trainer rows, or both (then prefer "
+                         "--unit call: a call's step and trainer rows measure the same build)")
     ap.add_argument("--alpha", type=float, default=0.05)
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of a table")
     args = ap.parse_args(argv)
     if not 0 < args.alpha < 1:
         ap.error(f"--alpha {args.alpha}: must be in (0, 1)")
     try:
-        units = load_units(args.record, args.variant, args.unit)
+        units = load_units(args.record, args.variant, args.unit, args.mode)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not units:
-        print(f"error: {args.record}: no ok step rows with a thr_ratio for variant {args.variant!r}; check --variant",
-              file=sys.stderr)
+        print(f"error: {args.record}: no ok {args.mode} rows with a thr_ratio for variant {args.variant!r}; check "
+              f"--variant / --mode", file=sys.stderr)
         return 2
     rows = verdicts(units, args.target, args.alpha)
     if args.json:
         for r in rows:
-            print(json.dumps({**r, "variant": args.variant, "target": args.target, "unit": args.unit}))
+            print(json.dumps({**r, "variant": args.variant, "target": args.target, "unit": args.unit,
+                              "mode": args.mode}))
     else:
-        print(markdown(rows, args.target, args.variant, args.unit))
+        print(markdown(rows, args.target, args.variant, args.unit, args.mode))
     return 0
 
 

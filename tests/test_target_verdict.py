@@ -93,6 +93,20 @@ def test_call_unit_can_change_the_verdict(tmp_path):
     assert by_call["n"] == 2 and by_call["verdict"] == "not demonstrated"
 
 
+def test_modes_pick_step_trainer_or_both(tmp_path):
+    """--mode: the trainer rows (``python -m mhar.train``) alone, or with the step rows; with calls as units a
+    call's step and trainer rows are averaged into one unit."""
+    path = _record(tmp_path)
+    assert [x for _, x in tv.load_units(path, "mhar_x", "run", "trainer")["100M"]] == [0.5]
+    assert set(tv.load_units(path, "mhar_x", "run", "trainer")) == {"100M"}
+    both = tv.load_units(path, "mhar_x", "run", "both")
+    assert [x for _, x in both["100M"]] == [0.930, 0.934, 0.931, 0.929, 0.5]
+    calls = tv.load_units(path, "mhar_x", "call", "both")
+    assert [x for _, x in calls["100M"]] == pytest.approx([(0.930 + 0.5) / 2, 0.934, 0.930])
+    with pytest.raises(ValueError, match="mode 'x'"):
+        tv.load_units(path, "mhar_x", "run", "x")
+
+
 def test_cli_table_and_errors(tmp_path, capsys):
     path = _record(tmp_path)
     assert tv.main([str(path), "--variant", "mhar_x"]) == 0
@@ -102,6 +116,9 @@ def test_cli_table_and_errors(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: ")
     assert tv.main([str(path), "--variant", "nope"]) == 2
     assert "check --variant" in capsys.readouterr().err
+    assert tv.main([str(path), "--variant", "mhar_x", "--mode", "trainer"]) == 0
+    out = capsys.readouterr().out
+    assert "rows: trainer" in out and "| 100M | 1 | 0.5000 |" in out and "| 1B |" not in out
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
     assert tv.main([str(bad)]) == 2

@@ -622,8 +622,8 @@ class FusedRouter(Router):
     announced reads without ``extra`` / ``return_weights`` (others run the v6 kernels, same math).
     Memory: (capacity, K, B*T, H) fp32 per forward, freed by the backward. routing_impl
     "fused_v7_sg8" (table, forward groups of 4, source groups of 8) is the fastest on the H200 and
-    the paper configs' MHAR H=8 routing: training step 0.907x / 0.899x / 0.899x the baseline at
-    100M / 350M / 1B (means of 5 / 5 / 4 runs, sd ~0.004; memory 1.04 / 1.03 / 1.02x); every launch
+    the paper configs' MHAR H=8 routing: training step 0.906x / 0.899x / 0.899x the baseline at
+    100M / 350M / 1B (means of 6 / 5 / 4 runs, sd ~0.004; memory 1.04 / 1.03 / 1.02x); every launch
     configuration of its kernels passed its GPU test (results/bench/NOTES.md).
     prenorm (routing_impl "fused_v7_sg8_norm"; correct on the H200, no faster than "fused_v7_sg8":
     0.901x vs 0.903x at 1B, 0.905x vs 0.908x at 100M in the same runs): ``read(..., prenorm=norm)``
