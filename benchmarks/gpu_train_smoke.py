@@ -1,4 +1,4 @@
-"""GPU training smoke test: throughput and peak memory of baseline vs MHAR (eager or fused routing).
+"""GPU training smoke test: throughput and peak memory of baseline vs MHAR (eager routing).
 
 Paper 100M shapes (vocab 151936, seq 2048, microbatch 8, bf16) on a synthetic Zipf token stream
 (``data.corpus: synthetic:<n>``: no files, no hub), through the real trainer (``mhar.train``).
@@ -28,9 +28,6 @@ sys.path.insert(0, str(ROOT))
 VARIANTS = {  # name -> model.residual overrides
     "baseline": ["model.residual.variant=baseline"],
     "mhar": ["model.residual.variant=mhar", "model.residual.heads=8", "model.residual.routing_impl=eager"],
-    # the paper configs' MHAR H=8 routing (config/paper.yaml, config/train/paper_100M.yaml)
-    "mhar_fused_v7_sg8": ["model.residual.variant=mhar", "model.residual.heads=8",
-                          "model.residual.routing_impl=fused_v7_sg8"],
     "attnres": ["model.residual.variant=attnres", "model.residual.routing_impl=eager"],
 }
 

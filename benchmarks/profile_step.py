@@ -128,17 +128,16 @@ def category_table(results: dict, routing: tuple[str, ...]) -> str:
 def launch_sites(events, pattern: str, iters: int = 1, depth: int = 8) -> list[tuple[float, str, str, str]]:
     """Where the kernels whose name matches ``pattern`` (a regex) are launched from: one row per (operator,
     input shapes, Python stack) of the CPU events whose launched kernels match, as (launches per iteration,
-    operator, shapes, stack: the innermost ``depth`` Python frames, innermost first), most launches first.
+    operator, shapes, stack: the innermost ``depth`` Python frames, innermost first; empty for operators the
+    autograd engine runs from C++, e.g. a backward's fills), most launches first.
     ``events``: ``prof.events()`` of a profile taken with ``with_stack=True, record_shapes=True``."""
     rx = re.compile(pattern)
     sites = defaultdict(int)
     for e in events:
-        kernels = getattr(e, "kernels", None) or []
-        if not any(rx.search(k.name) for k in kernels):
-            continue
-        stack = " <- ".join((getattr(e, "stack", None) or [])[:depth])
-        shapes = str(getattr(e, "input_shapes", ""))
-        sites[(e.name, shapes, stack)] += sum(1 for k in kernels if rx.search(k.name))
+        n = sum(1 for k in getattr(e, "kernels", None) or [] if rx.search(k.name))
+        if n:
+            stack = " <- ".join((getattr(e, "stack", None) or [])[:depth])
+            sites[(e.name, str(getattr(e, "input_shapes", "")), stack)] += n
     return sorted(((n / iters, op, sh, st) for (op, sh, st), n in sites.items()), key=lambda r: -r[0])
 
 

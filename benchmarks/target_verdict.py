@@ -5,8 +5,9 @@
     python -m benchmarks.target_verdict F.csv --variant mhar_fused_sg8 --json
     python -m benchmarks.target_verdict results/bench/training.csv --mode both --unit call  # + the trainer rows
 
-Each row of the record with ``mode`` "step" (``--mode``: "trainer" for the ``python -m mhar.train`` rows, "both"), the variant, status ok and a ``thr_ratio`` (MHAR's tokens/s over the
-baseline's, both measured in ONE run: a truly paired ratio) is one run. ``--unit run`` (default) treats every run
+Each row of the record with ``mode`` "step" (``--mode``: "trainer" for the ``python -m mhar.train`` rows, "both"),
+the variant, status ok and a ``thr_ratio`` (MHAR's tokens/s over the baseline's, both measured in ONE run: a
+truly paired ratio) is one run. ``--unit run`` (default) treats every run
 as independent; ``--unit call`` first averages the runs that share a device call (the ``source`` column's
 "session ... call N": same machine, same compile caches), the stricter unit when a call holds repeats. Per size:
 n, mean, sample sd, the 95% t interval (scipy), the one-sided t test of mean > target (scipy) and its Holm
