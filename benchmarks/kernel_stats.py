@@ -105,13 +105,6 @@ def _score_config(K, KP: int):
     return triton.Config({"BLOCK_T": block_t}, num_warps=warps)
 
 
-def _score_rows_config(K, KP: int, H: int):
-    """``_score_rows_kernel``'s one launch for KP reads and H heads (``score_rows_launch``) as a Config."""
-    import triton
-    block_t, kc, warps = K.score_rows_launch(KP, triton.next_power_of_2(H))
-    return triton.Config({"BLOCK_T": block_t, "KC": kc}, num_warps=warps)
-
-
 def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[dict]:
     """Stats of the v6 forward, forward prefix (``prefix`` reads, one head per program), write-once gradient
     and source-group gradient (``group`` sources) kernels for every launch configuration the autotuner may pick
@@ -172,17 +165,13 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
             ("prenorm_fwd", K._prenorm_fwd_kernel, pn_types, {}, ("BT", "D", "DH"), K._prune6),
             ("prenorm_stash", K._prenorm_stash_kernel, pn_types, {}, ("BT", "D", "DH"), K._prune6),
             *((f"score_{kp}", K._score_kernel, sc_types, dict(KP=kp, DA=DA, DB=DB, SPLIT=True, DOT=True, EMU=False,
-                                                             **dims), ("BT",), None) for kp in (64, 128)),
-            *((f"score_rows_{kp}", K._score_rows_kernel, sc_types,
-               dict(KP=kp, HP=HP, DA=DA, DB=DB, SPLIT=True, DOT=True, EMU=False, **dims), ("BT",), None)
-              for kp in (64, 128))):
+                                                             **dims), ("BT",), None) for kp in (64, 128))):
         if kernels is not None and name not in kernels:
             continue
         configs = (K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else
                    K._prefix6_configs(full=True) if kernel is K._prefix6_kernel else
                    K._prefix7_configs(full=True) if kernel is K._prefix7_kernel else
                    [_score_config(K, flags["KP"])] if kernel is K._score_kernel else
-                   [_score_rows_config(K, flags["KP"], H)] if kernel is K._score_rows_kernel else
                    K._prenorm_configs(full=True) if kernel in (K._prenorm_fwd_kernel, K._prenorm_stash_kernel) else
                    K._v6_configs(full=True))
         tiles = ({"HP": HP, "DA": DA, "DB": DB} if prune in (K._prune6, K._prune_prefix7)
@@ -191,8 +180,6 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
         kept = configs if prune is None else prune(configs, {**tiles, **flags})
         for cfg in kept:
             consts = {**flags, **tiles, **cfg.kwargs}
-            if kernel is K._score_rows_kernel:
-                consts.pop("KP")  # (the launch's read count picks KC; the kernel takes KC)
             st = compile_stats(kernel, types, consts, cfg.num_warps, div)
             # issue slots per loaded element: SASS instructions of one loop iteration x 32 lanes x warps over the
             # elements one iteration loads (a token block's rows; the prefix kernel: one head's columns)
@@ -212,8 +199,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", nargs="+", default=list(WIDTHS), choices=list(WIDTHS))
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--kernels", nargs="+", help="only these (fwd6 src_bwd fwd7 src_bwd_table prefix7_4 prefix7_8 "
-                    "prefix8_fwd group8_bwd group8_bwd_table prenorm_fwd prenorm_stash score_64 score_128 score_rows_64 "
-                    "score_rows_128); default all")
+                    "prefix8_fwd group8_bwd group8_bwd_table prenorm_fwd prenorm_stash score_64 score_128); default all")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("error: kernel_stats compiles the kernels; unset TRITON_INTERPRET", file=sys.stderr)

@@ -599,37 +599,14 @@ def _check_scores(D, H, k_lo, Kr, BT, dtype):
     assert err <= 2e-5 * ref.abs().max().item(), err
 
 
-@pytest.mark.parametrize("kernel", ["rows", "heads"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("D,H,k_lo,Kr", [(96, 2, 0, 6), (64, 1, 3, 6), (40, 8, 1, 6), (320, 2, 2, 6),
-                                         (32, 2, 5, 140), (768, 16, 1, 20), (320, 16, 0, 5)])
-def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, Kr, dtype, kernel, monkeypatch):
+                                         (32, 2, 5, 140)])
+def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, Kr, dtype):
     """score_sources against its definition: rms(x)^-1 * <x_h, (q g)_h> per head, in fp64 from the stored
     source; rows below k_lo are left untouched (NaN). bf16 sources use the hi + lo split of q g: fp32 accuracy.
-    135 reads: two launches (at most ``SCORE_READS`` reads each), the first with a 128-read tile. Both scoring
-    kernels (``SCORE_KERNEL``); H = 16: head widths 48 = 32 + 16 (dots) and 20 (multiply-adds)."""
-    from mhar.routing import _kernels as K
-    monkeypatch.setattr(K, "SCORE_KERNEL", kernel)
+    135 reads: two launches (at most ``SCORE_READS`` reads each), the first with a 128-read tile."""
     _check_scores(D, H, k_lo, Kr, 21, dtype)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_v7_score_rows_kernel_blocks_and_chunks(dtype, monkeypatch):
-    """The all-heads scoring kernel over several token blocks and read chunks with ragged ends (70 tokens:
-    blocks of 32; 67 reads: chunks of 32), against the definition."""
-    from mhar.routing import _kernels as K
-    monkeypatch.setattr(K, "SCORE_KERNEL", "rows")
-    assert K.score_rows_launch(128, 8) == (32, 32, 8)
-    _check_scores(128, 8, 3, 70, 70, dtype)
-
-
-def test_score_kernel_choice_is_checked(monkeypatch):
-    from mhar.routing import _kernels as K
-    monkeypatch.setattr(K, "SCORE_KERNEL", "row")
-    buf = torch.zeros(1, 4, 32, device=DEV)
-    with pytest.raises(ValueError, match="MHAR_SCORE_KERNEL='row'"):
-        K.score_sources(buf, buf[:, :, 0].clone(), torch.zeros(2, 32, device=DEV),
-                        torch.zeros(1, 2, 4, 2, device=DEV), 0, 0, 2, 1e-6)
 
 
 @pytest.mark.gpu
@@ -637,24 +614,11 @@ def test_score_kernel_choice_is_checked(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("D,k_lo,Kr,BT", [(1280, 0, 73, 2048), (1280, 40, 73, 2048), (1024, 0, 49, 4096),
                                           (512, 0, 25, 16384), (1024, 3, 200, 1024)])
-@pytest.mark.parametrize("kernel", ["rows", "heads"])
-def test_gpu_v7_scores_all_reads(D, k_lo, Kr, BT, dtype, kernel, monkeypatch):
-    """Both scoring kernels at the presets' widths, microbatches and read counts (1B: 73 reads, a 128-read tile
+def test_gpu_v7_scores_all_reads(D, k_lo, Kr, BT, dtype):
+    """The scoring kernel at the presets' widths, microbatches and read counts (1B: 73 reads, a 128-read tile
     at head width 160 = 128 + 32, which faulted with 64 tokens x 8 warps per program), and a 100-layer model
     (200 reads: two launches)."""
-    from mhar.routing import _kernels as K
-    monkeypatch.setattr(K, "SCORE_KERNEL", kernel)
     _check_scores(D, 8, k_lo, Kr, BT, dtype)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("D,H,Kr,BT", [(1280, 16, 73, 2048), (1024, 16, 49, 4096), (512, 4, 25, 16384)])
-def test_gpu_v7_score_rows_other_heads(D, H, Kr, BT, monkeypatch):
-    """The all-heads scoring kernel at H = 16 (tiles of 32 tokens x 16 reads x 16 heads) and H = 4."""
-    from mhar.routing import _kernels as K
-    monkeypatch.setattr(K, "SCORE_KERNEL", "rows")
-    _check_scores(D, H, 0, Kr, BT, torch.bfloat16)
 
 
 # (N, B, T, D, H) at the paper's sizes: 100M H=8 (partial depth), 1B H=16 head width 80.

@@ -60,6 +60,21 @@ def test_plan_picks_sublayer_compile_for_untraceable_routing():
     assert plan_step(_model("baseline"), torch.device("cpu"), compile=True).compile == "decoder"
 
 
+def test_sublayer_plan_compiles_the_embedding_and_the_sublayers(monkeypatch):
+    """What "sublayers" hands to torch.compile: the embedding lookup (as the baseline's compiled decoder does),
+    each block's sublayer methods and the LM head / loss; the routing calls stay outside."""
+    import mhar.step as S
+    m = _model()
+    compiled = []
+    monkeypatch.setattr(S.torch, "compile", lambda fn: compiled.append(fn) or fn)
+    S._compile_model(m, "sublayers")
+    names = [getattr(fn, "__qualname__", "") for fn in compiled]
+    assert names.count("Embedding.forward") == 1 and compiled[names.index("Embedding.forward")].__self__ is m.embed
+    assert names.count("Block.attn_sublayer") == names.count("Block.mlp_sublayer") == len(m.layers)
+    assert "Transformer.head_loss" in names and "Transformer.hidden" not in names
+    assert m.embed.forward is compiled[names.index("Embedding.forward")]
+
+
 def test_plan_under_torchrun_has_no_graph():
     m = _model()
     p = plan_step(m, torch.device("cpu"), world_size=2, parallel="ddp")
@@ -188,8 +203,8 @@ def test_cuda_graph_replay_equals_eager_steps(variant, impl):
     assert sa._graph is not None  # the later steps were replays
     for (n, p), q in zip(a.named_parameters(), b.parameters()):
         if n == "embed.weight":
-            # The baseline's embedding sits inside the compiled decoder, and inductor lowers its backward to
-            # atomic adds: the summation order (so the last bits) changes from run to run, eager steps against
+            # The embedding's lookup is compiled (inside the baseline's decoder; on its own in MHAR's
+            # "sublayers" plan), and inductor lowers its backward to atomic adds: the summation order (so the last bits) changes from run to run, eager steps against
             # eager steps too (on the H200 this parameter differed, losses and grad norms were equal). A wrong
             # replay (stale input, skipped or repeated update) moves weights by ~lr = 1e-3, far above 1e-6.
             assert (p - q).abs().max().item() <= 1e-6, n

@@ -1467,65 +1467,7 @@ def _score_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.conste
              mask=tmask[:, None] & kmask[None, :])
 
 
-@triton.jit
-def _score_rows_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.constexpr, H: tl.constexpr,
-                       DH: tl.constexpr, eps, BLOCK_T: tl.constexpr, KC: tl.constexpr, HP: tl.constexpr,
-                       DA: tl.constexpr, DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr,
-                       EMU: tl.constexpr):
-    """``_score_kernel``'s table entries, one program per (token block, chunk of KC reads) for ALL heads: each
-    head's (BLOCK_T, KC) scores go into one (BLOCK_T, KC, HP) tile, so the store writes each (read, token)'s H
-    scores together (32 contiguous bytes at H = 8: whole sectors). The per-head programs store 4-byte scores
-    H apart (one 32-byte sector per score: 8x the table's bytes in L2 write requests), and each loads its
-    head's weights for every read; here a program loads the chunk's weights once per token block."""
-    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    kk = k_lo + tl.program_id(1) * KC + tl.arange(0, KC)
-    tmask = tok < BT
-    kmask = kk < K
-    tok64 = tok.to(tl.int64)
-    hh = tl.arange(0, HP)
-    r = 1.0 / tl.sqrt(tl.load(ss_ptr + tok, mask=tmask, other=1.0) / D + eps)
-    tile = tl.zeros((BLOCK_T, KC, HP), tl.float32)
-    for h in tl.static_range(H):
-        ca = h * DH + tl.arange(0, DA)
-        x = tl.load(x_ptr + tok64[:, None] * D + ca[None, :], mask=tmask[:, None], other=0.0)
-        woffs = kk[None, :] * D + ca[:, None]
-        w = tl.load(w_ptr + woffs, mask=kmask[None, :], other=0.0)
-        wl = w
-        if SPLIT:
-            wl = tl.load(wl_ptr + woffs, mask=kmask[None, :], other=0.0)
-        acc = _sdot(x, w, wl, SPLIT, DOT, EMU)
-        if DB > 0:
-            cb = DA + tl.arange(0, DB)
-            cbm = cb < DH
-            cb = h * DH + cb
-            x = tl.load(x_ptr + tok64[:, None] * D + cb[None, :], mask=tmask[:, None] & cbm[None, :], other=0.0)
-            woffs = kk[None, :] * D + cb[:, None]
-            w = tl.load(w_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
-            if SPLIT:
-                wl = tl.load(wl_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
-            acc += _sdot(x, w, wl, SPLIT, DOT, EMU)
-        tile = tl.where(hh[None, None, :] == h, acc[:, :, None], tile)
-    tile = tile * r[:, None, None]
-    offs = kk.to(tl.int64)[None, :, None] * BT * H + tok64[:, None, None] * H + hh[None, None, :]
-    tl.store(s_ptr + offs, tile, mask=tmask[:, None, None] & kmask[None, :, None] & (hh < H)[None, None, :])
-
-
 SCORE_READS = 128  # reads per launch of the scoring kernel
-# Which scoring kernel ``score_sources`` launches: "rows" (``_score_rows_kernel``: all heads of a token block per
-# program, whole-sector stores) or "heads" (``_score_kernel``: one program per (token block, head)). The
-# environment variable MHAR_SCORE_KERNEL picks the other one, for side-by-side timings.
-SCORE_KERNEL = os.environ.get("MHAR_SCORE_KERNEL", "rows")
-
-
-def score_rows_launch(KP: int, HP: int, dot: bool = True) -> tuple[int, int, int]:
-    """(tokens, reads, warps) per program of ``_score_rows_kernel`` for KP >= 16 reads and HP heads: a
-    (tokens, reads, HP) fp32 tile of at most 8192 scores, 8 warps (offline sm_90, Triton 3.9, 32 tokens x 32
-    reads at the presets' widths: 138-153 registers, no spills; 4 warps spill at the 1B width); the dots need
-    16 tokens and 16 reads."""
-    if not dot:
-        return 16, 16, 4
-    kc = 32 if KP >= 32 and HP <= 8 else 16
-    return max(16, min(32, 8192 // (kc * HP))), kc, 8
 
 
 def score_launch(KP: int, dot: bool = True) -> tuple[int, int]:
@@ -1567,19 +1509,9 @@ def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch
     emu = os.environ.get("TRITON_INTERPRET") == "1"
     # At most SCORE_READS reads per launch (deeper models: one launch per chunk of reads; a (64, 256) tile of
     # scores does not compile); tokens and warps per program: ``score_launch``.
-    if SCORE_KERNEL not in ("rows", "heads"):
-        raise ValueError(f"MHAR_SCORE_KERNEL={SCORE_KERNEL!r}: use 'rows' or 'heads'")
     for k0 in range(k_lo, K, SCORE_READS):
         k1 = min(K, k0 + SCORE_READS)
         KP = max(16, triton.next_power_of_2(k1 - k0))
-        if SCORE_KERNEL == "rows":
-            HP = triton.next_power_of_2(H)
-            block_t, kc, warps = score_rows_launch(KP, HP, dot)
-            grid = (triton.cdiv(BT, block_t), triton.cdiv(k1 - k0, kc))
-            _score_rows_kernel[grid](buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k0, k1, BT,
-                                     D, H, D // H, eps, BLOCK_T=block_t, KC=kc, HP=HP, DA=DA, DB=DB,
-                                     SPLIT=wl is not None, DOT=dot, EMU=emu, num_warps=warps)
-            continue
         block_t, warps = score_launch(KP, dot)
         grid = (triton.cdiv(BT, block_t), H)
         _score_kernel[grid](buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k0, k1, BT, D, H,
