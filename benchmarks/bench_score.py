@@ -2,14 +2,13 @@
 
 In a forward of a model of L blocks (N = 2L + 1 sources and K = 2L + 1 announced reads, H heads), source j is
 scored once for reads j..K-1, as ``FusedRouter`` does. This script makes those N calls with the library's
-launch (``_kernels.score_launch``) and with the launches given by ``--launch`` (tokens per block x warps
-[x token blocks per program [x pipeline stages]]; ``score_launch`` replaced for that measurement, the kernel
-unchanged). Timing: median CUDA-graph replay of the N
+launch (``_kernels.score_launch``) and with the launches given by ``--launch`` (tokens x warps per program;
+``score_launch`` replaced for that measurement, the kernel unchanged). Timing: median CUDA-graph replay of the N
 calls (``bench_routing_op.graph_ms``). Every table is compared with the library launch's (max relative
 difference). Bytes: the sources read once and the table written once (what any scoring kernel must move),
 and the bandwidth that achieves.
 
-    PYTHONPATH=. python -m benchmarks.bench_score --sizes 100M 350M 1B --launch 16x4 64x4 32x4x4 32x4x4x2
+    PYTHONPATH=. python -m benchmarks.bench_score --sizes 100M 350M 1B --launch 16x4 64x4
 
 One JSON line per (size, launch) on stdout.
 """
@@ -37,7 +36,7 @@ def _case(size: str, H: int, seed: int = 0):
     return dict(size=size, B=B, T=T, D=D, H=H, N=N, K=K, buf=buf, ss=ss, W=W, S=S)
 
 
-def run(size: str, H: int, launches: list[tuple[int, int, int, int]], blocks: list[tuple[int, int]] = ()) -> list[dict]:
+def run(size: str, H: int, launches: list[tuple[int, int]]) -> list[dict]:
     from mhar.routing import _kernels as K
     c = _case(size, H)
     W_split = K.split_weights(c["W"], c["buf"].dtype)
@@ -51,23 +50,15 @@ def run(size: str, H: int, launches: list[tuple[int, int, int, int]], blocks: li
     rows, ref = [], None
     library = K.score_launch
     try:
-        for launch in [None, *launches, *(("blocks", b) for b in blocks)]:
-            if launch is None:
-                K.score_launch = library
-            elif launch[0] == "blocks":  # the library's tokens and warps per tile, these blocks and stages
-                K.score_launch = (lambda KP, dot=True, BT=0, H=1, _b=launch[1]:
-                                  (*library(KP, dot, BT, H)[:2], *_b) if dot else library(KP, dot, BT, H))
-            else:
-                K.score_launch = lambda KP, dot=True, BT=0, H=1, _l=launch: _l
+        for launch in [None, *launches]:
+            K.score_launch = library if launch is None else (lambda KP, dot=True, _l=launch: _l)
             c["S"].zero_()
             ms = graph_ms(score_all)
             table = c["S"].clone()
             diff = 0.0 if ref is None else ((table - ref).abs().max() / ref.abs().max()).item()
             ref = table if ref is None else ref
             row = dict(size=size, H=H, BT=BT, D=D, sources=N, reads=Kr,
-                       launch="library" if launch is None else
-                       "library tokens x warps, blocks x stages " + "x".join(map(str, launch[1]))
-                       if launch[0] == "blocks" else "x".join(map(str, launch)), ms=round(ms, 4),
+                       launch="library" if launch is None else "x".join(map(str, launch)), ms=round(ms, 4),
                        us_per_call=round(ms * 1e3 / N, 2), must_gb=round(must / 1e9, 4),
                        gbps=round(must / (ms * 1e-3) / 1e9, 1), max_rel_diff_vs_library=diff)
             print(json.dumps(row), flush=True)
@@ -77,31 +68,14 @@ def run(size: str, H: int, launches: list[tuple[int, int, int, int]], blocks: li
     return rows
 
 
-def _launch_arg(s: str) -> tuple[int, int, int, int]:
+def _launch_arg(s: str) -> tuple[int, int]:
     try:
-        vals = [int(v) for v in s.split("x")]
-        if not 2 <= len(vals) <= 4:
-            raise ValueError
+        bt, w = (int(v) for v in s.split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r}: give tokens x warps [x blocks [x stages]], e.g. 32x4 or 32x4x4x2"
-                                         ) from None
-    bt, w, tb, st = (vals + [1, 3])[:4] if len(vals) == 2 else (vals + [3])[:4]
+        raise argparse.ArgumentTypeError(f"{s!r}: give tokens x warps, e.g. 32x4") from None
     if bt < 16 or bt & (bt - 1) or w not in (1, 2, 4, 8, 16):
         raise argparse.ArgumentTypeError(f"{s!r}: tokens a power of two >= 16, warps a power of two <= 16")
-    if tb < 1 or not 1 <= st <= 6:
-        raise argparse.ArgumentTypeError(f"{s!r}: token blocks per program >= 1, pipeline stages 1..6")
-    return bt, w, tb, st
-
-
-def _blocks_arg(s: str) -> tuple[int, int]:
-    try:
-        vals = [int(v) for v in s.split("x")]
-        tb, st = (vals + [3])[:2] if len(vals) in (1, 2) else (0, 0)
-    except ValueError:
-        tb = st = 0
-    if tb < 1 or not 1 <= st <= 6:
-        raise argparse.ArgumentTypeError(f"{s!r}: token blocks per program >= 1 [x pipeline stages 1..6], e.g. 4x2")
-    return tb, st
+    return bt, w
 
 
 def main(argv=None) -> None:
@@ -109,16 +83,12 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", nargs="+", default=["100M", "350M", "1B"], choices=["100M", "350M", "1B"])
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--launch", nargs="*", type=_launch_arg, default=[],
-                    help="extra launches of the scoring kernel: tokens x warps [x token blocks per program "
-                    "[x stages]], e.g. 16x4 32x4x4x2")
-    ap.add_argument("--blocks", nargs="*", type=_blocks_arg, default=[],
-                    help="the library's tokens x warps per tile with these token blocks per program [x stages], "
-                         "e.g. 2 4x2 8x2")
+                    help="extra tokens x warps launches of the scoring kernel, e.g. 16x4 64x4")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("error: bench_score times CUDA kernels; run it on a GPU machine")
     for size in args.sizes:
-        run(size, args.heads, args.launch, args.blocks)
+        run(size, args.heads, args.launch)
         torch.cuda.empty_cache()
 
 

@@ -67,7 +67,7 @@ def _sass_loop(cubin: bytes) -> list[str]:
     return best
 
 
-def compile_stats(kernel, types: dict, consts: dict, num_warps: int, divisible=(), num_stages: int = 3) -> dict:
+def compile_stats(kernel, types: dict, consts: dict, num_warps: int, divisible=()) -> dict:
     """Compile ``kernel`` (a JIT function, possibly wrapped by the autotuner) for sm_90 with the given argument
     types (default i32; pointers '*bf16' etc.), constexpr values and warps; return registers, spills (bytes),
     shared memory (bytes), the number of cp.async instructions in the PTX and the SASS instructions of the
@@ -83,8 +83,7 @@ def compile_stats(kernel, types: dict, consts: dict, num_warps: int, divisible=(
              if n not in consts and (n.endswith("_ptr") or n in divisible)}
     src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,
                                     constexprs={(names.index(k),): v for k, v in consts.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
-                                                                                "num_stages": num_stages})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.ptx")
@@ -99,13 +98,11 @@ def compile_stats(kernel, types: dict, consts: dict, num_warps: int, divisible=(
             "loop_instructions": len(_sass_loop(compiled.asm["cubin"]))}
 
 
-def _score_configs(K, KP: int) -> list:
-    """The scoring kernel's launches for a tile of KP reads (``score_launch``: not autotuned) as Configs, one
-    per token-blocks-per-program count (TB) it may run with."""
+def _score_config(K, KP: int):
+    """The scoring kernel's one launch for a tile of KP reads (``score_launch``: not autotuned) as a Config."""
     import triton
-    block_t, warps, _, stages = K.score_launch(KP)
-    return [triton.Config({"BLOCK_T": block_t, "TB": tb}, num_warps=warps, num_stages=stages)
-            for tb in K.SCORE_BLOCK_CHOICES]
+    block_t, warps = K.score_launch(KP)
+    return triton.Config({"BLOCK_T": block_t}, num_warps=warps)
 
 
 def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[dict]:
@@ -174,7 +171,7 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
         configs = (K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else
                    K._prefix6_configs(full=True) if kernel is K._prefix6_kernel else
                    K._prefix7_configs(full=True) if kernel is K._prefix7_kernel else
-                   _score_configs(K, flags["KP"]) if kernel is K._score_kernel else
+                   [_score_config(K, flags["KP"])] if kernel is K._score_kernel else
                    K._prenorm_configs(full=True) if kernel in (K._prenorm_fwd_kernel, K._prenorm_stash_kernel) else
                    K._v6_configs(full=True))
         tiles = ({"HP": HP, "DA": DA, "DB": DB} if prune in (K._prune6, K._prune_prefix7)
@@ -183,7 +180,7 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
         kept = configs if prune is None else prune(configs, {**tiles, **flags})
         for cfg in kept:
             consts = {**flags, **tiles, **cfg.kwargs}
-            st = compile_stats(kernel, types, consts, cfg.num_warps, div, cfg.num_stages)
+            st = compile_stats(kernel, types, consts, cfg.num_warps, div)
             # issue slots per loaded element: SASS instructions of one loop iteration x 32 lanes x warps over the
             # elements one iteration loads (a token block's rows; the prefix kernel: one head's columns)
             # (the source-group kernel: one head's columns of KC reads' douts; the scoring kernel, which has no
@@ -191,7 +188,6 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
             elems = cfg.kwargs["BLOCK_T"] * (D // H if kernel in (K._prefix6_kernel, K._score_kernel) else
                                              flags["KC"] * (D // H) if kernel is K._src_group_bwd_kernel else D)
             rows.append({"size": size, "kernel": name, "BLOCK_T": cfg.kwargs["BLOCK_T"],
-                         **({"TB": cfg.kwargs["TB"]} if "TB" in cfg.kwargs else {}),
                          "STAGES": cfg.kwargs.get("STAGES", 1), "warps": cfg.num_warps,
                          **st,
                          "instr_per_element": round(st["loop_instructions"] * 32 * cfg.num_warps / elems, 2)})

@@ -582,7 +582,7 @@ def test_group_scores_needs_table_and_source_groups():
     assert get_router("fused_v7_sg8_ts").group_scores
 
 
-def _check_scores(D, H, k_lo, Kr, BT, dtype, blocks=None):
+def _check_scores(D, H, k_lo, Kr, BT, dtype):
     from mhar.routing import _kernels as K
     gen = torch.Generator().manual_seed(D + H + k_lo + Kr)
     eps = 1e-6
@@ -590,7 +590,7 @@ def _check_scores(D, H, k_lo, Kr, BT, dtype, blocks=None):
     ss = buf.float().pow(2).sum(-1)
     W = (torch.randn(Kr, D, generator=gen) * 0.7).to(DEV)
     S = torch.full((2, Kr, BT, H), float("nan"), device=DEV)
-    K.score_sources(buf, ss, W, S, 1, k_lo, H, eps, blocks=blocks)
+    K.score_sources(buf, ss, W, S, 1, k_lo, H, eps)
     x = buf[1].double().cpu()
     r = 1 / torch.sqrt(x.pow(2).mean(-1) + eps)
     ref = torch.einsum("thd,khd->kth", x.view(BT, H, -1), W.double().cpu().view(Kr, H, -1)) * r[None, :, None]
@@ -609,15 +609,6 @@ def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, Kr, dtype):
     _check_scores(D, H, k_lo, Kr, 21, dtype)
 
 
-@pytest.mark.parametrize("blocks", [1, 2, 3])
-@pytest.mark.parametrize("D,H,Kr,BT", [(96, 2, 6, 150), (320, 2, 70, 100)])
-def test_v7_scores_token_blocks_per_program(D, H, Kr, BT, blocks):
-    """Each program of the scoring kernel reuses its head's weights for ``blocks`` consecutive token blocks
-    (64 tokens per block up to 64 reads, 32 above): 150 / 100 tokens are 3 / 4 blocks, so programs cover whole
-    and partial runs of blocks, the last ones past BT (masked)."""
-    _check_scores(D, H, 1, Kr, BT, torch.bfloat16, blocks=blocks)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -628,17 +619,6 @@ def test_gpu_v7_scores_all_reads(D, k_lo, Kr, BT, dtype):
     at head width 160 = 128 + 32, which faulted with 64 tokens x 8 warps per program), and a 100-layer model
     (200 reads: two launches)."""
     _check_scores(D, 8, k_lo, Kr, BT, dtype)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("blocks", [1, 2, 4, 8, 16])
-@pytest.mark.parametrize("D,k_lo,Kr,BT", [(1280, 0, 73, 2048), (1280, 50, 73, 2048), (1024, 0, 49, 4096),
-                                          (1024, 30, 49, 4096), (512, 0, 25, 16384), (512, 12, 25, 16384)])
-def test_gpu_v7_scores_token_blocks(D, k_lo, Kr, BT, blocks):
-    """Every token-blocks-per-program count the scoring kernel may run with, at the presets' widths,
-    microbatches and tiles of 128 / 64 / 32 / 16 reads."""
-    _check_scores(D, 8, k_lo, Kr, BT, torch.bfloat16, blocks=blocks)
 
 
 # (N, B, T, D, H) at the paper's sizes: 100M H=8 (partial depth), 1B H=16 head width 80.

@@ -1433,67 +1433,55 @@ def _sdot(x, w, wl, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
 
 @triton.jit
 def _score_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.constexpr, H: tl.constexpr,
-                  DH: tl.constexpr, eps, BLOCK_T: tl.constexpr, TB: tl.constexpr, KP: tl.constexpr,
-                  DA: tl.constexpr, DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
+                  DH: tl.constexpr, eps, BLOCK_T: tl.constexpr, KP: tl.constexpr, DA: tl.constexpr,
+                  DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
     """S[k, t, h] (the slot's table, (K, BT, H) fp32) for reads k_lo <= k < K of one buffered source x (BT, D)
-    (ss: its sums of squares (BT,)): one program per (TB consecutive token blocks, head) (program axis 1 = the
-    head: many small independent programs, so the loads' latency overlaps); a head's columns as ``_split``'s two
-    parts. The head's (KP, DH) weights are loaded once per program and reused for its TB token blocks: with
-    TB = 1 every program of BLOCK_T tokens reloads them from L2, 2-8x the source's bytes at the presets."""
-    pid = tl.program_id(0)
+    (ss: its sums of squares (BT,)): one program per (token block, head) (program axis 1 = the head: many small
+    independent programs, so the loads' latency overlaps); a head's columns as ``_split``'s two parts."""
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
+    tmask = tok < BT
+    tok64 = tok.to(tl.int64)
     kk = k_lo + tl.arange(0, KP)
     kmask = kk < K
+    r = 1.0 / tl.sqrt(tl.load(ss_ptr + tok, mask=tmask, other=1.0) / D + eps)
     ca = h * DH + tl.arange(0, DA)
+    x = tl.load(x_ptr + tok64[:, None] * D + ca[None, :], mask=tmask[:, None], other=0.0)
     woffs = kk[None, :] * D + ca[:, None]
-    wa = tl.load(w_ptr + woffs, mask=kmask[None, :], other=0.0)
-    wla = wa
+    w = tl.load(w_ptr + woffs, mask=kmask[None, :], other=0.0)
+    wl = w
     if SPLIT:
-        wla = tl.load(wl_ptr + woffs, mask=kmask[None, :], other=0.0)
-    if DB > 0:  # (cb, cbm, wb, wlb: defined and used only when DB > 0, a compile-time condition)
+        wl = tl.load(wl_ptr + woffs, mask=kmask[None, :], other=0.0)
+    acc = _sdot(x, w, wl, SPLIT, DOT, EMU)
+    if DB > 0:
         cb = DA + tl.arange(0, DB)
         cbm = cb < DH
         cb = h * DH + cb
+        x = tl.load(x_ptr + tok64[:, None] * D + cb[None, :], mask=tmask[:, None] & cbm[None, :], other=0.0)
         woffs = kk[None, :] * D + cb[:, None]
-        wb = tl.load(w_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
-        wlb = wb
+        w = tl.load(w_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
         if SPLIT:
-            wlb = tl.load(wl_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
-    for i in range(TB):
-        tok = (pid * TB + i) * BLOCK_T + tl.arange(0, BLOCK_T)
-        tmask = tok < BT
-        tok64 = tok.to(tl.int64)
-        r = 1.0 / tl.sqrt(tl.load(ss_ptr + tok, mask=tmask, other=1.0) / D + eps)
-        x = tl.load(x_ptr + tok64[:, None] * D + ca[None, :], mask=tmask[:, None], other=0.0)
-        acc = _sdot(x, wa, wla, SPLIT, DOT, EMU)
-        if DB > 0:
-            x = tl.load(x_ptr + tok64[:, None] * D + cb[None, :], mask=tmask[:, None] & cbm[None, :], other=0.0)
-            acc += _sdot(x, wb, wlb, SPLIT, DOT, EMU)
-        tl.store(s_ptr + kk.to(tl.int64)[None, :] * BT * H + tok64[:, None] * H + h, acc * r[:, None],
-                 mask=tmask[:, None] & kmask[None, :])
+            wl = tl.load(wl_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
+        acc += _sdot(x, w, wl, SPLIT, DOT, EMU)
+    tl.store(s_ptr + kk.to(tl.int64)[None, :] * BT * H + tok64[:, None] * H + h, acc * r[:, None],
+             mask=tmask[:, None] & kmask[None, :])
 
 
 SCORE_READS = 128  # reads per launch of the scoring kernel
 
 
-def score_launch(KP: int, dot: bool = True, BT: int = 0, H: int = 1) -> tuple[int, int, int, int]:
-    """(tokens per block, warps, token blocks per program, pipeline stages) of the scoring kernel for a tile of
-    KP reads, BT tokens and H heads. Every program loads the head's (KP, DH) weights (hi + lo) from L2 once and
-    reuses them for its token blocks; with one block of 16 tokens per program (session 2026-12-02 call 1: 0.69
-    ms per 350M microbatch) the reloads were 8x the source's bytes: blocks of 64 tokens x 8 warps up to 64 reads;
-    32 x 4 for 65-128 (64 x 8 with 128 reads at the 1B width, head width 160 = 128 + 32, made an illegal memory
-    access on the H200, Triton 3.6, session 2026-12-02b call 2; 32 x 4 ran correctly: offline sm_90 186
-    registers, no spills). Autotuning over 16-128 tokens x 4 / 8 warps x both grid orders gained 0.06 of 0.78 ms
-    per 1B microbatch and some tile of 32 reads faulted the same way (session 2026-12-02e): not autotuned. Heads
-    narrower than 16 columns (no tensor-core dot): 2 tokens x 4 warps."""
+def score_launch(KP: int, dot: bool = True) -> tuple[int, int]:
+    """(tokens, warps) per program of the scoring kernel for a tile of KP reads. Every program loads the head's
+    (KP, DH) weights (hi + lo) from L2, which with 16 tokens (session 2026-12-02 call 1: 0.69 ms per 350M
+    microbatch) were 8x the source's bytes: 64 tokens x 8 warps up to 64 reads; 32 x 4 for 65-128 (64 x 8 with
+    128 reads at the 1B width, head width 160 = 128 + 32, made an illegal memory access on the H200, Triton 3.6,
+    session 2026-12-02b call 2; 32 x 4 ran correctly: offline sm_90 186 registers, no spills). Autotuning over
+    16-128 tokens x 4 / 8 warps x both grid orders gained 0.06 of 0.78 ms per 1B microbatch and some tile of 32
+    reads faulted the same way (session 2026-12-02e): not autotuned. Heads narrower than 16 columns (no
+    tensor-core dot): 2 tokens x 4 warps."""
     if not dot:
-        return 2, 4, 1, 1
-    block_t, warps = (64, 8) if KP <= 64 else (32, 4)
-    return block_t, warps, SCORE_BLOCKS, 3
-
-
-SCORE_BLOCKS = 1
-SCORE_BLOCK_CHOICES = (1, 2, 4, 8, 16)  # what the GPU tests check and the benchmarks may force
+        return 2, 4
+    return (64, 8) if KP <= 64 else (32, 4)
 
 
 def split_weights(W: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -1506,7 +1494,7 @@ def split_weights(W: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, to
 
 
 def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch.Tensor, slot: int, k_lo: int,
-                  H: int, eps: float, W_split: tuple | None = None, blocks: int | None = None) -> None:
+                  H: int, eps: float, W_split: tuple | None = None) -> None:
     """Fill the score table S (cap, K, BT, H) fp32 for buffered source ``slot`` and reads k_lo..K-1 (W = q * g,
     (K, D) fp32 contiguous; ss the buffer's sums of squares (cap, BT)). W_split: ``split_weights(W, buf.dtype)``
     if the caller keeps it (one forward's reads all share it), else computed here."""
@@ -1524,12 +1512,11 @@ def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch
     for k0 in range(k_lo, K, SCORE_READS):
         k1 = min(K, k0 + SCORE_READS)
         KP = max(16, triton.next_power_of_2(k1 - k0))
-        block_t, warps, tb, stages = score_launch(KP, dot, BT, H)
-        tb = tb if blocks is None else blocks
-        grid = (triton.cdiv(BT, block_t * tb), H)
+        block_t, warps = score_launch(KP, dot)
+        grid = (triton.cdiv(BT, block_t), H)
         _score_kernel[grid](buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k0, k1, BT, D, H,
-                            D // H, eps, BLOCK_T=block_t, TB=tb, KP=KP, DA=DA, DB=DB, SPLIT=wl is not None,
-                            DOT=dot, EMU=emu, num_warps=warps, num_stages=stages)
+                            D // H, eps, BLOCK_T=block_t, KP=KP, DA=DA, DB=DB, SPLIT=wl is not None, DOT=dot,
+                            EMU=emu, num_warps=warps)
     LAUNCHES["score"] += 1
 
 
