@@ -1130,3 +1130,86 @@ def test_gpu_fwd7_prenorm_every_launch_config(D, H, monkeypatch):
             return orig(kernel, key, grid, args, kwargs)
         monkeypatch.setattr(K, "_launch", launch)
         _check_fwd7_prenorm(2048, D, H, 25, torch.bfloat16, seed=i, init=bool(i % 2))
+
+
+# Programmatic dependent launch (PDL) of the v7 path's kernels.
+def test_pdl_off_without_cuda_and_by_environment(monkeypatch):
+    from mhar.routing import _kernels as K
+    assert not K.pdl_enabled(torch.device("cpu"))
+    monkeypatch.setenv("MHAR_ROUTING_PDL", "0")  # checked before the device is queried
+    assert not K.pdl_enabled(torch.device("cuda", 0))
+    monkeypatch.delenv("MHAR_ROUTING_PDL")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not K.pdl_enabled(torch.device("cuda", 0))
+
+
+def test_launch_passes_pdl_to_the_kernels_that_wait(monkeypatch):
+    """``_launch`` gives a kernel of ``_PDL_KERNELS`` its PDL constexpr and the launch option (so the kernel's
+    ``_pdl_enter`` waits for its predecessor whenever it was launched early), and no other kernel either."""
+    from mhar.routing import _kernels as K
+    seen = []
+
+    class Fake:
+        best_config = None
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append(kw)
+
+    names = {k.fn.__name__ for k in K._PDL_KERNELS}
+    assert {"_append_kernel", "_fwd7_kernel", "_prefix7_kernel", "_stash_kernel", "_src_bwd_kernel",
+            "_src_group_bwd_kernel"} <= names
+    fake, other = Fake(), Fake()
+    monkeypatch.setattr(K, "_PDL_KERNELS", (fake,))
+    monkeypatch.setattr(K, "pdl_enabled", lambda device: True)
+    x = torch.zeros(2)
+    for kern in (fake, other):
+        try:
+            K._launch(kern, ("fake", id(kern)), (1,), (x,), {"D": 4})
+        except (AttributeError, TypeError):
+            pass  # (the fake has no tuned config: only the launch arguments matter)
+    assert seen == [{"D": 4, "PDL": True, "launch_pdl": True}, {"D": 4}], seen
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("D,H,n", [(1280, 8, 12), (512, 8, 25)])
+def test_gpu_pdl_launches_equal_serial_launches(monkeypatch, D, H, n):
+    """The paper configs' routing (fused_v7_sg8: table, forward groups of 4, source groups of 8) with
+    programmatic dependent launch gives bit-for-bit the outputs and gradients of ordinary launches, eagerly and
+    replayed from a CUDA graph (on sm_90+, where it is on by default)."""
+    from mhar.routing import _kernels as K
+    if not K.pdl_enabled(torch.device("cuda")):
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    base = _inputs(2, 256, D, n, torch.bfloat16, False, False, seed=3)
+
+    def run(graph):
+        p = _leaves(base, torch.bfloat16, "cuda")
+        leaves = _flat(p)
+
+        def step():
+            loss = _net(get_router("fused_v7_sg8"), p["x"], p["null"], p["qs"], p["gs"], p["Ws"], H, p["extra"],
+                        lookahead=True)
+            return [loss, *torch.autograd.grad(loss, leaves)]
+        if not graph:
+            return [t.clone() for t in step()]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs = step()
+        g.replay()
+        torch.cuda.synchronize()
+        return [t.clone() for t in outs]
+
+    launches = dict(fused_mod.LAUNCHES)
+    with_pdl = run(False), run(True)
+    assert fused_mod.LAUNCHES["score"] > launches.get("score", 0)  # the v7 path ran
+    monkeypatch.setenv("MHAR_ROUTING_PDL", "0")
+    serial = run(False), run(True)
+    for a, b in zip(with_pdl, serial):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)

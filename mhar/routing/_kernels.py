@@ -36,8 +36,46 @@ LAUNCHES: Counter = Counter()
 _TUNED: dict = {}
 
 
+# Programmatic dependent launch (Hopper and later): the v7 path's kernels (append, score, fwd7, prefix7, stash,
+# write-once and source-group gradients) are launched with CUDA's programmatic stream serialization and begin
+# with ``_pdl_enter``: wait until the previous kernel has completed (griddepcontrol.wait: all its writes visible,
+# so every load of the kernel comes after it, and transitively after all earlier kernels), then let the next
+# kernel launch. The next kernel's launch and block scheduling then overlap this one's tail instead of
+# following its completion; the routing makes hundreds of small launches per microbatch (1B: ~390). Off under
+# the interpreter, on GPUs before sm_90, and with MHAR_ROUTING_PDL=0. Results do not change (each kernel still
+# reads only completed writes), and CUDA-graph capture keeps the launches' programmatic edges.
+_PDL_ON: dict = {}
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether routing kernels on ``device`` are launched with programmatic dependent launch."""
+    if (device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+            or os.environ.get("MHAR_ROUTING_PDL") == "0"):
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _PDL_ON:
+        _PDL_ON[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
+    return _PDL_ON[idx]
+
+
+def _pdl_kwargs(t: torch.Tensor) -> dict:
+    """The launch arguments of a kernel with a ``PDL`` parameter for tensors on t's device."""
+    on = pdl_enabled(t.device)
+    return {"PDL": on, "launch_pdl": on} if on else {}
+
+
+@triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 def _launch(kernel, key: tuple, grid, args: tuple, kwargs: dict) -> int:
-    """Launch an autotuned kernel; returns the BLOCK_T it ran with."""
+    """Launch an autotuned kernel; returns the BLOCK_T it ran with. A kernel with a ``PDL`` parameter is
+    launched with programmatic dependent launch where ``pdl_enabled`` (its first tensor argument's device)."""
+    if kernel in _PDL_KERNELS:
+        kwargs = {**kwargs, **_pdl_kwargs(args[0])}
     cfg = _TUNED.get(key)
     if cfg is not None:
         kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
@@ -743,9 +781,10 @@ def _fwd6_kernel(
                  key=["D"], prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _append_kernel(src_ptr, dst_ptr, ss_ptr, BT, D, BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr,
-                   DB: tl.constexpr):
+                   DB: tl.constexpr, PDL: tl.constexpr = False):
     """dst = src (in dst's dtype) and ss = the sum of squares of each stored (rounded) row, fp32. A row is
     ``_split``'s two parts of one "head" of width D (HP = 1): D = 1280 is 1024 + 256, no idle lanes."""
+    _pdl_enter(PDL)
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     hh = tl.arange(0, HP)
     tmask = tok < BT
@@ -783,7 +822,7 @@ def _src_bwd_kernel(
     k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, JB, dsr_sh, dsr_sk,
     IS_NULL: tl.constexpr, HAS_INIT: tl.constexpr, HAS_S: tl.constexpr, HAS_CINIT: tl.constexpr,
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
-):
+    PDL: tl.constexpr = False):
     """Gradient of ONE source x (BT, D) (or the broadcast null vector (D,)) from reads k_lo..k_hi-1.
 
     Read k's dout is dbuf[k] (BT, D), its log-sum-exp lse[k] and <dout, out> delta[k] (BT, H) fp32, its
@@ -797,6 +836,7 @@ def _src_bwd_kernel(
     DH are compile-time constants (per model width, as the autotuning key already was): masks and address
     arithmetic fold (``benchmarks/kernel_stats.py``: 14.6 -> 13.9 SASS instructions per loaded element at
     350M width; the loop is issue-bound)."""
+    _pdl_enter(PDL)
     pid = tl.program_id(0)
     tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     hh = tl.arange(0, HP)
@@ -958,7 +998,7 @@ def _src_group_bwd_kernel(
     NG, k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, dsr_sh, dsr_sk, s_stride,
     JB, GP: tl.constexpr, KC: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, LOW: tl.constexpr,
     EMU: tl.constexpr, HAS_S: tl.constexpr, BLOCK_T: tl.constexpr, STAGES: tl.constexpr,
-):
+    PDL: tl.constexpr = False):
     """Partial gradients of NG <= GP CONSECUTIVE buffered sources (x: the first; slots BTD apart, ss their sums of
     squares (NG, BT) fp32) from reads k_lo..k_hi-1, in ONE pass over those reads' douts (dbuf[k] (BT, D)): one
     program per (token block, head); the reads in chunks of KC. Per token the group's sources and a chunk's
@@ -971,6 +1011,7 @@ def _src_group_bwd_kernel(
     source (its earlier reads and the RMS term). A head's columns are ``_split``'s two parts (DA, DB). HAS_S (v7):
     the scores come from the table (s_ptr: the first source's S[s0], (K, BT, H) fp32, slots s_stride apart) instead
     of the x . w dots (two tensor-core dots per column part fewer; w is still needed for dsr @ w)."""
+    _pdl_enter(PDL)
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
     tmask = tok < BT
@@ -1084,8 +1125,10 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
                  key=["D", "H"], prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _stash_kernel(dout_ptr, out_ptr, dslot_ptr, delta_ptr, BT, D, H, DH,
-                  BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr):
+                  BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
+                  PDL: tl.constexpr = False):
     """dslot = dout (in the dout buffer's dtype) and delta = <dout_h, out_h> (BT, H) fp32 (rows as ``_split``)."""
+    _pdl_enter(PDL)
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     hh = tl.arange(0, HP)
     tmask = tok < BT
@@ -1434,10 +1477,12 @@ def _sdot(x, w, wl, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
 @triton.jit
 def _score_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.constexpr, H: tl.constexpr,
                   DH: tl.constexpr, eps, BLOCK_T: tl.constexpr, KP: tl.constexpr, DA: tl.constexpr,
-                  DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
+                  DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr,
+                  PDL: tl.constexpr = False):
     """S[k, t, h] (the slot's table, (K, BT, H) fp32) for reads k_lo <= k < K of one buffered source x (BT, D)
     (ss: its sums of squares (BT,)): one program per (token block, head) (program axis 1 = the head: many small
     independent programs, so the loads' latency overlaps); a head's columns as ``_split``'s two parts."""
+    _pdl_enter(PDL)
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
     tmask = tok < BT
@@ -1516,7 +1561,7 @@ def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch
         grid = (triton.cdiv(BT, block_t), H)
         _score_kernel[grid](buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k0, k1, BT, D, H,
                             D // H, eps, BLOCK_T=block_t, KP=KP, DA=DA, DB=DB, SPLIT=wl is not None, DOT=dot,
-                            EMU=emu, num_warps=warps)
+                            EMU=emu, num_warps=warps, **_pdl_kwargs(buf))
     LAUNCHES["score"] += 1
 
 
@@ -1527,12 +1572,13 @@ def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr, w_ptr
                  lo, n_buf, buf_stride, s_stride, BT,
                  NB, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, HAS_INIT: tl.constexpr,
                  BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
-                 JC: tl.constexpr, PRENORM: tl.constexpr):
+                 JC: tl.constexpr, PRENORM: tl.constexpr, PDL: tl.constexpr = False):
     """One read over buf[lo:n_buf) (after a prefix partial ``init`` / ``init_lse`` with HAS_INIT) with its scores
     from the table: s_ptr points at S[0, k] (slot j's at + j * s_stride, (BT, H) fp32). First the max score per
     (token, head) from the table, then one pass over the sources: p = exp(s - max), one multiply-add per
     element. Writes out (BT, D) and lse (BT, H) fp32. PRENORM: also the reader's RMSNorm of out (as stored)
     y = out * rstd * w into y (BT, D) and rstd (BT,) fp32 (``prenorm_fwd``'s outputs, from the rows in hand)."""
+    _pdl_enter(PDL)
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     hh = tl.arange(0, HP)
     tmask = tok < BT
@@ -1632,11 +1678,13 @@ def _prune_prefix7(configs, named_args, **kwargs):
 @triton.jit
 def _prefix7_kernel(buf_ptr, s_ptr, p_ptr, lse_ptr, n_buf, buf_stride, s_stride, BT, K, NB, D: tl.constexpr,
                     H: tl.constexpr, DH: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, HP: tl.constexpr,
-                    DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr, JC: tl.constexpr):
+                    DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr, JC: tl.constexpr,
+                    PDL: tl.constexpr = False):
     """Partials of K consecutive reads over buf[0:n_buf) in one pass: s_ptr points at S[0, k0] (read k0 + i's
     scores of slot j at + j * s_stride + i * BT * H). The reads are a leading tile dimension: each element of
     a source is loaded once and mixed into K accumulators (K multiply-adds). Writes P (K, BT, D) (each read's
     normalised partial mix) and lse (K, BT, H) fp32."""
+    _pdl_enter(PDL)
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     hh = tl.arange(0, HP)
     tmask = tok < BT
@@ -1693,3 +1741,7 @@ def prefix7_fwd(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf: int,
     _launch(_prefix7_kernel, ("p7fwd", D, H, nb, *flags.values(), str(buf.dtype), str(out_dtype)), grid, args, flags)
     LAUNCHES["prefix7_fwd"] += 1
     return P, lse
+
+
+# the kernels that begin with ``_pdl_enter`` (``_launch`` gives them ``_pdl_kwargs``)
+_PDL_KERNELS = (_append_kernel, _fwd7_kernel, _prefix7_kernel, _stash_kernel, _src_bwd_kernel, _src_group_bwd_kernel)
