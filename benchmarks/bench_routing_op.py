@@ -12,6 +12,11 @@ Columns: ms (median, triton.testing.do_bench; ``--graph 1``: median CUDA-graph r
 write the output; bwd: read n sources and dout, write n source gradients), effective
 GB/s = min_bytes / time and its fraction of the measured HBM copy bandwidth.
 
+An implementation name ending in ``_pdl`` (``fused_t_g4_sg8_pdl``) is the same kernels launched with programmatic
+dependent launch (``MHAR_ROUTING_PDL=1`` while its case runs; the others keep the caller's setting, off by
+default): ``--impls fused_t_g4_sg8 fused_t_g4_sg8_pdl`` compares both in one call; ``routing_env`` records each
+row's kernel settings.
+
 Default: ``fused`` (kernels v6) and ``fused_v5`` side by side, microbatch mode; ``model_gb`` / ``model_gbps``
 are the bytes of each kernel version's byte model (``v6_bytes`` / ``v5_bytes``, as in traffic_bound.py) and
 the bandwidth they are moved at (``--graph 1``: CUDA-graph replays, kernel time only).
@@ -22,6 +27,8 @@ the bandwidth they are moved at (``--graph 1``: CUDA-graph replays, kernel time 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +36,34 @@ import triton.testing
 
 from benchmarks.common import add_out_args, env_columns, existing_rows, measure_hbm_bandwidth, tuned_lines, write_csv
 from mhar.config import PRESETS
-from mhar.routing import get_router
+from mhar.routing import get_router, kernel_env
+
+PDL_SUFFIX = "_pdl"
+
+
+def split_pdl(impl: str) -> tuple[str, bool]:
+    """``fused_t_g4_sg8_pdl`` -> (``fused_t_g4_sg8``, True): the kernels, and whether they run with programmatic
+    dependent launch; other names -> (impl, False)."""
+    if impl.startswith("fused") and impl.endswith(PDL_SUFFIX):
+        return impl[: -len(PDL_SUFFIX)], True
+    return impl, False
+
+
+@contextlib.contextmanager
+def pdl_setting(on: bool):
+    """MHAR_ROUTING_PDL=1 inside the block if ``on`` (restored after); else the caller's setting unchanged."""
+    if not on:
+        yield
+        return
+    old = os.environ.get("MHAR_ROUTING_PDL")
+    os.environ["MHAR_ROUTING_PDL"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["MHAR_ROUTING_PDL"]
+        else:
+            os.environ["MHAR_ROUTING_PDL"] = old
 
 MICROBATCH = {"100M": (8, 2048), "350M": (4, 1024), "1B": (2, 1024), "debug": (2, 64), "tiny": (2, 128)}
 
@@ -256,6 +290,15 @@ def graph_ms(fn, warmup: int = 3, reps: int = 30) -> float:
 
 
 def bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
+    """One row: ``impl`` (an ``_pdl`` suffix: with programmatic dependent launch) on case ``c``."""
+    kernels, pdl = split_pdl(impl)
+    with pdl_setting(pdl):
+        row = _bench_case(c, kernels, mode, graph)
+        row.update(impl=impl, routing_env=" ".join(f"{k}={v}" for k, v in kernel_env().items()))
+    return row
+
+
+def _bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
     router = _router(impl)
     srcs, qs, gs = _inputs(c)
     if mode == "read":  # one read over N sources; the state (N appends) is built per call, as in a forward

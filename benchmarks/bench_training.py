@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -46,7 +47,24 @@ VARIANTS = {
     "mhar_fused_v7_sg8": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},  # v7 + source groups of 8
     "mhar_fused_v7_sg8_norm": {"variant": "mhar", "routing_impl": "fused_v7_sg8_norm"},  # + pre-norm in the read
     "mhar_fused_v7_sg8_ts": {"variant": "mhar", "routing_impl": "fused_v7_sg8_ts"},  # group pass: table scores
+    # fused_v7_sg8 with programmatic dependent launch (MHAR_ROUTING_PDL=1 in its process: VARIANT_ENV)
+    "mhar_fused_v7_sg8_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
 }
+# kernel settings (mhar.routing.kernel_env) of a variant's process, over the caller's environment; every other
+# variant runs with the caller's. A row records its process's settings in ``routing_env``.
+VARIANT_ENV = {"mhar_fused_v7_sg8_pdl": {"MHAR_ROUTING_PDL": "1"}}
+
+
+def variant_env(variant: str) -> dict:
+    """The environment of the process that runs ``variant`` (the caller's, plus VARIANT_ENV's settings)."""
+    return {**os.environ, **VARIANT_ENV.get(variant, {})}
+
+
+def routing_env_column() -> str:
+    """This process's ``MHAR_ROUTING_*`` settings as one CSV cell ("K=V K=V"; empty: the defaults)."""
+    from mhar.routing import kernel_env
+
+    return " ".join(f"{k}={v}" for k, v in kernel_env().items())
 
 
 def residual_for(variant: str, heads: int) -> dict:
@@ -108,7 +126,7 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
                 params=model.num_params(), steps=steps, step_ms=round(1e3 * dt / steps, 2),
                 tokens_per_s=round(steps * B * T / dt, 1), peak_mem_gib=round(peak, 3),
                 warmup_s=round(warm_s, 1), final_loss=round(res.loss, 4), status="ok",
-                step_plan=plan.describe(), cuda_graph=int(plan.cuda_graph))
+                step_plan=plan.describe(), cuda_graph=int(plan.cuda_graph), routing_env=routing_env_column())
 
 
 def trainer_config(size: str, variant: str, heads: int, steps: int, device: str) -> dict:
@@ -135,17 +153,19 @@ def run_trainer(size: str, variant: str, heads: int, steps: int, device: str, wo
     cfg_path = workdir / f"{size}-{variant}.yaml"
     cfg_path.write_text(dump_yaml(trainer_config(size, variant, heads, steps, device)))
     cmd = [sys.executable, "-m", "mhar.train", str(cfg_path), "--out", str(run_dir)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=variant_env(variant))
     if p.returncode != 0:
         err = (p.stderr.strip().splitlines() or ["no output"])[-1]
         print(p.stderr[-3000:], file=sys.stderr)
         return dict(status="OOM" if "OutOfMemory" in p.stderr else f"error: {err[:200]}")
     s = json.loads((run_dir / "summary.json").read_text())
+    prov = json.loads((run_dir / "provenance.json").read_text()) if (run_dir / "provenance.json").exists() else {}
     B, T = MICROBATCH[size]
     return dict(heads=heads if variant != "baseline" else 0, B=B, T=T, params=s["params"],
                 steps=s.get("steady_steps"), step_ms=s.get("step_ms"), tokens_per_s=s.get("steady_tokens_per_s"),
                 peak_mem_gib=s.get("peak_mem_gb"), final_loss=s.get("final_val_loss"), status="ok",
-                step_plan=s.get("step_plan"), mfu=s.get("mfu"))
+                step_plan=s.get("step_plan"), mfu=s.get("mfu"),
+                routing_env=" ".join(f"{k}={v}" for k, v in (prov.get("routing_env") or {}).items()))
 
 
 def main(argv=None) -> None:
@@ -184,8 +204,8 @@ def main(argv=None) -> None:
     env = env_columns("benchmarks.bench_training", argv)
     rows = []
     keys = ["size", "variant", "mode", "repeat", "heads", "B", "T", "params", "steps", "step_ms", "tokens_per_s",
-            "peak_mem_gib", "thr_ratio", "mem_ratio", "mfu", "step_plan", "cuda_graph", "warmup_s", "final_loss",
-            "status", "wall_s"]
+            "peak_mem_gib", "thr_ratio", "mem_ratio", "mfu", "step_plan", "cuda_graph", "routing_env", "warmup_s",
+            "final_loss", "status", "wall_s"]
 
     def add(row: dict) -> None:
         base = next((r for r in rows if r["size"] == row["size"] and r["variant"] == "baseline"
@@ -217,7 +237,7 @@ def main(argv=None) -> None:
                "--device", args.device, "--backend", args.backend, "--graph", str(args.graph)]
         t0 = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=variant_env(variant))
             lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
             if lines:
                 row = json.loads(lines[-1][7:])

@@ -23,6 +23,10 @@
 #   summary                    snakemake --summary all: every output file of the workflow with its state
 #   pytest:ARGS                python -m pytest ARGS (verbose, short tracebacks), appended to tests_gpu.log
 #   pack                       the workflow's small records (no weights) + reports/gpu_small -> $OUT/gpu_small.tgz
+#   packcache                  the compile caches (.gpucache: inductor, Triton) -> $OUT/gpucache.tgz if at most
+#                              $CACHE_MB (default 48) MiB: unpacked into .gpucache/ here and carried
+#                              (`carry: [".gpucache"]`), the next call's compiles start warm. Only the warm-up
+#                              (compile) time changes: every timing is of steps / replays after warm-up.
 # Data for the workflow: $MHAR_DATA_DIR (default .gpudata/data when present: a copy of the needed files of
 # shared/data; the device tool keeps a carried folder only for the call that carries it).
 set -o pipefail
@@ -30,6 +34,8 @@ export PYTHONPATH=".:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TO
 # (exported only when the folder is there: the trainer refuses a data directory that does not exist)
 if [ -z "${MHAR_DATA_DIR:-}" ] && [ -d .gpudata/data ]; then export MHAR_DATA_DIR=$PWD/.gpudata/data; fi
 export PATH="/tmp/site/bin:$PATH"
+# compile caches in the repository's .gpucache/ (git-ignored; see packcache): a carried one starts warm
+export TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor TRITON_CACHE_DIR=$PWD/.gpucache/triton
 OUT=${OUT:-results/gpu/session}
 mkdir -p "$OUT"
 SMK=(python3 -m snakemake --configfile config/gpu_small.yaml --profile profiles/local --resources nvidia_gpu=${GPU_JOBS:-4}
@@ -100,5 +106,10 @@ for stage in "$@"; do
       find results/runs results/eval results/logs reports/gpu_small -type f \
         ! -name '*.pt' ! -name '*.safetensors' ! -path '*/checkpoint/*' 2>/dev/null > /tmp/pack.list
       tar czf "$OUT/gpu_small.tgz" -T /tmp/pack.list && ls -la "$OUT/gpu_small.tgz" ;;
+    packcache)
+      tar czf /tmp/gpucache.tgz -C .gpucache . 2>/dev/null
+      mb=$(( $(stat -c %s /tmp/gpucache.tgz 2>/dev/null || echo 0) / 1048576 ))
+      if [ "$mb" -le "${CACHE_MB:-48}" ]; then mv /tmp/gpucache.tgz "$OUT/gpucache.tgz"; echo "gpucache.tgz: $mb MiB"
+      else echo "compile caches: $mb MiB packed, over CACHE_MB=${CACHE_MB:-48}: not kept"; fi ;;
   esac
 done

@@ -5,7 +5,8 @@
 
 Keys: ``time_utc``, ``hostname``, ``command`` (argv), ``cwd``, ``git`` ({commit, dirty, root}),
 ``packages`` ({python, torch, triton, numpy, mhar, ...}), ``hardware`` ({platform, cpu, cpu_count,
-cuda_available, cuda, cudnn, gpus: [{name, memory_gb}], driver}), and, when a config is given,
+cuda_available, cuda, cudnn, gpus: [{name, memory_gb}], driver}), ``routing_env`` (the fused kernels'
+``MHAR_ROUTING_*`` settings), and, when a config is given,
 ``config`` and ``config_hash`` (``mhar.config.config_hash`` of it). Nothing here raises: a piece that
 cannot be determined is recorded as ``None``.
 """
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["collect_provenance", "git_info", "package_versions", "hardware_info", "utc_now"]
+__all__ = ["collect_provenance", "routing_env", "git_info", "package_versions", "hardware_info", "utc_now"]
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 _PACKAGES = ("torch", "triton", "numpy", "mhar", "datasets", "tokenizers", "transformers", "lm_eval", "pyyaml")
@@ -108,6 +109,17 @@ def hardware_info() -> dict:
     return info
 
 
+def routing_env() -> Optional[dict]:
+    """The fused routing kernels' ``MHAR_ROUTING_*`` settings of this process (``mhar.routing.kernel_env``): they
+    change a run's speed (autotuning, launch mode), not its results. None if it cannot be determined."""
+    try:
+        from .routing import kernel_env
+
+        return kernel_env()
+    except Exception:  # provenance must never break a run
+        return None
+
+
 def collect_provenance(config: Optional[dict] = None) -> dict:
     """Everything needed to say where a result came from (see module docstring)."""
     prov: dict[str, Any] = {
@@ -118,6 +130,7 @@ def collect_provenance(config: Optional[dict] = None) -> dict:
         "git": git_info(),
         "packages": package_versions(),
         "hardware": hardware_info(),
+        "routing_env": routing_env(),
     }
     if config is not None:
         from .config import config_hash

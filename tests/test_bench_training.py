@@ -119,3 +119,29 @@ def test_append_keeps_the_record_and_merges_columns(tmp_path):
     bad.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(SystemExit):
         existing_rows(bad, append=True)
+
+
+def test_variant_env_reaches_its_process_and_its_rows(tmp_path, monkeypatch):
+    """A variant's kernel settings (VARIANT_ENV) are set in the processes that run it (benchmark and trainer) and
+    in no other; each row records its own process's MHAR_ROUTING_* settings (``routing_env``)."""
+    from benchmarks import bench_training
+    monkeypatch.chdir(ROOT)
+    for k in [k for k in __import__("os").environ if k.startswith("MHAR_ROUTING_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setitem(bench_training.VARIANT_ENV, "mhar_eager", {"MHAR_ROUTING_AUTOTUNE": "0"})
+    out = tmp_path / "training.csv"
+    bench_training.main(["--sizes", "debug", "--variants", "baseline", "mhar_eager", "--device", "cpu",
+                         "--backend", "none", "--steps", "1", "--warmup", "1", "--graph", "0",
+                         "--trainer-steps", "6", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["variant"], r["mode"], r["routing_env"]) for r in rows] == [
+        ("baseline", "step", ""), ("baseline", "trainer", ""),
+        ("mhar_eager", "step", "MHAR_ROUTING_AUTOTUNE=0"), ("mhar_eager", "trainer", "MHAR_ROUTING_AUTOTUNE=0")]
+
+
+def test_pdl_variant_is_the_paper_routing_with_pdl_on():
+    from benchmarks import bench_training
+    assert bench_training.VARIANTS["mhar_fused_v7_sg8_pdl"] == bench_training.VARIANTS["mhar_fused_v7_sg8"]
+    assert bench_training.variant_env("mhar_fused_v7_sg8_pdl")["MHAR_ROUTING_PDL"] == "1"
+    assert bench_training.variant_env("mhar_fused_v7_sg8").get("MHAR_ROUTING_PDL") == \
+        __import__("os").environ.get("MHAR_ROUTING_PDL")

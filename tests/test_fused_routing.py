@@ -1133,14 +1133,31 @@ def test_gpu_fwd7_prenorm_every_launch_config(D, H, monkeypatch):
 
 
 # Programmatic dependent launch (PDL) of the v7 path's kernels.
-def test_pdl_off_without_cuda_and_by_environment(monkeypatch):
+def test_pdl_only_when_asked_for_on_sm90(monkeypatch):
+    """Programmatic dependent launch is opt-in: MHAR_ROUTING_PDL=1 on a CUDA device of capability >= 9.0, never on
+    the CPU or under the interpreter; off when unset or 0; any other value is an error naming the variable."""
     from mhar.routing import _kernels as K
+    cap = {"major": 9}
+    monkeypatch.setattr(K, "_PDL_ON", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (cap["major"], 0))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("MHAR_ROUTING_PDL", raising=False)
+    cuda0 = torch.device("cuda", 0)
+    assert not K.pdl_enabled(cuda0)  # off by default
+    monkeypatch.setenv("MHAR_ROUTING_PDL", "0")
+    assert not K.pdl_enabled(cuda0)
+    monkeypatch.setenv("MHAR_ROUTING_PDL", "1")
+    assert K.pdl_enabled(cuda0)
     assert not K.pdl_enabled(torch.device("cpu"))
-    monkeypatch.setenv("MHAR_ROUTING_PDL", "0")  # checked before the device is queried
-    assert not K.pdl_enabled(torch.device("cuda", 0))
-    monkeypatch.delenv("MHAR_ROUTING_PDL")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not K.pdl_enabled(torch.device("cuda", 0))
+    assert not K.pdl_enabled(cuda0)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(K, "_PDL_ON", {})
+    cap["major"] = 8  # Ampere: no griddepcontrol
+    assert not K.pdl_enabled(cuda0)
+    monkeypatch.setenv("MHAR_ROUTING_PDL", "yes")
+    with pytest.raises(ValueError, match="MHAR_ROUTING_PDL='yes'"):
+        K.pdl_enabled(cuda0)
 
 
 def test_launch_passes_pdl_to_the_kernels_that_wait(monkeypatch):
@@ -1175,9 +1192,10 @@ def test_launch_passes_pdl_to_the_kernels_that_wait(monkeypatch):
 @pytest.mark.parametrize("D,H,n", [(1280, 8, 12), (512, 8, 25)])
 def test_gpu_pdl_launches_equal_serial_launches(monkeypatch, D, H, n):
     """The paper configs' routing (fused_v7_sg8: table, forward groups of 4, source groups of 8) with
-    programmatic dependent launch gives bit-for-bit the outputs and gradients of ordinary launches, eagerly and
-    replayed from a CUDA graph (on sm_90+, where it is on by default)."""
+    programmatic dependent launch (MHAR_ROUTING_PDL=1) gives bit-for-bit the outputs and gradients of ordinary
+    launches, eagerly and replayed from a CUDA graph (sm_90+)."""
     from mhar.routing import _kernels as K
+    monkeypatch.setenv("MHAR_ROUTING_PDL", "1")
     if not K.pdl_enabled(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs sm_90 or later")
     base = _inputs(2, 256, D, n, torch.bfloat16, False, False, seed=3)

@@ -3,6 +3,7 @@ assumes are the reads a real model makes, and the bound follows from bytes, band
 from __future__ import annotations
 
 import csv
+import os
 
 import pytest
 import torch
@@ -221,3 +222,29 @@ def test_profile_cli_prints_each_kernels_fraction_of_hbm(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error:")
     assert tb.main(["--profile", str(tmp_path / "none.json"), "--hbm-gbps", "4000"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_op_bench_pdl_names_run_the_same_kernels_with_pdl_on(monkeypatch):
+    """``fused_t_g4_sg8_pdl``: the kernels of ``fused_t_g4_sg8`` (router, byte model) timed with
+    MHAR_ROUTING_PDL=1, which is restored afterwards; the row names the impl as asked and its kernel settings."""
+    from benchmarks import bench_routing_op as B
+
+    assert B.split_pdl("fused_t_g4_sg8_pdl") == ("fused_t_g4_sg8", True)
+    assert B.split_pdl("fused_t_g4_sg8") == ("fused_t_g4_sg8", False) and B.split_pdl("eager") == ("eager", False)
+    monkeypatch.delenv("MHAR_ROUTING_PDL", raising=False)
+    seen = []
+
+    def fake(c, impl, mode, graph=False):
+        seen.append((impl, os.environ.get("MHAR_ROUTING_PDL")))
+        return {"impl": impl}
+    monkeypatch.setattr(B, "_bench_case", fake)
+    c = B.Case("debug", 2, 64, 64, 2, 5)
+    r1 = B.bench_case(c, "fused_t_g4_sg8_pdl", "microbatch")
+    r0 = B.bench_case(c, "fused_t_g4_sg8", "microbatch")
+    assert seen == [("fused_t_g4_sg8", "1"), ("fused_t_g4_sg8", None)]
+    assert "MHAR_ROUTING_PDL" not in os.environ
+    assert r1["impl"] == "fused_t_g4_sg8_pdl" and "MHAR_ROUTING_PDL=1" in r1["routing_env"]
+    assert r0["impl"] == "fused_t_g4_sg8" and "MHAR_ROUTING_PDL" not in r0["routing_env"]
+    monkeypatch.setenv("MHAR_ROUTING_PDL", "0")  # the caller's setting comes back after a _pdl case
+    B.bench_case(c, "fused_t_g4_sg8_pdl", "microbatch")
+    assert seen[-1] == ("fused_t_g4_sg8", "1") and os.environ["MHAR_ROUTING_PDL"] == "0"

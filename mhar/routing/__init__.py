@@ -20,6 +20,7 @@ table: each source scored once for all reads, forward groups of 4; off by defaul
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
 import torch
@@ -27,7 +28,7 @@ from torch import Tensor
 
 from .reference import route_reference
 
-__all__ = ["Router", "EagerRouter", "CompiledRouter", "ROUTERS", "get_router", "route_reference", "register_router"]
+__all__ = ["kernel_env", "Router", "EagerRouter", "CompiledRouter", "ROUTERS", "get_router", "route_reference", "register_router"]
 
 
 class Router:
@@ -89,6 +90,15 @@ class CompiledRouter(EagerRouter):
 ROUTERS: dict[str, Callable[[], Router]] = {"eager": EagerRouter, "compile": CompiledRouter}
 V7_GROUP = 4  # reads per forward group of routing_impl "fused_v7" (the score table; byte model: traffic_bound)
 SOURCE_GROUP = 8  # consecutive sources per backward group pass of routing_impls "fused_sg8" / "fused_v7_sg8"
+
+
+KERNEL_ENV_PREFIX = "MHAR_ROUTING_"
+
+
+def kernel_env() -> dict[str, str]:
+    """The fused kernels' knobs set in this process (``MHAR_ROUTING_*``: autotuning, prefetch, groups,
+    programmatic dependent launch; docs/ARCHITECTURE.md), for provenance: they change speed, not results."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(KERNEL_ENV_PREFIX)}
 
 
 def register_router(name: str, factory: Callable[[], Router]) -> None:

@@ -36,21 +36,28 @@ LAUNCHES: Counter = Counter()
 _TUNED: dict = {}
 
 
-# Programmatic dependent launch (Hopper and later): the v7 path's kernels (append, score, fwd7, prefix7, stash,
-# write-once and source-group gradients) are launched with CUDA's programmatic stream serialization and begin
-# with ``_pdl_enter``: wait until the previous kernel has completed (griddepcontrol.wait: all its writes visible,
-# so every load of the kernel comes after it, and transitively after all earlier kernels), then let the next
-# kernel launch. The next kernel's launch and block scheduling then overlap this one's tail instead of
-# following its completion; the routing makes hundreds of small launches per microbatch (1B: ~390). Off under
-# the interpreter, on GPUs before sm_90, and with MHAR_ROUTING_PDL=0. Results do not change (each kernel still
-# reads only completed writes), and CUDA-graph capture keeps the launches' programmatic edges.
+# Programmatic dependent launch (Hopper and later), opt-in with MHAR_ROUTING_PDL=1: the v7 path's kernels (append,
+# score, fwd7, prefix7, stash, write-once and source-group gradients) are then launched with CUDA's programmatic
+# stream serialization and begin with ``_pdl_enter``: wait until the previous kernel has completed
+# (griddepcontrol.wait: all its writes visible, so every load of the kernel comes after it, and transitively after
+# all earlier kernels), then let the next kernel launch. The next kernel's launch and block scheduling then
+# overlap this one's tail instead of following its completion; the routing makes hundreds of small launches per
+# microbatch (1B: ~390). Results do not change (each kernel still reads only completed writes; CUDA-graph capture
+# keeps the launches' programmatic edges). Off by default until measured side by side in the training step
+# (2026-12-02i: the 1B routing op took 7.54 ms with it against 7.64-7.65 ms without in earlier sessions; no
+# same-call comparison, and neither its GPU equality test nor a training step with it has completed); never on
+# the CPU, under the interpreter or before sm_90.
+PDL_ENV = "MHAR_ROUTING_PDL"
 _PDL_ON: dict = {}
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether routing kernels on ``device`` are launched with programmatic dependent launch."""
-    if (device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-            or os.environ.get("MHAR_ROUTING_PDL") == "0"):
+    """Whether routing kernels on ``device`` are launched with programmatic dependent launch: only with
+    ``MHAR_ROUTING_PDL=1``, on a CUDA device of compute capability 9.0 or later, not under the interpreter."""
+    flag = os.environ.get(PDL_ENV, "").strip()
+    if flag not in ("", "0", "1"):
+        raise ValueError(f"{PDL_ENV}={flag!r}: set it to 1 (programmatic dependent launch on) or 0 / unset (off)")
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or flag != "1":
         return False
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _PDL_ON:
