@@ -166,7 +166,8 @@ def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
 
 
 def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1,
-             source_group: int = 1, table: bool = False, group_scores: bool = False) -> tuple[int, int]:
+             source_group: int = 1, table: bool = False, group_scores: bool = False,
+             async_scores: bool = False) -> tuple[int, int]:
     """(fwd, bwd) bytes of the v6 kernels for reads over ns sources (non-decreasing, each read the first to
     see its newest source), E = B*T*D elements per source. ``group`` > 1: forward prefix sharing (groups of
     that many reads: one pass over the first read's sources writes a partial per read, which each read reads
@@ -178,7 +179,10 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     read that sees it (fp32, H per token); the reads take their scores from the table (read twice: the max, then
     the mix) instead of the sums of squares, and the gradient kernel reads each (source, read) row once.
     ``group_scores`` (``_ts``: the source-group pass reads its sources' rows instead of recomputing the scores)
-    moves those row reads between kernels without changing their number: the same bytes."""
+    moves those row reads between kernels without changing their number: the same bytes. ``async_scores``
+    (``_async``: each source scored at its append): a group after the first stops its prefix before its first
+    read's newest source, which each of the group's reads then reads itself with its sums of squares (its own
+    scores); the table is read for the prefix only."""
     del group_scores  # (accepted so that every routing implementation's options reach the model)
     unit = sum(ns) * E * elt
     N = len(ns)
@@ -193,8 +197,10 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
         if K == 1:
             fwd += (ns[a] + 1) * E * elt + ns[a] * per_src  # read the sources, write the output
         else:  # prefix once, K partials written and read back, each read's newer sources and output
-            fwd += (ns[a] + 2 * K + sum(ns[i] - ns[a] + 1 for i in range(a, a + K))) * E * elt + \
-                sum(ns[i] - ns[a] for i in range(a, a + K)) * per_src + (K * ns[a] * 2 * sb if table else 0)
+            late = async_scores and table and a > 0 and ns[a] > 1  # the group's newest source after the prefix
+            p, new_src = (ns[a] - 1, ss) if late else (ns[a], per_src)
+            fwd += (p + 2 * K + sum(ns[i] - p + 1 for i in range(a, a + K))) * E * elt + \
+                sum(ns[i] - p for i in range(a, a + K)) * new_src + (K * p * 2 * sb if table else 0)
     # dL/dscore per (token, head, read, source), in the sources' dtype: written by the gradient kernel into one
     # (H, reads, sources x tokens) buffer, zeroed first and read whole (zeros too) by the single dW matmul
     dsr = sum(ns) * (E // D) * H * elt + 2 * N * N * (E // D) * H * elt
@@ -211,13 +217,16 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
 
 def _v6_options(impl: str) -> dict:
     """``fused_sgG`` -> source_group G; ``fused_gK_sgG`` -> group K and source_group G; a part ``t`` (``fused_t``,
-    ``fused_t_g4``): the v7 score table; a part ``ts`` (``fused_t_g4_sg8_ts``): the group pass reads its scores."""
+    ``fused_t_g4``): the v7 score table; a part ``ts`` (``fused_t_g4_sg8_ts``): the group pass reads its scores; a part ``async``
+    (``fused_t_g4_sg8_async``): each source scored at its append on a side stream."""
     opts = {}
     for part in impl[len("fused_"):].split("_"):
         if part == "t":
             opts["table"] = True
         elif part == "ts":  # (after "sgG"): the group pass reads the table's scores
             opts["group_scores"] = True
+        elif part == "async":  # each source scored at its append, on a side stream
+            opts["async_scores"] = True
         elif part.startswith("sg"):
             opts["source_group"] = int(part[2:])
         elif part.startswith("g"):

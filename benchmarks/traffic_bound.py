@@ -26,6 +26,9 @@ tests). One byte "unit" = sum_n n * E * 2 bytes. Moved per microbatch:
   sublayer's pre-norm into its read removes from the step (``PRENORM_SAVED`` source-sized passes per sublayer
   read: the norm's backward no longer writes dh and reads it back with h, and the read's kernel norms the rows it
   holds instead of a norm kernel reading the mix again); the final readout keeps its separate norm;
+  ``v7_g4_sg8_async`` (``routing_impl: fused_v7_sg8_async``): sources scored at their appends; each later group's
+  prefix stops one source early and its reads score the sources after their prefix themselves (more bytes
+  than ``v7_g4_sg8``; what it buys is the scoring off the critical path, which bytes do not show);
 * ``min``: any one-pass-per-read algorithm (``bench_routing_op.min_bytes``: forward reads the sources and
   writes the output, backward reads sources and dout and writes each source gradient once).
 
@@ -99,12 +102,15 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
         v6gs_f, v6gs_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V6_GROUP, source_group=SOURCE_GROUP)
         v7_f, v7_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True)
         v7s_f, v7s_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True, source_group=SOURCE_GROUP)
+        v7a_f, v7a_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True, source_group=SOURCE_GROUP,
+                                async_scores=True)
         for name, nbytes in (("v5", 4 * unit), ("v6", v6_f + v6_b), (f"v6_g{V6_GROUP}", v6g_f + v6g_b),
                              (f"v6_sg{SOURCE_GROUP}", v6s_f + v6s_b),
                              (f"v6_g{V6_GROUP}_sg{SOURCE_GROUP}", v6gs_f + v6gs_b),
                              (f"v7_g{V7_GROUP}", v7_f + v7_b), (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}", v7s_f + v7s_b),
                              (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}_norm",
                               v7s_f + v7s_b - PRENORM_SAVED * 2 * cfg["n_layers"] * E * BYTES_PER_ELT),
+                             (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}_async", v7a_f + v7a_b),
                              ("min", mb_f + mb_b)):
             ideal = nbytes / (hbm_gbps * 1e9) * 1e3
             row[f"{name}_gb"] = round(nbytes / 1e9, 3)

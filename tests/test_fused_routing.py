@@ -109,7 +109,8 @@ def _flat(p):
 
 
 def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, group=None, shared_backward=True,
-                  two_pass=False, algo="v6", lookahead=True, source_group=1, table=False, group_scores=False):
+                  two_pass=False, algo="v6", lookahead=True, source_group=1, table=False, group_scores=False,
+                  async_scores=False):
     """``algo`` "v6" (routing_impl 'fused'): with ``lookahead`` every read is source-major (write-once source
     gradients); without, only the first is and the others run the v5 backward for their own part (the
     fallback). "v5" (routing_impl 'fused_v5'): ``group`` / ``shared_backward`` / ``two_pass`` as before."""
@@ -125,7 +126,7 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
             router = (fused_mod.FusedRouter(algo="v5", group=group, shared_backward=shared_backward,
                                             two_pass=two_pass) if algo == "v5"
                       else fused_mod.FusedRouter(group=group, source_group=source_group, table=table,
-                                                 group_scores=group_scores))
+                                                 group_scores=group_scores, async_scores=async_scores))
         else:
             router = get_router(impl)
         la = group is not None if algo == "v5" else lookahead
@@ -165,7 +166,14 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
         if table and lookahead and not with_null:  # v7: every buffered source scored once; table reads
             assert fused_mod.LAUNCHES["score"] - launches.get("score", 0) == n_reads
             n_fwd7 = fused_mod.LAUNCHES["route_fwd7"] - launches.get("route_fwd7", 0)
-            assert n_fwd7 == n_reads - sum(1 for i in range(n_reads) if with_extra and i % 2 == 1), n_fwd7
+            n_ahead = fused_mod.LAUNCHES["score_ahead"] - launches.get("score_ahead", 0)
+            if async_scores:  # every source appended after the anchor read is scored at its append; the reads
+                # that mix a source whose table row was not joined yet score it themselves (v6 kernel)
+                assert n_ahead == n_reads - 1, n_ahead
+                assert n_fwd7 < n_reads - sum(1 for i in range(n_reads) if with_extra and i % 2 == 1) or n_reads == 1
+            else:
+                assert n_ahead == 0
+                assert n_fwd7 == n_reads - sum(1 for i in range(n_reads) if with_extra and i % 2 == 1), n_fwd7
         elif table:
             assert fused_mod.LAUNCHES["score"] - launches.get("score", 0) == 0
     else:
@@ -306,7 +314,8 @@ def _model_grads(variant, impl, heads, seed=0, **res):
     ("mhar_delta", 4, {"delta_block_layers": 1}),
     ("mhar_hw", 1, {}),
 ])
-@pytest.mark.parametrize("impl", ["fused", "fused_v5", "fused_sg4", "fused_v7", "fused_v7_sg8_norm"])
+@pytest.mark.parametrize("impl", ["fused", "fused_v5", "fused_sg4", "fused_v7", "fused_v7_sg8_norm",
+                                  "fused_v7_sg8_async"])
 def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
     """A debug model with routing_impl='fused' (v6) / 'fused_v5' / 'fused_sg4' (v6, source groups of 4) /
     'fused_v7' (score table, forward groups of 4) / 'fused_v7_sg8_norm' (+ source groups of 8, the sublayers'
@@ -336,6 +345,8 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
         assert fused_mod.LAUNCHES["prenorm_stash"] - launches.get("prenorm_stash", 0) == n_sub
         assert ran["stash"] == fused_mod._Read.calls - calls - n_sub  # the readout's plain stash
         assert fused_mod.LAUNCHES["route_fwd7_prenorm"] > launches.get("route_fwd7_prenorm", 0)  # in the table read
+    if impl == "fused_v7_sg8_async" and variant in ("mhar", "attnres"):  # sources scored at their appends
+        assert fused_mod.LAUNCHES["score_ahead"] > launches.get("score_ahead", 0)
     logits_e, grads_e = _model_grads(variant, "eager", heads, **res)
     assert rel(logits_f, logits_e) <= 1e-5
     assert grads_f.keys() == grads_e.keys()
@@ -355,7 +366,7 @@ def test_model_fused_v7_sg8_ts_matches_eager():
         assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
 
 
-@pytest.mark.parametrize("impl", ["fused_sg8", "fused_v7_sg8", "fused_v7_sg8_norm"])
+@pytest.mark.parametrize("impl", ["fused_sg8", "fused_v7_sg8", "fused_v7_sg8_norm", "fused_v7_sg8_async"])
 def test_model_fused_inference_matches_eager(impl):
     """The paper configs' MHAR H=8 routers in inference (no autograd; v7 still scores into its table): the full
     forward's hidden states and a KV-cached prefill + decode steps equal the eager router's (fp32)."""
@@ -531,6 +542,38 @@ def test_v7_many_sources():
     """N from 1 to 73 with the table and groups of 8 (tiny B*T*D keeps the interpreter fast)."""
     _check_router(1, 3, 16, 2, n_reads=73, dtype=torch.float32, with_null=False, with_extra=False, seed=71,
                   group=8, table=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,B,T,D,H,K,with_extra,G", [
+    (9, 1, 37, 48, 1, 4, False, 8),  # single head of width 48 (tensor-core dots), odd T; groups of 4 (2 + a 1)
+    (6, 2, 9, 96, 2, 2, False, 1),  # two heads of width 48; groups of 2; one pass per source
+    (7, 1, 13, 48, 4, 3, True, 1),  # heads of width 12 (no dots); groups of 3, 3, 1; extra sources
+    (13, 2, 7, 256, 8, 4, False, 8),  # eight heads of width 32, the paper configs' groups
+])
+def test_v7_async_scores(N, B, T, D, H, K, with_extra, G, dtype):
+    """routing_impl "fused_v7_sg8_async" (FusedRouter(async_scores=True)): each source appended after the anchor
+    read is scored at its append (a side stream on the GPU); a group's prefix stops before its first read's
+    newest source and the reads score the sources after their prefix themselves: outputs and every gradient as
+    the float64 reference."""
+    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=with_extra, seed=11 * N + H,
+                  group=K, table=True, source_group=G, async_scores=True)
+
+
+def test_v7_async_scores_many_sources():
+    """N from 1 to 73 (the 1B read count) with async scoring, groups of 4 and source groups of 8."""
+    _check_router(1, 3, 16, 2, n_reads=73, dtype=torch.float32, with_null=False, with_extra=False, seed=73,
+                  group=4, table=True, source_group=8, async_scores=True)
+
+
+def test_v7_async_scores_options():
+    """async_scores needs the table and forward groups; the registry's "fused_v7_sg8_async" has all three."""
+    r = get_router("fused_v7_sg8_async")
+    assert r.async_scores and r.table and r.group == 4 and r.source_group == 8
+    with pytest.raises(ValueError, match="async_scores"):
+        fused_mod.FusedRouter(async_scores=True)
+    with pytest.raises(ValueError, match="async_scores"):
+        fused_mod.FusedRouter(table=True, async_scores=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -966,7 +1009,8 @@ def test_v6_router_has_no_v5_options():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("impl,group", [("fused", 1), ("fused", 3), ("fused_v5", 1), ("fused_v5", 3)])
+@pytest.mark.parametrize("impl,group", [("fused", 1), ("fused", 3), ("fused_v5", 1), ("fused_v5", 3),
+                                        ("fused_v7_sg8_async", 4)])
 def test_gpu_cuda_graph_replay(impl, group, monkeypatch):
     """Forward + backward of a fused-routing MHAR model captured in one CUDA graph (as bench_training does) and
     replayed on new token ids gives the loss and parameter gradients of an eager step on those ids."""
@@ -1009,6 +1053,29 @@ def test_gpu_cuda_graph_replay(impl, group, monkeypatch):
     assert rel(loss_g, loss_e) <= 1e-6
     for n, p in model.named_parameters():
         assert rel(grads_g[n], p.grad) <= 1e-5 if p.grad.norm() > 0 else grads_g[n].norm() == 0, n
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("D", [1280, 1024])
+def test_gpu_v7_async_scores_wait_for_slow_scoring(D, monkeypatch):
+    """async_scores on the GPU: the scoring launched at each append runs on a side stream. Delayed there by a
+    spin kernel (~1 ms) before every scoring, it still gives the reference's outputs and gradients: every
+    reader of the table waits for it (a missing join would read the uninitialised table), and the reads that
+    cannot wait score their newest sources themselves."""
+    real = fused_mod.score_sources
+
+    def slow(*a, **kw):
+        if torch.cuda.current_stream() != torch.cuda.default_stream() and torch.cuda.current_stream() in \
+                fused_mod._SIDE_STREAMS.values():
+            torch.cuda._sleep(2_000_000)
+        return real(*a, **kw)
+    monkeypatch.setattr(fused_mod, "score_sources", slow)
+    launches = fused_mod.LAUNCHES["score_ahead"]
+    _check_router(1, 512, D, 8, n_reads=25, dtype=torch.bfloat16, with_null=False, with_extra=False, seed=D,
+                  group=4, table=True, source_group=8, async_scores=True)
+    assert fused_mod.LAUNCHES["score_ahead"] - launches == 24
+    assert fused_mod._SIDE_STREAMS  # the side stream was used
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -248,3 +248,30 @@ def test_op_bench_pdl_names_run_the_same_kernels_with_pdl_on(monkeypatch):
     monkeypatch.setenv("MHAR_ROUTING_PDL", "0")  # the caller's setting comes back after a _pdl case
     B.bench_case(c, "fused_t_g4_sg8_pdl", "microbatch")
     assert seen[-1] == ("fused_t_g4_sg8", "1") and os.environ["MHAR_ROUTING_PDL"] == "0"
+
+
+def test_async_scores_byte_model_by_hand():
+    """fused_t_g4_sg8_async: every group after the first stops its prefix one source early, so each of its K reads
+    reads that source itself, and every read scores the sources after its prefix itself (their sums of squares
+    instead of table rows)."""
+    from benchmarks.bench_routing_op import model_bytes
+
+    ns, E, D, H = [1, 2, 3, 4, 5, 6, 7, 8], 4000, 40, 2
+    elt, ss, sb = 2, (E // D) * 4, (E // D) * H * 4
+    f0, b0 = model_bytes("fused_t_g4_sg8", ns, E, H, D)
+    f1, b1 = model_bytes("fused_t_g4_sg8_async", ns, E, H, D)
+    assert b1 == b0
+    # one later group (reads 4..7 over 5..8 sources, K = 4): the prefix reads 4 sources instead of 5 (-1 row) and
+    # the reads 2 + 3 + 4 + 5 = 14 rows after it instead of 1 + 2 + 3 + 4 = 10 (+4 rows); those 14 - 4 = 10 sources
+    # are scored by each read itself (their sums of squares) where 6 took two score rows each from the table;
+    # the prefix kernel reads the table for 4 sources, not 5 (-4 reads x 2 rows)
+    assert f1 - f0 == 3 * E * elt + 10 * ss - 6 * 2 * sb - 4 * 2 * sb
+
+
+def test_op_bench_names_async_scores():
+    """bench_routing_op's ``fused_t_g4_sg8_async`` is the router of routing_impl fused_v7_sg8_async."""
+    from benchmarks.bench_routing_op import _router
+
+    r = _router("fused_t_g4_sg8_async")
+    assert (r.table, r.group, r.source_group, r.async_scores) == (True, 4, 8, True)
+    assert not _router("fused_t_g4_sg8").async_scores

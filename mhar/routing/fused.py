@@ -386,6 +386,8 @@ class _V6:
     W_split: Optional[tuple] = None  # v7: W as score_sources takes it (hi / lo parts in the sources' dtype)
     scored: int = 0  # slots 0..scored-1 have their rows s_lo[j].. of S
     s_lo: dict = field(default_factory=dict)  # slot -> first read whose score row was computed
+    pending: set = field(default_factory=set)  # async_scores: slots scored at their append, not yet joined
+    events: dict = field(default_factory=dict)  # async_scores: slot -> CUDA event after its scoring (side stream)
 
 
 # Widest head (D / H columns) that uses source groups: the group kernel holds a head's columns for a group's
@@ -427,6 +429,35 @@ def _table(v: "_V6", slot: int, k_first: int) -> Optional[Tensor]:
     if v.S is None or v.s_lo.get(slot, v.K) > k_first:
         return None
     return v.S[slot]
+
+
+# async_scores: one side stream per CUDA device for the scoring launches made at appends
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device):
+    """The side stream of ``device`` for scoring at appends, or None (CPU / interpreter: score in order)."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SIDE_STREAMS:
+        _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
+    return _SIDE_STREAMS[idx]
+
+
+def _join_scores(v: "_V6", device: torch.device, upto: Optional[int] = None) -> None:
+    """async_scores: the current stream waits for the side-stream scoring of the pending slots <= ``upto``
+    (all pending slots: None). One side stream runs them in order, so waiting for the newest one's event is
+    enough; afterwards those slots' table rows may be read."""
+    todo = [slot for slot in v.pending if upto is None or slot <= upto]
+    if not todo:
+        return
+    ev = v.events.get(max(todo))
+    if ev is not None:
+        torch.cuda.current_stream(device).wait_event(ev)
+    for slot in todo:
+        v.pending.discard(slot)
+        v.events.pop(slot, None)
 
 
 class _Read6(torch.autograd.Function):
@@ -488,6 +519,8 @@ class _Read6(torch.autograd.Function):
             dout = torch.zeros_like(out)
         dout2 = dout.reshape(BT, D).contiguous()
         dq = dg = dQr = dGr = dnull = dextra = dpn_w = None
+        if v.pending:  # async_scores: reads were left unissued; the gradient kernels read the table
+            _join_scores(v, st.buf.device)
         if k >= 0:
             if v.k_hi is None:  # the newest source-major read to reach backward runs first
                 v.k_hi = k + 1
@@ -638,13 +671,26 @@ class FusedRouter(Router):
     configuration but no faster: the group kernel is latency bound at 12.5% occupancy (Nsight Compute), so
     fewer instructions do not show (1B step's group passes 2.341 ms vs 2.249 ms for fused_v7_sg8, two
     sessions). Opt-in, not recommended.
+    async_scores (routing_impl "fused_v7_sg8_async"; needs table and forward groups; opt-in, not yet timed on
+    the GPU): the scoring kernel is latency bound (0.78 ms per 1B microbatch for 0.56 GB, results/bench/NOTES.md)
+    and sits between each append and the next read. With this option a source appended after the anchor read
+    is scored at its append, on a side stream (``_score_ahead``), so the scoring overlaps the next sublayer's
+    work; the reads that would need its table row before it can be joined do without it: a group's prefix
+    (``prefix7_fwd``) stops before the group's newest source, and each read mixes the sources after its prefix
+    with scores of its own (the v6 kernel, ``route_fwd``, continuing the prefix partial). The prefix waits for
+    the side stream's scoring of its sources (``_join_scores``: an event per scoring), the last announced read
+    for all of it (so a CUDA-graph capture rejoins its side stream), and so does any backward that finds
+    scoring pending. Same math; the scores a read forms itself equal the table's to fp32 rounding. Bytes: each
+    later group reads its first read's newest source once per read instead of once (byte model
+    ``v6_bytes(async_scores=True)``). On the CPU the scoring runs in order at the append.
     """
 
     name = "fused"
 
     def __init__(self, grad_dtype: Optional[torch.dtype] = None, group: Optional[int] = None,
                  shared_backward: Optional[bool] = None, two_pass: bool = False, algo: str = "v6",
-                 source_group: int = 1, table: bool = False, prenorm: bool = False, group_scores: bool = False):
+                 source_group: int = 1, table: bool = False, prenorm: bool = False, group_scores: bool = False,
+                 async_scores: bool = False):
         if algo not in ("v6", "v5"):
             raise ValueError(f"algo must be 'v6' (source-major backward, routing_impl 'fused') or 'v5' "
                              f"(read-major, routing_impl 'fused_v5'), got {algo!r}")
@@ -658,8 +704,11 @@ class FusedRouter(Router):
         if group_scores and not (table and source_group > 1):
             raise ValueError("group_scores (the source-group pass reads the v7 score table) needs table=True and "
                              "source_group > 1")
+        if async_scores and not (table and (group or 1) > 1):
+            raise ValueError("async_scores (scoring each source at its append, on a side stream) needs table=True and "
+                             "forward groups (group > 1)")
         self.algo, self.source_group, self.table, self.prenorm = algo, source_group, bool(table), bool(prenorm)
-        self.group_scores = bool(group_scores)
+        self.group_scores, self.async_scores = bool(group_scores), bool(async_scores)
         if algo == "v6":
             self.name = "fused_v7" if table else "fused" if source_group == 1 else f"fused_sg{source_group}"
             if shared_backward is not None or two_pass:
@@ -744,7 +793,37 @@ class FusedRouter(Router):
             raise ValueError(f"fused router: source shape {tuple(src.shape)} != buffer shape {tuple(st.shape)}")
         token = _Append.apply(src, state.token, st, st.n)
         st.n += 1
+        if self.async_scores:
+            self._score_ahead(st, st.n - 1)
         return FusedState(st, st.n, token)
+
+    @staticmethod
+    def _score_ahead(st: _Storage, slot: int) -> None:
+        """async_scores: score the source just appended to ``slot`` for every announced read still to come, now,
+        on the device's side stream (after the append's copy), instead of at its first reader: the scoring then
+        overlaps the next sublayer instead of delaying the next read. The first reader mixes this source with
+        scores of its own (v6 kernel, ``route_fwd``); later readers and the backward take the table's, after
+        ``_join_scores``. Only while a forward's announced reads are pending and every older slot is scored."""
+        v = st.v6
+        if v is None or v.done or v.S is None or v.scored != slot or v.next_k >= v.K:
+            return
+        k_lo = v.next_k  # the first announced read to see this slot
+        if v.W_split is None:
+            v.W_split = split_weights(v.W, st.buf.dtype)
+        side = _side_stream(st.buf.device)
+        if side is None:  # CPU / interpreter: in order (same table, same data flow)
+            score_sources(st.buf, st.ss, v.W, v.S, slot, k_lo, v.H, v.eps, v.W_split)
+        else:
+            side.wait_stream(torch.cuda.current_stream(st.buf.device))  # after the append's copy
+            with torch.cuda.stream(side):
+                score_sources(st.buf, st.ss, v.W, v.S, slot, k_lo, v.H, v.eps, v.W_split)
+                ev = torch.cuda.Event()
+                ev.record(side)
+            v.events[slot] = ev
+        LAUNCHES["score_ahead"] += 1
+        v.s_lo[slot] = k_lo
+        v.scored = slot + 1
+        v.pending.add(slot)
 
     def num_sources(self, state: FusedState) -> int:
         return state.n + (state.storage.null is not None)
@@ -844,6 +923,8 @@ class FusedRouter(Router):
         for slot in range(lo_new, n):
             v.first_read[slot] = k
         v.max_n = max(v.max_n, n)
+        if k >= 0 and v.S is not None and v.pending and k == v.K - 1:  # async_scores: the last announced read:
+            _join_scores(v, st.buf.device)  # every scoring joins the current stream (before capture ends)
         if k >= 0 and v.S is not None:  # v7: score the sources no announced read has scored yet, once
             for slot in range(v.scored, n):
                 if v.W_split is None:
@@ -852,15 +933,20 @@ class FusedRouter(Router):
                 v.s_lo[slot] = k
             v.scored = max(v.scored, n)
         table = k >= 0 and v.S is not None and extra is None and not return_weights
+        # async_scores: the newest source's table row may still be in flight (scored at its append on the side
+        # stream): a new group's prefix stops before it, and each read mixes the sources after its prefix with
+        # scores of its own (v6 kernel); the table rows of the prefix are joined first
+        n_pre = n - 1 if table and (n - 1) in v.pending else n
         lo, P, lse_p = 0, None, None
         if k >= 0 and self.group > 1 and not return_weights:  # forward prefix sharing among announced reads
             grp = v.group
             if grp is None or not grp[0] <= k < grp[0] + grp[1]:
                 v.group = grp = None
                 K = min(self.group, v.K - k)
-                if K > 1 and table and n > 0:
-                    Pk, lk = prefix7_fwd(st.buf, v.S, k, K, n, H, B * T, D, st.dtype)
-                    v.group = grp = (k, K, n, Pk, lk)
+                if K > 1 and table and n_pre > 0:
+                    _join_scores(v, st.buf.device, n_pre - 1)
+                    Pk, lk = prefix7_fwd(st.buf, v.S, k, K, n_pre, H, B * T, D, st.dtype)
+                    v.group = grp = (k, K, n_pre, Pk, lk)
                 elif K > 1 and n + (st.null is not None) > 0:
                     Pk, lk = prefix6_fwd(st.buf if n else None, n, st.null.contiguous() if st.null is not None
                                          else None, v.W[k:k + K], H, eps, B * T, D, st.dtype, ss=st.ss)
@@ -869,6 +955,11 @@ class FusedRouter(Router):
                 lo, P, lse_p = grp[2], grp[3][k - grp[0]], grp[4][k - grp[0]]
                 if k == grp[0] + grp[1] - 1:
                     v.group = None  # the partials are transient
+        if table and any(slot in v.pending for slot in range(lo if P is not None else 0, n)):
+            if P is None:  # (no prefix: the last read alone, which joined every scoring above; or n == 1)
+                _join_scores(v, st.buf.device)
+            else:
+                table = False  # the sources after the prefix with this read's own scores (route_fwd)
         fuse = prenorm is not None and k >= 0 and not return_weights  # the norm's backward joins the stash
         pn_w, pn_eps = (prenorm.weight, float(prenorm.eps)) if fuse else (None, 0.0)
         out, scores, v.rtoken = _Read6.apply(state.token, v.rtoken, query, norm_weight, Qr, Gr, st.null, extra, st,
@@ -902,5 +993,7 @@ register_router(f"fused_v7_sg{SOURCE_GROUP}",  # v7 (score table, forward groups
 register_router("fused_v7", lambda: FusedRouter(table=True, group=V7_GROUP))
 register_router(f"fused_v7_sg{SOURCE_GROUP}_ts",  # fused_v7_sg8 whose group pass reads the table's scores
                 lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, group_scores=True))
+register_router(f"fused_v7_sg{SOURCE_GROUP}_async",  # fused_v7_sg8 scoring each source at its append (side stream)
+                lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, async_scores=True))
 register_router(f"fused_v7_sg{SOURCE_GROUP}_norm",  # fused_v7_sg8 + the next sublayer's pre-norm in the read
                 lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, prenorm=True))  # v6 + the score table + groups
