@@ -120,14 +120,17 @@ def v5_bytes(ns: list[int], E: int, elt: int = 2) -> tuple[int, int]:
     return unit, 3 * unit
 
 
-def backward_passes(ns: list[int], source_group: int):
+def backward_passes(ns: list[int], source_group: int, defer: int = 0):
     """The source-gradient passes of the v6 backward for reads over ns sources, in the order they run (the rule
     of ``mhar.routing.fused._source_group``: backward visits reads newest first; a read's newest new source
     starts a group with the older consecutive slots first seen by earlier reads and not yet in a group, up to
     ``source_group`` in all). Yields ``("pass", k, members)``: one pass over reads k..N-1 for the slots
     ``members`` (one slot: the plain write-once pass; several: a group pass writing a partial gradient for every
     member, the newest completed at once with no reads, as its RMS term needs every head), and
-    ``("complete", slot, k, k_end)``: a group member completed by its first reader k over reads k..k_end-1."""
+    ``("complete", slot, k, k_end)``: a group member completed by its first reader k over reads k..k_end-1.
+    ``defer`` = d > 0 (``mhar.routing.fused._deferred_group``): after its own slots, the backward of read k also
+    starts the group of the newest slot first seen by read k - d, if that slot is in no group yet (every member
+    partial, completed by its first reader over the reads before k)."""
     first = {}  # slot -> first reader
     seen = 0
     for k, n in enumerate(ns):
@@ -149,14 +152,24 @@ def backward_passes(ns: list[int], source_group: int):
                     o -= 1
                 partial.update((m, k) for m in members[:-1])
             yield "pass", k, members
+        tops = [s_ for s_ in first if first[s_] == k - defer] if defer > 0 and source_group > 1 and k - defer >= 0 else []
+        if tops and max(tops) not in partial:
+            members = [max(tops)]
+            o = members[0] - 1
+            while len(members) < source_group and o >= 0 and first.get(o, len(ns)) <= k - defer and o not in partial:
+                members.insert(0, o)
+                o -= 1
+            if len(members) > 1:
+                partial.update((m, k) for m in members)
+                yield "pass", k, members
 
 
-def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
+def _dout_passes(ns: list[int], source_group: int, defer: int = 0) -> tuple[int, int]:
     """(douts read, partial gradients) of the v6 backward for reads over ns sources when up to ``source_group``
     consecutive sources share one pass (``backward_passes``): a pass over reads k.. reads N - k douts, a
     completion k_end - k; a group pass writes a partial for each of its members."""
     douts = parts = 0
-    for ev in backward_passes(ns, source_group):
+    for ev in backward_passes(ns, source_group, defer):
         if ev[0] == "complete":
             douts += ev[3] - ev[2]
         else:
@@ -167,7 +180,7 @@ def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
 
 def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1,
              source_group: int = 1, table: bool = False, group_scores: bool = False,
-             async_scores: bool = False) -> tuple[int, int]:
+             async_scores: bool = False, defer_groups: int = 0) -> tuple[int, int]:
     """(fwd, bwd) bytes of the v6 kernels for reads over ns sources (non-decreasing, each read the first to
     see its newest source), E = B*T*D elements per source. ``group`` > 1: forward prefix sharing (groups of
     that many reads: one pass over the first read's sources writes a partial per read, which each read reads
@@ -182,7 +195,9 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     moves those row reads between kernels without changing their number: the same bytes. ``async_scores``
     (``_async``: each source scored at its append): a group after the first stops its prefix before its first
     read's newest source, which each of the group's reads then reads itself with its sums of squares (its own
-    scores); the table is read for the prefix only."""
+    scores); the table is read for the prefix only. ``defer_groups`` = d (``_defer``): each group pass below the
+    newest group starts d reads later (d douts fewer) and each of its members' completions covers d reads more
+    (``backward_passes(defer=d)``)."""
     del group_scores  # (accepted so that every routing implementation's options reach the model)
     unit = sum(ns) * E * elt
     N = len(ns)
@@ -206,7 +221,7 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     dsr = sum(ns) * (E // D) * H * elt + 2 * N * N * (E // D) * H * elt
     # stash: read dout + out, write the dout slot (3); per source: read it in the kernel and in the dW matmul
     # (2), write its gradient (1)
-    douts, parts = _dout_passes(ns, source_group)
+    douts, parts = _dout_passes(ns, source_group, defer_groups)
     # a partial: fp32 written by the group pass and read by the completion pass, which reads the source again
     # (and its sums of squares); its RMS-term sums cpart (H fp32 per token) written and read
     bwd = douts * E * elt + dsr + 6 * N * E * elt + N * ss + parts * (5 * E * elt + ss + 2 * sb)
@@ -217,8 +232,9 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
 
 def _v6_options(impl: str) -> dict:
     """``fused_sgG`` -> source_group G; ``fused_gK_sgG`` -> group K and source_group G; a part ``t`` (``fused_t``,
-    ``fused_t_g4``): the v7 score table; a part ``ts`` (``fused_t_g4_sg8_ts``): the group pass reads its scores; a part ``async``
-    (``fused_t_g4_sg8_async``): each source scored at its append on a side stream."""
+    ``fused_t_g4``): the v7 score table; a part ``ts`` (``fused_t_g4_sg8_ts``): the group pass reads its scores;
+    a part ``async`` (``fused_t_g4_sg8_async``): each source scored at its append on a side stream; a part ``dfD``
+    (``fused_t_g4_sg8_df1``): source-group passes D reads early on a side stream (``defer_groups``)."""
     opts = {}
     for part in impl[len("fused_"):].split("_"):
         if part == "t":
@@ -227,6 +243,8 @@ def _v6_options(impl: str) -> dict:
             opts["group_scores"] = True
         elif part == "async":  # each source scored at its append, on a side stream
             opts["async_scores"] = True
+        elif part.startswith("df"):  # "dfD": source-group passes D reads early, on a side stream
+            opts["defer_groups"] = int(part[2:])
         elif part.startswith("sg"):
             opts["source_group"] = int(part[2:])
         elif part.startswith("g"):

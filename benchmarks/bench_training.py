@@ -50,12 +50,14 @@ VARIANTS = {
     "mhar_fused_v7_sg8_async": {"variant": "mhar", "routing_impl": "fused_v7_sg8_async"},  # scoring at appends
     # fused_v7_sg8 with programmatic dependent launch (MHAR_ROUTING_PDL=1 in its process: VARIANT_ENV)
     "mhar_fused_v7_sg8_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
-    "mhar_fused_v7_sg8_async_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_async"},  # both
+    "mhar_fused_v7_sg8_defer": {"variant": "mhar", "routing_impl": "fused_v7_sg8_defer"},  # group passes early
+    "mhar_fused_v7_sg8_overlap": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # async + defer
+    "mhar_fused_v7_sg8_overlap_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # + PDL
 }
 # kernel settings (mhar.routing.kernel_env) of a variant's process, over the caller's environment; every other
 # variant runs with the caller's. A row records its process's settings in ``routing_env``.
 VARIANT_ENV = {"mhar_fused_v7_sg8_pdl": {"MHAR_ROUTING_PDL": "1"},
-               "mhar_fused_v7_sg8_async_pdl": {"MHAR_ROUTING_PDL": "1"}}
+               "mhar_fused_v7_sg8_overlap_pdl": {"MHAR_ROUTING_PDL": "1"}}
 
 
 def variant_env(variant: str) -> dict:

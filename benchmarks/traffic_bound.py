@@ -29,6 +29,8 @@ tests). One byte "unit" = sum_n n * E * 2 bytes. Moved per microbatch:
   ``v7_g4_sg8_async`` (``routing_impl: fused_v7_sg8_async``): sources scored at their appends; each later group's
   prefix stops one source early and its reads score the sources after their prefix themselves (more bytes
   than ``v7_g4_sg8``; what it buys is the scoring off the critical path, which bytes do not show);
+  ``v7_g4_sg8_overlap`` (``routing_impl: fused_v7_sg8_overlap``): that plus the source-group passes started one
+  read early on a side stream (``defer_groups``: each member's completion covers one read more);
 * ``min``: any one-pass-per-read algorithm (``bench_routing_op.min_bytes``: forward reads the sources and
   writes the output, backward reads sources and dout and writes each source gradient once).
 
@@ -56,7 +58,7 @@ from benchmarks.bench_routing_op import MICROBATCH, backward_passes, min_bytes, 
 from benchmarks.common import command_line, write_csv
 from mhar.provenance import git_info
 from mhar.config import PRESETS
-from mhar.routing import SOURCE_GROUP, V7_GROUP
+from mhar.routing import DEFER_READS, SOURCE_GROUP, V7_GROUP
 
 BYTES_PER_ELT = 2  # bf16 sources under autocast
 V6_GROUP = 8  # reads per forward prefix-sharing group of the v6 row with sharing (FusedRouter(group=8))
@@ -104,6 +106,8 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
         v7s_f, v7s_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True, source_group=SOURCE_GROUP)
         v7a_f, v7a_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True, source_group=SOURCE_GROUP,
                                 async_scores=True)
+        v7o_f, v7o_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True, source_group=SOURCE_GROUP,
+                                async_scores=True, defer_groups=DEFER_READS)
         for name, nbytes in (("v5", 4 * unit), ("v6", v6_f + v6_b), (f"v6_g{V6_GROUP}", v6g_f + v6g_b),
                              (f"v6_sg{SOURCE_GROUP}", v6s_f + v6s_b),
                              (f"v6_g{V6_GROUP}_sg{SOURCE_GROUP}", v6gs_f + v6gs_b),
@@ -111,6 +115,7 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
                              (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}_norm",
                               v7s_f + v7s_b - PRENORM_SAVED * 2 * cfg["n_layers"] * E * BYTES_PER_ELT),
                              (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}_async", v7a_f + v7a_b),
+                             (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}_overlap", v7o_f + v7o_b),
                              ("min", mb_f + mb_b)):
             ideal = nbytes / (hbm_gbps * 1e9) * 1e3
             row[f"{name}_gb"] = round(nbytes / 1e9, 3)

@@ -29,7 +29,8 @@ RESIDUAL_VARIANTS = (
     "mhar_delta",
 )
 ROUTING_IMPLS = ("eager", "compile", "fused", "fused_v7", "fused_v5", "fused_sg4", "fused_sg8", "fused_v7_sg8",
-                 "fused_v7_sg8_norm", "fused_v7_sg8_ts", "fused_v7_sg8_async")
+                 "fused_v7_sg8_norm", "fused_v7_sg8_ts", "fused_v7_sg8_async",
+                 "fused_v7_sg8_defer", "fused_v7_sg8_overlap")
 
 
 @dataclass

@@ -143,7 +143,7 @@ def test_pdl_variant_is_the_paper_routing_with_pdl_on():
     from benchmarks import bench_training
     assert bench_training.VARIANTS["mhar_fused_v7_sg8_pdl"] == bench_training.VARIANTS["mhar_fused_v7_sg8"]
     assert bench_training.variant_env("mhar_fused_v7_sg8_pdl")["MHAR_ROUTING_PDL"] == "1"
-    assert bench_training.VARIANTS["mhar_fused_v7_sg8_async_pdl"]["routing_impl"] == "fused_v7_sg8_async"
-    assert bench_training.variant_env("mhar_fused_v7_sg8_async_pdl")["MHAR_ROUTING_PDL"] == "1"
+    assert bench_training.VARIANTS["mhar_fused_v7_sg8_overlap_pdl"]["routing_impl"] == "fused_v7_sg8_overlap"
+    assert bench_training.variant_env("mhar_fused_v7_sg8_overlap_pdl")["MHAR_ROUTING_PDL"] == "1"
     assert bench_training.variant_env("mhar_fused_v7_sg8").get("MHAR_ROUTING_PDL") == \
         __import__("os").environ.get("MHAR_ROUTING_PDL")

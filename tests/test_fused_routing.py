@@ -110,7 +110,7 @@ def _flat(p):
 
 def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, group=None, shared_backward=True,
                   two_pass=False, algo="v6", lookahead=True, source_group=1, table=False, group_scores=False,
-                  async_scores=False):
+                  async_scores=False, defer_groups=0):
     """``algo`` "v6" (routing_impl 'fused'): with ``lookahead`` every read is source-major (write-once source
     gradients); without, only the first is and the others run the v5 backward for their own part (the
     fallback). "v5" (routing_impl 'fused_v5'): ``group`` / ``shared_backward`` / ``two_pass`` as before."""
@@ -126,7 +126,8 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
             router = (fused_mod.FusedRouter(algo="v5", group=group, shared_backward=shared_backward,
                                             two_pass=two_pass) if algo == "v5"
                       else fused_mod.FusedRouter(group=group, source_group=source_group, table=table,
-                                                 group_scores=group_scores, async_scores=async_scores))
+                                                 group_scores=group_scores, async_scores=async_scores,
+                                                 defer_groups=defer_groups))
         else:
             router = get_router(impl)
         la = group is not None if algo == "v5" else lookahead
@@ -315,7 +316,7 @@ def _model_grads(variant, impl, heads, seed=0, **res):
     ("mhar_hw", 1, {}),
 ])
 @pytest.mark.parametrize("impl", ["fused", "fused_v5", "fused_sg4", "fused_v7", "fused_v7_sg8_norm",
-                                  "fused_v7_sg8_async"])
+                                  "fused_v7_sg8_async", "fused_v7_sg8_overlap"])
 def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
     """A debug model with routing_impl='fused' (v6) / 'fused_v5' / 'fused_sg4' (v6, source groups of 4) /
     'fused_v7' (score table, forward groups of 4) / 'fused_v7_sg8_norm' (+ source groups of 8, the sublayers'
@@ -345,8 +346,8 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
         assert fused_mod.LAUNCHES["prenorm_stash"] - launches.get("prenorm_stash", 0) == n_sub
         assert ran["stash"] == fused_mod._Read.calls - calls - n_sub  # the readout's plain stash
         assert fused_mod.LAUNCHES["route_fwd7_prenorm"] > launches.get("route_fwd7_prenorm", 0)  # in the table read
-    if impl == "fused_v7_sg8_async" and variant in ("mhar", "attnres"):  # sources scored at their appends
-        assert fused_mod.LAUNCHES["score_ahead"] > launches.get("score_ahead", 0)
+    if impl in ("fused_v7_sg8_async", "fused_v7_sg8_overlap") and variant in ("mhar", "attnres"):
+        assert fused_mod.LAUNCHES["score_ahead"] > launches.get("score_ahead", 0)  # sources scored at appends
     logits_e, grads_e = _model_grads(variant, "eager", heads, **res)
     assert rel(logits_f, logits_e) <= 1e-5
     assert grads_f.keys() == grads_e.keys()
@@ -564,6 +565,54 @@ def test_v7_async_scores_many_sources():
     """N from 1 to 73 (the 1B read count) with async scoring, groups of 4 and source groups of 8."""
     _check_router(1, 3, 16, 2, n_reads=73, dtype=torch.float32, with_null=False, with_extra=False, seed=73,
                   group=4, table=True, source_group=8, async_scores=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("G,d,with_null,with_extra,H,table", [
+    (2, 1, False, False, 4, False), (4, 1, True, False, 4, False), (3, 2, True, True, 3, False),
+    (8, 1, False, False, 2, True), (4, 3, False, True, 1, True)])
+def test_v6_deferred_source_groups(G, d, with_null, with_extra, H, table, dtype):
+    """defer_groups = d: each source-group pass (below the newest group) starts at the backward of the read d
+    after its newest member's first reader (a side stream on the GPU) and every member is completed over the
+    reads before it: outputs and every gradient as the float64 reference."""
+    launches = fused_mod.LAUNCHES["source_group_deferred"]
+    _check_router(2, 9, 48, H, n_reads=13, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=G + 10 * d,
+                  source_group=G, group=4 if table else None, table=table, defer_groups=d)
+    assert fused_mod.LAUNCHES["source_group_deferred"] > launches
+
+
+def test_v6_deferred_groups_follow_the_byte_models_passes(monkeypatch):
+    """The group passes the router launches with defer_groups (first slot, members, first read) are the ones
+    bench_routing_op.backward_passes(defer=...) counts for the byte model, in the same order."""
+    from benchmarks.bench_routing_op import backward_passes
+    seen = []
+    real = fused_mod.source_group_bwd
+
+    def spy(buf, ss, s0, NG, dbuf, lse, delta, W_split, k_lo, *a, **kw):
+        seen.append((s0, NG, k_lo))
+        return real(buf, ss, s0, NG, dbuf, lse, delta, W_split, k_lo, *a, **kw)
+    monkeypatch.setattr(fused_mod, "source_group_bwd", spy)
+    for G, d, n in ((4, 1, 13), (3, 2, 11), (8, 1, 25)):
+        seen.clear()
+        base = _inputs(1, 3, 16, n, torch.float32, False, False, seed=n)
+        p = _leaves(base, torch.float32, DEV)
+        router = fused_mod.FusedRouter(table=True, group=4, source_group=G, defer_groups=d)
+        loss = _net(router, p["x"], p["null"], p["qs"], p["gs"], p["Ws"], 2, lookahead=True)
+        torch.autograd.grad(loss, _flat(p))
+        want = [(ev[2][0], len(ev[2]), ev[1]) for ev in backward_passes(list(range(1, n + 1)), G, d)
+                if ev[0] == "pass" and len(ev[2]) > 1]
+        assert seen == want, (G, d, seen, want)
+        assert len(want) >= 2
+
+
+def test_v6_defer_groups_options():
+    r = get_router("fused_v7_sg8_defer")
+    assert r.defer_groups == fused_mod.DEFER_READS == 1 and r.source_group == 8 and not r.async_scores
+    r = get_router("fused_v7_sg8_overlap")
+    assert r.defer_groups == 1 and r.async_scores and r.table
+    for bad in (dict(defer_groups=1), dict(source_group=8, defer_groups=-1), dict(source_group=8, defer_groups=1.5)):
+        with pytest.raises(ValueError, match="defer_groups"):
+            fused_mod.FusedRouter(**bad)
 
 
 def test_v7_async_scores_options():
@@ -1010,7 +1059,7 @@ def test_v6_router_has_no_v5_options():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("impl,group", [("fused", 1), ("fused", 3), ("fused_v5", 1), ("fused_v5", 3),
-                                        ("fused_v7_sg8_async", 4)])
+                                        ("fused_v7_sg8_async", 4), ("fused_v7_sg8_overlap", 4)])
 def test_gpu_cuda_graph_replay(impl, group, monkeypatch):
     """Forward + backward of a fused-routing MHAR model captured in one CUDA graph (as bench_training does) and
     replayed on new token ids gives the loss and parameter gradients of an eager step on those ids."""
@@ -1058,23 +1107,33 @@ def test_gpu_cuda_graph_replay(impl, group, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("D", [1280, 1024])
-def test_gpu_v7_async_scores_wait_for_slow_scoring(D, monkeypatch):
-    """async_scores on the GPU: the scoring launched at each append runs on a side stream. Delayed there by a
-    spin kernel (~1 ms) before every scoring, it still gives the reference's outputs and gradients: every
-    reader of the table waits for it (a missing join would read the uninitialised table), and the reads that
-    cannot wait score their newest sources themselves."""
-    real = fused_mod.score_sources
+@pytest.mark.parametrize("async_scores,defer", [(True, 0), (False, 1), (True, 1)])
+def test_gpu_side_stream_work_is_waited_for(D, async_scores, defer, monkeypatch):
+    """async_scores / defer_groups on the GPU: the scoring launched at each append and the deferred source-group
+    passes run on a side stream. Delayed there by a spin kernel (~1 ms) before each of them, the router still
+    gives the reference's outputs and gradients: every reader of the table and of a partial waits for it (a
+    missing wait would read an uninitialised table or partial)."""
+    real_score, real_group = fused_mod.score_sources, fused_mod.source_group_bwd
 
-    def slow(*a, **kw):
-        if torch.cuda.current_stream() != torch.cuda.default_stream() and torch.cuda.current_stream() in \
-                fused_mod._SIDE_STREAMS.values():
+    def on_side():
+        return torch.cuda.current_stream() in fused_mod._SIDE_STREAMS.values()
+
+    def slow_score(*a, **kw):
+        if on_side():
             torch.cuda._sleep(2_000_000)
-        return real(*a, **kw)
-    monkeypatch.setattr(fused_mod, "score_sources", slow)
-    launches = fused_mod.LAUNCHES["score_ahead"]
+        return real_score(*a, **kw)
+
+    def slow_group(*a, **kw):
+        if on_side():
+            torch.cuda._sleep(2_000_000)
+        return real_group(*a, **kw)
+    monkeypatch.setattr(fused_mod, "score_sources", slow_score)
+    monkeypatch.setattr(fused_mod, "source_group_bwd", slow_group)
+    launches = {k: fused_mod.LAUNCHES[k] for k in ("score_ahead", "source_group_deferred")}
     _check_router(1, 512, D, 8, n_reads=25, dtype=torch.bfloat16, with_null=False, with_extra=False, seed=D,
-                  group=4, table=True, source_group=8, async_scores=True)
-    assert fused_mod.LAUNCHES["score_ahead"] - launches == 24
+                  group=4, table=True, source_group=8, async_scores=async_scores, defer_groups=defer)
+    assert (fused_mod.LAUNCHES["score_ahead"] - launches["score_ahead"] == 24) == async_scores
+    assert (fused_mod.LAUNCHES["source_group_deferred"] > launches["source_group_deferred"]) == bool(defer)
     assert fused_mod._SIDE_STREAMS  # the side stream was used
 
 

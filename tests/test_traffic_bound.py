@@ -103,6 +103,9 @@ def test_source_group_dout_passes_by_hand():
     assert _dout_passes(ns, 1) == (sum(ns), 0)  # one pass per source over every read that saw it
     assert _dout_passes(ns, 2) == (1 + 1 + 3 + 1 + 5, 4)
     assert _dout_passes(ns, 8) == (1 + 1 + 2 + 3 + 4, 5)  # one group of all five over read 4, then completions
+    # defer 1: read 4 forms {3, 4} as before (1); read 3 completes 3 (1) and starts {1, 2} over reads 3..4 (2);
+    # read 2 completes 2 over read 2 (1), read 1 completes 1 over reads 1..2 (2), read 0 alone (5)
+    assert _dout_passes(ns, 2, 1) == (1 + 1 + 2 + 1 + 2 + 5, 4)
     E, D = 1000, 10
     f1, b1 = v6_bytes(ns, E, 2, D)
     f2, b2 = v6_bytes(ns, E, 2, D, source_group=2)
@@ -275,3 +278,16 @@ def test_op_bench_names_async_scores():
     r = _router("fused_t_g4_sg8_async")
     assert (r.table, r.group, r.source_group, r.async_scores) == (True, 4, 8, True)
     assert not _router("fused_t_g4_sg8").async_scores
+
+
+def test_op_bench_names_deferred_groups():
+    """``fused_t_g4_sg8_async_df1`` is routing_impl fused_v7_sg8_overlap's router; its byte model is the deferred
+    passes' (more douts in the completions than without deferral, the forward as with async scoring alone)."""
+    from benchmarks.bench_routing_op import _router, model_bytes
+
+    r = _router("fused_t_g4_sg8_async_df1")
+    assert (r.async_scores, r.defer_groups, r.group, r.source_group, r.table) == (True, 1, 4, 8, True)
+    ns, E, D, H = list(range(1, 26)), 4000, 40, 2
+    fa, ba = model_bytes("fused_t_g4_sg8_async", ns, E, H, D)
+    fo, bo = model_bytes("fused_t_g4_sg8_async_df1", ns, E, H, D)
+    assert fo == fa and bo > ba

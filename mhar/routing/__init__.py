@@ -90,6 +90,10 @@ class CompiledRouter(EagerRouter):
 ROUTERS: dict[str, Callable[[], Router]] = {"eager": EagerRouter, "compile": CompiledRouter}
 V7_GROUP = 4  # reads per forward group of routing_impl "fused_v7" (the score table; byte model: traffic_bound)
 SOURCE_GROUP = 8  # consecutive sources per backward group pass of routing_impls "fused_sg8" / "fused_v7_sg8"
+# defer_groups of routing_impls "fused_v7_sg8_defer" / "_overlap": each source-group pass starts at the backward of
+# the read after its newest source's first reader (a side stream), so it overlaps one sublayer's backward; each
+# member's completion then covers one read more (byte model: bench_routing_op.v6_bytes(defer_groups=...))
+DEFER_READS = 1
 
 
 KERNEL_ENV_PREFIX = "MHAR_ROUTING_"

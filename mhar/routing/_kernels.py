@@ -1087,13 +1087,15 @@ def _src_group_bwd_kernel(
 
 def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf: torch.Tensor, lse: torch.Tensor,
                      delta: torch.Tensor, W_split: tuple, k_lo: int, k_hi: int, dsr_all: torch.Tensor, H: int,
-                     eps: float, BT: int, D: int, scores: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     eps: float, BT: int, D: int, scores: torch.Tensor | None = None,
+                     out: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial gradients of buffered sources s0..s0+NG-1 from reads k_lo..k_hi-1 in ONE pass over those reads'
     douts (``_src_group_bwd_kernel``). W_split: ``split_weights(W, buf.dtype)``; dsr_all: the (H, K, cap * BT)
     dL/dscore buffer of ``dW_all`` (this pass writes its slots' columns for these reads). Returns (parts
     (NG, BT, D) fp32, cparts (NG, BT, H) fp32); complete source g with ``source_bwd(init=parts[g],
     cinit=cparts[g])`` over its reads before k_lo (none for the newest: an empty range). ``scores``: the v7 table
-    (cap, K, BT, H) fp32 whose rows k_lo..k_hi-1 of slots s0..s0+NG-1 hold the scores (no x . w dots then)."""
+    (cap, K, BT, H) fp32 whose rows k_lo..k_hi-1 of slots s0..s0+NG-1 hold the scores (no x . w dots then).
+    ``out``: (parts, cparts) to write into (allocated by the caller, e.g. on another stream than this launch's)."""
     dev = buf.device
     if dbuf.numel() >= 2**31 or buf.numel() >= 2**31 or dsr_all.numel() >= 2**31:
         raise ValueError("fused routing: buffers need 64-bit offsets (limit 2**31); use a smaller microbatch or "
@@ -1102,8 +1104,14 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
         raise ValueError("source_group_bwd: dsr_all must be (H, K, cap * BT) with unit token stride in the "
                          "buffer's dtype")
     wh, wl = W_split
-    parts = torch.empty(NG, BT, D, device=dev, dtype=torch.float32)
-    cparts = torch.empty(NG, BT, H, device=dev, dtype=torch.float32)
+    if out is not None:
+        parts, cparts = out
+        if parts.shape != (NG, BT, D) or cparts.shape != (NG, BT, H) or parts.dtype != torch.float32 \
+                or cparts.dtype != torch.float32 or not (parts.is_contiguous() and cparts.is_contiguous()):
+            raise ValueError("source_group_bwd: out must be contiguous fp32 (NG, BT, D) and (NG, BT, H) tensors")
+    else:
+        parts = torch.empty(NG, BT, D, device=dev, dtype=torch.float32)
+        cparts = torch.empty(NG, BT, H, device=dev, dtype=torch.float32)
     _, DA, DB = _split(D, H)
     if DA < 16 or 0 < DB < 16:  # the dots reduce over at least 16 columns: one masked part
         DA, DB = max(16, triton.next_power_of_2(D // H)), 0

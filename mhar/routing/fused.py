@@ -67,7 +67,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import SOURCE_GROUP, V7_GROUP, Router, register_router
+from . import DEFER_READS, SOURCE_GROUP, V7_GROUP, Router, register_router
 from ._kernels import (LAUNCHES, append_source, dW_all, prefix6_fwd, prefix7_fwd, prefix_bwd, prefix_fwd,
                        prenorm_fwd, prenorm_stash, route_bwd, route_fwd, route_fwd7, score_sources, source_bwd,
                        source_group_bwd, split_weights, stash)
@@ -105,6 +105,7 @@ class _Storage:
     v6: Optional["_V6"] = None  # source-major backward bookkeeping (algo "v6"), created by the first read
     source_group: int = 1  # v6: consecutive sources whose gradients share one pass over the later reads' douts
     group_scores: bool = False  # v7: the group pass takes its scores from the table (no x . w dots)
+    defer_groups: int = 0  # v6: source-group passes start this many reads early, on a side stream (0: in order)
     src_dtypes: dict = field(default_factory=dict)  # slot -> dtype of the appended source (v6 gradients)
 
     def grads(self, device) -> Tensor:
@@ -388,6 +389,7 @@ class _V6:
     s_lo: dict = field(default_factory=dict)  # slot -> first read whose score row was computed
     pending: set = field(default_factory=set)  # async_scores: slots scored at their append, not yet joined
     events: dict = field(default_factory=dict)  # async_scores: slot -> CUDA event after its scoring (side stream)
+    part_events: dict = field(default_factory=dict)  # defer_groups: slot -> CUDA event after its group pass
 
 
 # Widest head (D / H columns) that uses source groups: the group kernel holds a head's columns for a group's
@@ -396,6 +398,28 @@ class _V6:
 # (H = 4 at 350M / 1B) it spills 0.3-2.5 KB per thread (benchmarks/kernel_stats.py) and at H = 1 (attnres)
 # far more, so wider heads take one pass over the later reads' douts per source (the v6 pass; same math).
 SOURCE_GROUP_MAX_HEAD = 160
+
+
+def _deferred_group(st: _Storage, v: "_V6", k: int) -> list:
+    """defer_groups = d: the slots whose gradients the backward of read ``k`` forms in one pass over reads k..,
+    on the side stream: the newest slot that read k - d saw first and up to ``st.source_group - 1`` older
+    consecutive slots, each first seen by a source-major read and not yet in a group; every one of them is
+    completed later, by its first reader, over the reads before k (after waiting for the pass). [] when that
+    slot is in a group already (the sources are tiled from the newest down, as ``_source_group`` does)."""
+    d = st.defer_groups
+    if d < 1 or st.source_group <= 1 or k - d < 0 or v.dsr is None or st.shape[-1] // v.H > SOURCE_GROUP_MAX_HEAD:
+        return []
+    tops = [s_ for s_, r in v.first_read.items() if r == k - d]
+    if not tops:
+        return []
+    top = max(tops)
+    group = []
+    s_ = top
+    while len(group) < st.source_group and s_ >= 0 and 0 <= v.first_read.get(s_, -1) <= k - d \
+            and s_ not in v.partial and s_ not in v.final:
+        group.insert(0, s_)
+        s_ -= 1
+    return group if len(group) > 1 and group[-1] == top else []
 
 
 def _source_group(st: _Storage, v: "_V6", slot: int, n_buf: int, k_first: int, init) -> list:
@@ -458,6 +482,47 @@ def _join_scores(v: "_V6", device: torch.device, upto: Optional[int] = None) -> 
     for slot in todo:
         v.pending.discard(slot)
         v.events.pop(slot, None)
+
+
+def _launch_deferred_group(st: _Storage, v: "_V6", k: int, k_hi: int, H: int, eps: float, BT: int, D: int) -> None:
+    """defer_groups: at the backward of read k (its dout stashed), start the pass of ``_deferred_group`` over
+    reads k..k_hi-1 on the device's side stream (the partials allocated here, on the current stream), so it
+    overlaps the following sublayers' backward; its members' first readers wait for it (``_join_part``)."""
+    group = _deferred_group(st, v, k)
+    if not group:
+        return
+    if v.W_split is None:
+        v.W_split = split_weights(v.W, st.buf.dtype)
+    tab = v.S if st.group_scores and all(_table(v, s_, k) is not None for s_ in group) else None
+    if tab is not None and v.pending:
+        _join_scores(v, st.buf.device)
+    NG = len(group)
+    out = (torch.empty(NG, BT, D, device=st.buf.device, dtype=torch.float32),
+           torch.empty(NG, BT, H, device=st.buf.device, dtype=torch.float32))
+    side = _side_stream(st.buf.device)
+    if side is None:
+        parts, cparts = source_group_bwd(st.buf, st.ss, group[0], NG, v.dbuf, v.lse, v.delta, v.W_split, k, k_hi,
+                                         v.dsr, H, eps, BT, D, scores=tab, out=out)
+        ev = None
+    else:
+        side.wait_stream(torch.cuda.current_stream(st.buf.device))  # after this read's stash
+        with torch.cuda.stream(side):
+            parts, cparts = source_group_bwd(st.buf, st.ss, group[0], NG, v.dbuf, v.lse, v.delta, v.W_split, k,
+                                             k_hi, v.dsr, H, eps, BT, D, scores=tab, out=out)
+            ev = torch.cuda.Event()
+            ev.record(side)
+    LAUNCHES["source_group_deferred"] += 1
+    for j, s_ in enumerate(group):
+        v.partial[s_] = (k, parts[j], cparts[j])
+        if ev is not None:
+            v.part_events[s_] = ev
+
+
+def _join_part(v: "_V6", slot: int, device: torch.device) -> None:
+    """defer_groups: the current stream waits for the side-stream group pass that wrote ``slot``'s partial."""
+    ev = v.part_events.pop(slot, None)
+    if ev is not None:
+        torch.cuda.current_stream(device).wait_event(ev)
 
 
 class _Read6(torch.autograd.Function):
@@ -559,6 +624,8 @@ class _Read6(torch.autograd.Function):
                     for j, s_ in enumerate(group):
                         v.partial[s_] = (k_first, parts[j], cparts[j])
             part = v.partial.pop(slot, None)
+            if part is not None:  # defer_groups: its group pass may still run on the side stream
+                _join_part(v, slot, st.buf.device)
             if part is None and k_first >= k_hi:
                 grad = init
             else:
@@ -573,7 +640,11 @@ class _Read6(torch.autograd.Function):
                     v.dW[:, k_first:k_end] += dW
             if grad is not None:
                 v.final[slot] = grad
+        if k >= 0 and k < k_hi:  # defer_groups: an older group's pass over reads k.., off the critical path
+            _launch_deferred_group(st, v, k, k_hi, H, eps, BT, D)
         if k == 0:  # the anchor: every other read has run its backward
+            for slot in list(v.part_events):  # (every partial is consumed by now; defensively, before dW_all)
+                _join_part(v, slot, st.buf.device)
             v.done = True
             if nul is not None and k_hi > 0:
                 dn, dW = source_bwd(nul, True, v.dbuf, v.lse, v.delta, v.W, 0, k_hi, None, torch.float32, H, eps,
@@ -683,6 +754,16 @@ class FusedRouter(Router):
     scoring pending. Same math; the scores a read forms itself equal the table's to fp32 rounding. Bytes: each
     later group reads its first read's newest source once per read instead of once (byte model
     ``v6_bytes(async_scores=True)``). On the CPU the scoring runs in order at the append.
+    defer_groups = d (routing_impl "fused_v7_sg8_defer" = d 1 (``DEFER_READS``), "fused_v7_sg8_overlap" = with
+    async_scores; needs source_group > 1; opt-in, not yet timed on the GPU): the source-group pass is the
+    largest routing kernel (2.25 of 7.36 ms per 1B step) and latency bound at 12.5% occupancy, and in order it
+    runs between a read's backward and the sublayer backward that needs the read's newest source gradient.
+    Only that newest member is needed at once; the older members are needed by their own first readers, later.
+    So below the newest group, the pass of a group is started at the backward of the read d after its newest
+    member's first reader, on the side stream (``_deferred_group``, ``_launch_deferred_group``), over the reads
+    from there on; it overlaps d sublayers' backward, and every member, the newest too, is completed by its
+    first reader over the reads before (d reads more each; ``_join_part`` waits for the pass first). The groups
+    are the same slots as without deferral (tiled from the newest down). Same math.
     """
 
     name = "fused"
@@ -690,7 +771,7 @@ class FusedRouter(Router):
     def __init__(self, grad_dtype: Optional[torch.dtype] = None, group: Optional[int] = None,
                  shared_backward: Optional[bool] = None, two_pass: bool = False, algo: str = "v6",
                  source_group: int = 1, table: bool = False, prenorm: bool = False, group_scores: bool = False,
-                 async_scores: bool = False):
+                 async_scores: bool = False, defer_groups: int = 0):
         if algo not in ("v6", "v5"):
             raise ValueError(f"algo must be 'v6' (source-major backward, routing_impl 'fused') or 'v5' "
                              f"(read-major, routing_impl 'fused_v5'), got {algo!r}")
@@ -708,7 +789,11 @@ class FusedRouter(Router):
             raise ValueError("async_scores (scoring each source at its append, on a side stream) needs table=True and "
                              "forward groups (group > 1)")
         self.algo, self.source_group, self.table, self.prenorm = algo, source_group, bool(table), bool(prenorm)
+        if not isinstance(defer_groups, int) or defer_groups < 0 or (defer_groups and source_group < 2):
+            raise ValueError(f"defer_groups (reads by which each source-group pass starts early, on a side stream) "
+                             f"must be an integer >= 0 and needs source_group > 1, got {defer_groups!r}")
         self.group_scores, self.async_scores = bool(group_scores), bool(async_scores)
+        self.defer_groups = defer_groups
         if algo == "v6":
             self.name = "fused_v7" if table else "fused" if source_group == 1 else f"fused_sg{source_group}"
             if shared_backward is not None or two_pass:
@@ -751,7 +836,7 @@ class FusedRouter(Router):
         _check_device(first)
         vec = _broadcast_vector(first)
         st = _Storage(capacity=capacity, two_pass=self.two_pass, shared_backward=self.shared_backward,
-                      source_group=self.source_group, group_scores=self.group_scores)
+                      source_group=self.source_group, group_scores=self.group_scores, defer_groups=self.defer_groups)
         if vec is not None:
             st.null, st.capacity = vec, capacity - 1
             if first.dim() == 3:
@@ -995,5 +1080,10 @@ register_router(f"fused_v7_sg{SOURCE_GROUP}_ts",  # fused_v7_sg8 whose group pas
                 lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, group_scores=True))
 register_router(f"fused_v7_sg{SOURCE_GROUP}_async",  # fused_v7_sg8 scoring each source at its append (side stream)
                 lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, async_scores=True))
+register_router(f"fused_v7_sg{SOURCE_GROUP}_defer",  # fused_v7_sg8, group passes one read early on a side stream
+                lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, defer_groups=DEFER_READS))
+register_router(f"fused_v7_sg{SOURCE_GROUP}_overlap",  # both: scoring at appends, deferred group passes
+                lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, async_scores=True,
+                                    defer_groups=DEFER_READS))
 register_router(f"fused_v7_sg{SOURCE_GROUP}_norm",  # fused_v7_sg8 + the next sublayer's pre-norm in the read
                 lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, prenorm=True))  # v6 + the score table + groups
