@@ -110,7 +110,7 @@ def _flat(p):
 
 def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, group=None, shared_backward=True,
                   two_pass=False, algo="v6", lookahead=True, source_group=1, table=False, group_scores=False,
-                  async_scores=False, defer_groups=0):
+                  async_scores=False, defer_groups=0, early_prefix=False):
     """``algo`` "v6" (routing_impl 'fused'): with ``lookahead`` every read is source-major (write-once source
     gradients); without, only the first is and the others run the v5 backward for their own part (the
     fallback). "v5" (routing_impl 'fused_v5'): ``group`` / ``shared_backward`` / ``two_pass`` as before."""
@@ -127,7 +127,7 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
                                             two_pass=two_pass) if algo == "v5"
                       else fused_mod.FusedRouter(group=group, source_group=source_group, table=table,
                                                  group_scores=group_scores, async_scores=async_scores,
-                                                 defer_groups=defer_groups))
+                                                 defer_groups=defer_groups, early_prefix=early_prefix))
         else:
             router = get_router(impl)
         la = group is not None if algo == "v5" else lookahead
@@ -295,9 +295,10 @@ def test_state_misuse_is_an_error():
         router.read(st1, torch.zeros(16, device=DEV), torch.ones(16, device=DEV), 3)
 
 
-def _model_grads(variant, impl, heads, seed=0, **res):
+def _model_grads(variant, impl, heads, seed=0, n_layers=None, **res):
     torch.manual_seed(seed)
-    cfg = model_config("debug", residual={"variant": variant, "heads": heads, "routing_impl": impl, **res})
+    cfg = model_config("debug", residual={"variant": variant, "heads": heads, "routing_impl": impl, **res},
+                       **({"n_layers": n_layers} if n_layers else {}))
     model = build_model(cfg).to(DEV)
     with torch.no_grad():  # leave the zero/one init so routing is non-trivial
         for name, p in model.residual.named_parameters():
@@ -351,6 +352,21 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
     logits_e, grads_e = _model_grads(variant, "eager", heads, **res)
     assert rel(logits_f, logits_e) <= 1e-5
     assert grads_f.keys() == grads_e.keys()
+    for n in grads_e:
+        assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
+
+
+@pytest.mark.parametrize("variant,res", [("mhar", {}), ("mhar_delta", {"delta_block_layers": 1})])
+def test_model_fused_v7_sg8_overlap_deeper_matches_eager(variant, res):
+    """routing_impl 'fused_v7_sg8_overlap' in a 4-layer debug model (9 reads: two forward groups of 4, so a group
+    prefix is started a read early; deferred source-group passes; scoring at appends): eager routing's logits
+    and parameter grads (fp32)."""
+    launches = {k: fused_mod.LAUNCHES[k] for k in ("prefix7_early", "score_ahead")}
+    logits_f, grads_f = _model_grads(variant, "fused_v7_sg8_overlap", 4, n_layers=4, **res)
+    if variant == "mhar":  # (mhar_delta's routing takes the v6 kernels' paths: same result, checked below)
+        assert all(fused_mod.LAUNCHES[k] > v for k, v in launches.items())
+    logits_e, grads_e = _model_grads(variant, "eager", 4, n_layers=4, **res)
+    assert rel(logits_f, logits_e) <= 1e-5 and grads_f.keys() == grads_e.keys()
     for n in grads_e:
         assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
 
@@ -561,6 +577,24 @@ def test_v7_async_scores(N, B, T, D, H, K, with_extra, G, dtype):
                   group=K, table=True, source_group=G, async_scores=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,B,T,D,H,K,with_extra,G", [
+    (9, 1, 37, 48, 1, 4, False, 8),  # groups of 4 (2 + a last read alone)
+    (7, 1, 13, 48, 4, 3, True, 1),  # extra sources at odd reads (those reads drop the next group's prefix)
+    (13, 2, 7, 256, 8, 4, False, 8),  # the paper configs' groups
+    (10, 1, 5, 32, 2, 2, False, 2),  # groups of 2: a prefix started at every other read
+])
+def test_v7_early_prefix(N, B, T, D, H, K, with_extra, G, dtype):
+    """early_prefix (with async_scores): the prefix pass of each group after the first is started at the read
+    before it, over the sources buffered then (a side stream on the GPU), and the group's reads continue from it:
+    outputs and every gradient as the float64 reference."""
+    launches = fused_mod.LAUNCHES["prefix7_early"]
+    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=with_extra, seed=13 * N + H,
+                  group=K, table=True, source_group=G, async_scores=True, early_prefix=True,
+                  defer_groups=1 if G > 1 else 0)
+    assert fused_mod.LAUNCHES["prefix7_early"] > launches
+
+
 def test_v7_async_scores_many_sources():
     """N from 1 to 73 (the 1B read count) with async scoring, groups of 4 and source groups of 8."""
     _check_router(1, 3, 16, 2, n_reads=73, dtype=torch.float32, with_null=False, with_extra=False, seed=73,
@@ -609,7 +643,9 @@ def test_v6_defer_groups_options():
     r = get_router("fused_v7_sg8_defer")
     assert r.defer_groups == fused_mod.DEFER_READS == 1 and r.source_group == 8 and not r.async_scores
     r = get_router("fused_v7_sg8_overlap")
-    assert r.defer_groups == 1 and r.async_scores and r.table
+    assert r.defer_groups == 1 and r.async_scores and r.table and r.early_prefix
+    with pytest.raises(ValueError, match="early_prefix"):
+        fused_mod.FusedRouter(table=True, group=4, early_prefix=True)
     for bad in (dict(defer_groups=1), dict(source_group=8, defer_groups=-1), dict(source_group=8, defer_groups=1.5)):
         with pytest.raises(ValueError, match="defer_groups"):
             fused_mod.FusedRouter(**bad)
@@ -1107,13 +1143,13 @@ def test_gpu_cuda_graph_replay(impl, group, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("D", [1280, 1024])
-@pytest.mark.parametrize("async_scores,defer", [(True, 0), (False, 1), (True, 1)])
-def test_gpu_side_stream_work_is_waited_for(D, async_scores, defer, monkeypatch):
-    """async_scores / defer_groups on the GPU: the scoring launched at each append and the deferred source-group
-    passes run on a side stream. Delayed there by a spin kernel (~1 ms) before each of them, the router still
-    gives the reference's outputs and gradients: every reader of the table and of a partial waits for it (a
-    missing wait would read an uninitialised table or partial)."""
-    real_score, real_group = fused_mod.score_sources, fused_mod.source_group_bwd
+@pytest.mark.parametrize("async_scores,defer,early", [(True, 0, False), (False, 1, False), (True, 1, True)])
+def test_gpu_side_stream_work_is_waited_for(D, async_scores, defer, early, monkeypatch):
+    """async_scores / defer_groups / early_prefix on the GPU: the scoring launched at each append, the deferred
+    source-group passes and the early prefix passes run on a side stream. Delayed there by a spin kernel (~1 ms)
+    before each of them, the router still gives the reference's outputs and gradients: every reader of the
+    table, of a partial and of a prefix waits for it (a missing wait would read uninitialised memory)."""
+    real_score, real_group, real_prefix = fused_mod.score_sources, fused_mod.source_group_bwd, fused_mod.prefix7_fwd
 
     def on_side():
         return torch.cuda.current_stream() in fused_mod._SIDE_STREAMS.values()
@@ -1127,13 +1163,20 @@ def test_gpu_side_stream_work_is_waited_for(D, async_scores, defer, monkeypatch)
         if on_side():
             torch.cuda._sleep(2_000_000)
         return real_group(*a, **kw)
+    def slow_prefix(*a, **kw):
+        if on_side():
+            torch.cuda._sleep(2_000_000)
+        return real_prefix(*a, **kw)
     monkeypatch.setattr(fused_mod, "score_sources", slow_score)
     monkeypatch.setattr(fused_mod, "source_group_bwd", slow_group)
-    launches = {k: fused_mod.LAUNCHES[k] for k in ("score_ahead", "source_group_deferred")}
+    monkeypatch.setattr(fused_mod, "prefix7_fwd", slow_prefix)
+    launches = {k: fused_mod.LAUNCHES[k] for k in ("score_ahead", "source_group_deferred", "prefix7_early")}
     _check_router(1, 512, D, 8, n_reads=25, dtype=torch.bfloat16, with_null=False, with_extra=False, seed=D,
-                  group=4, table=True, source_group=8, async_scores=async_scores, defer_groups=defer)
+                  group=4, table=True, source_group=8, async_scores=async_scores, defer_groups=defer,
+                  early_prefix=early)
     assert (fused_mod.LAUNCHES["score_ahead"] - launches["score_ahead"] == 24) == async_scores
     assert (fused_mod.LAUNCHES["source_group_deferred"] > launches["source_group_deferred"]) == bool(defer)
+    assert (fused_mod.LAUNCHES["prefix7_early"] > launches["prefix7_early"]) == early
     assert fused_mod._SIDE_STREAMS  # the side stream was used
 
 

@@ -1740,14 +1740,20 @@ def _prefix7_kernel(buf_ptr, s_ptr, p_ptr, lse_ptr, n_buf, buf_stride, s_stride,
 
 
 def prefix7_fwd(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf: int, H: int, BT: int, D: int,
-                out_dtype: torch.dtype):
+                out_dtype: torch.dtype, out: tuple | None = None):
     """Partials of reads k0..k0+K-1 of the score table S over buf[0:n_buf): P (K, BT, D) in ``out_dtype``,
-    lse (K, BT, H) fp32."""
+    lse (K, BT, H) fp32 (written into ``out`` = (P, lse) if given, e.g. allocated on another stream)."""
     _check_index_range(buf)
     if n_buf < 1:
         raise ValueError("prefix7_fwd needs at least one buffered source")
-    P = torch.empty(K, BT, D, device=buf.device, dtype=out_dtype)
-    lse = torch.empty(K, BT, H, device=buf.device, dtype=torch.float32)
+    if out is not None:
+        P, lse = out
+        if P.shape != (K, BT, D) or P.dtype != out_dtype or lse.shape != (K, BT, H) or lse.dtype != torch.float32 \
+                or not (P.is_contiguous() and lse.is_contiguous()):
+            raise ValueError("prefix7_fwd: out must be contiguous (K, BT, D) partials and (K, BT, H) fp32 lse")
+    else:
+        P = torch.empty(K, BT, D, device=buf.device, dtype=out_dtype)
+        lse = torch.empty(K, BT, H, device=buf.device, dtype=torch.float32)
     HP, DA, DB = _split(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     nb = _loop_bucket(n_buf)
