@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -470,6 +470,21 @@ def _side_stream(device: torch.device):
     return _SIDE_STREAMS[idx]
 
 
+def _on_side_stream(device: torch.device, launch: Callable[[], Any]) -> tuple[Any, Optional["torch.cuda.Event"]]:
+    """Run ``launch`` (kernel launches whose outputs the caller allocated on the current stream) on the side
+    stream of ``device``, after the current stream's work so far; returns (its result, a CUDA event recorded
+    after it, for the readers to wait on). CPU / interpreter: in order, (result, None)."""
+    side = _side_stream(device)
+    if side is None:
+        return launch(), None
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        res = launch()
+        ev = torch.cuda.Event()
+        ev.record(side)
+    return res, ev
+
+
 def _join_scores(v: "_V6", device: torch.device, upto: Optional[int] = None) -> None:
     """async_scores: the current stream waits for the side-stream scoring of the pending slots <= ``upto``
     (all pending slots: None). One side stream runs them in order, so waiting for the newest one's event is
@@ -500,18 +515,9 @@ def _launch_deferred_group(st: _Storage, v: "_V6", k: int, k_hi: int, H: int, ep
     NG = len(group)
     out = (torch.empty(NG, BT, D, device=st.buf.device, dtype=torch.float32),
            torch.empty(NG, BT, H, device=st.buf.device, dtype=torch.float32))
-    side = _side_stream(st.buf.device)
-    if side is None:
-        parts, cparts = source_group_bwd(st.buf, st.ss, group[0], NG, v.dbuf, v.lse, v.delta, v.W_split, k, k_hi,
-                                         v.dsr, H, eps, BT, D, scores=tab, out=out)
-        ev = None
-    else:
-        side.wait_stream(torch.cuda.current_stream(st.buf.device))  # after this read's stash
-        with torch.cuda.stream(side):
-            parts, cparts = source_group_bwd(st.buf, st.ss, group[0], NG, v.dbuf, v.lse, v.delta, v.W_split, k,
-                                             k_hi, v.dsr, H, eps, BT, D, scores=tab, out=out)
-            ev = torch.cuda.Event()
-            ev.record(side)
+    (parts, cparts), ev = _on_side_stream(st.buf.device, lambda: source_group_bwd(  # after this read's stash
+        st.buf, st.ss, group[0], NG, v.dbuf, v.lse, v.delta, v.W_split, k, k_hi, v.dsr, H, eps, BT, D, scores=tab,
+        out=out))
     LAUNCHES["source_group_deferred"] += 1
     for j, s_ in enumerate(group):
         v.partial[s_] = (k, parts[j], cparts[j])
@@ -917,16 +923,8 @@ class FusedRouter(Router):
             return
         P = torch.empty(K, BT, D, device=st.buf.device, dtype=st.dtype)
         lse = torch.empty(K, BT, H, device=st.buf.device, dtype=torch.float32)
-        side = _side_stream(st.buf.device)
-        ev = None
-        if side is None:
-            prefix7_fwd(st.buf, v.S, k0, K, n, H, BT, D, st.dtype, out=(P, lse))
-        else:
-            side.wait_stream(torch.cuda.current_stream(st.buf.device))
-            with torch.cuda.stream(side):
-                prefix7_fwd(st.buf, v.S, k0, K, n, H, BT, D, st.dtype, out=(P, lse))
-                ev = torch.cuda.Event()
-                ev.record(side)
+        _, ev = _on_side_stream(st.buf.device, lambda: prefix7_fwd(st.buf, v.S, k0, K, n, H, BT, D, st.dtype,
+                                                                   out=(P, lse)))
         LAUNCHES["prefix7_early"] += 1
         v.early = (k0, K, n, P, lse, ev)
 
@@ -943,15 +941,9 @@ class FusedRouter(Router):
         k_lo = v.next_k  # the first announced read to see this slot
         if v.W_split is None:
             v.W_split = split_weights(v.W, st.buf.dtype)
-        side = _side_stream(st.buf.device)
-        if side is None:  # CPU / interpreter: in order (same table, same data flow)
-            score_sources(st.buf, st.ss, v.W, v.S, slot, k_lo, v.H, v.eps, v.W_split)
-        else:
-            side.wait_stream(torch.cuda.current_stream(st.buf.device))  # after the append's copy
-            with torch.cuda.stream(side):
-                score_sources(st.buf, st.ss, v.W, v.S, slot, k_lo, v.H, v.eps, v.W_split)
-                ev = torch.cuda.Event()
-                ev.record(side)
+        _, ev = _on_side_stream(st.buf.device,  # after the append's copy
+                                lambda: score_sources(st.buf, st.ss, v.W, v.S, slot, k_lo, v.H, v.eps, v.W_split))
+        if ev is not None:
             v.events[slot] = ev
         LAUNCHES["score_ahead"] += 1
         v.s_lo[slot] = k_lo
