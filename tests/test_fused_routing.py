@@ -1101,7 +1101,9 @@ def test_gpu_cuda_graph_replay(impl, group, monkeypatch):
     replayed on new token ids gives the loss and parameter gradients of an eager step on those ids."""
     monkeypatch.setenv("MHAR_ROUTING_GROUP", str(group))  # v5 reads the env; v6 takes group in its constructor
     torch.manual_seed(0)
-    cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": impl})
+    # the side-stream routers in 6 layers (13 reads): early prefixes, a deferred source group, scoring at appends
+    deep = {"n_layers": 6} if impl in ("fused_v7_sg8_async", "fused_v7_sg8_overlap") else {}
+    cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": impl}, **deep)
     model = build_model(cfg).to(DEV)
     if impl == "fused":
         model.residual.router = fused_mod.FusedRouter(group=group)
