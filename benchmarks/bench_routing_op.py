@@ -27,16 +27,17 @@ the bandwidth they are moved at (``--graph 1``: CUDA-graph replays, kernel time 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 import triton.testing
 
-from benchmarks.common import add_out_args, env_columns, existing_rows, measure_hbm_bandwidth, tuned_lines, write_csv
+from benchmarks.common import (add_out_args, env_columns, existing_rows, measure_hbm_bandwidth, routing_env_cell,
+                               tuned_lines, write_csv)
 from mhar.config import PRESETS
-from mhar.routing import get_router, kernel_env
+from mhar.routing import get_router
 
 PDL_SUFFIX = "_pdl"
 
@@ -49,21 +50,10 @@ def split_pdl(impl: str) -> tuple[str, bool]:
     return impl, False
 
 
-@contextlib.contextmanager
 def pdl_setting(on: bool):
     """MHAR_ROUTING_PDL=1 inside the block if ``on`` (restored after); else the caller's setting unchanged."""
-    if not on:
-        yield
-        return
-    old = os.environ.get("MHAR_ROUTING_PDL")
-    os.environ["MHAR_ROUTING_PDL"] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["MHAR_ROUTING_PDL"]
-        else:
-            os.environ["MHAR_ROUTING_PDL"] = old
+    return mock.patch.dict(os.environ, {"MHAR_ROUTING_PDL": "1"} if on else {})
+
 
 MICROBATCH = {"100M": (8, 2048), "350M": (4, 1024), "1B": (2, 1024), "debug": (2, 64), "tiny": (2, 128)}
 
@@ -321,7 +311,7 @@ def bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
     kernels, pdl = split_pdl(impl)
     with pdl_setting(pdl):
         row = _bench_case(c, kernels, mode, graph)
-        row.update(impl=impl, routing_env=" ".join(f"{k}={v}" for k, v in kernel_env().items()))
+        row.update(impl=impl, routing_env=routing_env_cell())
     return row
 
 

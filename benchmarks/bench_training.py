@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import add_out_args, env_columns, existing_rows, write_csv
+from benchmarks.common import add_out_args, env_columns, existing_rows, routing_env_cell, write_csv
 
 MICROBATCH = {"100M": (8, 2048), "350M": (4, 1024), "1B": (2, 1024), "debug": (2, 64), "tiny": (2, 128)}
 # residual config of each benchmark variant (routing_impl picks the Router: mhar/routing)
@@ -63,13 +63,6 @@ VARIANT_ENV = {"mhar_fused_v7_sg8_pdl": {"MHAR_ROUTING_PDL": "1"},
 def variant_env(variant: str) -> dict:
     """The environment of the process that runs ``variant`` (the caller's, plus VARIANT_ENV's settings)."""
     return {**os.environ, **VARIANT_ENV.get(variant, {})}
-
-
-def routing_env_column() -> str:
-    """This process's ``MHAR_ROUTING_*`` settings as one CSV cell ("K=V K=V"; empty: the defaults)."""
-    from mhar.routing import kernel_env
-
-    return " ".join(f"{k}={v}" for k, v in kernel_env().items())
 
 
 def residual_for(variant: str, heads: int) -> dict:
@@ -131,7 +124,7 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
                 params=model.num_params(), steps=steps, step_ms=round(1e3 * dt / steps, 2),
                 tokens_per_s=round(steps * B * T / dt, 1), peak_mem_gib=round(peak, 3),
                 warmup_s=round(warm_s, 1), final_loss=round(res.loss, 4), status="ok",
-                step_plan=plan.describe(), cuda_graph=int(plan.cuda_graph), routing_env=routing_env_column())
+                step_plan=plan.describe(), cuda_graph=int(plan.cuda_graph), routing_env=routing_env_cell())
 
 
 def trainer_config(size: str, variant: str, heads: int, steps: int, device: str) -> dict:
@@ -170,7 +163,7 @@ def run_trainer(size: str, variant: str, heads: int, steps: int, device: str, wo
                 steps=s.get("steady_steps"), step_ms=s.get("step_ms"), tokens_per_s=s.get("steady_tokens_per_s"),
                 peak_mem_gib=s.get("peak_mem_gb"), final_loss=s.get("final_val_loss"), status="ok",
                 step_plan=s.get("step_plan"), mfu=s.get("mfu"),
-                routing_env=" ".join(f"{k}={v}" for k, v in (prov.get("routing_env") or {}).items()))
+                routing_env=routing_env_cell(prov.get("routing_env") or {}))
 
 
 def main(argv=None) -> None:

@@ -38,6 +38,14 @@ def env_columns(module: str | None = None, argv: list[str] | None = None) -> dic
     }
 
 
+def routing_env_cell(env: dict | None = None) -> str:
+    """Kernel settings (``mhar.routing.kernel_env()``, or ``env`` as a provenance.json holds them) as one CSV cell:
+    "K=V K=V", empty for the defaults."""
+    from mhar.routing import kernel_env
+
+    return " ".join(f"{k}={v}" for k, v in (kernel_env() if env is None else env).items())
+
+
 def measure_hbm_bandwidth(gib: float = 2.0) -> float:
     """Device-to-device copy bandwidth in GB/s (bytes read + bytes written), median of 20 copies."""
     import triton.testing

@@ -639,6 +639,18 @@ def test_v6_deferred_groups_follow_the_byte_models_passes(monkeypatch):
         assert len(want) >= 2
 
 
+def test_launchers_check_the_outputs_they_are_given():
+    """prefix7_fwd / source_group_bwd write into caller-allocated outputs (the side-stream launches allocate them on
+    the current stream) only when shape, dtype and layout fit; otherwise an error naming the launcher."""
+    from mhar.routing import _kernels as K
+    a, b = K._outputs("x", None, torch.device("cpu"), ((2, 3), torch.float32), ((4,), torch.bfloat16))
+    assert a.shape == (2, 3) and b.dtype == torch.bfloat16
+    assert K._outputs("x", (a, b), torch.device("cpu"), ((2, 3), torch.float32), ((4,), torch.bfloat16))[0] is a
+    for bad in ((a.t(), b), (a, b.float()), (a[:1], b), (a,)):
+        with pytest.raises(ValueError, match="prefix7_fwd: out must be"):
+            K._outputs("prefix7_fwd", bad, torch.device("cpu"), ((2, 3), torch.float32), ((4,), torch.bfloat16))
+
+
 def test_v6_defer_groups_options():
     r = get_router("fused_v7_sg8_defer")
     assert r.defer_groups == fused_mod.DEFER_READS == 1 and r.source_group == 8 and not r.async_scores

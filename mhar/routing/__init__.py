@@ -28,7 +28,8 @@ from torch import Tensor
 
 from .reference import route_reference
 
-__all__ = ["kernel_env", "Router", "EagerRouter", "CompiledRouter", "ROUTERS", "get_router", "route_reference", "register_router"]
+__all__ = ["kernel_env", "Router", "EagerRouter", "CompiledRouter", "ROUTERS", "get_router", "route_reference",
+           "register_router"]
 
 
 class Router:
@@ -94,8 +95,6 @@ SOURCE_GROUP = 8  # consecutive sources per backward group pass of routing_impls
 # the read after its newest source's first reader (a side stream), so it overlaps one sublayer's backward; each
 # member's completion then covers one read more (byte model: bench_routing_op.v6_bytes(defer_groups=...))
 DEFER_READS = 1
-
-
 KERNEL_ENV_PREFIX = "MHAR_ROUTING_"
 
 

@@ -93,6 +93,18 @@ def _launch(kernel, key: tuple, grid, args: tuple, kwargs: dict) -> int:
     return kernel.best_config.kwargs["BLOCK_T"]
 
 
+def _outputs(name: str, out: tuple | None, device: torch.device, *specs: tuple) -> tuple:
+    """A launcher's output tensors: new ones of the given (shape, dtype) specs, or the caller's ``out`` (e.g.
+    allocated on another stream than the launch's), checked against them."""
+    if out is None:
+        return tuple(torch.empty(shape, device=device, dtype=dtype) for shape, dtype in specs)
+    if len(out) != len(specs) or any(t.shape != shape or t.dtype != dtype or not t.is_contiguous()
+                                     for t, (shape, dtype) in zip(out, specs)):
+        raise ValueError(f"{name}: out must be contiguous tensors of "
+                         f"{', '.join(f'{tuple(sh)} {dt}' for sh, dt in specs)}")
+    return tuple(out)
+
+
 def _loop_bucket(n: int, cap: int = 16) -> int:
     """Autotuning bucket of a kernel's loop length n (sources or reads): the power of two >= n, at most ``cap``.
     It is part of each loop kernel's autotuning key, so the configuration used by a long loop is timed on a
@@ -1104,14 +1116,8 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
         raise ValueError("source_group_bwd: dsr_all must be (H, K, cap * BT) with unit token stride in the "
                          "buffer's dtype")
     wh, wl = W_split
-    if out is not None:
-        parts, cparts = out
-        if parts.shape != (NG, BT, D) or cparts.shape != (NG, BT, H) or parts.dtype != torch.float32 \
-                or cparts.dtype != torch.float32 or not (parts.is_contiguous() and cparts.is_contiguous()):
-            raise ValueError("source_group_bwd: out must be contiguous fp32 (NG, BT, D) and (NG, BT, H) tensors")
-    else:
-        parts = torch.empty(NG, BT, D, device=dev, dtype=torch.float32)
-        cparts = torch.empty(NG, BT, H, device=dev, dtype=torch.float32)
+    parts, cparts = _outputs("source_group_bwd", out, dev, ((NG, BT, D), torch.float32),
+                             ((NG, BT, H), torch.float32))
     _, DA, DB = _split(D, H)
     if DA < 16 or 0 < DB < 16:  # the dots reduce over at least 16 columns: one masked part
         DA, DB = max(16, triton.next_power_of_2(D // H)), 0
@@ -1746,14 +1752,7 @@ def prefix7_fwd(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf: int,
     _check_index_range(buf)
     if n_buf < 1:
         raise ValueError("prefix7_fwd needs at least one buffered source")
-    if out is not None:
-        P, lse = out
-        if P.shape != (K, BT, D) or P.dtype != out_dtype or lse.shape != (K, BT, H) or lse.dtype != torch.float32 \
-                or not (P.is_contiguous() and lse.is_contiguous()):
-            raise ValueError("prefix7_fwd: out must be contiguous (K, BT, D) partials and (K, BT, H) fp32 lse")
-    else:
-        P = torch.empty(K, BT, D, device=buf.device, dtype=out_dtype)
-        lse = torch.empty(K, BT, H, device=buf.device, dtype=torch.float32)
+    P, lse = _outputs("prefix7_fwd", out, buf.device, ((K, BT, D), out_dtype), ((K, BT, H), torch.float32))
     HP, DA, DB = _split(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     nb = _loop_bucket(n_buf)
