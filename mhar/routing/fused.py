@@ -763,8 +763,8 @@ class FusedRouter(Router):
     configuration but no faster: the group kernel is latency bound at 12.5% occupancy (Nsight Compute), so
     fewer instructions do not show (1B step's group passes 2.341 ms vs 2.249 ms for fused_v7_sg8, two
     sessions). Opt-in, not recommended.
-    async_scores (routing_impl "fused_v7_sg8_async"; needs table and forward groups; opt-in, not yet timed on
-    the GPU): the scoring kernel is latency bound (0.78 ms per 1B microbatch for 0.56 GB, results/bench/NOTES.md)
+    async_scores (routing_impl "fused_v7_sg8_async"; needs table and forward groups; opt-in; correct on the
+    H200, not timed alone): the scoring kernel is latency bound (0.78 ms per 1B microbatch for 0.56 GB, results/bench/NOTES.md)
     and sits between each append and the next read. With this option a source appended after the anchor read
     is scored at its append, on a side stream (``_score_ahead``), so the scoring overlaps the next sublayer's
     work; the reads that would need its table row before it can be joined do without it: a group's prefix
@@ -776,7 +776,8 @@ class FusedRouter(Router):
     later group reads its first read's newest source once per read instead of once (byte model
     ``v6_bytes(async_scores=True)``). On the CPU the scoring runs in order at the append.
     defer_groups = d (routing_impl "fused_v7_sg8_defer" = d 1 (``DEFER_READS``), "fused_v7_sg8_overlap" = with
-    async_scores; needs source_group > 1; opt-in, not yet timed on the GPU): the source-group pass is the
+    async_scores; needs source_group > 1; opt-in; "_overlap" is correct on the H200 and no faster than
+    "fused_v7_sg8" in the training step, results/bench/NOTES.md): the source-group pass is the
     largest routing kernel (2.25 of 7.36 ms per 1B step) and latency bound at 12.5% occupancy, and in order it
     runs between a read's backward and the sublayer backward that needs the read's newest source gradient.
     Only that newest member is needed at once; the older members are needed by their own first readers, later.
@@ -785,7 +786,7 @@ class FusedRouter(Router):
     from there on; it overlaps d sublayers' backward, and every member, the newest too, is completed by its
     first reader over the reads before (d reads more each; ``_join_part`` waits for the pass first). The groups
     are the same slots as without deferral (tiled from the newest down). Same math.
-    early_prefix (needs async_scores; in "fused_v7_sg8_overlap"; opt-in, not yet timed on the GPU): with
+    early_prefix (needs async_scores; in "fused_v7_sg8_overlap", above; opt-in): with
     async_scores a group's prefix pass stops before its first read's newest source, i.e. it covers exactly the
     sources buffered at the read before. So the last read of a group starts the next group's prefix pass
     (``_start_early_prefix``) on the side stream, beside the sublayer between the two reads, and the next read
@@ -1129,7 +1130,7 @@ register_router(f"fused_v7_sg{SOURCE_GROUP}_async",  # fused_v7_sg8 scoring each
                 lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, async_scores=True))
 register_router(f"fused_v7_sg{SOURCE_GROUP}_defer",  # fused_v7_sg8, group passes one read early on a side stream
                 lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, defer_groups=DEFER_READS))
-register_router(f"fused_v7_sg{SOURCE_GROUP}_overlap",  # both: scoring at appends, deferred group passes
+register_router(f"fused_v7_sg{SOURCE_GROUP}_overlap",  # scoring at appends, deferred group passes, early prefixes
                 lambda: FusedRouter(table=True, group=V7_GROUP, source_group=SOURCE_GROUP, async_scores=True,
                                     defer_groups=DEFER_READS, early_prefix=True))
 register_router(f"fused_v7_sg{SOURCE_GROUP}_norm",  # fused_v7_sg8 + the next sublayer's pre-norm in the read
