@@ -13,9 +13,9 @@ write the output; bwd: read n sources and dout, write n source gradients), effec
 GB/s = min_bytes / time and its fraction of the measured HBM copy bandwidth.
 
 An implementation name ending in ``_pdl`` (``fused_t_g4_sg8_pdl``) is the same kernels launched with programmatic
-dependent launch (``MHAR_ROUTING_PDL=1`` while its case runs; the others keep the caller's setting, off by
-default): ``--impls fused_t_g4_sg8 fused_t_g4_sg8_pdl`` compares both in one call; ``routing_env`` records each
-row's kernel settings.
+dependent launch (``MHAR_ROUTING_PDL=1`` while its case runs: the library's default on sm_90+); the other fused
+names run with ``MHAR_ROUTING_PDL=0``, so a name always means the same launches: ``--impls fused_t_g4_sg8
+fused_t_g4_sg8_pdl`` compares both in one call; ``routing_env`` records each row's kernel settings.
 
 Default: ``fused`` (kernels v6) and ``fused_v5`` side by side, microbatch mode; ``model_gb`` / ``model_gbps``
 are the bytes of each kernel version's byte model (``v6_bytes`` / ``v5_bytes``, as in traffic_bound.py) and
@@ -50,9 +50,13 @@ def split_pdl(impl: str) -> tuple[str, bool]:
     return impl, False
 
 
-def pdl_setting(on: bool):
-    """MHAR_ROUTING_PDL=1 inside the block if ``on`` (restored after); else the caller's setting unchanged."""
-    return mock.patch.dict(os.environ, {"MHAR_ROUTING_PDL": "1"} if on else {})
+def pdl_setting(impl: str):
+    """The block's MHAR_ROUTING_PDL for ``impl`` (restored after): 1 for a fused ``_pdl`` name, 0 for the other
+    fused names (PDL is the library's default on sm_90+: a name always means the same launches), the caller's
+    setting for the rest (no Triton kernels)."""
+    if not impl.startswith("fused"):
+        return mock.patch.dict(os.environ, {})
+    return mock.patch.dict(os.environ, {"MHAR_ROUTING_PDL": "1" if split_pdl(impl)[1] else "0"})
 
 
 MICROBATCH = {"100M": (8, 2048), "350M": (4, 1024), "1B": (2, 1024), "debug": (2, 64), "tiny": (2, 128)}
@@ -308,8 +312,8 @@ def graph_ms(fn, warmup: int = 3, reps: int = 30) -> float:
 
 def bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
     """One row: ``impl`` (an ``_pdl`` suffix: with programmatic dependent launch) on case ``c``."""
-    kernels, pdl = split_pdl(impl)
-    with pdl_setting(pdl):
+    kernels, _ = split_pdl(impl)
+    with pdl_setting(impl):
         row = _bench_case(c, kernels, mode, graph)
         row.update(impl=impl, routing_env=routing_env_cell())
     return row

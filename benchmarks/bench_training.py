@@ -48,16 +48,19 @@ VARIANTS = {
     "mhar_fused_v7_sg8_norm": {"variant": "mhar", "routing_impl": "fused_v7_sg8_norm"},  # + pre-norm in the read
     "mhar_fused_v7_sg8_ts": {"variant": "mhar", "routing_impl": "fused_v7_sg8_ts"},  # group pass: table scores
     "mhar_fused_v7_sg8_async": {"variant": "mhar", "routing_impl": "fused_v7_sg8_async"},  # scoring at appends
-    # fused_v7_sg8 with programmatic dependent launch (MHAR_ROUTING_PDL=1 in its process: VARIANT_ENV)
+    # fused_v7_sg8 with programmatic dependent launch (MHAR_ROUTING_PDL=1 in its process: VARIANT_ENV), the
+    # library's default on sm_90+: what `python -m mhar.train` with the paper configs runs on the H200
     "mhar_fused_v7_sg8_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
     "mhar_fused_v7_sg8_defer": {"variant": "mhar", "routing_impl": "fused_v7_sg8_defer"},  # group passes early
     "mhar_fused_v7_sg8_overlap": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # async + defer
     "mhar_fused_v7_sg8_overlap_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # + PDL
 }
-# kernel settings (mhar.routing.kernel_env) of a variant's process, over the caller's environment; every other
-# variant runs with the caller's. A row records its process's settings in ``routing_env``.
-VARIANT_ENV = {"mhar_fused_v7_sg8_pdl": {"MHAR_ROUTING_PDL": "1"},
-               "mhar_fused_v7_sg8_overlap_pdl": {"MHAR_ROUTING_PDL": "1"}}
+# kernel settings (mhar.routing.kernel_env) of a variant's process, over the caller's environment. Programmatic
+# dependent launch is named, not inherited: a fused variant ending in ``_pdl`` runs with MHAR_ROUTING_PDL=1 (what
+# the library does by default on sm_90+ since 2026-12-03b), every other fused variant with MHAR_ROUTING_PDL=0
+# (what the record's rows of that name measured before). A row records its process's settings in ``routing_env``.
+VARIANT_ENV = {name: {"MHAR_ROUTING_PDL": "1" if name.endswith("_pdl") else "0"}
+               for name, res in VARIANTS.items() if res.get("routing_impl", "").startswith("fused")}
 
 
 def variant_env(variant: str) -> dict:

@@ -13,7 +13,16 @@ as independent; ``--unit call`` first averages the runs that share a device call
 n, mean, sample sd, the 95% t interval (scipy), the one-sided t test of mean > target (scipy) and its Holm
 adjustment over the sizes (statsmodels: the issue asks for the target at EVERY size, so each size is one of
 several tests). Verdict per size: "met" (Holm p < alpha), "below" (the interval's upper end under the target),
-else "not demonstrated" (with one unit, always). The target holds overall only if every size is "met".
+else "not demonstrated" (with one unit, always), "not measured" for a size of ``--sizes`` without runs. The target
+holds overall only if every size is "met".
+
+``--against B`` compares two variants measured in the SAME runs instead (each against the baseline of its own run:
+a call's k-th baseline row opens its k-th run): per size, the paired differences of the ratios (variant - B), their
+95% t interval and the one-sided paired t test of variant > B (scipy ``ttest_rel``), Holm over the sizes; and all
+sizes pooled (one test over every pair). Runs that hold only one of the two are left out.
+
+    python -m benchmarks.target_verdict results/bench/training.csv --variant mhar_fused_v7_sg8_pdl \
+        --against mhar_fused_v7_sg8
 """
 from __future__ import annotations
 
@@ -76,9 +85,11 @@ def load_units(path: str | Path, variant: str, unit: str = "run",
     return out
 
 
-def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: float = 0.05) -> list[dict]:
+def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: float = 0.05,
+             sizes: tuple = ()) -> list[dict]:
     """One row per size (``SIZE_ORDER``, then by name): n, ratios, mean, sd, ci95, p (one-sided, mean > target),
-    p_holm (over the sizes with n >= 2), verdict."""
+    p_holm (over the sizes with n >= 2), verdict. ``sizes``: sizes that must appear ("not measured", n 0, when the
+    record has no run of them)."""
     import numpy as np
     from scipy import stats
     from statsmodels.stats.multitest import multipletests
@@ -86,7 +97,11 @@ def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: fl
     from benchmarks.common import t_interval
 
     out = []
-    for size in sorted(units, key=lambda s: (SIZE_ORDER.get(s, 99), s)):
+    for size in sorted(set(units) | set(sizes), key=lambda s: (SIZE_ORDER.get(s, 99), s)):
+        if not units.get(size):
+            out.append({"size": size, "n": 0, "ratios": [], "mean": None, "sd": None, "ci95": None, "p": None,
+                        "p_holm": None, "verdict": "not measured"})
+            continue
         x = np.array([v for _, v in units[size]], float)
         row = {"size": size, "n": int(x.size), "ratios": [round(float(v), 4) for v in x],
                "mean": float(x.mean()), "sd": None, "ci95": None, "p": None, "p_holm": None}
@@ -101,6 +116,8 @@ def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: fl
         for r, pa in zip(tested, adj):
             r["p_holm"] = float(pa)
     for r in out:
+        if r["n"] == 0:
+            continue
         if r["p_holm"] is not None and r["p_holm"] < alpha:
             r["verdict"] = "met"
         elif r["ci95"] is not None and r["ci95"][1] < target:
@@ -108,6 +125,100 @@ def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: fl
         else:
             r["verdict"] = "not demonstrated"
     return out
+
+
+def load_pairs(path: str | Path, variant: str, against: str,
+               mode: str = "step") -> dict[str, list[tuple[str, float, float]]]:
+    """size -> [(run label, ratio of ``variant``, ratio of ``against``)] for the runs that measured both: a run is
+    a call's k-th baseline row of that size and mode and the rows after it (``bench_training`` writes each
+    repeat as the baseline, then the variants in order); its label "<call> run k"."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: use one of {', '.join(MODES)}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such training-throughput record")
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"{path}: cannot read it as CSV ({e})") from e
+    if rows and not {"size", "variant", "mode", "thr_ratio", "status"} <= set(rows[0]):
+        raise ValueError(f"{path}: not a training-throughput record (needs size, variant, mode, thr_ratio, status)")
+    opened: dict[tuple, int] = {}
+    seen: dict[tuple, dict[str, float]] = {}
+    for i, r in enumerate(rows):
+        if r["mode"] not in MODES[mode]:
+            continue
+        call = _call_id(r.get("source", "")) or f"row {i + 2}"
+        key = (r["size"], call, r["mode"])
+        if r["variant"] == "baseline":
+            opened[key] = opened.get(key, 0) + 1
+            continue
+        if r["variant"] not in (variant, against) or r["status"] != "ok" or not r["thr_ratio"]:
+            continue
+        x = float(r["thr_ratio"])
+        if not math.isfinite(x):
+            raise ValueError(f"{path}: row {i + 2} has thr_ratio {r['thr_ratio']!r}")
+        run = (r["size"], f"{call} run {opened.get(key, 0)}" + ("" if mode == "step" else f" ({r['mode']})"))
+        seen.setdefault(run, {})[r["variant"]] = x
+    out: dict[str, list[tuple[str, float, float]]] = {}
+    for (size, label), v in seen.items():
+        if variant in v and against in v:
+            out.setdefault(size, []).append((label, v[variant], v[against]))
+    return out
+
+
+def compare(pairs: dict[str, list[tuple[str, float, float]]], alpha: float = 0.05) -> list[dict]:
+    """Per size, then "all" (every pair pooled): n pairs, mean difference (variant - against), sd, its 95% t
+    interval, the one-sided paired t test of variant > against (scipy ``ttest_rel``), Holm over the sizes (not
+    the pooled row), verdict "faster" (Holm p < alpha; pooled: p < alpha), "slower" (interval under 0), else
+    "not demonstrated"."""
+    import numpy as np
+    from scipy import stats
+    from statsmodels.stats.multitest import multipletests
+
+    from benchmarks.common import t_interval
+
+    def row(size, items):
+        a = np.array([x for _, x, _ in items], float)
+        b = np.array([y for _, _, y in items], float)
+        r = {"size": size, "n": int(a.size), "diffs": [round(float(v), 4) for v in a - b],
+             "mean": float((a - b).mean()), "sd": None, "ci95": None, "p": None, "p_holm": None}
+        if a.size >= 2:
+            _, r["sd"], lo, hi = t_interval(a - b, 1 - alpha)
+            r["ci95"] = [lo, hi]
+            r["p"] = float(stats.ttest_rel(a, b, alternative="greater").pvalue)
+        return r
+
+    out = [row(s, pairs[s]) for s in sorted(pairs, key=lambda s: (SIZE_ORDER.get(s, 99), s))]
+    tested = [r for r in out if r["p"] is not None]
+    if tested:
+        for r, pa in zip(tested, multipletests([r["p"] for r in tested], alpha=alpha, method="holm")[1]):
+            r["p_holm"] = float(pa)
+    if len(out) > 1:
+        pooled = row("all", [it for s in pairs for it in pairs[s]])
+        pooled["p_holm"] = pooled["p"]
+        out.append(pooled)
+    for r in out:
+        if r["p_holm"] is not None and r["p_holm"] < alpha:
+            r["verdict"] = "faster"
+        elif r["ci95"] is not None and r["ci95"][1] < 0:
+            r["verdict"] = "slower"
+        else:
+            r["verdict"] = "not demonstrated"
+    return out
+
+
+def compare_markdown(rows: list[dict], variant: str, against: str, mode: str = "step") -> str:
+    lines = [f"`{variant}` - `{against}`: paired differences of the throughput ratio, same runs (rows: {mode}; "
+             "one-sided paired t test, Holm over sizes; 'all': every pair pooled, not adjusted)",
+             "", "| size | pairs | differences | mean | sd | 95% interval | p | p (Holm) | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = "-" if r["ci95"] is None else f"{r['ci95'][0]:+.4f} to {r['ci95'][1]:+.4f}"
+        lines.append(f"| {r['size']} | {r['n']} | {', '.join(f'{v:+.4f}' for v in r['diffs'])} | {r['mean']:+.4f} | "
+                     f"{_fmt(r['sd'])} | {ci} | {_fmt(r['p'], 3)} | {_fmt(r['p_holm'], 3)} | {r['verdict']} |")
+    return "\n".join(lines)
 
 
 def _fmt(v, nd=4):
@@ -120,7 +231,7 @@ def markdown(rows: list[dict], target: float, variant: str, unit: str, mode: str
              "", "| size | n | ratios | mean | sd | 95% interval | p | p (Holm) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ci = "-" if r["ci95"] is None else f"{r['ci95'][0]:.4f}-{r['ci95'][1]:.4f}"
-        lines.append(f"| {r['size']} | {r['n']} | {', '.join(f'{v:.4f}' for v in r['ratios'])} | {r['mean']:.4f} | "
+        lines.append(f"| {r['size']} | {r['n']} | {', '.join(f'{v:.4f}' for v in r['ratios']) or '-'} | {_fmt(r['mean'])} | "
                      f"{_fmt(r['sd'])} | {ci} | {_fmt(r['p'], 3)} | {_fmt(r['p_holm'], 3)} | {r['verdict']} |")
     overall = "met at every size" if rows and all(r["verdict"] == "met" for r in rows) else "not met at every size"
     lines += ["", f"Overall: {overall}."]
@@ -137,10 +248,31 @@ def main(argv=None) -> int:
                     help="rows to use: the benchmark's step rows (default), the trainer rows, or both (then prefer "
                          "--unit call: a call's step and trainer rows measure the same build)")
     ap.add_argument("--alpha", type=float, default=0.05)
+    ap.add_argument("--sizes", nargs="+", default=list(SIZE_ORDER),
+                    help="sizes the target is asked for (a size without runs is 'not measured'; default: %(default)s)")
+    ap.add_argument("--against", metavar="VARIANT",
+                    help="compare --variant with this variant over the runs that measured both (paired)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of a table")
     args = ap.parse_args(argv)
     if not 0 < args.alpha < 1:
         ap.error(f"--alpha {args.alpha}: must be in (0, 1)")
+    if args.against:
+        try:
+            pairs = load_pairs(args.record, args.variant, args.against, args.mode)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if not pairs:
+            print(f"error: {args.record}: no run holds both {args.variant!r} and {args.against!r} (ok {args.mode} "
+                  "rows with a thr_ratio); check --variant / --against / --mode", file=sys.stderr)
+            return 2
+        rows = compare(pairs, args.alpha)
+        if args.json:
+            for r in rows:
+                print(json.dumps({**r, "variant": args.variant, "against": args.against, "mode": args.mode}))
+        else:
+            print(compare_markdown(rows, args.variant, args.against, args.mode))
+        return 0
     try:
         units = load_units(args.record, args.variant, args.unit, args.mode)
     except (OSError, ValueError) as e:
@@ -150,7 +282,7 @@ def main(argv=None) -> int:
         print(f"error: {args.record}: no ok {args.mode} rows with a thr_ratio for variant {args.variant!r}; check "
               f"--variant / --mode", file=sys.stderr)
         return 2
-    rows = verdicts(units, args.target, args.alpha)
+    rows = verdicts(units, args.target, args.alpha, tuple(args.sizes))
     if args.json:
         for r in rows:
             print(json.dumps({**r, "variant": args.variant, "target": args.target, "unit": args.unit,

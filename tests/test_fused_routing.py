@@ -1316,17 +1316,20 @@ def test_gpu_fwd7_prenorm_every_launch_config(D, H, monkeypatch):
 
 
 # Programmatic dependent launch (PDL) of the v7 path's kernels.
-def test_pdl_only_when_asked_for_on_sm90(monkeypatch):
-    """Programmatic dependent launch is opt-in: MHAR_ROUTING_PDL=1 on a CUDA device of capability >= 9.0, never on
-    the CPU or under the interpreter; off when unset or 0; any other value is an error naming the variable."""
+def test_pdl_on_by_default_on_sm90_unless_turned_off(monkeypatch):
+    """Programmatic dependent launch is on by default on a CUDA device of capability >= 9.0 with a Triton that has
+    it (unset or MHAR_ROUTING_PDL=1), off with MHAR_ROUTING_PDL=0, never on the CPU, under the interpreter, before
+    sm_90 or with a Triton without it (an explicit 1 there is an error); any other value is an error naming the
+    variable."""
     from mhar.routing import _kernels as K
     cap = {"major": 9}
     monkeypatch.setattr(K, "_PDL_ON", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (cap["major"], 0))
+    monkeypatch.setattr(K, "triton_has_pdl", lambda: True)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("MHAR_ROUTING_PDL", raising=False)
     cuda0 = torch.device("cuda", 0)
-    assert not K.pdl_enabled(cuda0)  # off by default
+    assert K.pdl_enabled(cuda0)  # on by default (sm_90+)
     monkeypatch.setenv("MHAR_ROUTING_PDL", "0")
     assert not K.pdl_enabled(cuda0)
     monkeypatch.setenv("MHAR_ROUTING_PDL", "1")
@@ -1335,12 +1338,27 @@ def test_pdl_only_when_asked_for_on_sm90(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not K.pdl_enabled(cuda0)
     monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(K, "triton_has_pdl", lambda: False)  # Triton < 3.4: off by default, an error if asked for
+    with pytest.raises(ValueError, match="MHAR_ROUTING_PDL=1: this Triton"):
+        K.pdl_enabled(cuda0)
+    monkeypatch.delenv("MHAR_ROUTING_PDL")
+    assert not K.pdl_enabled(cuda0)
+    monkeypatch.setattr(K, "triton_has_pdl", lambda: True)
     monkeypatch.setattr(K, "_PDL_ON", {})
     cap["major"] = 8  # Ampere: no griddepcontrol
     assert not K.pdl_enabled(cuda0)
     monkeypatch.setenv("MHAR_ROUTING_PDL", "yes")
     with pytest.raises(ValueError, match="MHAR_ROUTING_PDL='yes'"):
         K.pdl_enabled(cuda0)
+
+
+def test_triton_has_pdl_matches_its_language():
+    """The feature check looks at the installed Triton's language: the griddepcontrol intrinsics the kernels'
+    ``_pdl_enter`` calls."""
+    import triton.language as tl
+    from mhar.routing import _kernels as K
+    cuda = getattr(tl.extra, "cuda", None)
+    assert K.triton_has_pdl() == (hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents"))
 
 
 def test_launch_passes_pdl_to_the_kernels_that_wait(monkeypatch):

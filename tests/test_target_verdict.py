@@ -118,7 +118,8 @@ def test_cli_table_and_errors(tmp_path, capsys):
     assert "check --variant" in capsys.readouterr().err
     assert tv.main([str(path), "--variant", "mhar_x", "--mode", "trainer"]) == 0
     out = capsys.readouterr().out
-    assert "rows: trainer" in out and "| 100M | 1 | 0.5000 |" in out and "| 1B |" not in out
+    assert "rows: trainer" in out and "| 100M | 1 | 0.5000 |" in out and "| 1B | 0 | - |" in out
+    assert "| not measured |" in out
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
     assert tv.main([str(bad)]) == 2
@@ -129,6 +130,99 @@ def test_cli_table_and_errors(tmp_path, capsys):
     assert "cannot read it as CSV" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         tv.main([str(path), "--alpha", "2"])
+
+
+def test_sizes_without_runs_are_not_measured(tmp_path):
+    """A size the target is asked for but the record lacks is listed as "not measured" (n 0), takes no part in
+    Holm's adjustment, and the target is then not met overall."""
+    path = _write(tmp_path / "t.csv", [("1B", "v", "step", r, "ok", f"session s call {i}")
+                                       for i, r in enumerate(("0.95", "0.96", "0.97"))])
+    rows = tv.verdicts(tv.load_units(path, "v"), 0.90, sizes=("100M", "350M", "1B"))
+    assert [(r["size"], r["n"], r["verdict"]) for r in rows] == [("100M", 0, "not measured"),
+                                                                  ("350M", 0, "not measured"), ("1B", 3, "met")]
+    alone = tv.verdicts(tv.load_units(path, "v"), 0.90)
+    assert rows[2]["p_holm"] == pytest.approx(alone[0]["p_holm"]) == pytest.approx(alone[0]["p"])
+    assert "Overall: not met at every size." in tv.markdown(rows, 0.90, "v", "run")
+
+
+def _paired_record(tmp_path):
+    B, A = "mhar_b", "mhar_a"
+    rows = [
+        ("1B", "baseline", "step", "", "ok", "session s1 call 1"),
+        ("1B", B, "step", "0.890", "ok", "session s1 call 1"),
+        ("1B", A, "step", "0.896", "ok", "session s1 call 1"),
+        # two repeats in one call: each pairs with its own repeat
+        ("1B", "baseline", "step", "", "ok", "session s1 call 2 (two repeats)"),
+        ("1B", B, "step", "0.900", "ok", "session s1 call 2 (two repeats)"),
+        ("1B", A, "step", "0.905", "ok", "session s1 call 2 (two repeats)"),
+        ("1B", "baseline", "step", "", "ok", "session s1 call 2 (two repeats)"),
+        ("1B", B, "step", "0.880", "ok", "session s1 call 2 (two repeats)"),
+        ("1B", A, "step", "0.889", "ok", "session s1 call 2 (two repeats)"),
+        # unpaired: A alone in its run; B timed out
+        ("1B", "baseline", "step", "", "ok", "session s2 call 1"),
+        ("1B", A, "step", "0.999", "ok", "session s2 call 1"),
+        ("1B", B, "step", "", "timeout after 170s", "session s2 call 1"),
+        ("350M", "baseline", "step", "", "ok", "session s2 call 2"),
+        ("350M", A, "step", "0.870", "ok", "session s2 call 2"),
+        ("350M", B, "step", "0.872", "ok", "session s2 call 2"),
+        ("350M", "baseline", "step", "", "ok", "session s2 call 3"),
+        ("350M", B, "step", "0.860", "ok", "session s2 call 3"),
+        ("350M", A, "step", "0.861", "ok", "session s2 call 3"),
+        ("350M", A, "trainer", "0.5", "ok", "session s2 call 3"),  # another mode: ignored
+    ]
+    return _write(tmp_path / "p.csv", rows), A, B
+
+
+def test_pairs_are_runs_that_measured_both(tmp_path):
+    path, A, B = _paired_record(tmp_path)
+    pairs = tv.load_pairs(path, A, B)
+    assert pairs["1B"] == [("session s1 call 1 run 1", 0.896, 0.890), ("session s1 call 2 run 1", 0.905, 0.900),
+                           ("session s1 call 2 run 2", 0.889, 0.880)]
+    assert [(a, b) for _, a, b in pairs["350M"]] == [(0.870, 0.872), (0.861, 0.860)]  # (A, B) whatever the row order
+
+
+def test_compare_by_hand(tmp_path):
+    """The paired t statistic of the differences, its one-sided p (Student t survival function, equal to scipy's
+    ttest_rel), Holm over the two sizes by hand, and the pooled row over all five pairs."""
+    from scipy.stats import t as student
+
+    path, A, B = _paired_record(tmp_path)
+    rows = {r["size"]: r for r in tv.compare(tv.load_pairs(path, A, B))}
+
+    def one_sided(d):
+        n = len(d)
+        m = sum(d) / n
+        sd = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1))
+        return m, sd, float(student.sf(m / (sd / math.sqrt(n)), n - 1))
+
+    d1b = [0.896 - 0.890, 0.905 - 0.900, 0.889 - 0.880]
+    d350 = [0.870 - 0.872, 0.861 - 0.860]
+    m, sd, p1b = one_sided(d1b)
+    assert rows["1B"]["mean"] == pytest.approx(m) and rows["1B"]["sd"] == pytest.approx(sd)
+    assert rows["1B"]["p"] == pytest.approx(p1b)
+    _, _, p350 = one_sided(d350)
+    assert rows["350M"]["p"] == pytest.approx(p350)
+    lo, hi = sorted((p1b, p350))
+    holm = {p1b: None, p350: None}
+    holm[lo] = min(1.0, 2 * lo)
+    holm[hi] = max(holm[lo], min(1.0, hi))
+    assert rows["1B"]["p_holm"] == pytest.approx(holm[p1b]) and rows["350M"]["p_holm"] == pytest.approx(holm[p350])
+    assert rows["1B"]["verdict"] == ("faster" if holm[p1b] < 0.05 else "not demonstrated")
+    assert rows["350M"]["verdict"] == "not demonstrated"
+    _, _, pall = one_sided(d1b + d350)
+    assert rows["all"]["n"] == 5 and rows["all"]["p"] == pytest.approx(pall) == pytest.approx(rows["all"]["p_holm"])
+
+
+def test_compare_slower_and_cli(tmp_path, capsys):
+    path, A, B = _paired_record(tmp_path)
+    rows = tv.compare(tv.load_pairs(path, B, A))  # the other way round: B is slower at 1B
+    one_b = next(r for r in rows if r["size"] == "1B")
+    assert one_b["verdict"] == "slower" and one_b["ci95"][1] < 0
+    assert tv.main([str(path), "--variant", A, "--against", B]) == 0
+    out = capsys.readouterr().out
+    assert "`mhar_a` - `mhar_b`" in out and "| 1B | 3 | +0.0060, +0.0050, +0.0090 |" in out and "| all | 5 |" in out
+    assert tv.main([str(path), "--variant", A, "--against", "nope"]) == 2
+    assert "no run holds both" in capsys.readouterr().err
 
 
 def test_the_repository_record_reads():

@@ -229,7 +229,8 @@ def test_profile_cli_prints_each_kernels_fraction_of_hbm(tmp_path, capsys):
 
 def test_op_bench_pdl_names_run_the_same_kernels_with_pdl_on(monkeypatch):
     """``fused_t_g4_sg8_pdl``: the kernels of ``fused_t_g4_sg8`` (router, byte model) timed with
-    MHAR_ROUTING_PDL=1, which is restored afterwards; the row names the impl as asked and its kernel settings."""
+    MHAR_ROUTING_PDL=1, and ``fused_t_g4_sg8`` with MHAR_ROUTING_PDL=0 (PDL is the library's default on sm_90+);
+    the caller's setting is restored afterwards; the row names the impl as asked and its kernel settings."""
     from benchmarks import bench_routing_op as B
 
     assert B.split_pdl("fused_t_g4_sg8_pdl") == ("fused_t_g4_sg8", True)
@@ -244,13 +245,15 @@ def test_op_bench_pdl_names_run_the_same_kernels_with_pdl_on(monkeypatch):
     c = B.Case("debug", 2, 64, 64, 2, 5)
     r1 = B.bench_case(c, "fused_t_g4_sg8_pdl", "microbatch")
     r0 = B.bench_case(c, "fused_t_g4_sg8", "microbatch")
-    assert seen == [("fused_t_g4_sg8", "1"), ("fused_t_g4_sg8", None)]
+    re_ = B.bench_case(c, "eager", "microbatch")
+    assert seen == [("fused_t_g4_sg8", "1"), ("fused_t_g4_sg8", "0"), ("eager", None)]
     assert "MHAR_ROUTING_PDL" not in os.environ
     assert r1["impl"] == "fused_t_g4_sg8_pdl" and "MHAR_ROUTING_PDL=1" in r1["routing_env"]
-    assert r0["impl"] == "fused_t_g4_sg8" and "MHAR_ROUTING_PDL" not in r0["routing_env"]
-    monkeypatch.setenv("MHAR_ROUTING_PDL", "0")  # the caller's setting comes back after a _pdl case
-    B.bench_case(c, "fused_t_g4_sg8_pdl", "microbatch")
-    assert seen[-1] == ("fused_t_g4_sg8", "1") and os.environ["MHAR_ROUTING_PDL"] == "0"
+    assert r0["impl"] == "fused_t_g4_sg8" and "MHAR_ROUTING_PDL=0" in r0["routing_env"]
+    assert "MHAR_ROUTING_PDL" not in re_["routing_env"]
+    monkeypatch.setenv("MHAR_ROUTING_PDL", "1")  # the caller's setting comes back after a case
+    B.bench_case(c, "fused_t_g4_sg8", "microbatch")
+    assert seen[-1] == ("fused_t_g4_sg8", "0") and os.environ["MHAR_ROUTING_PDL"] == "1"
 
 
 def test_async_scores_byte_model_by_hand():

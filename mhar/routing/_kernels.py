@@ -36,28 +36,41 @@ LAUNCHES: Counter = Counter()
 _TUNED: dict = {}
 
 
-# Programmatic dependent launch (Hopper and later), opt-in with MHAR_ROUTING_PDL=1: the v7 path's kernels (append,
-# score, fwd7, prefix7, stash, write-once and source-group gradients) are then launched with CUDA's programmatic
-# stream serialization and begin with ``_pdl_enter``: wait until the previous kernel has completed
-# (griddepcontrol.wait: all its writes visible, so every load of the kernel comes after it, and transitively after
-# all earlier kernels), then let the next kernel launch. The next kernel's launch and block scheduling then
-# overlap this one's tail instead of following its completion; the routing makes hundreds of small launches per
-# microbatch (1B: ~390). Results do not change (each kernel still reads only completed writes; CUDA-graph capture
-# keeps the launches' programmatic edges). Off by default until measured side by side in the training step
-# (2026-12-02i: the 1B routing op took 7.54 ms with it against 7.64-7.65 ms without in earlier sessions; no
-# same-call comparison, and neither its GPU equality test nor a training step with it has completed); never on
-# the CPU, under the interpreter or before sm_90.
+# Programmatic dependent launch (Hopper and later; on by default there, MHAR_ROUTING_PDL=0 turns it off): the v7
+# path's kernels (append, score, fwd7, prefix7, stash, write-once and source-group gradients) are launched with
+# CUDA's programmatic stream serialization and begin with ``_pdl_enter``: wait until the previous kernel has
+# completed (griddepcontrol.wait: all its writes visible, so every load of the kernel comes after it, and
+# transitively after all earlier kernels), then let the next kernel launch. The next kernel's launch and block
+# scheduling then overlap this one's tail instead of following its completion; the routing makes hundreds of
+# small launches per microbatch (1B: ~390). Results do not change (each kernel still reads only completed writes;
+# CUDA-graph capture keeps the launches' programmatic edges; the H200 test of eager and graph-replayed launches
+# against serial ones passed at the 1B width, 2026-12-03). Default since the training step measured it side by
+# side (2026-12-03b, H200, 4 paired runs): 0.34 / 0.40 ms faster per 1B step, 0.44 / 0.00 ms per 350M step
+# (results/bench/NOTES.md). Never on the CPU, under the interpreter or before sm_90.
 PDL_ENV = "MHAR_ROUTING_PDL"
 _PDL_ON: dict = {}
 
 
+def triton_has_pdl() -> bool:
+    """Whether this Triton can launch with programmatic dependent launch (``launch_pdl``, ``gdc_wait``: 3.4+)."""
+    cuda = getattr(getattr(tl, "extra", None), "cuda", None)
+    return hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
+
+
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether routing kernels on ``device`` are launched with programmatic dependent launch: only with
-    ``MHAR_ROUTING_PDL=1``, on a CUDA device of compute capability 9.0 or later, not under the interpreter."""
+    """Whether routing kernels on ``device`` are launched with programmatic dependent launch: on a CUDA device of
+    compute capability 9.0 or later with a Triton that has it (3.4+), not under the interpreter, unless
+    ``MHAR_ROUTING_PDL=0`` (unset or 1: on where supported; 1 with a Triton without it is an error)."""
     flag = os.environ.get(PDL_ENV, "").strip()
     if flag not in ("", "0", "1"):
-        raise ValueError(f"{PDL_ENV}={flag!r}: set it to 1 (programmatic dependent launch on) or 0 / unset (off)")
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or flag != "1":
+        raise ValueError(f"{PDL_ENV}={flag!r}: set it to 0 (programmatic dependent launch off) or 1 / unset (on "
+                         "where the GPU supports it, sm_90+)")
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or flag == "0":
+        return False
+    if not triton_has_pdl():
+        if flag == "1":
+            raise ValueError(f"{PDL_ENV}=1: this Triton ({triton.__version__}) has no programmatic dependent launch "
+                             "(needs 3.4+); upgrade Triton or unset the variable")
         return False
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _PDL_ON:
