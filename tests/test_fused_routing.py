@@ -1390,10 +1390,10 @@ def test_launch_passes_pdl_to_the_kernels_that_wait(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("D,H,n", [(1280, 8, 12), (512, 8, 25)])
+@pytest.mark.parametrize("D,H,n", [(1280, 8, 12), (1024, 8, 12), (512, 8, 25)])
 def test_gpu_pdl_launches_equal_serial_launches(monkeypatch, D, H, n):
     """The paper configs' routing (fused_v7_sg8: table, forward groups of 4, source groups of 8) with
-    programmatic dependent launch (MHAR_ROUTING_PDL=1) gives bit-for-bit the outputs and gradients of ordinary
+    programmatic dependent launch (MHAR_ROUTING_PDL=1; the default on sm_90+) gives bit-for-bit the outputs and gradients of ordinary
     launches, eagerly and replayed from a CUDA graph (sm_90+)."""
     from mhar.routing import _kernels as K
     monkeypatch.setenv("MHAR_ROUTING_PDL", "1")
