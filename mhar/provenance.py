@@ -6,7 +6,8 @@
 Keys: ``time_utc``, ``hostname``, ``command`` (argv), ``cwd``, ``git`` ({commit, dirty, root}),
 ``packages`` ({python, torch, triton, numpy, mhar, ...}), ``hardware`` ({platform, cpu, cpu_count,
 cuda_available, cuda, cudnn, gpus: [{name, memory_gb}], driver}), ``routing_env`` (the fused kernels'
-``MHAR_ROUTING_*`` settings), and, when a config is given,
+``MHAR_ROUTING_*`` settings), ``routing_pdl`` (whether they launch with programmatic dependent launch here: the
+default on sm_90+, so the settings alone do not say), and, when a config is given,
 ``config`` and ``config_hash`` (``mhar.config.config_hash`` of it). Nothing here raises: a piece that
 cannot be determined is recorded as ``None``.
 """
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["collect_provenance", "routing_env", "git_info", "package_versions", "hardware_info", "utc_now"]
+__all__ = ["collect_provenance", "routing_env", "routing_pdl", "git_info", "package_versions", "hardware_info", "utc_now"]
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 _PACKAGES = ("torch", "triton", "numpy", "mhar", "datasets", "tokenizers", "transformers", "lm_eval", "pyyaml")
@@ -120,6 +121,22 @@ def routing_env() -> Optional[dict]:
         return None
 
 
+def routing_pdl() -> Optional[bool]:
+    """Whether the fused routing kernels launch with programmatic dependent launch on this process's CUDA device
+    (``mhar.routing._kernels.pdl_enabled``: on by default on sm_90+, ``MHAR_ROUTING_PDL=0`` off); False without
+    CUDA; None if it cannot be determined (no Triton, an invalid setting)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        from .routing import _kernels
+
+        return bool(_kernels.pdl_enabled(torch.device("cuda")))
+    except Exception:  # provenance must never break a run
+        return None
+
+
 def collect_provenance(config: Optional[dict] = None) -> dict:
     """Everything needed to say where a result came from (see module docstring)."""
     prov: dict[str, Any] = {
@@ -131,6 +148,7 @@ def collect_provenance(config: Optional[dict] = None) -> dict:
         "packages": package_versions(),
         "hardware": hardware_info(),
         "routing_env": routing_env(),
+        "routing_pdl": routing_pdl(),
     }
     if config is not None:
         from .config import config_hash

@@ -1352,6 +1352,29 @@ def test_pdl_on_by_default_on_sm90_unless_turned_off(monkeypatch):
         K.pdl_enabled(cuda0)
 
 
+def test_provenance_records_whether_pdl_is_on(monkeypatch):
+    """PDL is a default, so the run's ``MHAR_ROUTING_*`` settings alone do not say whether it was on:
+    provenance records the effective setting (``routing_pdl``), False without CUDA, None when undeterminable."""
+    from mhar import provenance
+    from mhar.routing import _kernels as K
+    monkeypatch.setattr(K, "_PDL_ON", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (9, 0))
+    monkeypatch.setattr(K, "triton_has_pdl", lambda: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("MHAR_ROUTING_PDL", raising=False)
+    assert provenance.routing_pdl() is True
+    monkeypatch.setenv("MHAR_ROUTING_PDL", "0")
+    assert provenance.routing_pdl() is False
+    monkeypatch.setenv("MHAR_ROUTING_PDL", "yes")  # invalid: the run itself reports it; provenance says unknown
+    assert provenance.routing_pdl() is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert provenance.routing_pdl() is False
+    monkeypatch.delenv("MHAR_ROUTING_PDL")
+    assert provenance.collect_provenance()["routing_pdl"] is False
+
+
 def test_triton_has_pdl_matches_its_language():
     """The feature check looks at the installed Triton's language: the griddepcontrol intrinsics the kernels'
     ``_pdl_enter`` calls."""
