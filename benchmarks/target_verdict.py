@@ -46,16 +46,8 @@ def _call_id(source: str) -> str:
 MODES = {"step": ("step",), "trainer": ("trainer",), "both": ("step", "trainer")}
 
 
-def load_units(path: str | Path, variant: str, unit: str = "run",
-               mode: str = "step") -> dict[str, list[tuple[str, float]]]:
-    """size -> [(unit label, ratio)]: the record's paired ratios of ``variant`` (status ok) in ``mode`` ("step":
-    the benchmark's TrainStep rows; "trainer": the ``python -m mhar.train`` rows of ``--trainer-steps``, each paired
-    with the trainer baseline of its call; "both"), one per run or, with ``unit="call"``, the mean of each call's
-    runs (a call's step and trainer rows re-measure one build: with "both", use calls as units)."""
-    if unit not in ("run", "call"):
-        raise ValueError(f"unit {unit!r}: use 'run' or 'call'")
-    if mode not in MODES:
-        raise ValueError(f"mode {mode!r}: use one of {', '.join(MODES)}")
+def _read_record(path: str | Path) -> list[dict]:
+    """The record's rows (dicts); errors name the file: missing, not CSV, not a training-throughput record."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such training-throughput record")
@@ -66,6 +58,20 @@ def load_units(path: str | Path, variant: str, unit: str = "run",
         raise ValueError(f"{path}: cannot read it as CSV ({e})") from e
     if rows and not {"size", "variant", "mode", "thr_ratio", "status"} <= set(rows[0]):
         raise ValueError(f"{path}: not a training-throughput record (needs size, variant, mode, thr_ratio, status)")
+    return rows
+
+
+def load_units(path: str | Path, variant: str, unit: str = "run",
+               mode: str = "step") -> dict[str, list[tuple[str, float]]]:
+    """size -> [(unit label, ratio)]: the record's paired ratios of ``variant`` (status ok) in ``mode`` ("step":
+    the benchmark's TrainStep rows; "trainer": the ``python -m mhar.train`` rows of ``--trainer-steps``, each paired
+    with the trainer baseline of its call; "both"), one per run or, with ``unit="call"``, the mean of each call's
+    runs (a call's step and trainer rows re-measure one build: with "both", use calls as units)."""
+    if unit not in ("run", "call"):
+        raise ValueError(f"unit {unit!r}: use 'run' or 'call'")
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: use one of {', '.join(MODES)}")
+    path, rows = Path(path), _read_record(path)
     runs: dict[str, list[tuple[str, float]]] = {}
     for i, r in enumerate(rows):
         if r["variant"] != variant or r["mode"] not in MODES[mode] or r["status"] != "ok" or not r["thr_ratio"]:
@@ -134,16 +140,7 @@ def load_pairs(path: str | Path, variant: str, against: str,
     repeat as the baseline, then the variants in order); its label "<call> run k"."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: use one of {', '.join(MODES)}")
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such training-throughput record")
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise ValueError(f"{path}: cannot read it as CSV ({e})") from e
-    if rows and not {"size", "variant", "mode", "thr_ratio", "status"} <= set(rows[0]):
-        raise ValueError(f"{path}: not a training-throughput record (needs size, variant, mode, thr_ratio, status)")
+    path, rows = Path(path), _read_record(path)
     opened: dict[tuple, int] = {}
     seen: dict[tuple, dict[str, float]] = {}
     for i, r in enumerate(rows):

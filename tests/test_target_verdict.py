@@ -223,6 +223,8 @@ def test_compare_slower_and_cli(tmp_path, capsys):
     assert "`mhar_a` - `mhar_b`" in out and "| 1B | 3 | +0.0060, +0.0050, +0.0090 |" in out and "| all | 5 |" in out
     assert tv.main([str(path), "--variant", A, "--against", "nope"]) == 2
     assert "no run holds both" in capsys.readouterr().err
+    assert tv.main([str(tmp_path / "missing.csv"), "--variant", A, "--against", B]) == 2
+    assert "no such training-throughput record" in capsys.readouterr().err
 
 
 def test_the_repository_record_reads():
