@@ -254,38 +254,32 @@ def main(argv=None) -> int:
     if not 0 < args.alpha < 1:
         ap.error(f"--alpha {args.alpha}: must be in (0, 1)")
     if args.against:
-        try:
-            pairs = load_pairs(args.record, args.variant, args.against, args.mode)
-        except (OSError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        if not pairs:
-            print(f"error: {args.record}: no run holds both {args.variant!r} and {args.against!r} (ok {args.mode} "
-                  "rows with a thr_ratio); check --variant / --against / --mode", file=sys.stderr)
-            return 2
-        rows = compare(pairs, args.alpha)
-        if args.json:
-            for r in rows:
-                print(json.dumps({**r, "variant": args.variant, "against": args.against, "mode": args.mode}))
-        else:
-            print(compare_markdown(rows, args.variant, args.against, args.mode))
-        return 0
+        load = lambda: load_pairs(args.record, args.variant, args.against, args.mode)  # noqa: E731
+        empty = (f"no run holds both {args.variant!r} and {args.against!r} (ok {args.mode} rows with a thr_ratio); "
+                 "check --variant / --against / --mode")
+        analyse = lambda data: compare(data, args.alpha)  # noqa: E731
+        tag = {"variant": args.variant, "against": args.against, "mode": args.mode}
+        table = lambda rows: compare_markdown(rows, args.variant, args.against, args.mode)  # noqa: E731
+    else:
+        load = lambda: load_units(args.record, args.variant, args.unit, args.mode)  # noqa: E731
+        empty = f"no ok {args.mode} rows with a thr_ratio for variant {args.variant!r}; check --variant / --mode"
+        analyse = lambda data: verdicts(data, args.target, args.alpha, tuple(args.sizes))  # noqa: E731
+        tag = {"variant": args.variant, "target": args.target, "unit": args.unit, "mode": args.mode}
+        table = lambda rows: markdown(rows, args.target, args.variant, args.unit, args.mode)  # noqa: E731
     try:
-        units = load_units(args.record, args.variant, args.unit, args.mode)
+        data = load()
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not units:
-        print(f"error: {args.record}: no ok {args.mode} rows with a thr_ratio for variant {args.variant!r}; check "
-              f"--variant / --mode", file=sys.stderr)
+    if not data:
+        print(f"error: {args.record}: {empty}", file=sys.stderr)
         return 2
-    rows = verdicts(units, args.target, args.alpha, tuple(args.sizes))
+    rows = analyse(data)
     if args.json:
         for r in rows:
-            print(json.dumps({**r, "variant": args.variant, "target": args.target, "unit": args.unit,
-                              "mode": args.mode}))
+            print(json.dumps({**r, **tag}))
     else:
-        print(markdown(rows, args.target, args.variant, args.unit, args.mode))
+        print(table(rows))
     return 0
 
 
