@@ -61,6 +61,14 @@ def _read_record(path: str | Path) -> list[dict]:
     return rows
 
 
+def _ratio(path: Path, i: int, row: dict) -> float:
+    """Row i's thr_ratio as a finite float; else an error naming the file and its line."""
+    x = float(row["thr_ratio"])
+    if not math.isfinite(x):
+        raise ValueError(f"{path}: row {i + 2} has thr_ratio {row['thr_ratio']!r}")
+    return x
+
+
 def load_units(path: str | Path, variant: str, unit: str = "run",
                mode: str = "step") -> dict[str, list[tuple[str, float]]]:
     """size -> [(unit label, ratio)]: the record's paired ratios of ``variant`` (status ok) in ``mode`` ("step":
@@ -76,9 +84,7 @@ def load_units(path: str | Path, variant: str, unit: str = "run",
     for i, r in enumerate(rows):
         if r["variant"] != variant or r["mode"] not in MODES[mode] or r["status"] != "ok" or not r["thr_ratio"]:
             continue
-        x = float(r["thr_ratio"])
-        if not math.isfinite(x):
-            raise ValueError(f"{path}: row {i + 2} has thr_ratio {r['thr_ratio']!r}")
+        x = _ratio(path, i, r)
         runs.setdefault(r["size"], []).append((_call_id(r.get("source", "")) or f"row {i + 2}", x))
     if unit == "run":
         return runs
@@ -153,9 +159,7 @@ def load_pairs(path: str | Path, variant: str, against: str,
             continue
         if r["variant"] not in (variant, against) or r["status"] != "ok" or not r["thr_ratio"]:
             continue
-        x = float(r["thr_ratio"])
-        if not math.isfinite(x):
-            raise ValueError(f"{path}: row {i + 2} has thr_ratio {r['thr_ratio']!r}")
+        x = _ratio(path, i, r)
         run = (r["size"], f"{call} run {opened.get(key, 0)}" + ("" if mode == "step" else f" ({r['mode']})"))
         seen.setdefault(run, {})[r["variant"]] = x
     out: dict[str, list[tuple[str, float, float]]] = {}
