@@ -51,6 +51,8 @@ VARIANTS = {
     # fused_v7_sg8 with programmatic dependent launch (MHAR_ROUTING_PDL=1 in its process: VARIANT_ENV), the
     # library's default on sm_90+: what `python -m mhar.train` with the paper configs runs on the H200
     "mhar_fused_v7_sg8_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
+    # the same with the scoring kernel over all heads per program (MHAR_ROUTING_SCORE=heads: VARIANT_ENV)
+    "mhar_fused_v7_sg8_heads_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
     "mhar_fused_v7_sg8_defer": {"variant": "mhar", "routing_impl": "fused_v7_sg8_defer"},  # group passes early
     "mhar_fused_v7_sg8_overlap": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # async + defer
     "mhar_fused_v7_sg8_overlap_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # + PDL
@@ -59,7 +61,10 @@ VARIANTS = {
 # dependent launch is named, not inherited: a fused variant ending in ``_pdl`` runs with MHAR_ROUTING_PDL=1 (what
 # the library does by default on sm_90+ since 2026-12-03b), every other fused variant with MHAR_ROUTING_PDL=0
 # (what the record's rows of that name measured before). A row records its process's settings in ``routing_env``.
-VARIANT_ENV = {name: {"MHAR_ROUTING_PDL": "1" if name.endswith("_pdl") else "0"}
+# The scoring kernel is named too: ``_heads`` in a variant's name runs ``_score_heads_kernel``
+# (MHAR_ROUTING_SCORE=heads), every other fused variant the per-head ``_score_kernel`` (=head) its rows measured.
+VARIANT_ENV = {name: {"MHAR_ROUTING_PDL": "1" if name.endswith("_pdl") else "0",
+                      "MHAR_ROUTING_SCORE": "heads" if "_heads" in name else "head"}
                for name, res in VARIANTS.items() if res.get("routing_impl", "").startswith("fused")}
 
 

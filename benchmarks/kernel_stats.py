@@ -127,6 +127,8 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
     pn_types.update(w_ptr="*fp32", rstd_ptr="*fp32", delta_ptr="*fp32", dw_part_ptr="*fp32", eps="fp32")
     sc_types = {n: "*bf16" for n in _jit(K._score_kernel).arg_names if n.endswith("_ptr")}
     sc_types.update(ss_ptr="*fp32", s_ptr="*fp32", eps="fp32")
+    sh_types = {n: "*bf16" for n in _jit(K._score_heads_kernel).arg_names if n.endswith("_ptr")}
+    sh_types.update(ss_ptr="*fp32", s_ptr="*fp32", eps="fp32")
     grp_types = {n: "*bf16" for n in _jit(K._src_group_bwd_kernel).arg_names if n.endswith("_ptr")}
     grp_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", part_ptr="*fp32", cpart_ptr="*fp32",
                      s_ptr="*fp32",
@@ -165,21 +167,26 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
             ("prenorm_fwd", K._prenorm_fwd_kernel, pn_types, {}, ("BT", "D", "DH"), K._prune6),
             ("prenorm_stash", K._prenorm_stash_kernel, pn_types, {}, ("BT", "D", "DH"), K._prune6),
             *((f"score_{kp}", K._score_kernel, sc_types, dict(KP=kp, DA=DA, DB=DB, SPLIT=True, DOT=True, EMU=False,
-                                                             **dims), ("BT",), None) for kp in (64, 128))):
+                                                             **dims), ("BT",), None) for kp in (64, 128)),
+            ("score_heads", K._score_heads_kernel, sh_types, dict(HP=HP, DA=DA, DB=DB, SPLIT=True, DOT=True,
+                                                                   EMU=False, **dims), ("BT",),
+             K._prune_score_heads)):
         if kernels is not None and name not in kernels:
             continue
         configs = (K._group_configs(full=True) if kernel is K._src_group_bwd_kernel else
                    K._prefix6_configs(full=True) if kernel is K._prefix6_kernel else
                    K._prefix7_configs(full=True) if kernel is K._prefix7_kernel else
                    [_score_config(K, flags["KP"])] if kernel is K._score_kernel else
+                   K._score_heads_configs(full=True) if kernel is K._score_heads_kernel else
                    K._prenorm_configs(full=True) if kernel in (K._prenorm_fwd_kernel, K._prenorm_stash_kernel) else
                    K._v6_configs(full=True))
-        tiles = ({"HP": HP, "DA": DA, "DB": DB} if prune in (K._prune6, K._prune_prefix7)
+        tiles = ({"KB": 128} if prune is K._prune_score_heads else
+                 {"HP": HP, "DA": DA, "DB": DB} if prune in (K._prune6, K._prune_prefix7)
                  else {"DA": DA, "DB": DB} if prune is K._prune_group else {} if prune is None
                  else {"HP": HP, "DHP": DHP})
         kept = configs if prune is None else prune(configs, {**tiles, **flags})
         for cfg in kept:
-            consts = {**flags, **tiles, **cfg.kwargs}
+            consts = {**flags, **{k: v for k, v in tiles.items() if k != "KB"}, **cfg.kwargs}
             st = compile_stats(kernel, types, consts, cfg.num_warps, div)
             # issue slots per loaded element: SASS instructions of one loop iteration x 32 lanes x warps over the
             # elements one iteration loads (a token block's rows; the prefix kernel: one head's columns)
@@ -187,7 +194,9 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
             # loop: one head's columns of the source)
             elems = cfg.kwargs["BLOCK_T"] * (D // H if kernel in (K._prefix6_kernel, K._score_kernel) else
                                              flags["KC"] * (D // H) if kernel is K._src_group_bwd_kernel else D)
-            rows.append({"size": size, "kernel": name, "BLOCK_T": cfg.kwargs["BLOCK_T"],
+            rows.append({"size": size, "kernel": name + (f"_kc{cfg.kwargs['KC']}" if "KC" in cfg.kwargs and
+                                                         kernel is K._score_heads_kernel else ""),
+                         "BLOCK_T": cfg.kwargs["BLOCK_T"],
                          "STAGES": cfg.kwargs.get("STAGES", 1), "warps": cfg.num_warps,
                          **st,
                          "instr_per_element": round(st["loop_instructions"] * 32 * cfg.num_warps / elems, 2)})

@@ -722,7 +722,7 @@ def test_group_scores_needs_table_and_source_groups():
     assert get_router("fused_v7_sg8_ts").group_scores
 
 
-def _check_scores(D, H, k_lo, Kr, BT, dtype):
+def _check_scores(D, H, k_lo, Kr, BT, dtype, kernel=None):
     from mhar.routing import _kernels as K
     gen = torch.Generator().manual_seed(D + H + k_lo + Kr)
     eps = 1e-6
@@ -730,7 +730,7 @@ def _check_scores(D, H, k_lo, Kr, BT, dtype):
     ss = buf.float().pow(2).sum(-1)
     W = (torch.randn(Kr, D, generator=gen) * 0.7).to(DEV)
     S = torch.full((2, Kr, BT, H), float("nan"), device=DEV)
-    K.score_sources(buf, ss, W, S, 1, k_lo, H, eps)
+    K.score_sources(buf, ss, W, S, 1, k_lo, H, eps, kernel=kernel)
     x = buf[1].double().cpu()
     r = 1 / torch.sqrt(x.pow(2).mean(-1) + eps)
     ref = torch.einsum("thd,khd->kth", x.view(BT, H, -1), W.double().cpu().view(Kr, H, -1)) * r[None, :, None]
@@ -739,14 +739,30 @@ def _check_scores(D, H, k_lo, Kr, BT, dtype):
     assert err <= 2e-5 * ref.abs().max().item(), err
 
 
+@pytest.mark.parametrize("kernel", ["head", "heads"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("D,H,k_lo,Kr", [(96, 2, 0, 6), (64, 1, 3, 6), (40, 8, 1, 6), (320, 2, 2, 6),
-                                         (32, 2, 5, 140)])
-def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, Kr, dtype):
+                                         (32, 2, 5, 140), (48, 3, 0, 37)])
+def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, Kr, dtype, kernel):
     """score_sources against its definition: rms(x)^-1 * <x_h, (q g)_h> per head, in fp64 from the stored
     source; rows below k_lo are left untouched (NaN). bf16 sources use the hi + lo split of q g: fp32 accuracy.
-    135 reads: two launches (at most ``SCORE_READS`` reads each), the first with a 128-read tile."""
-    _check_scores(D, H, k_lo, Kr, 21, dtype)
+    Both scoring kernels. 135 reads: ``head`` in two launches (at most ``SCORE_READS`` reads each), the first with
+    a 128-read tile; ``heads`` in chunks of reads over one launch (the last chunk partial). 3 heads: padded to 4
+    in ``heads``' tile (the padded head is never stored)."""
+    _check_scores(D, H, k_lo, Kr, 21, dtype, kernel)
+
+
+def test_score_kernel_choice(monkeypatch):
+    """MHAR_ROUTING_SCORE picks the scoring kernel; a wrong value names the variable and its values."""
+    from mhar.routing import _kernels as K
+    monkeypatch.delenv(K.SCORE_ENV, raising=False)
+    assert K.score_kernel() == K.SCORE_DEFAULT
+    for name in K.SCORE_KERNELS:
+        monkeypatch.setenv(K.SCORE_ENV, name)
+        assert K.score_kernel() == name
+    monkeypatch.setenv(K.SCORE_ENV, "fast")
+    with pytest.raises(ValueError, match="MHAR_ROUTING_SCORE='fast'.*heads, head"):
+        K.score_kernel()
 
 
 @pytest.mark.gpu
@@ -754,11 +770,43 @@ def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, Kr, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("D,k_lo,Kr,BT", [(1280, 0, 73, 2048), (1280, 40, 73, 2048), (1024, 0, 49, 4096),
                                           (512, 0, 25, 16384), (1024, 3, 200, 1024)])
-def test_gpu_v7_scores_all_reads(D, k_lo, Kr, BT, dtype):
-    """The scoring kernel at the presets' widths, microbatches and read counts (1B: 73 reads, a 128-read tile
+@pytest.mark.parametrize("kernel", ["head", "heads"])
+def test_gpu_v7_scores_all_reads(D, k_lo, Kr, BT, dtype, kernel):
+    """The scoring kernels at the presets' widths, microbatches and read counts (1B: 73 reads, a 128-read tile
     at head width 160 = 128 + 32, which faulted with 64 tokens x 8 warps per program), and a 100-layer model
-    (200 reads: two launches)."""
-    _check_scores(D, 8, k_lo, Kr, BT, dtype)
+    (200 reads: two launches of ``head``)."""
+    _check_scores(D, 8, k_lo, Kr, BT, dtype, kernel)
+
+
+def _score_heads_each_config(monkeypatch, D, H, k_lo, Kr, BT):
+    """_check_scores of ``_score_heads_kernel`` once per launch configuration it may be tuned to (forced)."""
+    from mhar.routing import _kernels as K
+    orig = K._launch
+    for cfg in K._score_heads_configs(full=True):
+        def launch(kernel, key, grid, args, kwargs, cfg=cfg):
+            if kernel is K._score_heads_kernel:
+                kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
+                return cfg.kwargs["BLOCK_T"]
+            return orig(kernel, key, grid, args, kwargs)
+        monkeypatch.setattr(K, "_launch", launch)
+        _check_scores(D, H, k_lo, Kr, BT, torch.bfloat16, "heads")
+
+
+@pytest.mark.parametrize("D,H,k_lo,Kr,BT", [(320, 2, 2, 37, 21), (48, 3, 0, 70, 5)])
+def test_score_heads_every_launch_config(D, H, k_lo, Kr, BT, monkeypatch):
+    """Every launch configuration of ``_score_heads_kernel`` (token and read chunks larger and smaller than the
+    table; head width 160 = 128 + 32 and 16) against the fp64 definition."""
+    _score_heads_each_config(monkeypatch, D, H, k_lo, Kr, BT)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("D,k_lo,Kr,BT", [(1280, 0, 73, 2048), (1280, 60, 73, 2048), (1024, 0, 49, 4096),
+                                          (512, 7, 25, 16384)])
+def test_gpu_score_heads_every_launch_config(D, k_lo, Kr, BT, monkeypatch):
+    """``_score_heads_kernel`` with EVERY launch configuration forced in turn (bf16 sources) at the presets'
+    widths, microbatches and read counts against the fp64 definition."""
+    _score_heads_each_config(monkeypatch, D, 8, k_lo, Kr, BT)
 
 
 # (N, B, T, D, H) at the paper's sizes: 100M H=8 (partial depth), 1B H=16 head width 80.

@@ -1572,20 +1572,116 @@ def split_weights(W: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, to
     return W, None
 
 
+# The scoring kernel ``score_sources`` launches (MHAR_ROUTING_SCORE): ``heads`` (``_score_heads_kernel``: one
+# program per (token block, chunk of reads) over every head, the table's (t, h) rows stored whole) or ``head``
+# (``_score_kernel``: one program per (token block, head), each score a separate 4-byte store H floats apart).
+SCORE_ENV = "MHAR_ROUTING_SCORE"
+SCORE_KERNELS = ("heads", "head")
+SCORE_DEFAULT = "head"
+
+
+def score_kernel() -> str:
+    """The scoring kernel of this process: ``MHAR_ROUTING_SCORE`` (one of ``SCORE_KERNELS``), else the default."""
+    name = os.environ.get(SCORE_ENV, "").strip() or SCORE_DEFAULT
+    if name not in SCORE_KERNELS:
+        raise ValueError(f"{SCORE_ENV}={name!r}: set it to one of {', '.join(SCORE_KERNELS)} (or leave it unset: "
+                         f"{SCORE_DEFAULT})")
+    return name
+
+
+def _score_heads_configs(full: bool = False) -> list:
+    """Tokens x reads per program x warps of ``_score_heads_kernel`` (pruned by ``_prune_score_heads``); one under
+    the interpreter / without autotuning."""
+    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
+        return [triton.Config({"BLOCK_T": 16, "KC": 16}, num_warps=4)]
+    return [triton.Config({"BLOCK_T": bt, "KC": kc}, num_warps=nw)
+            for bt, kc, nw in ((16, 16, 4), (32, 16, 4), (16, 32, 4), (32, 32, 4), (64, 16, 4), (64, 16, 8),
+                               (32, 32, 8), (64, 32, 8))]
+
+
+def _prune_score_heads(configs, named_args, **kwargs):
+    """Score tiles (BLOCK_T, KC, HP) fp32 of at most 16384 elements; reads per program at most the bucket's."""
+    hp, kb = _arg(named_args, kwargs, "HP"), _arg(named_args, kwargs, "KB")
+    keep = [c for c in configs if c.kwargs["BLOCK_T"] * c.kwargs["KC"] * hp <= 16384 and c.kwargs["KC"] <= max(kb, 16)]
+    return keep or configs[:1]
+
+
+@triton.autotune(configs=_score_heads_configs(), key=["D", "H", "SPLIT", "DOT", "KB"],
+                 prune_configs_by={"early_config_prune": _prune_score_heads})
+@triton.jit
+def _score_heads_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.constexpr, H: tl.constexpr,
+                        DH: tl.constexpr, eps, KB, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
+                        SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr, BLOCK_T: tl.constexpr,
+                        KC: tl.constexpr, PDL: tl.constexpr = False):
+    """S[k, t, h] (the slot's table, (K, BT, H) fp32) for reads k_lo <= k < K of one buffered source x (BT, D)
+    (ss: its sums of squares (BT,)): one program per (token block, chunk of KC reads) over EVERY head (a static
+    loop: per head ``_sdot`` of the head's columns, as ``_split``'s two parts), so the program holds whole
+    (t, h) rows of the table and stores them contiguously (``_score_kernel`` stores each score alone, H floats
+    from its neighbours: Nsight Compute counted 4 of every 32 bytes of its store sectors used, 2026-12-03c)."""
+    _pdl_enter(PDL)
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = tok < BT
+    tok64 = tok.to(tl.int64)
+    kk = k_lo + tl.program_id(1) * KC + tl.arange(0, KC)
+    kmask = kk < K
+    hh = tl.arange(0, HP)
+    r = 1.0 / tl.sqrt(tl.load(ss_ptr + tok, mask=tmask, other=1.0) / D + eps)
+    ca0 = tl.arange(0, DA)
+    out = tl.zeros((BLOCK_T, KC, HP), tl.float32)
+    for h in tl.static_range(H):
+        ca = h * DH + ca0
+        x = tl.load(x_ptr + tok64[:, None] * D + ca[None, :], mask=tmask[:, None], other=0.0)
+        woffs = kk[None, :] * D + ca[:, None]
+        w = tl.load(w_ptr + woffs, mask=kmask[None, :], other=0.0)
+        wl = w
+        if SPLIT:
+            wl = tl.load(wl_ptr + woffs, mask=kmask[None, :], other=0.0)
+        acc = _sdot(x, w, wl, SPLIT, DOT, EMU)
+        if DB > 0:
+            cb = DA + tl.arange(0, DB)
+            cbm = cb < DH
+            cb = h * DH + cb
+            x = tl.load(x_ptr + tok64[:, None] * D + cb[None, :], mask=tmask[:, None] & cbm[None, :], other=0.0)
+            woffs = kk[None, :] * D + cb[:, None]
+            w = tl.load(w_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
+            if SPLIT:
+                wl = tl.load(wl_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
+            acc += _sdot(x, w, wl, SPLIT, DOT, EMU)
+        out = tl.where(hh[None, None, :] == h, acc[:, :, None], out)
+    out = out * r[:, None, None]
+    tl.store(s_ptr + kk.to(tl.int64)[None, :, None] * BT * H + tok64[:, None, None] * H + hh[None, None, :], out,
+             mask=tmask[:, None, None] & kmask[None, :, None] & (hh < H)[None, None, :])
+
+
 def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch.Tensor, slot: int, k_lo: int,
-                  H: int, eps: float, W_split: tuple | None = None) -> None:
+                  H: int, eps: float, W_split: tuple | None = None, kernel: str | None = None) -> None:
     """Fill the score table S (cap, K, BT, H) fp32 for buffered source ``slot`` and reads k_lo..K-1 (W = q * g,
     (K, D) fp32 contiguous; ss the buffer's sums of squares (cap, BT)). W_split: ``split_weights(W, buf.dtype)``
-    if the caller keeps it (one forward's reads all share it), else computed here."""
+    if the caller keeps it (one forward's reads all share it), else computed here. ``kernel``: one of
+    ``SCORE_KERNELS`` (default ``score_kernel()``, i.e. MHAR_ROUTING_SCORE or ``SCORE_DEFAULT``)."""
     _, BT, D = buf.shape
     K = W.shape[0]
     if S.numel() >= 2**31 or buf.numel() >= 2**31:
         raise ValueError("fused routing: score table / buffer need 64-bit offsets (limit 2**31); use a smaller "
                          "microbatch or routing_impl='fused'")
+    kernel = score_kernel() if kernel is None else kernel
+    if kernel not in SCORE_KERNELS:
+        raise ValueError(f"score_sources: kernel {kernel!r} is not one of {', '.join(SCORE_KERNELS)}")
     wh, wl = W_split if W_split is not None else split_weights(W, buf.dtype)
-    _, DA, DB = _split(D, H)
+    HP, DA, DB = _split(D, H)
     dot = DA >= 16 and (DB == 0 or DB >= 16)
     emu = os.environ.get("TRITON_INTERPRET") == "1"
+    if kernel == "heads":
+        if k_lo < K:
+            grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]), triton.cdiv(K - k_lo, meta["KC"]))  # noqa: E731
+            kb = _loop_bucket(K - k_lo, 128)
+            args = (buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k_lo, K, BT, D, H, D // H, eps,
+                    kb)
+            flags = dict(HP=HP, DA=DA, DB=DB, SPLIT=wl is not None, DOT=dot, EMU=emu)
+            _launch(_score_heads_kernel, ("score_heads", D, H, kb, *flags.values(), str(buf.dtype)), grid, args,
+                    flags)
+        LAUNCHES["score"] += 1
+        return
     # At most SCORE_READS reads per launch (deeper models: one launch per chunk of reads; a (64, 256) tile of
     # scores does not compile); tokens and warps per program: ``score_launch``.
     for k0 in range(k_lo, K, SCORE_READS):
@@ -1777,4 +1873,4 @@ def prefix7_fwd(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf: int,
 
 
 # the kernels that begin with ``_pdl_enter`` (``_launch`` gives them ``_pdl_kwargs``)
-_PDL_KERNELS = (_append_kernel, _fwd7_kernel, _prefix7_kernel, _stash_kernel, _src_bwd_kernel, _src_group_bwd_kernel)
+_PDL_KERNELS = (_append_kernel, _score_heads_kernel, _fwd7_kernel, _prefix7_kernel, _stash_kernel, _src_bwd_kernel, _src_group_bwd_kernel)
