@@ -555,6 +555,22 @@ def test_v7_score_table(N, B, T, D, H, K, with_null, with_extra, dtype):
                   group=K, table=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,B,T,D,H,K,G", [(6, 2, 9, 96, 2, 2, 1), (7, 1, 13, 48, 4, 3, 1),
+                                          (19, 1, 5, 40, 8, 4, 8)])
+def test_v7_score_heads_kernel_in_the_router(N, B, T, D, H, K, G, dtype, monkeypatch):
+    """The router with MHAR_ROUTING_SCORE=heads (every table filled by ``_score_heads_kernel``) against the
+    float64 reference: outputs and every gradient (plain reads, prefix groups, source groups of 8)."""
+    from mhar.routing import _kernels as Kn
+    monkeypatch.setenv(Kn.SCORE_ENV, "heads")
+    calls = []
+    real = Kn._score_heads_kernel.run
+    monkeypatch.setattr(Kn._score_heads_kernel, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=False, seed=7 * N + H,
+                  group=K, table=True, source_group=G)
+    assert calls
+
+
 def test_v7_many_sources():
     """N from 1 to 73 with the table and groups of 8 (tiny B*T*D keeps the interpreter fast)."""
     _check_router(1, 3, 16, 2, n_reads=73, dtype=torch.float32, with_null=False, with_extra=False, seed=71,
