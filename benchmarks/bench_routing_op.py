@@ -15,7 +15,10 @@ GB/s = min_bytes / time and its fraction of the measured HBM copy bandwidth.
 An implementation name ending in ``_pdl`` (``fused_t_g4_sg8_pdl``) is the same kernels launched with programmatic
 dependent launch (``MHAR_ROUTING_PDL=1`` while its case runs: the library's default on sm_90+); the other fused
 names run with ``MHAR_ROUTING_PDL=0``, so a name always means the same launches: ``--impls fused_t_g4_sg8
-fused_t_g4_sg8_pdl`` compares both in one call; ``routing_env`` records each row's kernel settings.
+fused_t_g4_sg8_pdl`` compares both in one call; ``routing_env`` records each row's kernel settings. Likewise
+``_heads`` before it (the all-heads scoring kernel, ``MHAR_ROUTING_SCORE=heads``; without it ``head``) and
+``_split`` before that (the split source-group pass, ``MHAR_ROUTING_GROUP_PASS=split``; without it ``one``):
+``fused_t_g4_sg8_split_heads_pdl``.
 
 Default: ``fused`` (kernels v6) and ``fused_v5`` side by side, microbatch mode; ``model_gb`` / ``model_gbps``
 are the bytes of each kernel version's byte model (``v6_bytes`` / ``v5_bytes``, as in traffic_bound.py) and
@@ -50,13 +53,30 @@ def split_pdl(impl: str) -> tuple[str, bool]:
     return impl, False
 
 
-def pdl_setting(impl: str):
-    """The block's MHAR_ROUTING_PDL for ``impl`` (restored after): 1 for a fused ``_pdl`` name, 0 for the other
-    fused names (PDL is the library's default on sm_90+: a name always means the same launches), the caller's
-    setting for the rest (no Triton kernels)."""
+# Kernel-choice suffixes of a fused implementation name, stripped from the end in this order
+# (``fused_t_g4_sg8_split_heads_pdl``): (suffix, variable, value with it, value without it). A name always means
+# the same kernels whatever the caller's environment.
+KERNEL_SUFFIXES = (("_pdl", "MHAR_ROUTING_PDL", "1", "0"), ("_heads", "MHAR_ROUTING_SCORE", "heads", "head"),
+                   ("_split", "MHAR_ROUTING_GROUP_PASS", "split", "one"))
+
+
+def impl_settings(impl: str) -> tuple[str, dict]:
+    """A fused name -> (the router's name, its kernel settings: ``KERNEL_SUFFIXES``); other names -> (impl, {})."""
     if not impl.startswith("fused"):
-        return mock.patch.dict(os.environ, {})
-    return mock.patch.dict(os.environ, {"MHAR_ROUTING_PDL": "1" if split_pdl(impl)[1] else "0"})
+        return impl, {}
+    env = {}
+    for suffix, var, on, off in KERNEL_SUFFIXES:
+        hit = impl.endswith(suffix)
+        impl = impl[: -len(suffix)] if hit else impl
+        env[var] = on if hit else off
+    return impl, env
+
+
+def pdl_setting(impl: str):
+    """The block's kernel settings for ``impl`` (restored after; ``impl_settings``): MHAR_ROUTING_PDL 1 for a
+    fused ``_pdl`` name, 0 for the other fused names (PDL is the library's default on sm_90+), the scoring kernel
+    and the source-group pass likewise; the caller's settings for the rest (no Triton kernels)."""
+    return mock.patch.dict(os.environ, impl_settings(impl)[1])
 
 
 MICROBATCH = {"100M": (8, 2048), "350M": (4, 1024), "1B": (2, 1024), "debug": (2, 64), "tiny": (2, 128)}
@@ -312,7 +332,7 @@ def graph_ms(fn, warmup: int = 3, reps: int = 30) -> float:
 
 def bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
     """One row: ``impl`` (an ``_pdl`` suffix: with programmatic dependent launch) on case ``c``."""
-    kernels, _ = split_pdl(impl)
+    kernels, _ = impl_settings(impl)
     with pdl_setting(impl):
         row = _bench_case(c, kernels, mode, graph)
         row.update(impl=impl, routing_env=routing_env_cell())

@@ -53,6 +53,7 @@ from .distributed import (DistEnv, all_reduce_mean, all_reduce_sum, barrier, eve
 from .model import Transformer
 from .optim import EMA, batch_digest, load_init_weights, param_groups
 from .provenance import collect_provenance, utc_now
+from .routing import check_kernel_env
 from .runconfig import (RunConfig, dump_yaml, identity_hash, load_run_config, run_config_from_dict,
                         run_hash, run_identity, yaml_load)
 from .step import (StepResult, Throughput, TrainStep, autocast_for, build_optimizer, micro_forward, peak_flops,
@@ -391,6 +392,10 @@ def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[in
     """
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    try:  # the fused kernels' choice knobs (MHAR_ROUTING_*), before any work
+        check_kernel_env()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     env = init_distributed(cfg.train.device, cfg.train.parallel)
     rd = RunDir(Path(out_dir))
     try:

@@ -731,6 +731,72 @@ def test_source_group_kernel_uses_the_table_scores(dtype):
     assert not torch.allclose(moved[0], with_s[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("NG,BT,D,H,k_lo,Kr,table", [(3, 7, 48, 2, 2, 9, False), (8, 5, 320, 2, 1, 27, True),
+                                                     (1, 9, 40, 8, 0, 4, False), (5, 3, 96, 3, 4, 21, True),
+                                                     (2, 4, 64, 1, 0, 3, False)])
+def test_split_group_pass_matches_one_pass(NG, BT, D, H, k_lo, Kr, table, dtype):
+    """source_group_bwd(split=True) (the group kernel without accumulators, then ``_group_update_kernel`` by
+    column chunks) gives the one-pass kernel's partials, cparts and dL/dscore buffer: head widths 24 / 160
+    (= 128 + 32: five 32-column chunks) / 5 (narrow: one masked 16-column chunk) / 32 / 64, groups of 1-8 sources,
+    1-26 reads (two chunks of 16), with and without the table's scores; an empty read range gives zeros."""
+    from mhar.routing import _kernels as K
+    gen = torch.Generator().manual_seed(NG * 31 + D)
+    eps = 1e-6
+    buf = torch.randn(NG + 2, BT, D, generator=gen).to(DEV, dtype)
+    ss = buf.float().pow(2).sum(-1).contiguous()
+    W = (torch.randn(Kr, D, generator=gen) * 0.5).to(DEV)
+    dbuf = torch.randn(Kr, BT, D, generator=gen).to(DEV, dtype)
+    lse = (torch.randn(Kr, BT, H, generator=gen) + 2).to(DEV)
+    delta = torch.randn(Kr, BT, H, generator=gen).to(DEV)
+    S = None
+    if table:
+        S = torch.zeros((NG + 2, Kr, BT, H), device=DEV)
+        for slot in range(NG + 2):
+            K.score_sources(buf, ss, W, S, slot, 0, H, eps)
+    Ws = K.split_weights(W, buf.dtype)
+
+    def run(split, lo=k_lo):
+        dsr = torch.zeros(H, Kr, (NG + 2) * BT, device=DEV, dtype=buf.dtype)
+        p, c = K.source_group_bwd(buf, ss, 1, NG, dbuf, lse, delta, Ws, lo, Kr, dsr, H, eps, BT, D, scores=S,
+                                  split=split)
+        return p.clone(), c.clone(), dsr.clone()
+
+    before = K.LAUNCHES["source_group_update"]
+    one, two = run(False), run(True)
+    assert K.LAUNCHES["source_group_update"] == before + 1
+    for name, a, b in zip(("parts", "cparts", "dsr"), one, two):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-5), (name, (a.float() - b.float()).abs().max())
+    assert one[0].abs().max() > 0
+    empty = run(True, lo=Kr)
+    assert not empty[0].any() and not empty[1].any()
+
+
+def test_group_pass_choice(monkeypatch):
+    """MHAR_ROUTING_GROUP_PASS picks the source-group pass; a wrong value names the variable and its values."""
+    from mhar.routing import _kernels as K
+    monkeypatch.delenv(K.GROUP_PASS_ENV, raising=False)
+    assert K.group_pass() == "one"
+    monkeypatch.setenv(K.GROUP_PASS_ENV, "split")
+    assert K.group_pass() == "split"
+    monkeypatch.setenv(K.GROUP_PASS_ENV, "two")
+    with pytest.raises(ValueError, match="MHAR_ROUTING_GROUP_PASS='two'.*one, split"):
+        K.group_pass()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group_scores", [False, True])
+def test_split_group_pass_in_the_router(dtype, group_scores, monkeypatch):
+    """The router with MHAR_ROUTING_GROUP_PASS=split (source groups of 8, 19 reads: two full groups and one of 3)
+    against the float64 reference: outputs and every gradient."""
+    from mhar.routing import _kernels as Kn
+    monkeypatch.setenv(Kn.GROUP_PASS_ENV, "split")
+    before = Kn.LAUNCHES["source_group_update"]
+    _check_router(1, 5, 40, 8, n_reads=19, dtype=dtype, with_null=False, with_extra=False, seed=5 * 19, group=4,
+                  source_group=8, table=True, group_scores=group_scores)
+    assert Kn.LAUNCHES["source_group_update"] > before
+
+
 def test_group_scores_needs_table_and_source_groups():
     for kw in (dict(group_scores=True), dict(group_scores=True, table=True), dict(group_scores=True, source_group=8)):
         with pytest.raises(ValueError, match="group_scores"):
@@ -777,7 +843,7 @@ def test_score_kernel_choice(monkeypatch):
         monkeypatch.setenv(K.SCORE_ENV, name)
         assert K.score_kernel() == name
     monkeypatch.setenv(K.SCORE_ENV, "fast")
-    with pytest.raises(ValueError, match="MHAR_ROUTING_SCORE='fast'.*heads, head"):
+    with pytest.raises(ValueError, match="MHAR_ROUTING_SCORE='fast'.*head, heads"):
         K.score_kernel()
 
 

@@ -98,6 +98,23 @@ DEFER_READS = 1
 KERNEL_ENV_PREFIX = "MHAR_ROUTING_"
 
 
+# The fused kernels' choice knobs and their values (the first is what an unset variable means; ``_kernels``
+# reads them): programmatic dependent launch (MHAR_ROUTING_PDL: unset = on where supported), the scoring kernel,
+# the source-group pass.
+KERNEL_CHOICES = {"MHAR_ROUTING_PDL": ("", "0", "1"), "MHAR_ROUTING_SCORE": ("head", "heads"),
+                  "MHAR_ROUTING_GROUP_PASS": ("one", "split")}
+
+
+def check_kernel_env() -> None:
+    """Raise ValueError naming the variable and its values if a ``KERNEL_CHOICES`` knob has another value (the
+    trainer checks this before any work, so a typo is one ``error:`` line, not a traceback mid-step)."""
+    for var, values in KERNEL_CHOICES.items():
+        got = os.environ.get(var, "").strip()
+        if got and got not in values:
+            raise ValueError(f"{var}={got!r}: set it to one of {', '.join(v for v in values if v)} (or leave it "
+                             f"unset: {values[0] or 'on where the GPU supports it'})")
+
+
 def kernel_env() -> dict[str, str]:
     """The fused kernels' knobs set in this process (``MHAR_ROUTING_*``: autotuning, prefetch, groups,
     programmatic dependent launch; docs/ARCHITECTURE.md), for provenance: they change speed, not results."""
