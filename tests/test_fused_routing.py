@@ -699,19 +699,26 @@ def test_v7_group_pass_reads_table_scores(N, D, H, dtype):
                   source_group=8, table=True, group_scores=True)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_source_group_kernel_uses_the_table_scores(dtype):
-    """source_group_bwd(scores=S) gives the partials of the recomputing kernel when S holds the scores, and
-    different partials when S is altered (it reads S, not the dots)."""
-    from mhar.routing import _kernels as K
-    gen = torch.Generator().manual_seed(3)
-    NG, BT, D, H, Kr, eps = 3, 7, 48, 2, 9, 1e-6
-    buf = torch.randn(NG + 1, BT, D, generator=gen).to(DEV, dtype)
+def _group_inputs(seed, slots, BT, D, H, Kr, dtype):
+    """Random inputs of a source-group pass: buffer (slots, BT, D) and its sums of squares, score weights W (Kr, D),
+    douts (Kr, BT, D), lse and delta (Kr, BT, H)."""
+    gen = torch.Generator().manual_seed(seed)
+    buf = torch.randn(slots, BT, D, generator=gen).to(DEV, dtype)
     ss = buf.float().pow(2).sum(-1).contiguous()
     W = (torch.randn(Kr, D, generator=gen) * 0.5).to(DEV)
     dbuf = torch.randn(Kr, BT, D, generator=gen).to(DEV, dtype)
     lse = (torch.randn(Kr, BT, H, generator=gen) + 2).to(DEV)
     delta = torch.randn(Kr, BT, H, generator=gen).to(DEV)
+    return buf, ss, W, dbuf, lse, delta
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_source_group_kernel_uses_the_table_scores(dtype):
+    """source_group_bwd(scores=S) gives the partials of the recomputing kernel when S holds the scores, and
+    different partials when S is altered (it reads S, not the dots)."""
+    from mhar.routing import _kernels as K
+    NG, BT, D, H, Kr, eps = 3, 7, 48, 2, 9, 1e-6
+    buf, ss, W, dbuf, lse, delta = _group_inputs(3, NG + 1, BT, D, H, Kr, dtype)
     S = torch.full((NG + 1, Kr, BT, H), float("nan"), device=DEV)
     for slot in range(NG + 1):
         K.score_sources(buf, ss, W, S, slot, 0, H, eps)
@@ -741,14 +748,8 @@ def test_split_group_pass_matches_one_pass(NG, BT, D, H, k_lo, Kr, table, dtype)
     (= 128 + 32: five 32-column chunks) / 5 (narrow: one masked 16-column chunk) / 32 / 64, groups of 1-8 sources,
     1-26 reads (two chunks of 16), with and without the table's scores; an empty read range gives zeros."""
     from mhar.routing import _kernels as K
-    gen = torch.Generator().manual_seed(NG * 31 + D)
     eps = 1e-6
-    buf = torch.randn(NG + 2, BT, D, generator=gen).to(DEV, dtype)
-    ss = buf.float().pow(2).sum(-1).contiguous()
-    W = (torch.randn(Kr, D, generator=gen) * 0.5).to(DEV)
-    dbuf = torch.randn(Kr, BT, D, generator=gen).to(DEV, dtype)
-    lse = (torch.randn(Kr, BT, H, generator=gen) + 2).to(DEV)
-    delta = torch.randn(Kr, BT, H, generator=gen).to(DEV)
+    buf, ss, W, dbuf, lse, delta = _group_inputs(NG * 31 + D, NG + 2, BT, D, H, Kr, dtype)
     S = None
     if table:
         S = torch.zeros((NG + 2, Kr, BT, H), device=DEV)
@@ -863,14 +864,8 @@ def test_gpu_v7_scores_all_reads(D, k_lo, Kr, BT, dtype, kernel):
 def _score_heads_each_config(monkeypatch, D, H, k_lo, Kr, BT):
     """_check_scores of ``_score_heads_kernel`` once per launch configuration it may be tuned to (forced)."""
     from mhar.routing import _kernels as K
-    orig = K._launch
     for cfg in K._score_heads_configs(full=True):
-        def launch(kernel, key, grid, args, kwargs, cfg=cfg):
-            if kernel is K._score_heads_kernel:
-                kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
-                return cfg.kwargs["BLOCK_T"]
-            return orig(kernel, key, grid, args, kwargs)
-        monkeypatch.setattr(K, "_launch", launch)
+        _force_config(monkeypatch, (K._score_heads_kernel,), cfg)
         _check_scores(D, H, k_lo, Kr, BT, torch.bfloat16, "heads")
 
 
@@ -1099,18 +1094,26 @@ def test_gpu_v6_every_launch_config(D, H, source_group, monkeypatch):
     _each_launch_config(monkeypatch, forced, configs, D, H, with_null=True, source_group=source_group)
 
 
-def _each_launch_config(monkeypatch, forced, configs, D, H, **check):
-    """_check_router at width D once per launch configuration, forced on the kernels ``forced``."""
+def _force_config(monkeypatch, forced, cfg):
+    """Make ``_kernels._launch`` run the kernels ``forced`` with launch configuration ``cfg`` (the autotuner
+    bypassed), every other kernel as before."""
     from mhar.routing import _kernels as K
 
-    orig = K._launch
+    orig = getattr(K._launch, "unforced", K._launch)  # (a previous forcing replaced, not wrapped)
+
+    def launch(kernel, key, grid, args, kwargs):
+        if kernel in forced:
+            kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
+            return cfg.kwargs["BLOCK_T"]
+        return orig(kernel, key, grid, args, kwargs)
+    launch.unforced = orig
+    monkeypatch.setattr(K, "_launch", launch)
+
+
+def _each_launch_config(monkeypatch, forced, configs, D, H, **check):
+    """_check_router at width D once per launch configuration, forced on the kernels ``forced``."""
     for i, cfg in enumerate(configs):
-        def launch(kernel, key, grid, args, kwargs, cfg=cfg):
-            if kernel in forced:
-                kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
-                return cfg.kwargs["BLOCK_T"]
-            return orig(kernel, key, grid, args, kwargs)
-        monkeypatch.setattr(K, "_launch", launch)
+        _force_config(monkeypatch, forced, cfg)
         _check_router(1, 256, D, H, n_reads=9, dtype=torch.bfloat16, with_extra=False, seed=i, **check)
 
 
@@ -1433,15 +1436,9 @@ def test_gpu_fwd7_prenorm_every_launch_config(D, H, monkeypatch):
     """Each launch configuration of the table read with the pre-norm (PRENORM) at the presets' widths, 2048
     tokens, 25 sources, with and without a prefix partial (bf16)."""
     from mhar.routing import _kernels as K
-    orig = K._launch
     HP, DA, DB = K._split(D, H)
     for i, cfg in enumerate(K._prune6(K._v6_configs(full=True), {"HP": HP, "DA": DA, "DB": DB})):
-        def launch(kernel, key, grid, args, kwargs, cfg=cfg):
-            if kernel is K._fwd7_kernel:
-                kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
-                return cfg.kwargs["BLOCK_T"]
-            return orig(kernel, key, grid, args, kwargs)
-        monkeypatch.setattr(K, "_launch", launch)
+        _force_config(monkeypatch, (K._fwd7_kernel,), cfg)
         _check_fwd7_prenorm(2048, D, H, 25, torch.bfloat16, seed=i, init=bool(i % 2))
 
 

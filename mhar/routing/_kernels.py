@@ -1602,21 +1602,10 @@ def _sdot(x, w, wl, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
 
 
 @triton.jit
-def _score_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.constexpr, H: tl.constexpr,
-                  DH: tl.constexpr, eps, BLOCK_T: tl.constexpr, KP: tl.constexpr, DA: tl.constexpr,
-                  DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr,
-                  PDL: tl.constexpr = False):
-    """S[k, t, h] (the slot's table, (K, BT, H) fp32) for reads k_lo <= k < K of one buffered source x (BT, D)
-    (ss: its sums of squares (BT,)): one program per (token block, head) (program axis 1 = the head: many small
-    independent programs, so the loads' latency overlaps); a head's columns as ``_split``'s two parts."""
-    _pdl_enter(PDL)
-    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    h = tl.program_id(1)
-    tmask = tok < BT
-    tok64 = tok.to(tl.int64)
-    kk = k_lo + tl.arange(0, KP)
-    kmask = kk < K
-    r = 1.0 / tl.sqrt(tl.load(ss_ptr + tok, mask=tmask, other=1.0) / D + eps)
+def _head_scores(x_ptr, w_ptr, wl_ptr, tok64, tmask, kk, kmask, h, D: tl.constexpr, DH: tl.constexpr,
+                 DA: tl.constexpr, DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):
+    """<x_h, w_k,h> (BLOCK_T, reads) fp32 of head h for tokens tok64 (mask tmask) and reads kk (mask kmask), the
+    head's columns as ``_split``'s two parts (``_sdot`` each); not yet scaled by the RMS factor."""
     ca = h * DH + tl.arange(0, DA)
     x = tl.load(x_ptr + tok64[:, None] * D + ca[None, :], mask=tmask[:, None], other=0.0)
     woffs = kk[None, :] * D + ca[:, None]
@@ -1635,6 +1624,26 @@ def _score_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.conste
         if SPLIT:
             wl = tl.load(wl_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
         acc += _sdot(x, w, wl, SPLIT, DOT, EMU)
+    return acc
+
+
+@triton.jit
+def _score_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.constexpr, H: tl.constexpr,
+                  DH: tl.constexpr, eps, BLOCK_T: tl.constexpr, KP: tl.constexpr, DA: tl.constexpr,
+                  DB: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr,
+                  PDL: tl.constexpr = False):
+    """S[k, t, h] (the slot's table, (K, BT, H) fp32) for reads k_lo <= k < K of one buffered source x (BT, D)
+    (ss: its sums of squares (BT,)): one program per (token block, head) (program axis 1 = the head: many small
+    independent programs, so the loads' latency overlaps); a head's columns as ``_split``'s two parts."""
+    _pdl_enter(PDL)
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1)
+    tmask = tok < BT
+    tok64 = tok.to(tl.int64)
+    kk = k_lo + tl.arange(0, KP)
+    kmask = kk < K
+    r = 1.0 / tl.sqrt(tl.load(ss_ptr + tok, mask=tmask, other=1.0) / D + eps)
+    acc = _head_scores(x_ptr, w_ptr, wl_ptr, tok64, tmask, kk, kmask, h, D, DH, DA, DB, SPLIT, DOT, EMU)
     tl.store(s_ptr + kk.to(tl.int64)[None, :] * BT * H + tok64[:, None] * H + h, acc * r[:, None],
              mask=tmask[:, None] & kmask[None, :])
 
@@ -1716,27 +1725,9 @@ def _score_heads_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.
     kmask = kk < K
     hh = tl.arange(0, HP)
     r = 1.0 / tl.sqrt(tl.load(ss_ptr + tok, mask=tmask, other=1.0) / D + eps)
-    ca0 = tl.arange(0, DA)
     out = tl.zeros((BLOCK_T, KC, HP), tl.float32)
     for h in tl.static_range(H):
-        ca = h * DH + ca0
-        x = tl.load(x_ptr + tok64[:, None] * D + ca[None, :], mask=tmask[:, None], other=0.0)
-        woffs = kk[None, :] * D + ca[:, None]
-        w = tl.load(w_ptr + woffs, mask=kmask[None, :], other=0.0)
-        wl = w
-        if SPLIT:
-            wl = tl.load(wl_ptr + woffs, mask=kmask[None, :], other=0.0)
-        acc = _sdot(x, w, wl, SPLIT, DOT, EMU)
-        if DB > 0:
-            cb = DA + tl.arange(0, DB)
-            cbm = cb < DH
-            cb = h * DH + cb
-            x = tl.load(x_ptr + tok64[:, None] * D + cb[None, :], mask=tmask[:, None] & cbm[None, :], other=0.0)
-            woffs = kk[None, :] * D + cb[:, None]
-            w = tl.load(w_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
-            if SPLIT:
-                wl = tl.load(wl_ptr + woffs, mask=kmask[None, :] & cbm[:, None], other=0.0)
-            acc += _sdot(x, w, wl, SPLIT, DOT, EMU)
+        acc = _head_scores(x_ptr, w_ptr, wl_ptr, tok64, tmask, kk, kmask, h, D, DH, DA, DB, SPLIT, DOT, EMU)
         out = tl.where(hh[None, None, :] == h, acc[:, :, None], out)
     out = out * r[:, None, None]
     tl.store(s_ptr + kk.to(tl.int64)[None, :, None] * BT * H + tok64[:, None, None] * H + hh[None, None, :], out,
