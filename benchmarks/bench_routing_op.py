@@ -194,7 +194,7 @@ def _dout_passes(ns: list[int], source_group: int, defer: int = 0) -> tuple[int,
 
 def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1,
              source_group: int = 1, table: bool = False, group_scores: bool = False,
-             async_scores: bool = False, defer_groups: int = 0) -> tuple[int, int]:
+             async_scores: bool = False, defer_groups: int = 0, split_group: bool = False) -> tuple[int, int]:
     """(fwd, bwd) bytes of the v6 kernels for reads over ns sources (non-decreasing, each read the first to
     see its newest source), E = B*T*D elements per source. ``group`` > 1: forward prefix sharing (groups of
     that many reads: one pass over the first read's sources writes a partial per read, which each read reads
@@ -211,7 +211,9 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     read's newest source, which each of the group's reads then reads itself with its sums of squares (its own
     scores); the table is read for the prefix only. ``defer_groups`` = d (``_defer``): each group pass below the
     newest group starts d reads later (d douts fewer) and each of its members' completions covers d reads more
-    (``backward_passes(defer=d)``)."""
+    (``backward_passes(defer=d)``). ``split_group`` (MHAR_ROUTING_GROUP_PASS=split): each group pass reads its
+    douts a second time (``_group_update_kernel``) and writes and reads an fp32 scratch of two rows per (member,
+    read) (the routing weights and dL/dscore), as ``traffic_bound.kernel_bytes(split_group=True)``."""
     del group_scores  # (accepted so that every routing implementation's options reach the model)
     unit = sum(ns) * E * elt
     N = len(ns)
@@ -241,6 +243,11 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     bwd = douts * E * elt + dsr + 6 * N * E * elt + N * ss + parts * (5 * E * elt + ss + 2 * sb)
     if table:
         bwd += sum(ns) * sb
+    if split_group:
+        for ev in backward_passes(ns, source_group, defer_groups):
+            if ev[0] == "pass" and len(ev[2]) > 1:
+                n = N - ev[1]
+                bwd += n * E * elt + 4 * len(ev[2]) * n * sb
     return fwd, bwd
 
 
@@ -291,12 +298,14 @@ def _router(impl: str):
     return get_router(impl)
 
 
-def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int) -> tuple[int, int] | None:
-    """(fwd, bwd) bytes of the byte model of the fused kernels (``v6_bytes`` / ``v5_bytes``), None for others."""
+def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int,
+                split_group: bool = False) -> tuple[int, int] | None:
+    """(fwd, bwd) bytes of the byte model of the fused kernels (``v6_bytes`` / ``v5_bytes``), None for others.
+    ``split_group``: the split source-group pass (v6 / v7 with source groups)."""
     if impl == "fused":
         return v6_bytes(ns, E, H, D)
     if impl.startswith(("fused_sg", "fused_g", "fused_t")):
-        return v6_bytes(ns, E, H, D, **_v6_options(impl))
+        return v6_bytes(ns, E, H, D, **_v6_options(impl), split_group=split_group)
     if impl in ("fused_v5", "fused_fp32acc"):
         return v5_bytes(ns, E)
     return None
@@ -372,7 +381,8 @@ def _bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
         status = "OOM"
     torch.cuda.empty_cache()
     bf, bb = min_bytes(ns, c.B * c.T * c.D)
-    mb = model_bytes(impl, ns, c.B * c.T * c.D, c.H, c.D)
+    mb = model_bytes(impl, ns, c.B * c.T * c.D, c.H, c.D,
+                     split_group=os.environ.get("MHAR_ROUTING_GROUP_PASS") == "split")
     row = dict(size=c.size, mode=mode, impl=impl, cuda_graph=int(graph), B=c.B, T=c.T, D=c.D, H=c.H, N=c.N,
                reads=len(ns), status=status, fwd_ms=round(t_f, 4), fwd_bwd_ms=round(t_fb, 4),
                bwd_ms=round(t_fb - t_f, 4), fwd_min_bytes=bf, bwd_min_bytes=bb,

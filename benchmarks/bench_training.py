@@ -55,6 +55,8 @@ VARIANTS = {
     "mhar_fused_v7_sg8_heads_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
     # the same with the split source-group pass (MHAR_ROUTING_GROUP_PASS=split: VARIANT_ENV)
     "mhar_fused_v7_sg8_split_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
+    # split, its first half taking the scores from the table (no x . w dots: offline 58-128 registers)
+    "mhar_fused_v7_sg8_ts_split_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_ts"},
     "mhar_fused_v7_sg8_defer": {"variant": "mhar", "routing_impl": "fused_v7_sg8_defer"},  # group passes early
     "mhar_fused_v7_sg8_overlap": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # async + defer
     "mhar_fused_v7_sg8_overlap_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # + PDL

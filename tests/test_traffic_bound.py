@@ -323,3 +323,20 @@ def test_split_group_pass_bytes(size):
             extra += n * src + 4 * G * n * row  # the douts again; the scratch written and read
     moved = two["_src_group_bwd_kernel"][1] + two[tb.SPLIT_KERNEL][1] - one["_src_group_bwd_kernel"][1]
     assert moved == extra  # (the partials: written by one kernel or the other, the same bytes)
+
+
+def test_split_group_pass_in_the_aggregate_model():
+    """v6_bytes(split_group=True) adds what kernel_bytes(split_group=True) adds (the same passes), and a
+    routing-op row under MHAR_ROUTING_GROUP_PASS=split reports those bytes (``model_bytes``)."""
+    from benchmarks.bench_routing_op import MICROBATCH, model_bytes
+    size = "1B"
+    B_, T = MICROBATCH[size]
+    L, D = tb.PRESETS[size]["n_layers"], tb.PRESETS[size]["d_model"]
+    ns, E = tb.routing_reads(L), B_ * T * D
+    one = v6_bytes(ns, E, 8, D, group=4, source_group=8, table=True)
+    two = v6_bytes(ns, E, 8, D, group=4, source_group=8, table=True, split_group=True)
+    k1, k2 = tb.kernel_bytes(size), tb.kernel_bytes(size, split_group=True)
+    assert two[0] == one[0]
+    assert two[1] - one[1] == sum(n for _, n in k2.values()) - sum(n for _, n in k1.values())
+    assert model_bytes("fused_t_g4_sg8", ns, E, 8, D, split_group=True) == two
+    assert model_bytes("fused_t_g4_sg8", ns, E, 8, D) == one
