@@ -1119,6 +1119,25 @@ def _each_launch_config(monkeypatch, forced, configs, D, H, **check):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("which", ["first", "update"])
+@pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])
+def test_gpu_split_group_every_launch_config(D, H, which, monkeypatch):
+    """MHAR_ROUTING_GROUP_PASS=split: each launch configuration the autotuner may pick for its first half (the
+    group kernel without accumulators) or for ``_group_update_kernel`` gives the reference's outputs and
+    gradients (1B and 350M widths)."""
+    from mhar.routing import _kernels as K
+    monkeypatch.setenv(K.GROUP_PASS_ENV, "split")
+    if which == "first":
+        _, DA, DB = K._split(D, H)
+        forced, configs = (K._src_group_bwd_kernel,), K._prune_group(K._group_configs(full=True),
+                                                                      {"GP": 8, "DA": DA, "DB": DB})
+    else:
+        forced, configs = (K._group_update_kernel,), K._update_configs(full=True)
+    _each_launch_config(monkeypatch, forced, configs, D, H, with_null=False, group=4, source_group=8, table=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])
 def test_gpu_group_scores_every_launch_config(D, H, monkeypatch):
     """routing_impl "fused_v7_sg8_ts": each launch configuration the autotuner may pick for the source-group
