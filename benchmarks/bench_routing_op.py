@@ -37,39 +37,16 @@ from unittest import mock
 import torch
 import triton.testing
 
-from benchmarks.common import (add_out_args, env_columns, existing_rows, measure_hbm_bandwidth, routing_env_cell,
+from benchmarks.common import (add_out_args, env_columns, existing_rows, kernel_settings, measure_hbm_bandwidth,
+                               routing_env_cell,
                                tuned_lines, write_csv)
 from mhar.config import PRESETS
 from mhar.routing import get_router
 
-PDL_SUFFIX = "_pdl"
-
-
-def split_pdl(impl: str) -> tuple[str, bool]:
-    """``fused_t_g4_sg8_pdl`` -> (``fused_t_g4_sg8``, True): the kernels, and whether they run with programmatic
-    dependent launch; other names -> (impl, False)."""
-    if impl.startswith("fused") and impl.endswith(PDL_SUFFIX):
-        return impl[: -len(PDL_SUFFIX)], True
-    return impl, False
-
-
-# Kernel-choice suffixes of a fused implementation name, stripped from the end in this order
-# (``fused_t_g4_sg8_split_heads_pdl``): (suffix, variable, value with it, value without it). A name always means
-# the same kernels whatever the caller's environment.
-KERNEL_SUFFIXES = (("_pdl", "MHAR_ROUTING_PDL", "1", "0"), ("_heads", "MHAR_ROUTING_SCORE", "heads", "head"),
-                   ("_split", "MHAR_ROUTING_GROUP_PASS", "split", "one"))
-
-
 def impl_settings(impl: str) -> tuple[str, dict]:
-    """A fused name -> (the router's name, its kernel settings: ``KERNEL_SUFFIXES``); other names -> (impl, {})."""
-    if not impl.startswith("fused"):
-        return impl, {}
-    env = {}
-    for suffix, var, on, off in KERNEL_SUFFIXES:
-        hit = impl.endswith(suffix)
-        impl = impl[: -len(suffix)] if hit else impl
-        env[var] = on if hit else off
-    return impl, env
+    """A fused name -> (the router's name, its kernel settings: ``common.kernel_settings``); other names ->
+    (impl, {})."""
+    return kernel_settings(impl) if impl.startswith("fused") else (impl, {})
 
 
 def pdl_setting(impl: str):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import add_out_args, env_columns, existing_rows, routing_env_cell, write_csv
+from benchmarks.common import add_out_args, env_columns, existing_rows, kernel_settings, routing_env_cell, write_csv
 
 MICROBATCH = {"100M": (8, 2048), "350M": (4, 1024), "1B": (2, 1024), "debug": (2, 64), "tiny": (2, 128)}
 # residual config of each benchmark variant (routing_impl picks the Router: mhar/routing)
@@ -65,13 +65,11 @@ VARIANTS = {
 # dependent launch is named, not inherited: a fused variant ending in ``_pdl`` runs with MHAR_ROUTING_PDL=1 (what
 # the library does by default on sm_90+ since 2026-12-03b), every other fused variant with MHAR_ROUTING_PDL=0
 # (what the record's rows of that name measured before). A row records its process's settings in ``routing_env``.
-# The scoring kernel and the source-group pass are named too: ``_heads`` in a variant's name runs
+# The scoring kernel and the source-group pass are named too (``common.kernel_settings``): ``_heads`` runs
 # ``_score_heads_kernel`` (MHAR_ROUTING_SCORE=heads), ``_split`` the split group pass (MHAR_ROUTING_GROUP_PASS=
 # split); every other fused variant the per-head ``_score_kernel`` (=head) and the one-pass group kernel (=one)
 # its rows measured.
-VARIANT_ENV = {name: {"MHAR_ROUTING_PDL": "1" if name.endswith("_pdl") else "0",
-                      "MHAR_ROUTING_SCORE": "heads" if "_heads" in name else "head",
-                      "MHAR_ROUTING_GROUP_PASS": "split" if "_split" in name else "one"}
+VARIANT_ENV = {name: kernel_settings(name)[1]
                for name, res in VARIANTS.items() if res.get("routing_impl", "").startswith("fused")}
 
 

@@ -38,6 +38,23 @@ def env_columns(module: str | None = None, argv: list[str] | None = None) -> dic
     }
 
 
+# Kernel-choice suffixes of a fused routing name (routing-op impl or training variant), stripped from the end in
+# this order (``fused_t_g4_sg8_split_heads_pdl``): (suffix, variable, value with it, value without it). A name
+# always means the same kernels whatever the caller's environment.
+KERNEL_SUFFIXES = (("_pdl", "MHAR_ROUTING_PDL", "1", "0"), ("_heads", "MHAR_ROUTING_SCORE", "heads", "head"),
+                   ("_split", "MHAR_ROUTING_GROUP_PASS", "split", "one"))
+
+
+def kernel_settings(name: str) -> tuple[str, dict]:
+    """``name`` without its ``KERNEL_SUFFIXES`` and the kernel settings they (and their absence) stand for."""
+    env = {}
+    for suffix, var, on, off in KERNEL_SUFFIXES:
+        hit = name.endswith(suffix)
+        name = name[: -len(suffix)] if hit else name
+        env[var] = on if hit else off
+    return name, env
+
+
 def routing_env_cell(env: dict | None = None) -> str:
     """Kernel settings (``mhar.routing.kernel_env()``, or ``env`` as a provenance.json holds them) as one CSV cell:
     "K=V K=V", empty for the defaults."""

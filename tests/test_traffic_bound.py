@@ -233,8 +233,10 @@ def test_op_bench_pdl_names_run_the_same_kernels_with_pdl_on(monkeypatch):
     the caller's setting is restored afterwards; the row names the impl as asked and its kernel settings."""
     from benchmarks import bench_routing_op as B
 
-    assert B.split_pdl("fused_t_g4_sg8_pdl") == ("fused_t_g4_sg8", True)
-    assert B.split_pdl("fused_t_g4_sg8") == ("fused_t_g4_sg8", False) and B.split_pdl("eager") == ("eager", False)
+    name, env = B.impl_settings("fused_t_g4_sg8_pdl")
+    assert (name, env["MHAR_ROUTING_PDL"]) == ("fused_t_g4_sg8", "1")
+    name, env = B.impl_settings("fused_t_g4_sg8")
+    assert (name, env["MHAR_ROUTING_PDL"]) == ("fused_t_g4_sg8", "0")
     name, env = B.impl_settings("fused_t_g4_sg8_split_heads_pdl")
     assert name == "fused_t_g4_sg8" and env == {"MHAR_ROUTING_PDL": "1", "MHAR_ROUTING_SCORE": "heads",
                                                 "MHAR_ROUTING_GROUP_PASS": "split"}

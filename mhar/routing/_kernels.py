@@ -63,10 +63,8 @@ def pdl_enabled(device: torch.device) -> bool:
     """Whether routing kernels on ``device`` are launched with programmatic dependent launch: on a CUDA device of
     compute capability 9.0 or later with a Triton that has it (3.4+), not under the interpreter, unless
     ``MHAR_ROUTING_PDL=0`` (unset or 1: on where supported; 1 with a Triton without it is an error)."""
+    check_kernel_env()  # (its values: KERNEL_CHOICES)
     flag = os.environ.get(PDL_ENV, "").strip()
-    if flag not in ("", "0", "1"):
-        raise ValueError(f"{PDL_ENV}={flag!r}: set it to 0 (programmatic dependent launch off) or 1 / unset (on "
-                         "where the GPU supports it, sm_90+)")
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or flag == "0":
         return False
     if not triton_has_pdl():
