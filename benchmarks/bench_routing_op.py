@@ -16,9 +16,8 @@ An implementation name ending in ``_pdl`` (``fused_t_g4_sg8_pdl``) is the same k
 dependent launch (``MHAR_ROUTING_PDL=1`` while its case runs: the library's default on sm_90+); the other fused
 names run with ``MHAR_ROUTING_PDL=0``, so a name always means the same launches: ``--impls fused_t_g4_sg8
 fused_t_g4_sg8_pdl`` compares both in one call; ``routing_env`` records each row's kernel settings. Likewise
-``_heads`` before it (the all-heads scoring kernel, ``MHAR_ROUTING_SCORE=heads``; without it ``head``) and
-``_split`` before that (the split source-group pass, ``MHAR_ROUTING_GROUP_PASS=split``; without it ``one``):
-``fused_t_g4_sg8_split_heads_pdl``.
+``_heads`` before it (the all-heads scoring kernel, ``MHAR_ROUTING_SCORE=heads``; without it ``head``):
+``fused_t_g4_sg8_heads_pdl``.
 
 Default: ``fused`` (kernels v6) and ``fused_v5`` side by side, microbatch mode; ``model_gb`` / ``model_gbps``
 are the bytes of each kernel version's byte model (``v6_bytes`` / ``v5_bytes``, as in traffic_bound.py) and
@@ -52,7 +51,7 @@ def impl_settings(impl: str) -> tuple[str, dict]:
 def pdl_setting(impl: str):
     """The block's kernel settings for ``impl`` (restored after; ``impl_settings``): MHAR_ROUTING_PDL 1 for a
     fused ``_pdl`` name, 0 for the other fused names (PDL is the library's default on sm_90+), the scoring kernel
-    and the source-group pass likewise; the caller's settings for the rest (no Triton kernels)."""
+    likewise; the caller's settings for the rest (no Triton kernels)."""
     return mock.patch.dict(os.environ, impl_settings(impl)[1])
 
 
@@ -171,7 +170,7 @@ def _dout_passes(ns: list[int], source_group: int, defer: int = 0) -> tuple[int,
 
 def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1,
              source_group: int = 1, table: bool = False, group_scores: bool = False,
-             async_scores: bool = False, defer_groups: int = 0, split_group: bool = False) -> tuple[int, int]:
+             async_scores: bool = False, defer_groups: int = 0) -> tuple[int, int]:
     """(fwd, bwd) bytes of the v6 kernels for reads over ns sources (non-decreasing, each read the first to
     see its newest source), E = B*T*D elements per source. ``group`` > 1: forward prefix sharing (groups of
     that many reads: one pass over the first read's sources writes a partial per read, which each read reads
@@ -188,9 +187,7 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     read's newest source, which each of the group's reads then reads itself with its sums of squares (its own
     scores); the table is read for the prefix only. ``defer_groups`` = d (``_defer``): each group pass below the
     newest group starts d reads later (d douts fewer) and each of its members' completions covers d reads more
-    (``backward_passes(defer=d)``). ``split_group`` (MHAR_ROUTING_GROUP_PASS=split): each group pass reads its
-    douts a second time (``_group_update_kernel``) and writes and reads an fp32 scratch of two rows per (member,
-    read) (the routing weights and dL/dscore), as ``traffic_bound.kernel_bytes(split_group=True)``."""
+    (``backward_passes(defer=d)``)."""
     del group_scores  # (accepted so that every routing implementation's options reach the model)
     unit = sum(ns) * E * elt
     N = len(ns)
@@ -220,11 +217,6 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     bwd = douts * E * elt + dsr + 6 * N * E * elt + N * ss + parts * (5 * E * elt + ss + 2 * sb)
     if table:
         bwd += sum(ns) * sb
-    if split_group:
-        for ev in backward_passes(ns, source_group, defer_groups):
-            if ev[0] == "pass" and len(ev[2]) > 1:
-                n = N - ev[1]
-                bwd += n * E * elt + 4 * len(ev[2]) * n * sb
     return fwd, bwd
 
 
@@ -275,14 +267,12 @@ def _router(impl: str):
     return get_router(impl)
 
 
-def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int,
-                split_group: bool = False) -> tuple[int, int] | None:
-    """(fwd, bwd) bytes of the byte model of the fused kernels (``v6_bytes`` / ``v5_bytes``), None for others.
-    ``split_group``: the split source-group pass (v6 / v7 with source groups)."""
+def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int) -> tuple[int, int] | None:
+    """(fwd, bwd) bytes of the byte model of the fused kernels (``v6_bytes`` / ``v5_bytes``), None for others."""
     if impl == "fused":
         return v6_bytes(ns, E, H, D)
     if impl.startswith(("fused_sg", "fused_g", "fused_t")):
-        return v6_bytes(ns, E, H, D, **_v6_options(impl), split_group=split_group)
+        return v6_bytes(ns, E, H, D, **_v6_options(impl))
     if impl in ("fused_v5", "fused_fp32acc"):
         return v5_bytes(ns, E)
     return None
@@ -358,8 +348,7 @@ def _bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
         status = "OOM"
     torch.cuda.empty_cache()
     bf, bb = min_bytes(ns, c.B * c.T * c.D)
-    mb = model_bytes(impl, ns, c.B * c.T * c.D, c.H, c.D,
-                     split_group=os.environ.get("MHAR_ROUTING_GROUP_PASS") == "split")
+    mb = model_bytes(impl, ns, c.B * c.T * c.D, c.H, c.D)
     row = dict(size=c.size, mode=mode, impl=impl, cuda_graph=int(graph), B=c.B, T=c.T, D=c.D, H=c.H, N=c.N,
                reads=len(ns), status=status, fwd_ms=round(t_f, 4), fwd_bwd_ms=round(t_fb, 4),
                bwd_ms=round(t_fb - t_f, 4), fwd_min_bytes=bf, bwd_min_bytes=bb,

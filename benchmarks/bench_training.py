@@ -53,10 +53,6 @@ VARIANTS = {
     "mhar_fused_v7_sg8_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
     # the same with the scoring kernel over all heads per program (MHAR_ROUTING_SCORE=heads: VARIANT_ENV)
     "mhar_fused_v7_sg8_heads_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
-    # the same with the split source-group pass (MHAR_ROUTING_GROUP_PASS=split: VARIANT_ENV)
-    "mhar_fused_v7_sg8_split_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
-    # split, its first half taking the scores from the table (no x . w dots: offline 58-128 registers)
-    "mhar_fused_v7_sg8_ts_split_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_ts"},
     "mhar_fused_v7_sg8_defer": {"variant": "mhar", "routing_impl": "fused_v7_sg8_defer"},  # group passes early
     "mhar_fused_v7_sg8_overlap": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # async + defer
     "mhar_fused_v7_sg8_overlap_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # + PDL
@@ -65,10 +61,8 @@ VARIANTS = {
 # dependent launch is named, not inherited: a fused variant ending in ``_pdl`` runs with MHAR_ROUTING_PDL=1 (what
 # the library does by default on sm_90+ since 2026-12-03b), every other fused variant with MHAR_ROUTING_PDL=0
 # (what the record's rows of that name measured before). A row records its process's settings in ``routing_env``.
-# The scoring kernel and the source-group pass are named too (``common.kernel_settings``): ``_heads`` runs
-# ``_score_heads_kernel`` (MHAR_ROUTING_SCORE=heads), ``_split`` the split group pass (MHAR_ROUTING_GROUP_PASS=
-# split); every other fused variant the per-head ``_score_kernel`` (=head) and the one-pass group kernel (=one)
-# its rows measured.
+# The scoring kernel is named too (``common.kernel_settings``): ``_heads`` runs ``_score_heads_kernel``
+# (MHAR_ROUTING_SCORE=heads); every other fused variant the per-head ``_score_kernel`` (=head) its rows measured.
 VARIANT_ENV = {name: kernel_settings(name)[1]
                for name, res in VARIANTS.items() if res.get("routing_impl", "").startswith("fused")}
 

@@ -39,10 +39,9 @@ def env_columns(module: str | None = None, argv: list[str] | None = None) -> dic
 
 
 # Kernel-choice suffixes of a fused routing name (routing-op impl or training variant), stripped from the end in
-# this order (``fused_t_g4_sg8_split_heads_pdl``): (suffix, variable, value with it, value without it). A name
-# always means the same kernels whatever the caller's environment.
-KERNEL_SUFFIXES = (("_pdl", "MHAR_ROUTING_PDL", "1", "0"), ("_heads", "MHAR_ROUTING_SCORE", "heads", "head"),
-                   ("_split", "MHAR_ROUTING_GROUP_PASS", "split", "one"))
+# this order (``fused_t_g4_sg8_heads_pdl``): (suffix, variable, value with it, value without it). A name always
+# means the same kernels whatever the caller's environment.
+KERNEL_SUFFIXES = (("_pdl", "MHAR_ROUTING_PDL", "1", "0"), ("_heads", "MHAR_ROUTING_SCORE", "heads", "head"))
 
 
 def kernel_settings(name: str) -> tuple[str, dict]:

@@ -131,10 +131,7 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
     sh_types.update(ss_ptr="*fp32", s_ptr="*fp32", eps="fp32")
     grp_types = {n: "*bf16" for n in _jit(K._src_group_bwd_kernel).arg_names if n.endswith("_ptr")}
     grp_types.update(ss_ptr="*fp32", lse_ptr="*fp32", delta_ptr="*fp32", part_ptr="*fp32", cpart_ptr="*fp32",
-                     s_ptr="*fp32", a32_ptr="*fp32", d32_ptr="*fp32", eps="fp32")
-    upd_types = {n: "*bf16" for n in _jit(K._group_update_kernel).arg_names if n.endswith("_ptr")}
-    upd_types.update(a32_ptr="*fp32", d32_ptr="*fp32", part_ptr="*fp32")
-    upd_c = 32 if D // H >= 32 else 16
+                     s_ptr="*fp32", eps="fp32")
     p6_types = {n: "*bf16" for n in _jit(K._prefix6_kernel).arg_names if n.endswith("_ptr")}
     p6_types.update(w_ptr="*fp32", lse_ptr="*fp32", ss_ptr="*fp32", eps="fp32")
     f7_types = {n: "*bf16" for n in _jit(K._fwd7_kernel).arg_names if n.endswith("_ptr")}
@@ -166,12 +163,6 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
             *((f"group{group}_bwd{'_table' if has_s else ''}", K._src_group_bwd_kernel, grp_types,
                dict(GP=group, KC=16, LOW=True, EMU=False, HAS_S=has_s, **dims),
                ("BT", "BTD", "BTH", "dsr_sh", "dsr_sk", "s_stride"), K._prune_group) for has_s in (False, True)),
-            (f"group{group}_split", K._src_group_bwd_kernel, grp_types,
-             dict(GP=group, KC=16, LOW=True, EMU=False, HAS_S=False, UPDATE=False, **dims),
-             ("BT", "BTD", "BTH", "dsr_sh", "dsr_sk", "s_stride"), K._prune_group),
-            (f"group{group}_update", K._group_update_kernel, upd_types,
-             dict(GP=group, KC=16, C=upd_c, NCH=-(-(D // H) // upd_c), LOW=True, EMU=False, **dims), ("BT", "BTD"),
-             None),
             ("prenorm_fwd", K._prenorm_fwd_kernel, pn_types, {}, ("BT", "D", "DH"), K._prune6),
             ("prenorm_stash", K._prenorm_stash_kernel, pn_types, {}, ("BT", "D", "DH"), K._prune6),
             *((f"score_{kp}", K._score_kernel, sc_types, dict(KP=kp, DA=DA, DB=DB, SPLIT=True, DOT=True, EMU=False,
@@ -186,7 +177,6 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
                    K._prefix7_configs(full=True) if kernel is K._prefix7_kernel else
                    [_score_config(K, flags["KP"])] if kernel is K._score_kernel else
                    K._score_heads_configs(full=True) if kernel is K._score_heads_kernel else
-                   K._update_configs(full=True) if kernel is K._group_update_kernel else
                    K._prenorm_configs(full=True) if kernel in (K._prenorm_fwd_kernel, K._prenorm_stash_kernel) else
                    K._v6_configs(full=True))
         tiles = ({"KB": 128} if prune is K._prune_score_heads else
@@ -202,8 +192,7 @@ def v6_stats(size: str, group: int = 8, prefix: int = 8, kernels=None) -> list[d
             # (the source-group kernel: one head's columns of KC reads' douts; the scoring kernel, which has no
             # loop: one head's columns of the source)
             elems = cfg.kwargs["BLOCK_T"] * (D // H if kernel in (K._prefix6_kernel, K._score_kernel) else
-                                             flags["KC"] * (D // H) if kernel is K._src_group_bwd_kernel else
-                                             flags["KC"] * flags["C"] if kernel is K._group_update_kernel else D)
+                                             flags["KC"] * (D // H) if kernel is K._src_group_bwd_kernel else D)
             rows.append({"size": size, "kernel": name + (f"_kc{cfg.kwargs['KC']}" if "KC" in cfg.kwargs and
                                                          kernel is K._score_heads_kernel else ""),
                          "BLOCK_T": cfg.kwargs["BLOCK_T"],
@@ -218,8 +207,8 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", nargs="+", default=list(WIDTHS), choices=list(WIDTHS))
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--kernels", nargs="+", help="only these (fwd6 src_bwd fwd7 src_bwd_table prefix7_4 prefix7_8 "
-                    "prefix8_fwd group8_bwd group8_bwd_table group8_split group8_update prenorm_fwd prenorm_stash "
-                    "score_64 score_128 score_heads); default all")
+                    "prefix8_fwd group8_bwd group8_bwd_table prenorm_fwd prenorm_stash score_64 score_128 "
+                    "score_heads); default all")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("error: kernel_stats compiles the kernels; unset TRITON_INTERPRET", file=sys.stderr)

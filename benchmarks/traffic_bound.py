@@ -132,12 +132,9 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
 # Kernels of routing_impl fused_v7_sg8 (score table, forward groups, source groups) in ``kernel_bytes``.
 V7_KERNELS = ("_append_kernel", "_score_kernel", "_prefix7_kernel", "_fwd7_kernel", "_stash_kernel",
               "_src_group_bwd_kernel", "_src_bwd_kernel")
-# with the split source-group pass (MHAR_ROUTING_GROUP_PASS=split) the group kernel's updates move to this one
-SPLIT_KERNEL = "_group_update_kernel"
 
 
-def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group: int = SOURCE_GROUP,
-                 split_group: bool = False) -> dict:
+def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group: int = SOURCE_GROUP) -> dict:
     """Per routing kernel of ``fused_v7_sg8`` at a preset (the paper's microbatch, bf16 sources): (launches, HBM
     bytes) per microbatch, each load and store of the kernel (``mhar/routing/_kernels.py``) counted once: L2 hits
     are not subtracted, so bytes / bandwidth is a lower bound on the kernel's time. Read k (k = 0..N-1, N = 2L+1)
@@ -151,20 +148,15 @@ def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group:
     ``source_group`` consecutive sources and every later read's dout (fp32 partials and RMS sums out, dsr out;
     the newest member completed at once), or, alone, one pass over its later reads. Not counted: the dsr
     buffer's zero fill and the one dW matmul (``dW_all``), which the aggregate model (``v6_bytes``) includes,
-    and the append's copy, which it leaves out; the totals agree within 2% (``tests/test_traffic_bound.py``).
-    ``split_group`` (MHAR_ROUTING_GROUP_PASS=split): each group pass is two kernels: the group kernel without its
-    accumulators writes the routing weights and dL/dscore * rms^-1 per (member, read, token, head) in fp32 to a
-    scratch instead of the fp32 partials, and ``_group_update_kernel`` reads every later dout again with that
-    scratch and writes the partials (key ``SPLIT_KERNEL``)."""
+    and the append's copy, which it leaves out; the totals agree within 2% (``tests/test_traffic_bound.py``)."""
     B, T = MICROBATCH[size]
     D, L = PRESETS[size]["d_model"], PRESETS[size]["n_layers"]
     N, BT, H = 2 * L + 1, B * T, heads
     src, f32 = BT * D * BYTES_PER_ELT, BT * D * 4  # a source / dout / output / partial; an fp32 gradient partial
     ss, row = BT * 4, BT * H * 4  # one source's sums of squares; one (source, read) score / lse / delta row
     dsr = BT * H * BYTES_PER_ELT  # one (source, read) dsr row (the sources' dtype)
-    names = V7_KERNELS + ((SPLIT_KERNEL,) if split_group else ())
-    calls = dict.fromkeys(names, 0)
-    out = dict.fromkeys(names, 0)
+    calls = dict.fromkeys(V7_KERNELS, 0)
+    out = dict.fromkeys(V7_KERNELS, 0)
 
     def add(kernel: str, nbytes: int) -> None:
         calls[kernel] += 1
@@ -190,15 +182,11 @@ def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group:
         n = N - k  # reads k..N-1 saw slot k
         if len(members) > 1:
             G = len(members)
-            if split_group:  # scratch: a and dsr, fp32, per (member, read, token, head) = 2 rows per (member, read)
-                add("_src_group_bwd_kernel", G * (src + ss) + n * (src + 2 * row) + G * row + G * n * (dsr + 2 * row))
-                add(SPLIT_KERNEL, n * src + G * n * 2 * row + G * f32)
-            else:
-                add("_src_group_bwd_kernel", G * (src + ss) + n * (src + 2 * row) + G * (f32 + row) + G * n * dsr)
+            add("_src_group_bwd_kernel", G * (src + ss) + n * (src + 2 * row) + G * (f32 + row) + G * n * dsr)
             add("_src_bwd_kernel", src + ss + f32 + row + src)  # the newest member, completed at once
         else:
             add("_src_bwd_kernel", n * (src + 3 * row + dsr) + src + ss + src)
-    return {k: (calls[k], out[k]) for k in names}
+    return {k: (calls[k], out[k]) for k in V7_KERNELS}
 
 
 def kernel_table(prof: dict, hbm_gbps: float) -> list[dict]:

@@ -154,9 +154,8 @@ def test_pdl_variant_is_the_paper_routing_with_pdl_on():
 
 
 def test_heads_variant_names_its_scoring_kernel(monkeypatch):
-    """``_heads`` variants run the all-heads scoring kernel and ``_split`` ones the split group pass; every other
-    fused variant the per-head kernel and the one-pass group kernel its rows measured, whatever the caller's
-    MHAR_ROUTING_SCORE / MHAR_ROUTING_GROUP_PASS."""
+    """``_heads`` variants run the all-heads scoring kernel, every other fused variant the per-head one its rows
+    measured, whatever the caller's MHAR_ROUTING_SCORE."""
     from benchmarks import bench_training
     monkeypatch.setenv("MHAR_ROUTING_SCORE", "heads")
     assert bench_training.VARIANTS["mhar_fused_v7_sg8_heads_pdl"] == bench_training.VARIANTS["mhar_fused_v7_sg8"]
@@ -164,9 +163,4 @@ def test_heads_variant_names_its_scoring_kernel(monkeypatch):
     assert (env["MHAR_ROUTING_SCORE"], env["MHAR_ROUTING_PDL"]) == ("heads", "1")
     for name in ("mhar_fused_v7_sg8", "mhar_fused_v7_sg8_pdl", "mhar_fused_v7_sg8_overlap"):
         assert bench_training.variant_env(name)["MHAR_ROUTING_SCORE"] == "head", name
-    monkeypatch.setenv("MHAR_ROUTING_GROUP_PASS", "split")
-    env = bench_training.variant_env("mhar_fused_v7_sg8_split_pdl")
-    assert (env["MHAR_ROUTING_GROUP_PASS"], env["MHAR_ROUTING_SCORE"], env["MHAR_ROUTING_PDL"]) == \
-        ("split", "head", "1")
-    assert bench_training.variant_env("mhar_fused_v7_sg8_pdl")["MHAR_ROUTING_GROUP_PASS"] == "one"
     assert bench_training.variant_env("baseline")["MHAR_ROUTING_SCORE"] == "heads"  # (not a fused variant)

@@ -738,66 +738,6 @@ def test_source_group_kernel_uses_the_table_scores(dtype):
     assert not torch.allclose(moved[0], with_s[0], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("NG,BT,D,H,k_lo,Kr,table", [(3, 7, 48, 2, 2, 9, False), (8, 5, 320, 2, 1, 27, True),
-                                                     (1, 9, 40, 8, 0, 4, False), (5, 3, 96, 3, 4, 21, True),
-                                                     (2, 4, 64, 1, 0, 3, False)])
-def test_split_group_pass_matches_one_pass(NG, BT, D, H, k_lo, Kr, table, dtype):
-    """source_group_bwd(split=True) (the group kernel without accumulators, then ``_group_update_kernel`` by
-    column chunks) gives the one-pass kernel's partials, cparts and dL/dscore buffer: head widths 24 / 160
-    (= 128 + 32: five 32-column chunks) / 5 (narrow: one masked 16-column chunk) / 32 / 64, groups of 1-8 sources,
-    1-26 reads (two chunks of 16), with and without the table's scores; an empty read range gives zeros."""
-    from mhar.routing import _kernels as K
-    eps = 1e-6
-    buf, ss, W, dbuf, lse, delta = _group_inputs(NG * 31 + D, NG + 2, BT, D, H, Kr, dtype)
-    S = None
-    if table:
-        S = torch.zeros((NG + 2, Kr, BT, H), device=DEV)
-        for slot in range(NG + 2):
-            K.score_sources(buf, ss, W, S, slot, 0, H, eps)
-    Ws = K.split_weights(W, buf.dtype)
-
-    def run(split, lo=k_lo):
-        dsr = torch.zeros(H, Kr, (NG + 2) * BT, device=DEV, dtype=buf.dtype)
-        p, c = K.source_group_bwd(buf, ss, 1, NG, dbuf, lse, delta, Ws, lo, Kr, dsr, H, eps, BT, D, scores=S,
-                                  split=split)
-        return p.clone(), c.clone(), dsr.clone()
-
-    before = K.LAUNCHES["source_group_update"]
-    one, two = run(False), run(True)
-    assert K.LAUNCHES["source_group_update"] == before + 1
-    for name, a, b in zip(("parts", "cparts", "dsr"), one, two):
-        assert torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-5), (name, (a.float() - b.float()).abs().max())
-    assert one[0].abs().max() > 0
-    empty = run(True, lo=Kr)
-    assert not empty[0].any() and not empty[1].any()
-
-
-def test_group_pass_choice(monkeypatch):
-    """MHAR_ROUTING_GROUP_PASS picks the source-group pass; a wrong value names the variable and its values."""
-    from mhar.routing import _kernels as K
-    monkeypatch.delenv(K.GROUP_PASS_ENV, raising=False)
-    assert K.group_pass() == "one"
-    monkeypatch.setenv(K.GROUP_PASS_ENV, "split")
-    assert K.group_pass() == "split"
-    monkeypatch.setenv(K.GROUP_PASS_ENV, "two")
-    with pytest.raises(ValueError, match="MHAR_ROUTING_GROUP_PASS='two'.*one, split"):
-        K.group_pass()
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("group_scores", [False, True])
-def test_split_group_pass_in_the_router(dtype, group_scores, monkeypatch):
-    """The router with MHAR_ROUTING_GROUP_PASS=split (source groups of 8, 19 reads: two full groups and one of 3)
-    against the float64 reference: outputs and every gradient."""
-    from mhar.routing import _kernels as Kn
-    monkeypatch.setenv(Kn.GROUP_PASS_ENV, "split")
-    before = Kn.LAUNCHES["source_group_update"]
-    _check_router(1, 5, 40, 8, n_reads=19, dtype=dtype, with_null=False, with_extra=False, seed=5 * 19, group=4,
-                  source_group=8, table=True, group_scores=group_scores)
-    assert Kn.LAUNCHES["source_group_update"] > before
-
-
 def test_group_scores_needs_table_and_source_groups():
     for kw in (dict(group_scores=True), dict(group_scores=True, table=True), dict(group_scores=True, source_group=8)):
         with pytest.raises(ValueError, match="group_scores"):
@@ -1115,25 +1055,6 @@ def _each_launch_config(monkeypatch, forced, configs, D, H, **check):
     for i, cfg in enumerate(configs):
         _force_config(monkeypatch, forced, cfg)
         _check_router(1, 256, D, H, n_reads=9, dtype=torch.bfloat16, with_extra=False, seed=i, **check)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("which", ["first", "update"])
-@pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])
-def test_gpu_split_group_every_launch_config(D, H, which, monkeypatch):
-    """MHAR_ROUTING_GROUP_PASS=split: each launch configuration the autotuner may pick for its first half (the
-    group kernel without accumulators) or for ``_group_update_kernel`` gives the reference's outputs and
-    gradients (1B and 350M widths)."""
-    from mhar.routing import _kernels as K
-    monkeypatch.setenv(K.GROUP_PASS_ENV, "split")
-    if which == "first":
-        _, DA, DB = K._split(D, H)
-        forced, configs = (K._src_group_bwd_kernel,), K._prune_group(K._group_configs(full=True),
-                                                                      {"GP": 8, "DA": DA, "DB": DB})
-    else:
-        forced, configs = (K._group_update_kernel,), K._update_configs(full=True)
-    _each_launch_config(monkeypatch, forced, configs, D, H, with_null=False, group=4, source_group=8, table=True)
 
 
 @pytest.mark.gpu

@@ -237,11 +237,10 @@ def test_op_bench_pdl_names_run_the_same_kernels_with_pdl_on(monkeypatch):
     assert (name, env["MHAR_ROUTING_PDL"]) == ("fused_t_g4_sg8", "1")
     name, env = B.impl_settings("fused_t_g4_sg8")
     assert (name, env["MHAR_ROUTING_PDL"]) == ("fused_t_g4_sg8", "0")
-    name, env = B.impl_settings("fused_t_g4_sg8_split_heads_pdl")
-    assert name == "fused_t_g4_sg8" and env == {"MHAR_ROUTING_PDL": "1", "MHAR_ROUTING_SCORE": "heads",
-                                                "MHAR_ROUTING_GROUP_PASS": "split"}
+    name, env = B.impl_settings("fused_t_g4_sg8_heads_pdl")
+    assert name == "fused_t_g4_sg8" and env == {"MHAR_ROUTING_PDL": "1", "MHAR_ROUTING_SCORE": "heads"}
     assert B.impl_settings("fused_t_g4_sg8_heads") == ("fused_t_g4_sg8", {
-        "MHAR_ROUTING_PDL": "0", "MHAR_ROUTING_SCORE": "heads", "MHAR_ROUTING_GROUP_PASS": "one"})
+        "MHAR_ROUTING_PDL": "0", "MHAR_ROUTING_SCORE": "heads"})
     assert B.impl_settings("eager") == ("eager", {})
     monkeypatch.delenv("MHAR_ROUTING_PDL", raising=False)
     seen = []
@@ -303,42 +302,3 @@ def test_op_bench_names_deferred_groups():
     fo, bo = model_bytes("fused_t_g4_sg8_async_df1", ns, E, H, D)
     assert fo == fa and bo > ba
 
-
-@pytest.mark.parametrize("size", ["100M", "350M", "1B"])
-def test_split_group_pass_bytes(size):
-    """The split group pass: one update launch per group pass; it reads every later dout a second time and the
-    fp32 scratch (a and dsr: 2 rows per member and read) once, the group kernel writes the scratch instead of
-    the partials; everything else as the one-pass model."""
-    from benchmarks.bench_routing_op import MICROBATCH, backward_passes
-    one, two = tb.kernel_bytes(size), tb.kernel_bytes(size, split_group=True)
-    assert {k: v for k, v in two.items() if k not in ("_src_group_bwd_kernel", tb.SPLIT_KERNEL)} == \
-        {k: v for k, v in one.items() if k != "_src_group_bwd_kernel"}
-    assert two[tb.SPLIT_KERNEL][0] == one["_src_group_bwd_kernel"][0] == two["_src_group_bwd_kernel"][0]
-    B_, T = MICROBATCH[size]
-    L, D = tb.PRESETS[size]["n_layers"], tb.PRESETS[size]["d_model"]
-    BT, N = B_ * T, 2 * L + 1
-    src, row, f32 = BT * D * tb.BYTES_PER_ELT, BT * 8 * 4, BT * D * 4
-    extra = 0
-    for ev in backward_passes(tb.routing_reads(L), tb.SOURCE_GROUP):
-        if ev[0] != "complete" and len(ev[2]) > 1:
-            G, n = len(ev[2]), N - ev[1]
-            extra += n * src + 4 * G * n * row  # the douts again; the scratch written and read
-    moved = two["_src_group_bwd_kernel"][1] + two[tb.SPLIT_KERNEL][1] - one["_src_group_bwd_kernel"][1]
-    assert moved == extra  # (the partials: written by one kernel or the other, the same bytes)
-
-
-def test_split_group_pass_in_the_aggregate_model():
-    """v6_bytes(split_group=True) adds what kernel_bytes(split_group=True) adds (the same passes), and a
-    routing-op row under MHAR_ROUTING_GROUP_PASS=split reports those bytes (``model_bytes``)."""
-    from benchmarks.bench_routing_op import MICROBATCH, model_bytes
-    size = "1B"
-    B_, T = MICROBATCH[size]
-    L, D = tb.PRESETS[size]["n_layers"], tb.PRESETS[size]["d_model"]
-    ns, E = tb.routing_reads(L), B_ * T * D
-    one = v6_bytes(ns, E, 8, D, group=4, source_group=8, table=True)
-    two = v6_bytes(ns, E, 8, D, group=4, source_group=8, table=True, split_group=True)
-    k1, k2 = tb.kernel_bytes(size), tb.kernel_bytes(size, split_group=True)
-    assert two[0] == one[0]
-    assert two[1] - one[1] == sum(n for _, n in k2.values()) - sum(n for _, n in k1.values())
-    assert model_bytes("fused_t_g4_sg8", ns, E, 8, D, split_group=True) == two
-    assert model_bytes("fused_t_g4_sg8", ns, E, 8, D) == one

@@ -99,10 +99,8 @@ KERNEL_ENV_PREFIX = "MHAR_ROUTING_"
 
 
 # The fused kernels' choice knobs and their values (the first is what an unset variable means; ``_kernels``
-# reads them): programmatic dependent launch (MHAR_ROUTING_PDL: unset = on where supported), the scoring kernel,
-# the source-group pass.
-KERNEL_CHOICES = {"MHAR_ROUTING_PDL": ("", "0", "1"), "MHAR_ROUTING_SCORE": ("head", "heads"),
-                  "MHAR_ROUTING_GROUP_PASS": ("one", "split")}
+# reads them): programmatic dependent launch (MHAR_ROUTING_PDL: unset = on where supported) and the scoring kernel.
+KERNEL_CHOICES = {"MHAR_ROUTING_PDL": ("", "0", "1"), "MHAR_ROUTING_SCORE": ("head", "heads")}
 
 
 def check_kernel_env() -> None:

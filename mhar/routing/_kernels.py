@@ -947,19 +947,6 @@ def _src_grad_out(dx, init_ptr, grad_ptr, pid, D, col, cmask, offs, mask, HAS_IN
         tl.store(grad_ptr + offs, dx.to(grad_ptr.dtype.element_ty), mask=mask)
 
 
-# The source-group pass (MHAR_ROUTING_GROUP_PASS): ``one`` kernel per group (scores, dL/dscore and the gradient
-# accumulators of a whole head per program) or ``split`` into two (the scores and dL/dscore per head, then the
-# accumulators by column chunks: fewer live registers per program; the douts are read twice).
-GROUP_PASS_ENV = "MHAR_ROUTING_GROUP_PASS"
-GROUP_PASSES = KERNEL_CHOICES[GROUP_PASS_ENV]
-
-
-def group_pass() -> str:
-    """The source-group pass of this process: ``MHAR_ROUTING_GROUP_PASS`` (one of ``GROUP_PASSES``), else ``one``."""
-    check_kernel_env()
-    return os.environ.get(GROUP_PASS_ENV, "").strip() or GROUP_PASSES[0]
-
-
 def _prune_group(configs, named_args, **kwargs):
     """Accumulator tiles (BLOCK_T, GP, DA + DB) fp32 of a source group: 256..16384 elements, 64+ per warp."""
     return _keep_tiles(configs, _arg(named_args, kwargs, "GP") * (_arg(named_args, kwargs, "DA") +
@@ -1035,15 +1022,15 @@ def _group_part_update(acc, a, dsr, d, wh, wl, BLOCK_T: tl.constexpr, GP: tl.con
     return acc + _adot(a, d, LOW, EMU) + tl.reshape(dw, (BLOCK_T, GP, C))
 
 
-@triton.autotune(configs=_group_configs(), key=["D", "H", "GP", "LOW", "JB", "HAS_S", "UPDATE"],
+@triton.autotune(configs=_group_configs(), key=["D", "H", "GP", "LOW", "JB", "HAS_S"],
                  prune_configs_by={"early_config_prune": _prune_group})
 @triton.jit
 def _src_group_bwd_kernel(
-    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, wh_ptr, wl_ptr, part_ptr, cpart_ptr, dsr_ptr, s_ptr, a32_ptr,
-    d32_ptr, NG, k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, dsr_sh, dsr_sk,
-    s_stride, JB, GP: tl.constexpr, KC: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, LOW: tl.constexpr,
+    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, wh_ptr, wl_ptr, part_ptr, cpart_ptr, dsr_ptr, s_ptr,
+    NG, k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, dsr_sh, dsr_sk, s_stride,
+    JB, GP: tl.constexpr, KC: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, LOW: tl.constexpr,
     EMU: tl.constexpr, HAS_S: tl.constexpr, BLOCK_T: tl.constexpr, STAGES: tl.constexpr,
-    UPDATE: tl.constexpr = True, PDL: tl.constexpr = False):
+    PDL: tl.constexpr = False):
     """Partial gradients of NG <= GP CONSECUTIVE buffered sources (x: the first; slots BTD apart, ss their sums of
     squares (NG, BT) fp32) from reads k_lo..k_hi-1, in ONE pass over those reads' douts (dbuf[k] (BT, D)): one
     program per (token block, head); the reads in chunks of KC. Per token the group's sources and a chunk's
@@ -1055,9 +1042,7 @@ def _src_group_bwd_kernel(
     rms^-1 (strides dsr_sh, dsr_sk, 1; dsr's dtype). ``source_bwd(init=part, cinit=cpart)`` completes each
     source (its earlier reads and the RMS term). A head's columns are ``_split``'s two parts (DA, DB). HAS_S (v7):
     the scores come from the table (s_ptr: the first source's S[s0], (K, BT, H) fp32, slots s_stride apart) instead
-    of the x . w dots (two tensor-core dots per column part fewer; w is still needed for dsr @ w). Without UPDATE
-    (the split pass, ``_group_update_kernel`` after it): no accumulators and no ``part``; the routing weights a
-    and dL/dscore * rms^-1 go to the fp32 scratch a32 / d32 (H, k_hi - k_lo, BT, GP) instead."""
+    of the x . w dots (two tensor-core dots per column part fewer; w is still needed for dsr @ w)."""
     _pdl_enter(PDL)
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
@@ -1116,85 +1101,26 @@ def _src_group_bwd_kernel(
         dsr = ds * r[:, :, None]
         tl.store(dsr_ptr + doffs + kk[None, None, :] * dsr_sk, dsr.to(dsr_ptr.dtype.element_ty),
                  mask=tg[:, :, None] & km[None, None, :])
-        if UPDATE:
-            acca = _group_part_update(acca, a, dsr, da, wh_a, wl_a, BLOCK_T, GP, LOW, EMU)
-            if DB > 0:
-                accb = _group_part_update(accb, a, dsr, db, wh_b, wl_b, BLOCK_T, GP, LOW, EMU)
-        else:  # scratch [h, k - k_lo, t, g]
-            soffs = ((h * (k_hi - k_lo) + (kk - k_lo).to(tl.int64))[None, None, :] * BT + tok64[:, None, None]) * GP \
-                + gg[None, :, None]
-            smask = tg[:, :, None] & km[None, None, :]
-            tl.store(a32_ptr + soffs, a, mask=smask)
-            tl.store(d32_ptr + soffs, dsr, mask=smask)
-    if UPDATE:
-        tl.store(part_ptr + xrow[:, :, None] + ca[None, None, :], acca, mask=tg[:, :, None] & cam[None, None, :])
+        acca = _group_part_update(acca, a, dsr, da, wh_a, wl_a, BLOCK_T, GP, LOW, EMU)
         if DB > 0:
-            tl.store(part_ptr + xrow[:, :, None] + cb[None, None, :], accb,
-                     mask=tg[:, :, None] & cbm[None, None, :])
+            accb = _group_part_update(accb, a, dsr, db, wh_b, wl_b, BLOCK_T, GP, LOW, EMU)
+    tl.store(part_ptr + xrow[:, :, None] + ca[None, None, :], acca, mask=tg[:, :, None] & cam[None, None, :])
+    if DB > 0:
+        tl.store(part_ptr + xrow[:, :, None] + cb[None, None, :], accb, mask=tg[:, :, None] & cbm[None, None, :])
     tl.store(cpart_ptr + gg[None, :] * BTH + hoffs, csum, mask=tg)
-
-
-def _update_configs(full: bool = False) -> list:
-    """Tokens x warps x pipeline stages of ``_group_update_kernel``'s read loop; one under the interpreter /
-    without autotuning."""
-    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
-        return [triton.Config({"BLOCK_T": 2, "STAGES": 2}, num_warps=4)]
-    return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw)
-            for bt, nw, ns in ((2, 4, 2), (4, 4, 2), (4, 4, 3), (8, 4, 2), (8, 8, 2), (16, 4, 2), (16, 8, 2))]
-
-
-@triton.autotune(configs=_update_configs(), key=["D", "H", "GP", "LOW", "JB", "C"])
-@triton.jit
-def _group_update_kernel(dbuf_ptr, wh_ptr, wl_ptr, a32_ptr, d32_ptr, part_ptr, NG, k_lo, k_hi, BT,
-                         D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, JB, GP: tl.constexpr,
-                         KC: tl.constexpr, C: tl.constexpr, NCH: tl.constexpr, LOW: tl.constexpr, EMU: tl.constexpr,
-                         BLOCK_T: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False):
-    """The split source-group pass, second half: part (NG, BT, D) fp32 = sum over reads k_lo..k_hi-1 of
-    a * dout + dsr * w for a chunk of C columns of one head per program (grid: token blocks x H * NCH chunks),
-    from the routing weights a and dsr that the first half (``_src_group_bwd_kernel`` without UPDATE) left in
-    the fp32 scratch a32 / d32 (H, k_hi - k_lo, BT, GP). The accumulators are (BLOCK_T, GP, C): a fifth of a
-    1B head's (the one-pass kernel holds the whole head, 160 columns, per token)."""
-    _pdl_enter(PDL)
-    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    h = tl.program_id(1) // NCH
-    c0 = (tl.program_id(1) % NCH) * C + tl.arange(0, C)
-    cm = c0 < DH
-    col = h * DH + c0
-    tmask = tok < BT
-    tok64 = tok.to(tl.int64)
-    gg = tl.arange(0, GP)
-    tg = tmask[:, None] & (gg < NG)[None, :]
-    kc = tl.arange(0, KC)
-    acc = tl.zeros((BLOCK_T, GP, C), tl.float32)
-    for k0 in tl.range(k_lo, k_hi, KC, num_stages=STAGES):
-        kk = (k0 + kc).to(tl.int64)
-        km = kk < k_hi
-        dm = tmask[:, None] & km[None, :]
-        drow = kk[None, :, None] * BTD + tok64[:, None, None] * D
-        d, wh, wl = _group_part_load(dbuf_ptr, wh_ptr, wl_ptr, drow, kk, dm, km, col, cm, D, LOW)
-        soffs = ((h * (k_hi - k_lo) + (kk - k_lo))[None, None, :] * BT + tok64[:, None, None]) * GP + gg[None, :, None]
-        smask = tg[:, :, None] & km[None, None, :]
-        a = tl.load(a32_ptr + soffs, mask=smask, other=0.0)
-        dsr = tl.load(d32_ptr + soffs, mask=smask, other=0.0)
-        acc = _group_part_update(acc, a, dsr, d, wh, wl, BLOCK_T, GP, LOW, EMU)
-    xrow = gg.to(tl.int64)[None, :] * BTD + tok64[:, None] * D
-    tl.store(part_ptr + xrow[:, :, None] + col[None, None, :], acc, mask=tg[:, :, None] & cm[None, None, :])
 
 
 def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf: torch.Tensor, lse: torch.Tensor,
                      delta: torch.Tensor, W_split: tuple, k_lo: int, k_hi: int, dsr_all: torch.Tensor, H: int,
                      eps: float, BT: int, D: int, scores: torch.Tensor | None = None,
-                     out: tuple | None = None, split: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     out: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial gradients of buffered sources s0..s0+NG-1 from reads k_lo..k_hi-1 in ONE pass over those reads'
     douts (``_src_group_bwd_kernel``). W_split: ``split_weights(W, buf.dtype)``; dsr_all: the (H, K, cap * BT)
     dL/dscore buffer of ``dW_all`` (this pass writes its slots' columns for these reads). Returns (parts
     (NG, BT, D) fp32, cparts (NG, BT, H) fp32); complete source g with ``source_bwd(init=parts[g],
     cinit=cparts[g])`` over its reads before k_lo (none for the newest: an empty range). ``scores``: the v7 table
     (cap, K, BT, H) fp32 whose rows k_lo..k_hi-1 of slots s0..s0+NG-1 hold the scores (no x . w dots then).
-    ``out``: (parts, cparts) to write into (allocated by the caller, e.g. on another stream than this launch's).
-    ``split`` (default: ``group_pass() == "split"``, MHAR_ROUTING_GROUP_PASS): two launches instead of one, the
-    group kernel without its accumulators (scores, dL/dscore, a and dsr to an fp32 scratch) and
-    ``_group_update_kernel`` (the a @ dout + dsr @ w updates by column chunks of a head): the same outputs."""
+    ``out``: (parts, cparts) to write into (allocated by the caller, e.g. on another stream than this launch's)."""
     dev = buf.device
     if dbuf.numel() >= 2**31 or buf.numel() >= 2**31 or dsr_all.numel() >= 2**31:
         raise ValueError("fused routing: buffers need 64-bit offsets (limit 2**31); use a smaller microbatch or "
@@ -1215,30 +1141,13 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
     if scores is not None and (scores.dtype != torch.float32 or scores.shape[2:] != (BT, H) or
                                not scores[0].is_contiguous() or scores.numel() >= 2**31):
         raise ValueError("source_group_bwd: scores must be the (cap, K, BT, H) fp32 table")
-    split = group_pass() == "split" if split is None else split
-    a32 = d32 = parts
-    if split and k_hi > k_lo:
-        a32, d32 = (torch.empty((H, k_hi - k_lo, BT, gp), device=dev, dtype=torch.float32) for _ in range(2))
     args = (buf[s0], ss[s0], dbuf, lse, delta, wh, wl if wl is not None else wh, parts, cparts, dsr,
-            scores[s0] if scores is not None else ss[s0], a32, d32, NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H,
-            eps, dsr.stride(0), dsr.stride(1), scores.stride(0) if scores is not None else 0, jb)
+            scores[s0] if scores is not None else ss[s0], NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps,
+            dsr.stride(0), dsr.stride(1), scores.stride(0) if scores is not None else 0, jb)
     flags = dict(GP=gp, KC=16, DA=DA, DB=DB, LOW=wl is not None, EMU=os.environ.get("TRITON_INTERPRET") == "1",
-                 HAS_S=scores is not None, UPDATE=not split)
+                 HAS_S=scores is not None)
     key = ("src_group_bwd", D, H, gp, jb, *flags.values(), *(str(a.dtype) for a in args[:10]))
     _launch(_src_group_bwd_kernel, key, grid, args, flags)
-    if split:
-        if k_hi > k_lo:
-            C = 32 if D // H >= 32 else 16
-            nch = -(-(D // H) // C)
-            ugrid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]), H * nch)  # noqa: E731
-            uargs = (dbuf, wh, wl if wl is not None else wh, a32, d32, parts, NG, k_lo, k_hi, BT, D, H, D // H,
-                     BT * D, jb)
-            uflags = dict(GP=gp, KC=16, C=C, NCH=nch, LOW=wl is not None, EMU=flags["EMU"])
-            _launch(_group_update_kernel, ("group_update", D, H, gp, jb, C, *uflags.values(),
-                                           *(str(a.dtype) for a in uargs[:6])), ugrid, uargs, uflags)
-            LAUNCHES["source_group_update"] += 1
-        else:
-            parts.zero_()
     LAUNCHES["source_group_bwd"] += 1
     LAUNCHES["source_group_bwd_table"] += scores is not None
     return parts, cparts
@@ -1953,4 +1862,4 @@ def prefix7_fwd(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf: int,
 
 # the kernels that begin with ``_pdl_enter`` (``_launch`` gives them ``_pdl_kwargs``)
 _PDL_KERNELS = (_append_kernel, _score_heads_kernel, _fwd7_kernel, _prefix7_kernel, _stash_kernel, _src_bwd_kernel,
-                _src_group_bwd_kernel, _group_update_kernel)
+                _src_group_bwd_kernel)
