@@ -37,8 +37,7 @@ import torch
 import triton.testing
 
 from benchmarks.common import (add_out_args, env_columns, existing_rows, kernel_settings, measure_hbm_bandwidth,
-                               routing_env_cell,
-                               tuned_lines, write_csv)
+                               routing_env_cell, tuned_lines, write_csv)
 from mhar.config import PRESETS
 from mhar.routing import get_router
 
@@ -48,7 +47,7 @@ def impl_settings(impl: str) -> tuple[str, dict]:
     return kernel_settings(impl) if impl.startswith("fused") else (impl, {})
 
 
-def pdl_setting(impl: str):
+def kernel_setting(impl: str):
     """The block's kernel settings for ``impl`` (restored after; ``impl_settings``): MHAR_ROUTING_PDL 1 for a
     fused ``_pdl`` name, 0 for the other fused names (PDL is the library's default on sm_90+), the scoring kernel
     likewise; the caller's settings for the rest (no Triton kernels)."""
@@ -307,9 +306,9 @@ def graph_ms(fn, warmup: int = 3, reps: int = 30) -> float:
 
 
 def bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
-    """One row: ``impl`` (an ``_pdl`` suffix: with programmatic dependent launch) on case ``c``."""
+    """One row: ``impl`` (its kernel-choice suffixes, ``_heads`` / ``_pdl``, set while it runs) on case ``c``."""
     kernels, _ = impl_settings(impl)
-    with pdl_setting(impl):
+    with kernel_setting(impl):
         row = _bench_case(c, kernels, mode, graph)
         row.update(impl=impl, routing_env=routing_env_cell())
     return row

@@ -24,16 +24,16 @@ from benchmarks.bench_routing_op import MICROBATCH, graph_ms
 from mhar.config import PRESETS
 
 
-def _case(size: str, H: int, seed: int = 0):
+def _case(size: str, H: int, seed: int = 0, device: str = "cuda"):
     p = PRESETS[size]
     B, T = MICROBATCH[size]
     N = K = 2 * p["n_layers"] + 1
     D = p["d_model"]
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    buf = torch.randn(N, B * T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    g = torch.Generator(device=device).manual_seed(seed)
+    buf = torch.randn(N, B * T, D, device=device, dtype=torch.bfloat16, generator=g)
     ss = buf.float().pow(2).sum(-1).contiguous()
-    W = (0.1 * torch.randn(K, D, device="cuda", generator=g)).contiguous()
-    S = torch.zeros(N, K, B * T, H, device="cuda", dtype=torch.float32)
+    W = (0.1 * torch.randn(K, D, device=device, generator=g)).contiguous()
+    S = torch.zeros(N, K, B * T, H, device=device, dtype=torch.float32)
     return dict(size=size, B=B, T=T, D=D, H=H, N=N, K=K, buf=buf, ss=ss, W=W, S=S)
 
 
@@ -44,9 +44,7 @@ def run(size: str, H: int, launches: list[tuple[int, int]], kernels: tuple = ("h
     BT, D, N, Kr = c["B"] * c["T"], c["D"], c["N"], c["K"]
     must = N * BT * D * 2 + sum(Kr - j for j in range(N)) * BT * H * 4  # sources read + table written
 
-    kernel = "head"
-
-    def score_all():
+    def score_all(kernel):
         for j in range(N):
             K.score_sources(c["buf"], c["ss"], c["W"], c["S"], j, j, H, 1e-6, W_split, kernel=kernel)
 
@@ -57,7 +55,7 @@ def run(size: str, H: int, launches: list[tuple[int, int]], kernels: tuple = ("h
         for kernel, launch in cases:
             K.score_launch = library if launch is None else (lambda KP, dot=True, _l=launch: _l)
             c["S"].zero_()
-            ms = graph_ms(score_all)
+            ms = graph_ms(lambda _k=kernel: score_all(_k))
             table = c["S"].clone()
             diff = 0.0 if ref is None else ((table - ref).abs().max() / ref.abs().max()).item()
             ref = table if ref is None else ref

@@ -301,4 +301,3 @@ def test_op_bench_names_deferred_groups():
     fa, ba = model_bytes("fused_t_g4_sg8_async", ns, E, H, D)
     fo, bo = model_bytes("fused_t_g4_sg8_async_df1", ns, E, H, D)
     assert fo == fa and bo > ba
-
