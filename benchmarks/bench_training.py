@@ -56,6 +56,7 @@ VARIANTS = {
     "mhar_fused_v7_sg8_defer": {"variant": "mhar", "routing_impl": "fused_v7_sg8_defer"},  # group passes early
     "mhar_fused_v7_sg8_overlap": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # async + defer
     "mhar_fused_v7_sg8_overlap_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # + PDL
+    "mhar_fused_v7_sg8_async_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_async"},  # async + PDL
 }
 # kernel settings (mhar.routing.kernel_env) of a variant's process, over the caller's environment. Programmatic
 # dependent launch is named, not inherited: a fused variant ending in ``_pdl`` runs with MHAR_ROUTING_PDL=1 (what

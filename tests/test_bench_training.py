@@ -147,9 +147,12 @@ def test_pdl_variant_is_the_paper_routing_with_pdl_on():
     assert bench_training.variant_env("mhar_fused_v7_sg8_pdl")["MHAR_ROUTING_PDL"] == "1"
     assert bench_training.VARIANTS["mhar_fused_v7_sg8_overlap_pdl"]["routing_impl"] == "fused_v7_sg8_overlap"
     assert bench_training.variant_env("mhar_fused_v7_sg8_overlap_pdl")["MHAR_ROUTING_PDL"] == "1"
+    assert bench_training.VARIANTS["mhar_fused_v7_sg8_async_pdl"]["routing_impl"] == "fused_v7_sg8_async"
+    assert bench_training.variant_env("mhar_fused_v7_sg8_async_pdl")["MHAR_ROUTING_PDL"] == "1"
     # the other fused variants name PDL off explicitly (PDL is the library's default on sm_90+), so a record's
     # variant always means the same launches whatever the caller's environment
-    for name in ("mhar_fused_v7_sg8", "mhar_fused_v7_sg8_overlap", "mhar_fused", "mhar_fused_v5"):
+    for name in ("mhar_fused_v7_sg8", "mhar_fused_v7_sg8_overlap", "mhar_fused_v7_sg8_async", "mhar_fused",
+                 "mhar_fused_v5"):
         assert bench_training.variant_env(name)["MHAR_ROUTING_PDL"] == "0", name
     assert "MHAR_ROUTING_PDL" not in bench_training.VARIANT_ENV.get("mhar_eager", {})
     assert "MHAR_ROUTING_PDL" not in bench_training.VARIANT_ENV.get("baseline", {})
