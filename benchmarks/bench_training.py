@@ -57,6 +57,12 @@ VARIANTS = {
     "mhar_fused_v7_sg8_overlap": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # async + defer
     "mhar_fused_v7_sg8_overlap_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # + PDL
     "mhar_fused_v7_sg8_async_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_async"},  # async + PDL
+    # the default with the source-group partials in the gradients' dtype (_p16: MHAR_ROUTING_PARTS=grad) and the
+    # dout stash fused into the write-once gradient kernel (_fs: MHAR_ROUTING_STASH=fused), each alone and both
+    "mhar_fused_v7_sg8_p16_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
+    "mhar_fused_v7_sg8_fs_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
+    "mhar_fused_v7_sg8_p16_fs_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
+    "mhar_fused_v7_sg8_async_p16_fs_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_async"},
 }
 # kernel settings (mhar.routing.kernel_env) of a variant's process, over the caller's environment. Programmatic
 # dependent launch is named, not inherited: a fused variant ending in ``_pdl`` runs with MHAR_ROUTING_PDL=1 (what
@@ -197,6 +203,8 @@ def main(argv=None) -> None:
                          "each MHAR row is paired with the baseline of its own repeat, and a summary gives the mean "
                          "ratio over repeats with its 95%% t interval")
     add_out_args(ap, "results/bench/training.csv")
+    ap.add_argument("--runs-dir", default="results/cache/bench_runs",
+                    help="folder of the --trainer-steps runs (each run's folder is replaced by the next one)")
     ap.add_argument("--one", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
@@ -228,7 +236,7 @@ def main(argv=None) -> None:
         t0 = time.time()
         try:
             row = run_trainer(size, variant, args.heads, args.trainer_steps, args.device,
-                              Path("results/cache/bench_runs"), args.timeout)
+                              Path(args.runs_dir), args.timeout)
         except subprocess.TimeoutExpired:
             row = dict(status=f"timeout after {args.timeout:.0f}s")
         row.update(size=size, variant=variant, mode="trainer", repeat=rep, wall_s=round(time.time() - t0, 1))

@@ -16,7 +16,7 @@ def test_bench_training_cpu_rows(tmp_path, monkeypatch):
     out = tmp_path / "training.csv"
     bench_training.main(["--sizes", "debug", "--variants", "baseline", "mhar_eager", "--device", "cpu",
                          "--backend", "none", "--steps", "1", "--warmup", "1", "--graph", "0",
-                         "--trainer-steps", "6", "--out", str(out)])
+                         "--trainer-steps", "6", "--runs-dir", str(tmp_path / "runs"), "--out", str(out)])
     rows = list(csv.DictReader(out.open()))
     assert [(r["variant"], r["mode"]) for r in rows] == [("baseline", "step"), ("baseline", "trainer"),
                                                          ("mhar_eager", "step"), ("mhar_eager", "trainer")]
@@ -49,7 +49,8 @@ def test_bench_training_trainer_only_rows(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     out = tmp_path / "trainer.csv"
     bench_training.main(["--sizes", "debug", "--variants", "baseline", "--device", "cpu", "--backend", "none",
-                         "--graph", "0", "--trainer-steps", "6", "--trainer-only", "--out", str(out)])
+                         "--graph", "0", "--trainer-steps", "6", "--trainer-only", "--runs-dir", str(tmp_path / "runs"),
+                         "--out", str(out)])
     rows = list(csv.DictReader(out.open()))
     assert [(r["variant"], r["mode"], r["status"]) for r in rows] == [("baseline", "trainer", "ok")]
     assert float(rows[0]["tokens_per_s"]) > 0
@@ -134,7 +135,7 @@ def test_variant_env_reaches_its_process_and_its_rows(tmp_path, monkeypatch):
     out = tmp_path / "training.csv"
     bench_training.main(["--sizes", "debug", "--variants", "baseline", "mhar_eager", "--device", "cpu",
                          "--backend", "none", "--steps", "1", "--warmup", "1", "--graph", "0",
-                         "--trainer-steps", "6", "--out", str(out)])
+                         "--trainer-steps", "6", "--runs-dir", str(tmp_path / "runs"), "--out", str(out)])
     rows = list(csv.DictReader(out.open()))
     assert [(r["variant"], r["mode"], r["routing_env"]) for r in rows] == [
         ("baseline", "step", ""), ("baseline", "trainer", ""),
