@@ -167,26 +167,9 @@ def _dout_passes(ns: list[int], source_group: int, defer: int = 0) -> tuple[int,
     return douts, parts
 
 
-def fused_stash_reads(ns: list[int], source_group: int, defer: int = 0) -> set:
-    """The reads whose dout stash the write-once gradient kernel does with MHAR_ROUTING_STASH=fused (the rule of
-    ``mhar.routing.fused._fused_stash_slot``, over ``backward_passes``): a read whose new source is completed at
-    once over the reads from it on (a member's completion over a non-empty range, or a one-slot pass); not a
-    read that starts a group pass in order (the pass reads the read's stashed dout first)."""
-    fused, seen = set(), set()
-    for ev in backward_passes(ns, source_group, defer):
-        k = ev[2] if ev[0] == "complete" else ev[1]
-        if k in seen:  # (a deferred pass launched at the end of read k's backward)
-            continue
-        seen.add(k)
-        if (ev[3] > ev[2]) if ev[0] == "complete" else len(ev[2]) == 1:
-            fused.add(k)
-    return fused
-
-
 def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1,
              source_group: int = 1, table: bool = False, group_scores: bool = False,
-             async_scores: bool = False, defer_groups: int = 0, part_bytes: int = 4,
-             fused_stash: bool = False) -> tuple[int, int]:
+             async_scores: bool = False, defer_groups: int = 0) -> tuple[int, int]:
     """(fwd, bwd) bytes of the v6 kernels for reads over ns sources (non-decreasing, each read the first to
     see its newest source), E = B*T*D elements per source. ``group`` > 1: forward prefix sharing (groups of
     that many reads: one pass over the first read's sources writes a partial per read, which each read reads
@@ -203,9 +186,7 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     read's newest source, which each of the group's reads then reads itself with its sums of squares (its own
     scores); the table is read for the prefix only. ``defer_groups`` = d (``_defer``): each group pass below the
     newest group starts d reads later (d douts fewer) and each of its members' completions covers d reads more
-    (``backward_passes(defer=d)``). ``part_bytes``: bytes per element of a partial gradient (4: fp32; 2 with
-    MHAR_ROUTING_PARTS=grad and bf16 gradients). ``fused_stash`` (MHAR_ROUTING_STASH=fused): a read whose stash
-    the write-once gradient kernel does (``fused_stash_reads``) does not read its dout slot back."""
+    (``backward_passes(defer=d)``)."""
     del group_scores  # (accepted so that every routing implementation's options reach the model)
     unit = sum(ns) * E * elt
     N = len(ns)
@@ -230,11 +211,9 @@ def v6_bytes(ns: list[int], E: int, H: int, D: int, elt: int = 2, group: int = 1
     # stash: read dout + out, write the dout slot (3); per source: read it in the kernel and in the dW matmul
     # (2), write its gradient (1)
     douts, parts = _dout_passes(ns, source_group, defer_groups)
-    # a partial: written by the group pass and read by the completion pass (part_bytes per element), which reads
-    # the source again (and its sums of squares); its RMS-term sums cpart (H fp32 per token) written and read
-    bwd = douts * E * elt + dsr + 6 * N * E * elt + N * ss + parts * ((2 * part_bytes + elt) * E + ss + 2 * sb)
-    if fused_stash:  # the fused reads' dout slot is not read back by their completion
-        bwd -= len(fused_stash_reads(ns, source_group, defer_groups)) * E * elt
+    # a partial: fp32 written by the group pass and read by the completion pass, which reads the source again
+    # (and its sums of squares); its RMS-term sums cpart (H fp32 per token) written and read
+    bwd = douts * E * elt + dsr + 6 * N * E * elt + N * ss + parts * (5 * E * elt + ss + 2 * sb)
     if table:
         bwd += sum(ns) * sb
     return fwd, bwd
@@ -287,17 +266,12 @@ def _router(impl: str):
     return get_router(impl)
 
 
-def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int, env: dict | None = None) -> tuple[int, int] | None:
-    """(fwd, bwd) bytes of the byte model of the fused kernels (``v6_bytes`` / ``v5_bytes``), None for others.
-    ``env`` (default: this process's): the kernel choices MHAR_ROUTING_PARTS (``grad``: 2-byte partials, the
-    sources being bf16) and MHAR_ROUTING_STASH (``fused``) of the v6 kernels."""
-    env = os.environ if env is None else env
-    choices = dict(part_bytes=2 if env.get("MHAR_ROUTING_PARTS", "").strip() == "grad" else 4,
-                   fused_stash=env.get("MHAR_ROUTING_STASH", "").strip() == "fused")
+def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int) -> tuple[int, int] | None:
+    """(fwd, bwd) bytes of the byte model of the fused kernels (``v6_bytes`` / ``v5_bytes``), None for others."""
     if impl == "fused":
-        return v6_bytes(ns, E, H, D, **choices)
+        return v6_bytes(ns, E, H, D)
     if impl.startswith(("fused_sg", "fused_g", "fused_t")):
-        return v6_bytes(ns, E, H, D, **_v6_options(impl), **choices)
+        return v6_bytes(ns, E, H, D, **_v6_options(impl))
     if impl in ("fused_v5", "fused_fp32acc"):
         return v5_bytes(ns, E)
     return None

@@ -57,12 +57,6 @@ VARIANTS = {
     "mhar_fused_v7_sg8_overlap": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # async + defer
     "mhar_fused_v7_sg8_overlap_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # + PDL
     "mhar_fused_v7_sg8_async_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_async"},  # async + PDL
-    # the default with the source-group partials in the gradients' dtype (_p16: MHAR_ROUTING_PARTS=grad) and the
-    # dout stash fused into the write-once gradient kernel (_fs: MHAR_ROUTING_STASH=fused), each alone and both
-    "mhar_fused_v7_sg8_p16_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
-    "mhar_fused_v7_sg8_fs_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
-    "mhar_fused_v7_sg8_p16_fs_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
-    "mhar_fused_v7_sg8_async_p16_fs_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_async"},
 }
 # kernel settings (mhar.routing.kernel_env) of a variant's process, over the caller's environment. Programmatic
 # dependent launch is named, not inherited: a fused variant ending in ``_pdl`` runs with MHAR_ROUTING_PDL=1 (what

@@ -39,12 +39,9 @@ def env_columns(module: str | None = None, argv: list[str] | None = None) -> dic
 
 
 # Kernel-choice suffixes of a fused routing name (routing-op impl or training variant), stripped from the end in
-# this order (``fused_t_g4_sg8_heads_p16_fs_pdl``): (suffix, variable, value with it, value without it). A name always
+# this order (``fused_t_g4_sg8_heads_pdl``): (suffix, variable, value with it, value without it). A name always
 # means the same kernels whatever the caller's environment.
-# ``_fs``: the dout stash fused into the write-once gradient kernel; ``_p16``: the source-group passes' partials in
-# the gradients' dtype (bf16 under autocast).
-KERNEL_SUFFIXES = (("_pdl", "MHAR_ROUTING_PDL", "1", "0"), ("_fs", "MHAR_ROUTING_STASH", "fused", "separate"),
-                   ("_p16", "MHAR_ROUTING_PARTS", "grad", "fp32"), ("_heads", "MHAR_ROUTING_SCORE", "heads", "head"))
+KERNEL_SUFFIXES = (("_pdl", "MHAR_ROUTING_PDL", "1", "0"), ("_heads", "MHAR_ROUTING_SCORE", "heads", "head"))
 
 
 def kernel_settings(name: str) -> tuple[str, dict]:

@@ -31,9 +31,6 @@ tests). One byte "unit" = sum_n n * E * 2 bytes. Moved per microbatch:
   than ``v7_g4_sg8``; what it buys is the scoring off the critical path, which bytes do not show);
   ``v7_g4_sg8_overlap`` (``routing_impl: fused_v7_sg8_overlap``): that plus the source-group passes started one
   read early on a side stream (``defer_groups``: each member's completion covers one read more);
-  ``v7_g4_sg8_p16_fs`` (``fused_v7_sg8`` with MHAR_ROUTING_PARTS=grad and MHAR_ROUTING_STASH=fused): the
-  source-group partials in bf16 (half the bytes of their write and read) and the stash of every read that
-  starts no group pass done by its write-once gradient kernel (its dout slot not read back);
 * ``min``: any one-pass-per-read algorithm (``bench_routing_op.min_bytes``: forward reads the sources and
   writes the output, backward reads sources and dout and writes each source gradient once).
 
@@ -57,7 +54,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.bench_routing_op import MICROBATCH, backward_passes, fused_stash_reads, min_bytes, v6_bytes
+from benchmarks.bench_routing_op import MICROBATCH, backward_passes, min_bytes, v6_bytes
 from benchmarks.common import command_line, write_csv
 from mhar.provenance import git_info
 from mhar.config import PRESETS
@@ -111,8 +108,6 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
                                 async_scores=True)
         v7o_f, v7o_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True, source_group=SOURCE_GROUP,
                                 async_scores=True, defer_groups=DEFER_READS)
-        v7p_f, v7p_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True, source_group=SOURCE_GROUP,
-                                part_bytes=BYTES_PER_ELT, fused_stash=True)
         for name, nbytes in (("v5", 4 * unit), ("v6", v6_f + v6_b), (f"v6_g{V6_GROUP}", v6g_f + v6g_b),
                              (f"v6_sg{SOURCE_GROUP}", v6s_f + v6s_b),
                              (f"v6_g{V6_GROUP}_sg{SOURCE_GROUP}", v6gs_f + v6gs_b),
@@ -121,7 +116,6 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
                               v7s_f + v7s_b - PRENORM_SAVED * 2 * cfg["n_layers"] * E * BYTES_PER_ELT),
                              (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}_async", v7a_f + v7a_b),
                              (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}_overlap", v7o_f + v7o_b),
-                             (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}_p16_fs", v7p_f + v7p_b),
                              ("min", mb_f + mb_b)):
             ideal = nbytes / (hbm_gbps * 1e9) * 1e3
             row[f"{name}_gb"] = round(nbytes / 1e9, 3)
@@ -140,8 +134,7 @@ V7_KERNELS = ("_append_kernel", "_score_kernel", "_prefix7_kernel", "_fwd7_kerne
               "_src_group_bwd_kernel", "_src_bwd_kernel")
 
 
-def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group: int = SOURCE_GROUP,
-                 part_bytes: int = 4, fused_stash: bool = False) -> dict:
+def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group: int = SOURCE_GROUP) -> dict:
     """Per routing kernel of ``fused_v7_sg8`` at a preset (the paper's microbatch, bf16 sources): (launches, HBM
     bytes) per microbatch, each load and store of the kernel (``mhar/routing/_kernels.py``) counted once: L2 hits
     are not subtracted, so bytes / bandwidth is a lower bound on the kernel's time. Read k (k = 0..N-1, N = 2L+1)
@@ -155,14 +148,11 @@ def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group:
     ``source_group`` consecutive sources and every later read's dout (fp32 partials and RMS sums out, dsr out;
     the newest member completed at once), or, alone, one pass over its later reads. Not counted: the dsr
     buffer's zero fill and the one dW matmul (``dW_all``), which the aggregate model (``v6_bytes``) includes,
-    and the append's copy, which it leaves out; the totals agree within 2% (``tests/test_traffic_bound.py``).
-    ``part_bytes``: bytes per element of a partial gradient (4: fp32; 2: MHAR_ROUTING_PARTS=grad). ``fused_stash``
-    (MHAR_ROUTING_STASH=fused): the reads of ``bench_routing_op.fused_stash_reads`` launch no stash; their
-    write-once gradient kernel moves the stash's bytes instead of reading the dout slot back."""
+    and the append's copy, which it leaves out; the totals agree within 2% (``tests/test_traffic_bound.py``)."""
     B, T = MICROBATCH[size]
     D, L = PRESETS[size]["d_model"], PRESETS[size]["n_layers"]
     N, BT, H = 2 * L + 1, B * T, heads
-    src, f32 = BT * D * BYTES_PER_ELT, BT * D * part_bytes  # a source / dout / output; a gradient partial
+    src, f32 = BT * D * BYTES_PER_ELT, BT * D * 4  # a source / dout / output / partial; an fp32 gradient partial
     ss, row = BT * 4, BT * H * 4  # one source's sums of squares; one (source, read) score / lse / delta row
     dsr = BT * H * BYTES_PER_ELT  # one (source, read) dsr row (the sources' dtype)
     calls = dict.fromkeys(V7_KERNELS, 0)
@@ -172,13 +162,10 @@ def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group:
         calls[kernel] += 1
         out[kernel] += nbytes
 
-    fused = fused_stash_reads(routing_reads(L), source_group) if fused_stash else set()
-    stashed = 2 * src + row  # what a fused read's gradient kernel moves more: the stash's bytes, less a dout read
     for j in range(N):
         add("_append_kernel", 2 * src + ss)
         add("_score_kernel", src + ss + (N - j) * row)
-        if j not in fused:
-            add("_stash_kernel", 3 * src + row)
+        add("_stash_kernel", 3 * src + row)
     for a in range(0, N, group):
         K = min(group, N - a)
         if K > 1:
@@ -189,8 +176,7 @@ def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group:
     for ev in backward_passes(routing_reads(L), source_group):  # read k's one new source is slot k
         if ev[0] == "complete":  # a group member over its reads k..k_end-1: douts, lse, delta, scores; dsr out
             n = ev[3] - ev[2]
-            add("_src_bwd_kernel", n * (src + 3 * row + dsr) + src + ss + f32 + row + src
-                + (stashed if ev[2] in fused else 0))
+            add("_src_bwd_kernel", n * (src + 3 * row + dsr) + src + ss + f32 + row + src)
             continue
         k, members = ev[1], ev[2]
         n = N - k  # reads k..N-1 saw slot k
@@ -199,7 +185,7 @@ def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group:
             add("_src_group_bwd_kernel", G * (src + ss) + n * (src + 2 * row) + G * (f32 + row) + G * n * dsr)
             add("_src_bwd_kernel", src + ss + f32 + row + src)  # the newest member, completed at once
         else:
-            add("_src_bwd_kernel", n * (src + 3 * row + dsr) + src + ss + src + (stashed if k in fused else 0))
+            add("_src_bwd_kernel", n * (src + 3 * row + dsr) + src + ss + src)
     return {k: (calls[k], out[k]) for k in V7_KERNELS}
 
 

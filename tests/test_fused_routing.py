@@ -139,10 +139,6 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
     loss, g, p = run("fused")
     assert fused_mod._Read.calls - calls == n_reads  # the fused path ran, once per read
     ran = {k: fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("route_bwd", "stash", "source_bwd")}
-    fused_stash = fused_mod.LAUNCHES["source_bwd_stash"] - launches.get("source_bwd_stash", 0)
-    if algo == "v6" and lookahead:  # MHAR_ROUTING_STASH=fused: some reads' stash is their completion's kernel
-        assert (fused_stash > 0) == (os.environ.get("MHAR_ROUTING_STASH") == "fused"), fused_stash
-        ran["stash"] += fused_stash
     n_groups = fused_mod.LAUNCHES["source_group_bwd"] - launches.get("source_group_bwd", 0)
     if algo == "v6":
         n_extra = sum(1 for i in range(n_reads) if with_extra and i % 2 == 1)
@@ -335,7 +331,6 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
     logits_f, grads_f = _model_grads(variant, impl, heads, **res)
     assert fused_mod._Read.calls > calls
     ran = {k: fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("route_bwd", "stash", "source_bwd")}
-    ran["stash"] += fused_mod.LAUNCHES["source_bwd_stash"] - launches.get("source_bwd_stash", 0)  # (STASH=fused)
     if impl == "fused_v5" and variant != "mhar_hw":  # the variant announced its next reads: prefix sharing ran
         assert fused_mod.READS["prefix"] > prefix
     if impl in ("fused", "fused_sg4", "fused_v7") and variant in ("mhar", "attnres", "mhar_delta"):
@@ -741,152 +736,6 @@ def test_source_group_kernel_uses_the_table_scores(dtype):
     S2[2, 5] += 0.5  # one (source, read) score row
     moved = parts(S2)
     assert not torch.allclose(moved[0], with_s[0], rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_group_parts_in_the_gradient_dtype(dtype):
-    """source_group_bwd(part_dtype=...) stores the same fp32 sums rounded once: parts in the sources' dtype are
-    exactly the fp32 parts rounded to it; the RMS-term sums and dL/dscore do not change."""
-    from mhar.routing import _kernels as K
-    NG, BT, D, H, Kr, eps = 3, 7, 48, 2, 21, 1e-6
-    buf, ss, W, dbuf, lse, delta = _group_inputs(5, NG + 1, BT, D, H, Kr, dtype)
-    Ws = K.split_weights(W, buf.dtype)
-
-    def parts(pdt):
-        dsr = torch.zeros(H, Kr, (NG + 1) * BT, device=DEV, dtype=buf.dtype)
-        p, c = K.source_group_bwd(buf, ss, 1, NG, dbuf, lse, delta, Ws, 2, Kr, dsr, H, eps, BT, D, part_dtype=pdt)
-        return p, c, dsr
-
-    p32, c32, d32 = parts(torch.float32)
-    p16, c16, d16 = parts(dtype)
-    assert p32.dtype == torch.float32 and p16.dtype == dtype
-    assert torch.equal(c16, c32) and torch.equal(d16, d32) and p32.abs().max() > 0
-    if dtype == torch.float32 or DEV == "cuda":  # the GPU rounds to nearest even, as torch does
-        assert torch.equal(p16, p32.to(dtype))
-    else:  # the Triton interpreter's conversion to bf16 drops the low bits (rounds toward zero)
-        trunc = (p32.view(torch.int32) & -65536).view(torch.float32).to(dtype)  # exact: 16 low bits cleared
-        assert torch.equal(p16, trunc)
-
-
-def test_kernel_choices_parts_and_stash(monkeypatch):
-    """MHAR_ROUTING_PARTS picks the partials' dtype (fp32 unset; ``grad``: the gradients' own), MHAR_ROUTING_STASH
-    whether the stash is fused into the write-once gradient kernel; a wrong value names the variable and its
-    values."""
-    from mhar.routing import _kernels as K
-    monkeypatch.delenv(K.PARTS_ENV, raising=False)
-    monkeypatch.delenv(K.STASH_ENV, raising=False)
-    assert K.parts_dtype(torch.bfloat16) == torch.float32 and not K.stash_fused()
-    monkeypatch.setenv(K.PARTS_ENV, "grad")
-    monkeypatch.setenv(K.STASH_ENV, "fused")
-    assert K.parts_dtype(torch.bfloat16) == torch.bfloat16 and K.parts_dtype(torch.float32) == torch.float32
-    assert K.stash_fused()
-    monkeypatch.setenv(K.PARTS_ENV, "bf16")
-    with pytest.raises(ValueError, match="MHAR_ROUTING_PARTS='bf16'.*fp32, grad"):
-        K.parts_dtype(torch.bfloat16)
-    monkeypatch.setenv(K.PARTS_ENV, "fp32")
-    monkeypatch.setenv(K.STASH_ENV, "yes")
-    with pytest.raises(ValueError, match="MHAR_ROUTING_STASH='yes'.*separate, fused"):
-        K.stash_fused()
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("G,with_null,with_extra,table", [(8, False, False, True), (4, True, True, False),
-                                                          (3, False, True, True)])
-def test_router_partials_in_the_gradient_dtype(G, with_null, with_extra, table, dtype, monkeypatch):
-    """MHAR_ROUTING_PARTS=grad: every source-group pass stores its partials in the sources' gradient dtype, and
-    the router still matches the float64 reference (outputs and every gradient, as with fp32 partials)."""
-    seen = []
-    orig = fused_mod.source_group_bwd
-
-    def spy(*a, **kw):
-        parts, cparts = orig(*a, **kw)
-        seen.append(parts.dtype)
-        return parts, cparts
-    monkeypatch.setattr(fused_mod, "source_group_bwd", spy)
-    monkeypatch.setenv("MHAR_ROUTING_PARTS", "grad")
-    _check_router(2, 9, 48, 4, n_reads=13, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=G,
-                  source_group=G, table=table, group=4 if table else 1)
-    assert seen and set(seen) == {dtype}, seen
-
-
-def _router_grads(dtype, n_reads, **opts):
-    """Outputs' loss and every gradient of ``_net`` with a v6 router of options ``opts`` (announced reads)."""
-    base = _inputs(2, 9, 48, n_reads, dtype, opts.pop("with_null", False), opts.pop("with_extra", False), seed=7)
-    p = _leaves(base, dtype, DEV)
-    loss = _net(fused_mod.FusedRouter(**opts), p["x"], p["null"], p["qs"], p["gs"], p["Ws"], 4, p["extra"],
-                lookahead=True)
-    return [loss.detach()] + list(torch.autograd.grad(loss, _flat(p)))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("opts,fused", [
-    (dict(source_group=8, table=True, group=4), 15),  # 17 reads: group passes at 2 reads, 15 completions fused
-    (dict(source_group=1), 17),  # no group passes: every read's stash fused
-    # extra sources at the odd reads keep their stash, and so do the group passes' reads 4, 8, 12, 16: 0, 2, 6, 10, 14
-    (dict(source_group=4, with_null=True, with_extra=True), 5),
-    # deferred group passes start after the completion of their read: only the newest group's pass (read 16) in order
-    (dict(source_group=8, table=True, group=4, async_scores=True, defer_groups=1, early_prefix=True), 16),
-])
-def test_fused_stash_equals_separate_stash(opts, fused, dtype, monkeypatch):
-    """MHAR_ROUTING_STASH=fused: a read's stash is done by the write-once gradient kernel of the source it
-    completes (one launch and one pass over the dout slot fewer) wherever nothing needs it before: the same
-    outputs and gradients, bit for bit (the same operations in the same order), and ``fused`` of the 17 stashes
-    fused (a read that starts a group pass, or has an extra source, keeps its stash launch)."""
-    monkeypatch.delenv("MHAR_ROUTING_STASH", raising=False)
-    ref = _router_grads(dtype, 17, **opts)
-    monkeypatch.setenv("MHAR_ROUTING_STASH", "fused")
-    before = {k: fused_mod.LAUNCHES[k] for k in ("stash", "source_bwd_stash")}
-    got = _router_grads(dtype, 17, **opts)
-    ran = {k: fused_mod.LAUNCHES[k] - v for k, v in before.items()}
-    assert ran == {"stash": 17 - fused, "source_bwd_stash": fused}, ran
-    if not opts.get("with_extra"):  # the byte model's rule (bench_routing_op.fused_stash_reads) picks the same reads
-        from benchmarks.bench_routing_op import fused_stash_reads
-        assert len(fused_stash_reads(list(range(1, 18)), opts["source_group"], opts.get("defer_groups", 0))) == fused
-    for a, b in zip(got, ref):
-        assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("impl", ["fused_v7_sg8", "fused_v7_sg8_overlap", "fused_sg4"])
-def test_model_kernel_choices_match_eager(impl, monkeypatch):
-    """A debug model (4 layers) with both kernel choices on (MHAR_ROUTING_PARTS=grad, MHAR_ROUTING_STASH=fused):
-    eager routing's logits and parameter grads (fp32)."""
-    monkeypatch.setenv("MHAR_ROUTING_PARTS", "grad")
-    monkeypatch.setenv("MHAR_ROUTING_STASH", "fused")
-    fused_before = fused_mod.LAUNCHES["source_bwd_stash"]
-    logits_f, grads_f = _model_grads("mhar", impl, 4, n_layers=4)
-    assert fused_mod.LAUNCHES["source_bwd_stash"] > fused_before
-    logits_e, grads_e = _model_grads("mhar", "eager", 4, n_layers=4)
-    assert rel(logits_f, logits_e) <= 1e-5 and grads_f.keys() == grads_e.keys()
-    for n in grads_e:
-        assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])  # 1B (head width 160 = 128 + 32), 350M
-def test_gpu_fused_stash_every_launch_config(D, H, monkeypatch):
-    """MHAR_ROUTING_STASH=fused with MHAR_ROUTING_PARTS=grad (fused_v7_sg8): each launch configuration the
-    autotuner may pick for the write-once gradient kernel (the fused stash among them) gives the reference's
-    outputs and gradients at the 1B and 350M widths."""
-    from mhar.routing import _kernels as K
-    monkeypatch.setenv("MHAR_ROUTING_STASH", "fused")
-    monkeypatch.setenv("MHAR_ROUTING_PARTS", "grad")
-    _each_launch_config(monkeypatch, (K._src_bwd_kernel,), K._v6_configs(full=True), D, H, with_null=False,
-                        source_group=8, table=True, group=4)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("D", [1280, 1024, 512])  # 1B, 350M, 100M
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_kernel_choices_deep(D, dtype, monkeypatch):
-    """Both kernel choices on (partials in the gradients' dtype, fused stash; fused_v7_sg8) at the paper's widths
-    with 25 reads (extra sources at odd reads), autotuned: the reference's outputs and gradients, and the fused
-    stash gives the separate stash's results to fp32 rounding (its delta's reduction order may differ)."""
-    monkeypatch.setenv("MHAR_ROUTING_PARTS", "grad")
-    monkeypatch.setenv("MHAR_ROUTING_STASH", "fused")
-    _check_router(1, 512, D, 8, n_reads=25, dtype=dtype, with_null=False, with_extra=True, seed=D, group=4,
-                  table=True, source_group=8)
 
 
 def test_group_scores_needs_table_and_source_groups():

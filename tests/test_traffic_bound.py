@@ -115,25 +115,6 @@ def test_source_group_dout_passes_by_hand():
     assert b2 - b1 == -4 * E * 2 + 4 * (5 * E * 2 + (E // D) * 4 + 2 * (E // D) * 2 * 4)
 
 
-def test_partials_and_fused_stash_bytes_by_hand():
-    """The same five reads, source groups of 2 (four partials; group passes at reads 4 and 2): 2-byte partials
-    save 2 bytes per element of each partial's write and read; the fused stash leaves out the dout-slot read of
-    the reads whose completion is their stash (``fused_stash_reads``: 3 and 1 complete a member, 0 is a one-slot
-    pass; 4 and 2 start a group pass, which reads their stashed dout first)."""
-    from benchmarks.bench_routing_op import fused_stash_reads
-
-    ns = [1, 2, 3, 4, 5]
-    assert fused_stash_reads(ns, 2) == {0, 1, 3}
-    assert fused_stash_reads(ns, 1) == {0, 1, 2, 3, 4}  # no group passes: every read
-    # defer 1: the older group passes start after their read's completion; read 4 starts the newest group in order
-    assert fused_stash_reads(ns, 2, 1) == {0, 1, 2, 3}
-    E, D = 1000, 10
-    f, b = v6_bytes(ns, E, 2, D, source_group=2)
-    f16, b16 = v6_bytes(ns, E, 2, D, source_group=2, part_bytes=2)
-    ffs, bfs = v6_bytes(ns, E, 2, D, source_group=2, fused_stash=True)
-    assert f == f16 == ffs and b - b16 == 4 * 2 * E * 2 and b - bfs == 3 * E * 2
-
-
 def test_op_bench_names_v6_options():
     """bench_routing_op's impl names for the v6 options: fused_sgG, fused_gK, fused_gK_sgG (byte model too)."""
     from benchmarks.bench_routing_op import _router, _v6_options, model_bytes
@@ -210,13 +191,6 @@ def test_kernel_bytes_agree_with_the_aggregate_model(size):
                     source_group=8, table=True)
     total = sum(n for _, n in tb.kernel_bytes(size).values())
     assert abs(total / (f + b) - 1) < 0.02, (total, f + b)
-    # with 2-byte partials and the fused stash (MHAR_ROUTING_PARTS=grad, MHAR_ROUTING_STASH=fused)
-    f, b = v6_bytes(tb.routing_reads(cfg["n_layers"]), B * T * cfg["d_model"], 8, cfg["d_model"], group=4,
-                    source_group=8, table=True, part_bytes=2, fused_stash=True)
-    kb = tb.kernel_bytes(size, part_bytes=2, fused_stash=True)
-    assert abs(sum(n for _, n in kb.values()) / (f + b) - 1) < 0.02
-    n_reads = 2 * cfg["n_layers"] + 1
-    assert kb["_stash_kernel"][0] == n_reads - len(tb.fused_stash_reads(tb.routing_reads(cfg["n_layers"]), 8))
 
 
 def test_kernel_launches_match_the_h200_profile():
@@ -263,15 +237,10 @@ def test_op_bench_pdl_names_run_the_same_kernels_with_pdl_on(monkeypatch):
     assert (name, env["MHAR_ROUTING_PDL"]) == ("fused_t_g4_sg8", "1")
     name, env = B.impl_settings("fused_t_g4_sg8")
     assert (name, env["MHAR_ROUTING_PDL"]) == ("fused_t_g4_sg8", "0")
-    off = {"MHAR_ROUTING_STASH": "separate", "MHAR_ROUTING_PARTS": "fp32"}  # what names without _fs / _p16 run
     name, env = B.impl_settings("fused_t_g4_sg8_heads_pdl")
-    assert name == "fused_t_g4_sg8" and env == {"MHAR_ROUTING_PDL": "1", "MHAR_ROUTING_SCORE": "heads", **off}
+    assert name == "fused_t_g4_sg8" and env == {"MHAR_ROUTING_PDL": "1", "MHAR_ROUTING_SCORE": "heads"}
     assert B.impl_settings("fused_t_g4_sg8_heads") == ("fused_t_g4_sg8", {
-        "MHAR_ROUTING_PDL": "0", "MHAR_ROUTING_SCORE": "heads", **off})
-    assert B.impl_settings("fused_t_g4_sg8_heads_p16_fs_pdl") == ("fused_t_g4_sg8", {
-        "MHAR_ROUTING_PDL": "1", "MHAR_ROUTING_SCORE": "heads", "MHAR_ROUTING_STASH": "fused",
-        "MHAR_ROUTING_PARTS": "grad"})
-    assert B.impl_settings("fused_t_g4_sg8_p16_pdl")[1]["MHAR_ROUTING_PARTS"] == "grad"
+        "MHAR_ROUTING_PDL": "0", "MHAR_ROUTING_SCORE": "heads"})
     assert B.impl_settings("eager") == ("eager", {})
     monkeypatch.delenv("MHAR_ROUTING_PDL", raising=False)
     seen = []

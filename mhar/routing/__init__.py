@@ -99,12 +99,8 @@ KERNEL_ENV_PREFIX = "MHAR_ROUTING_"
 
 
 # The fused kernels' choice knobs and their values (the first is what an unset variable means; ``_kernels``
-# reads them): programmatic dependent launch (MHAR_ROUTING_PDL: unset = on where supported), the scoring kernel,
-# the dtype of the source-group passes' partial gradients (MHAR_ROUTING_PARTS: fp32, or the source gradients'
-# own dtype) and whether a read's dout stash is done by the write-once gradient kernel of the source it completes
-# (MHAR_ROUTING_STASH: separate kernels, or fused).
-KERNEL_CHOICES = {"MHAR_ROUTING_PDL": ("", "0", "1"), "MHAR_ROUTING_SCORE": ("head", "heads"),
-                  "MHAR_ROUTING_PARTS": ("fp32", "grad"), "MHAR_ROUTING_STASH": ("separate", "fused")}
+# reads them): programmatic dependent launch (MHAR_ROUTING_PDL: unset = on where supported) and the scoring kernel.
+KERNEL_CHOICES = {"MHAR_ROUTING_PDL": ("", "0", "1"), "MHAR_ROUTING_SCORE": ("head", "heads")}
 
 
 def check_kernel_env() -> None:

@@ -846,45 +846,15 @@ def append_source(src: torch.Tensor, dst: torch.Tensor, ss: torch.Tensor) -> Non
     LAUNCHES["append"] += 1
 
 
-@triton.jit
-def _src_bwd_read(xa, xb, r, da, db, wa, wb, s_ptr, lse_ptr, delta, k, BTH, hoffs, smask, dxa, dxb, csum,
-                  HAS_S: tl.constexpr, DB: tl.constexpr):
-    """One read k of ``_src_bwd_kernel``'s loop: da / db the read's dout parts (fp32), wa / wb its w parts, delta
-    its <dout, out> per head (BLOCK_T, HP). Returns (dxa, dxb, csum, dsr) updated with the read's terms."""
-    sd = _hdot(da, xa)
-    if HAS_S:  # the score from the table (v7)
-        s = tl.load(s_ptr + k * BTH + hoffs, mask=smask, other=0.0)
-    else:
-        s = _hdot(xa, wa[None, :, :])
-    if DB > 0:
-        if not HAS_S:
-            s += _hdot(xb, wb[None, :, :])
-        sd += _hdot(db, xb)
-    lse = tl.load(lse_ptr + k * BTH + hoffs, mask=smask, other=0.0)
-    if not HAS_S:
-        s = s * r[:, None]  # (BLOCK_T, HP) scores
-    a = tl.exp(s - lse)  # routing weights of this source in read k
-    ds = a * (sd - delta)  # dL/dscore
-    csum += ds * s
-    dsr = ds * r[:, None]
-    dxa = dxa + a[:, :, None] * da  # two updates: one fused multiply-add each per element (one expression
-    dxa = dxa + dsr[:, :, None] * wa[None, :, :]  # compiled to a multiply, a multiply-add and an add)
-    if DB > 0:
-        dxb = dxb + a[:, :, None] * db
-        dxb = dxb + dsr[:, :, None] * wb[None, :, :]
-    return dxa, dxb, csum, dsr
-
-
-@triton.autotune(configs=_v6_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "HAS_S", "HAS_CINIT", "JB", "STASH"],
+@triton.autotune(configs=_v6_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "HAS_S", "HAS_CINIT", "JB"],
                  prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _src_bwd_kernel(
     x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr, s_ptr, cinit_ptr,
-    sdout_ptr, sout_ptr,
     k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, JB, dsr_sh, dsr_sk,
     IS_NULL: tl.constexpr, HAS_INIT: tl.constexpr, HAS_S: tl.constexpr, HAS_CINIT: tl.constexpr,
-    STASH: tl.constexpr, BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
-    STAGES: tl.constexpr, PDL: tl.constexpr = False):
+    BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
+    PDL: tl.constexpr = False):
     """Gradient of ONE source x (BT, D) (or the broadcast null vector (D,)) from reads k_lo..k_hi-1.
 
     Read k's dout is dbuf[k] (BT, D), its log-sum-exp lse[k] and <dout, out> delta[k] (BT, H) fp32, its
@@ -897,10 +867,7 @@ def _src_bwd_kernel(
     Rows are the two tiles of ``_split`` (no idle lanes for head widths that are not powers of two). D, H and
     DH are compile-time constants (per model width, as the autotuning key already was): masks and address
     arithmetic fold (``benchmarks/kernel_stats.py``: 14.6 -> 13.9 SASS instructions per loaded element at
-    350M width; the loop is issue-bound). STASH (k_lo < k_hi): read k_lo's dout is not in dbuf yet; the kernel
-    is also that read's stash (``stash``): it loads the dout from sdout (BT, D) and the read's output from sout,
-    writes dbuf[k_lo] (the dout in dbuf's dtype) and delta[k_lo] = <dout, out> per head, and takes read k_lo's
-    terms from the rows in hand (one launch and one pass over the dout slot fewer than stash, then this kernel)."""
+    350M width; the loop is issue-bound)."""
     _pdl_enter(PDL)
     pid = tl.program_id(0)
     tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -933,39 +900,34 @@ def _src_bwd_kernel(
     csum = tl.zeros((BLOCK_T, HP), tl.float32)  # per head, summed over reads: <dscore, score> (the RMS term)
     if HAS_CINIT:  # a source-group pass's part of it (with init = its part of the gradient)
         csum = tl.load(cinit_ptr + hoffs, mask=smask, other=0.0)
-    k_first = k_lo
-    if STASH:  # read k_lo: its stash, and its terms from the dout in hand
-        dq = tl.load(sdout_ptr + offa, mask=ma, other=0.0)
-        dst = dq.to(dbuf_ptr.dtype.element_ty)
-        tl.store(dbuf_ptr + k_lo * BTD + offa, dst, mask=ma)
-        delta = _hdot(dq.to(tl.float32), _ld(sout_ptr, offa, ma))
-        da = dst.to(tl.float32)
-        db = da
-        if DB > 0:
-            dq = tl.load(sdout_ptr + offb, mask=mb, other=0.0)
-            dst = dq.to(dbuf_ptr.dtype.element_ty)
-            tl.store(dbuf_ptr + k_lo * BTD + offb, dst, mask=mb)
-            delta += _hdot(dq.to(tl.float32), _ld(sout_ptr, offb, mb))
-            db = dst.to(tl.float32)
-        tl.store(delta_ptr + k_lo * BTH + hoffs, delta, mask=smask)
-        wa = tl.load(w_ptr + k_lo * D + cola, mask=cma, other=0.0)  # (HP, DA) fp32
-        wb = wa
-        if DB > 0:
-            wb = tl.load(w_ptr + k_lo * D + colb, mask=cmb, other=0.0)
-        dxa, dxb, csum, dsr = _src_bwd_read(xa, xb, r, da, db, wa, wb, s_ptr, lse_ptr, delta, k_lo, BTH, hoffs,
-                                            smask, dxa, dxb, csum, HAS_S, DB)
-        tl.store(dsr_ptr + doffs, dsr.to(dsr_ptr.dtype.element_ty), mask=smask)
-        k_first = k_lo + 1
-    for k in tl.range(k_first, k_hi, num_stages=STAGES):
+    for k in tl.range(k_lo, k_hi, num_stages=STAGES):
         da = _ld(dbuf_ptr + k * BTD, offa, ma)
         wa = tl.load(w_ptr + k * D + cola, mask=cma, other=0.0)  # (HP, DA) fp32
+        sd = _hdot(da, xa)
+        if HAS_S:  # the score from the table (v7)
+            s = tl.load(s_ptr + k * BTH + hoffs, mask=smask, other=0.0)
+        else:
+            s = _hdot(xa, wa[None, :, :])
         db, wb = da, wa
         if DB > 0:
             db = _ld(dbuf_ptr + k * BTD, offb, mb)
             wb = tl.load(w_ptr + k * D + colb, mask=cmb, other=0.0)
+            if not HAS_S:
+                s += _hdot(xb, wb[None, :, :])
+            sd += _hdot(db, xb)
+        lse = tl.load(lse_ptr + k * BTH + hoffs, mask=smask, other=0.0)
         delta = tl.load(delta_ptr + k * BTH + hoffs, mask=smask, other=0.0)
-        dxa, dxb, csum, dsr = _src_bwd_read(xa, xb, r, da, db, wa, wb, s_ptr, lse_ptr, delta, k, BTH, hoffs,
-                                            smask, dxa, dxb, csum, HAS_S, DB)
+        if not HAS_S:
+            s = s * r[:, None]  # (BLOCK_T, HP) scores
+        a = tl.exp(s - lse)  # routing weights of this source in read k
+        ds = a * (sd - delta)  # dL/dscore
+        csum += ds * s
+        dsr = ds * r[:, None]
+        dxa = dxa + a[:, :, None] * da  # two updates: one fused multiply-add each per element (one expression
+        dxa = dxa + dsr[:, :, None] * wa[None, :, :]  # compiled to a multiply, a multiply-add and an add)
+        if DB > 0:
+            dxb = dxb + a[:, :, None] * db
+            dxb = dxb + dsr[:, :, None] * wb[None, :, :]
         tl.store(dsr_ptr + doffs + (k - k_lo) * dsr_sk, dsr.to(dsr_ptr.dtype.element_ty), mask=smask)
     c = (tl.sum(csum, axis=1) * r * r / D)[:, None, None]
     _src_grad_out(dxa - xa * c, init_ptr, grad_ptr, pid, D, cola, cma, offa, ma, HAS_INIT, IS_NULL)
@@ -1074,8 +1036,8 @@ def _src_group_bwd_kernel(
     program per (token block, head); the reads in chunks of KC. Per token the group's sources and a chunk's
     douts are small matrices, so everything that is per element is a tensor-core dot (fp32 accumulation):
     scores x . w_k (w = q g as hi + lo parts: fp32 accuracy), x . dout_k, and the updates a @ dout + dsr @ w (a
-    and dsr as hi + lo parts); the CUDA cores do only per-(token, source, read) work. Writes part (NG, BT, D) (fp32,
-    or the gradients' dtype: accumulated in fp32, rounded once at the store) = sum over these reads of a * dout + dsr * w (WITHOUT the RMS term, which needs all heads), cpart (NG, BT, H)
+    and dsr as hi + lo parts); the CUDA cores do only per-(token, source, read) work. Writes part (NG, BT, D) fp32
+    = sum over these reads of a * dout + dsr * w (WITHOUT the RMS term, which needs all heads), cpart (NG, BT, H)
     fp32 = per head the sum of dscore * score (the RMS term's factor) and dsr[h, k, g * BT + t] = dL/dscore *
     rms^-1 (strides dsr_sh, dsr_sk, 1; dsr's dtype). ``source_bwd(init=part, cinit=cpart)`` completes each
     source (its earlier reads and the RMS term). A head's columns are ``_split``'s two parts (DA, DB). HAS_S (v7):
@@ -1142,28 +1104,23 @@ def _src_group_bwd_kernel(
         acca = _group_part_update(acca, a, dsr, da, wh_a, wl_a, BLOCK_T, GP, LOW, EMU)
         if DB > 0:
             accb = _group_part_update(accb, a, dsr, db, wh_b, wl_b, BLOCK_T, GP, LOW, EMU)
-    pty = part_ptr.dtype.element_ty  # fp32, or the gradients' dtype (``source_group_bwd(part_dtype=...)``)
-    tl.store(part_ptr + xrow[:, :, None] + ca[None, None, :], acca.to(pty), mask=tg[:, :, None] & cam[None, None, :])
+    tl.store(part_ptr + xrow[:, :, None] + ca[None, None, :], acca, mask=tg[:, :, None] & cam[None, None, :])
     if DB > 0:
-        tl.store(part_ptr + xrow[:, :, None] + cb[None, None, :], accb.to(pty),
-                 mask=tg[:, :, None] & cbm[None, None, :])
+        tl.store(part_ptr + xrow[:, :, None] + cb[None, None, :], accb, mask=tg[:, :, None] & cbm[None, None, :])
     tl.store(cpart_ptr + gg[None, :] * BTH + hoffs, csum, mask=tg)
 
 
 def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf: torch.Tensor, lse: torch.Tensor,
                      delta: torch.Tensor, W_split: tuple, k_lo: int, k_hi: int, dsr_all: torch.Tensor, H: int,
                      eps: float, BT: int, D: int, scores: torch.Tensor | None = None,
-                     out: tuple | None = None, part_dtype: torch.dtype = torch.float32
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     out: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial gradients of buffered sources s0..s0+NG-1 from reads k_lo..k_hi-1 in ONE pass over those reads'
     douts (``_src_group_bwd_kernel``). W_split: ``split_weights(W, buf.dtype)``; dsr_all: the (H, K, cap * BT)
     dL/dscore buffer of ``dW_all`` (this pass writes its slots' columns for these reads). Returns (parts
     (NG, BT, D) fp32, cparts (NG, BT, H) fp32); complete source g with ``source_bwd(init=parts[g],
     cinit=cparts[g])`` over its reads before k_lo (none for the newest: an empty range). ``scores``: the v7 table
     (cap, K, BT, H) fp32 whose rows k_lo..k_hi-1 of slots s0..s0+NG-1 hold the scores (no x . w dots then).
-    ``out``: (parts, cparts) to write into (allocated by the caller, e.g. on another stream than this launch's).
-    ``part_dtype``: the parts' dtype (fp32, or the source gradients' dtype, ``parts_dtype``: the kernel accumulates
-    in fp32 either way and rounds each part once when it stores it)."""
+    ``out``: (parts, cparts) to write into (allocated by the caller, e.g. on another stream than this launch's)."""
     dev = buf.device
     if dbuf.numel() >= 2**31 or buf.numel() >= 2**31 or dsr_all.numel() >= 2**31:
         raise ValueError("fused routing: buffers need 64-bit offsets (limit 2**31); use a smaller microbatch or "
@@ -1172,7 +1129,7 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
         raise ValueError("source_group_bwd: dsr_all must be (H, K, cap * BT) with unit token stride in the "
                          "buffer's dtype")
     wh, wl = W_split
-    parts, cparts = _outputs("source_group_bwd", out, dev, ((NG, BT, D), part_dtype),
+    parts, cparts = _outputs("source_group_bwd", out, dev, ((NG, BT, D), torch.float32),
                              ((NG, BT, H), torch.float32))
     _, DA, DB = _split(D, H)
     if DA < 16 or 0 < DB < 16:  # the dots reduce over at least 16 columns: one masked part
@@ -1361,7 +1318,7 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
                w: torch.Tensor, k_lo: int, k_hi: int, init: torch.Tensor | None, grad_dtype: torch.dtype,
                H: int, eps: float, BT: int, D: int, ss: torch.Tensor | None = None,
                scores: torch.Tensor | None = None, dsr_out: torch.Tensor | None = None,
-               cinit: torch.Tensor | None = None, stash_from: tuple | None = None):
+               cinit: torch.Tensor | None = None):
     """Write-once gradient of one source from reads k_lo..k_hi-1 (dbuf / lse / delta / w: (K, ...) buffers).
 
     x: the source (BT, D) contiguous, or the null vector (D,) with ``is_null``; ss: its per-token sum of
@@ -1373,10 +1330,7 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
     tokens, e.g. a slice of one tensor for all sources, ``dW_all``) to write dL/dscore * rms^-1 into instead of
     contracting it here: dW is then None (the caller contracts all sources in one matmul). cinit (with init):
     a source-group pass's part (``source_group_bwd``) of the per-head sums that the RMS term needs; the range
-    k_lo..k_hi-1 may then be empty (the group's pass covered every read). stash_from = (dout, out), each (BT, D)
-    contiguous: read k_lo's dout and output; its stash (``stash(dout, out, dbuf[k_lo], delta[k_lo], ...)``) is
-    done by the same kernel, which takes read k_lo's terms from the dout it loads (k_lo < k_hi; a buffered
-    source)."""
+    k_lo..k_hi-1 may then be empty (the group's pass covered every read)."""
     J = k_hi - k_lo
     dev = x.device
     if dbuf.numel() >= 2**31 or H * J * BT >= 2**31:
@@ -1396,24 +1350,15 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
         raise ValueError("source_bwd: a buffered source needs its sums of squares (ss)")
     if cinit is not None and (init is None or is_null or cinit.shape != (BT, H) or cinit.dtype != torch.float32):
         raise ValueError("source_bwd: cinit (BT, H) fp32 comes with init (a source-group pass's part)")
-    if stash_from is not None:
-        sd_, so_ = stash_from
-        if is_null or J < 1 or any(t.shape != (BT, D) or not t.is_contiguous() for t in stash_from) \
-                or not (dbuf.is_contiguous() and delta.is_contiguous()):
-            raise ValueError("source_bwd: stash_from = (dout, out), (BT, D) contiguous, needs a buffered source and "
-                             "k_lo < k_hi (read k_lo is stashed)")
-    else:
-        sd_ = so_ = dbuf
     args = (x, ss if ss is not None else dsr, dbuf, lse, delta, w, init if init is not None else grad, grad, dsr,
-            scores if scores is not None else lse, cinit if cinit is not None else lse, sd_, so_, k_lo, k_hi, BT, D,
-            H, D // H, BT * D, BT * H, eps, jb, dsr.stride(0), dsr.stride(1))
+            scores if scores is not None else lse, cinit if cinit is not None else lse, k_lo, k_hi, BT, D, H, D // H,
+            BT * D, BT * H, eps, jb, dsr.stride(0), dsr.stride(1))
     HP, DA, DB = _split(D, H)
     flags = dict(IS_NULL=is_null, HAS_INIT=init is not None, HAS_S=scores is not None, HAS_CINIT=cinit is not None,
-                 STASH=stash_from is not None, HP=HP, DA=DA, DB=DB)
-    key = ("src_bwd", D, H, jb, *flags.values(), *(str(a.dtype) for a in args[:13]))
+                 HP=HP, DA=DA, DB=DB)
+    key = ("src_bwd", D, H, jb, *flags.values(), *(str(a.dtype) for a in args[:8]))
     block_t = _launch(_src_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_bwd"] += 1
-    LAUNCHES["source_bwd_stash"] += stash_from is not None
     DH = D // H
     if is_null:
         grad = grad[:triton.cdiv(BT, block_t)].sum(0)
@@ -1642,30 +1587,6 @@ def split_weights(W: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, to
 SCORE_ENV = "MHAR_ROUTING_SCORE"
 SCORE_KERNELS = KERNEL_CHOICES[SCORE_ENV]
 SCORE_DEFAULT = SCORE_KERNELS[0]
-
-
-PARTS_ENV = "MHAR_ROUTING_PARTS"
-STASH_ENV = "MHAR_ROUTING_STASH"
-
-
-def _choice(var: str) -> str:
-    """This process's value of the kernel-choice knob ``var`` (``KERNEL_CHOICES``; unset: its first value)."""
-    check_kernel_env()
-    return os.environ.get(var, "").strip() or KERNEL_CHOICES[var][0]
-
-
-def parts_dtype(grad_dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the source-group passes' partial gradients for source gradients of ``grad_dtype``: fp32, or
-    with ``MHAR_ROUTING_PARTS=grad`` the gradients' own dtype (bf16 under autocast: half the bytes of the part's
-    write by the group pass and its read by the completion; one more rounding of the part, which the group kernel
-    sums in fp32 over the later reads before it stores it)."""
-    return grad_dtype if _choice(PARTS_ENV) == "grad" else torch.float32
-
-
-def stash_fused() -> bool:
-    """Whether a read's dout stash is done by the write-once gradient kernel of the source it completes
-    (``source_bwd(stash_from=...)``: ``MHAR_ROUTING_STASH=fused``) instead of a ``stash`` launch before it."""
-    return _choice(STASH_ENV) == "fused"
 
 
 def score_kernel() -> str:

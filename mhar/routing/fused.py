@@ -68,9 +68,9 @@ import torch
 from torch import Tensor
 
 from . import DEFER_READS, SOURCE_GROUP, V7_GROUP, Router, register_router
-from ._kernels import (LAUNCHES, append_source, dW_all, parts_dtype, prefix6_fwd, prefix7_fwd, prefix_bwd,
-                       prefix_fwd, prenorm_fwd, prenorm_stash, route_bwd, route_fwd, route_fwd7, score_sources,
-                       source_bwd, source_group_bwd, split_weights, stash, stash_fused)
+from ._kernels import (LAUNCHES, append_source, dW_all, prefix6_fwd, prefix7_fwd, prefix_bwd, prefix_fwd,
+                       prenorm_fwd, prenorm_stash, route_bwd, route_fwd, route_fwd7, score_sources, source_bwd,
+                       source_group_bwd, split_weights, stash)
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES"]
 
@@ -423,31 +423,6 @@ def _deferred_group(st: _Storage, v: "_V6", k: int) -> list:
     return group if len(group) > 1 and group[-1] == top else []
 
 
-def _part_dtype(st: _Storage) -> torch.dtype:
-    """The dtype of the source-group passes' partial gradients of this storage (``_kernels.parts_dtype``: fp32, or
-    with MHAR_ROUTING_PARTS=grad the gradients' dtype: ``grad_dtype`` if given, else the buffer's)."""
-    return parts_dtype(st.grad_dtype or st.dtype)
-
-
-def _fused_stash_slot(st: _Storage, v: "_V6", k: int, lo_new: int, n_buf: int, ex) -> Optional[int]:
-    """MHAR_ROUTING_STASH=fused: the slot whose write-once gradient kernel (``source_bwd(stash_from=...)``) also
-    stashes the dout of source-major read ``k`` (its backward runs now), or None (then ``stash`` runs first, as
-    always before). Only when nothing needs the stash before that kernel: read k is the first reader of exactly
-    one slot, whose gradient is completed now over reads from k on (a part from an earlier group pass ends after
-    k, or no part and no group pass is launched now: a group pass reads the dout buffer), with no accumulated
-    v5-style gradient, no transient (extra) source and no fused pre-norm (the callers')."""
-    if not stash_fused() or k < 0 or ex is not None or n_buf - lo_new != 1:
-        return None
-    slot, k_hi = lo_new, v.k_hi or 0
-    if k >= k_hi or (st.gacc is not None and st.g_valid[slot]):
-        return None
-    part = v.partial.get(slot)
-    if part is not None:
-        return slot if part[0] > k else None
-    group = _source_group(st, v, slot, n_buf, k, None) if v.dsr is not None else [slot]
-    return slot if len(group) == 1 else None
-
-
 def _source_group(st: _Storage, v: "_V6", slot: int, n_buf: int, k_first: int, init) -> list:
     """Slots whose gradients the backward of read ``k_first`` forms in one pass over reads k_first..: ``slot``
     (complete) and up to ``st.source_group - 1`` older consecutive slots (partial, completed later by their
@@ -538,12 +513,11 @@ def _launch_deferred_group(st: _Storage, v: "_V6", k: int, k_hi: int, H: int, ep
     if tab is not None and v.pending:
         _join_scores(v, st.buf.device)
     NG = len(group)
-    pdt = _part_dtype(st)
-    out = (torch.empty(NG, BT, D, device=st.buf.device, dtype=pdt),
+    out = (torch.empty(NG, BT, D, device=st.buf.device, dtype=torch.float32),
            torch.empty(NG, BT, H, device=st.buf.device, dtype=torch.float32))
     (parts, cparts), ev = _on_side_stream(st.buf.device, lambda: source_group_bwd(  # after this read's stash
         st.buf, st.ss, group[0], NG, v.dbuf, v.lse, v.delta, v.W_split, k, k_hi, v.dsr, H, eps, BT, D, scores=tab,
-        out=out, part_dtype=pdt))
+        out=out))
     LAUNCHES["source_group_deferred"] += 1
     for j, s_ in enumerate(group):
         v.partial[s_] = (k, parts[j], cparts[j])
@@ -629,7 +603,6 @@ class _Read6(torch.autograd.Function):
             dout = torch.zeros_like(out)
         dout2 = dout.reshape(BT, D).contiguous()
         dq = dg = dQr = dGr = dnull = dextra = dpn_w = None
-        stash_slot = None  # the slot whose write-once gradient kernel also stashes this read's dout
         if v.early is not None:  # early_prefix: a next group's prefix whose read never came
             _take_early(v, st.buf.device)
         if v.pending:  # async_scores: reads were left unissued; the gradient kernels read the table
@@ -648,9 +621,7 @@ class _Read6(torch.autograd.Function):
                 dpn_w = dw.to(pn_w.dtype) if ctx.needs_input_grad[20] else None
                 dout2 = v.dbuf[k]  # dL/d(read output), for the transient source below
             else:
-                stash_slot = _fused_stash_slot(st, v, k, ctx.lo_new, ctx.n_buf, ex)
-                if stash_slot is None:
-                    stash(dout2, out, v.dbuf[k], v.delta[k], H, BT, D)
+                stash(dout2, out, v.dbuf[k], v.delta[k], H, BT, D)
             if ex is not None:  # the transient source is seen by this read only: its gradient now
                 dw_e, _, dextra = route_bwd(None, 0, None, ex, q, g, out, dout2, lse, None, (0, 0), H, eps, BT, D)
                 v.dW[:, k] += dw_e.view(H, D // H)
@@ -670,8 +641,7 @@ class _Read6(torch.autograd.Function):
                         v.W_split = split_weights(v.W, st.buf.dtype)
                     tab = v.S if st.group_scores and all(_table(v, s_, k_first) is not None for s_ in group) else None
                     parts, cparts = source_group_bwd(st.buf, st.ss, group[0], len(group), v.dbuf, v.lse, v.delta,
-                                                     v.W_split, k_first, k_hi, v.dsr, H, eps, BT, D, scores=tab,
-                                                     part_dtype=_part_dtype(st))
+                                                     v.W_split, k_first, k_hi, v.dsr, H, eps, BT, D, scores=tab)
                     for j, s_ in enumerate(group):
                         v.partial[s_] = (k_first, parts[j], cparts[j])
             part = v.partial.pop(slot, None)
@@ -684,21 +654,13 @@ class _Read6(torch.autograd.Function):
                 if part is not None:  # a group pass covered reads k_end.. already (all but the RMS term, which
                     k_end, grad, cinit = part  # needs every head: cinit): add the reads before them (none for
                     init = grad if init is None else grad + init.float()  # the group's newest slot)
-                fused = slot == stash_slot
-                if fused and (k_first != k or k_end <= k):  # (_fused_stash_slot chose it for exactly this call)
-                    raise RuntimeError("fused router: internal error: the fused stash's read range does not start "
-                                       "at its read")
                 grad, dW = source_bwd(st.buf[slot], False, v.dbuf, v.lse, v.delta, v.W, k_first, k_end, init, gdtype,
                                       H, eps, BT, D, ss=st.ss[slot], scores=_table(v, slot, k_first),
-                                      dsr_out=_dsr_slot(v, slot, k_first, k_end, BT), cinit=cinit,
-                                      stash_from=(dout2, out) if fused else None)
-                stash_slot = None if fused else stash_slot
+                                      dsr_out=_dsr_slot(v, slot, k_first, k_end, BT), cinit=cinit)
                 if dW is not None:
                     v.dW[:, k_first:k_end] += dW
             if grad is not None:
                 v.final[slot] = grad
-        if stash_slot is not None:
-            raise RuntimeError("fused router: internal error: a read's dout was left unstashed")
         if k >= 0 and k < k_hi:  # defer_groups: an older group's pass over reads k.., off the critical path
             _launch_deferred_group(st, v, k, k_hi, H, eps, BT, D)
         if k == 0:  # the anchor: every other read has run its backward
