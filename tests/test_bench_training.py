@@ -54,6 +54,8 @@ def test_bench_training_trainer_only_rows(tmp_path, monkeypatch):
     rows = list(csv.DictReader(out.open()))
     assert [(r["variant"], r["mode"], r["status"]) for r in rows] == [("baseline", "trainer", "ok")]
     assert float(rows[0]["tokens_per_s"]) > 0
+    # the trainer ran in --runs-dir (tests running at once no longer share results/cache/bench_runs' run folders)
+    assert (tmp_path / "runs" / "debug-baseline" / "summary.json").is_file()
 
 
 def test_bench_training_repeats_pair_each_mhar_row_with_its_own_baseline(tmp_path, monkeypatch, capsys):
