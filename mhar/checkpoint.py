@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 
 from .atomic import _fsync_dir, _tmp_of, atomic_write_bytes, atomic_write_text  # noqa: F401 (re-exported)
-from .config import ConfigError, model_config_from_dict, to_dict
+from .config import ConfigError, model_config_from_dict, stored_routing_impl, to_dict
 
 FORMAT = "mhar-model-v1"
 MODEL_FILE = "model.pt"
@@ -217,8 +217,12 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", rout
 
     blob = read_checkpoint(path)
     cfg_d = dict(blob["model_config"])
+    res_d = dict(cfg_d.get("residual") or {})
+    if "routing_impl" in res_d:  # an execution choice: a legacy fused name loads as fused
+        res_d["routing_impl"] = stored_routing_impl(res_d["routing_impl"])
     if routing_impl is not None:
-        cfg_d["residual"] = {**cfg_d["residual"], "routing_impl": routing_impl}
+        res_d["routing_impl"] = routing_impl
+    cfg_d["residual"] = res_d
     try:
         cfg = model_config_from_dict(cfg_d)
     except ConfigError as e:

@@ -28,9 +28,20 @@ RESIDUAL_VARIANTS = (
     "mhar_hw",
     "mhar_delta",
 )
-ROUTING_IMPLS = ("eager", "compile", "fused", "fused_v7", "fused_v5", "fused_sg4", "fused_sg8", "fused_v7_sg8",
-                 "fused_v7_sg8_norm", "fused_v7_sg8_ts", "fused_v7_sg8_async",
-                 "fused_v7_sg8_defer", "fused_v7_sg8_overlap")
+# The routing implementations (``routing_impl``): the one list of their names (mhar.routing builds its routers,
+# the workflow schema and the benchmarks derive from it). ``auto``: ``fused`` on CUDA when Triton imports, else
+# ``eager`` (``mhar.routing.resolve_routing_impl``). An execution choice: a run trained with one loads with another.
+ROUTING_IMPLS = ("auto", "eager", "compile", "fused")
+# Names of withdrawn fused kernel variants that older checkpoints store: loaded as ``fused``, not accepted in
+# new configs (``stored_routing_impl``; the code of each is in git history, docs/PERFORMANCE.md names the commit).
+LEGACY_ROUTING_IMPLS = frozenset({
+    "fused_v5", "fused_sg4", "fused_sg8", "fused_v7", "fused_v7_sg8", "fused_v7_sg8_norm", "fused_v7_sg8_ts",
+    "fused_v7_sg8_async", "fused_v7_sg8_defer", "fused_v7_sg8_overlap"})
+
+
+def stored_routing_impl(impl: str) -> str:
+    """``routing_impl`` as a stored (checkpoint) config names it -> a current name: a legacy fused name is ``fused``."""
+    return "fused" if impl in LEGACY_ROUTING_IMPLS else impl
 
 
 @dataclass
@@ -47,8 +58,9 @@ class ResidualConfig:
     blocks: int = 8
     # mhar_delta: consecutive transformer layers per delta source (paper: 4).
     delta_block_layers: int = 4
-    # Routing implementation: eager (PyTorch reference), compile, fused (Triton).
-    routing_impl: str = "eager"
+    # Routing implementation (ROUTING_IMPLS): auto (fused on CUDA with Triton, else eager), eager (PyTorch
+    # reference), compile (torch.compile of it), fused (Triton kernels). How it runs, not what it computes.
+    routing_impl: str = "auto"
     # Key-norm epsilon of the routing RMSNorm.
     routing_eps: float = 1e-6
 
@@ -101,7 +113,9 @@ class ModelConfig:
         need(r.variant in RESIDUAL_VARIANTS, "residual.variant",
              f"unknown variant {r.variant!r}; choose one of {', '.join(RESIDUAL_VARIANTS)}")
         need(r.routing_impl in ROUTING_IMPLS, "residual.routing_impl",
-             f"unknown routing implementation {r.routing_impl!r}; choose one of {', '.join(ROUTING_IMPLS)}")
+             f"unknown routing implementation {r.routing_impl!r}; choose one of {', '.join(ROUTING_IMPLS)}"
+             + (" (a withdrawn fused variant: its work is done by fused)" if r.routing_impl in LEGACY_ROUTING_IMPLS
+                else ""))
         need(r.heads >= 1, "residual.heads", f"must be >= 1, got {r.heads}")
         need(self.d_model % r.heads == 0, "residual.heads",
              f"routing heads H={r.heads} must divide d_model={self.d_model}")

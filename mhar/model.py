@@ -221,14 +221,6 @@ class Block(nn.Module):
     def mlp_sublayer(self, h: Tensor) -> Tensor:
         return self.mlp(self.mlp_norm(h))
 
-    # The same sublayers on an input already normed by the residual (``Residual.read_normed``)
-    def attn_normed(self, x: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None,
-                    layer: int = 0) -> Tensor:
-        return self.attn(x, cos, sin, step, layer)
-
-    def mlp_normed(self, x: Tensor) -> Tensor:
-        return self.mlp(x)
-
 
 @dataclass
 class ModelOutput:
@@ -262,15 +254,13 @@ class Transformer(nn.Module):
                 nn.init.ones_(m.weight)
         self.residual.reset_parameters()
 
-    def sublayer(self, i: int, h: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None,
-                 normed: bool = False) -> Tensor:
-        """Sublayer i on its read h (``normed``: on h already normed by the residual's ``read_normed``)."""
+    def sublayer(self, i: int, h: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None) -> Tensor:
+        """Sublayer i on its read h."""
         block = self.layers[i // 2]
         if i % 2:
-            return block.mlp_normed(h) if normed else block.mlp_sublayer(h)
+            return block.mlp_sublayer(h)
         # training passes no layer index: a compiled attn_sublayer then has one graph for all layers
-        attn = block.attn_normed if normed else block.attn_sublayer
-        return attn(h, cos, sin) if step is None else attn(h, cos, sin, step, i // 2)
+        return block.attn_sublayer(h, cos, sin) if step is None else block.attn_sublayer(h, cos, sin, step, i // 2)
 
     def hidden(self, input_ids: Tensor, cache: Optional[KVCache] = None,
                lengths: Optional[Tensor] = None) -> Tensor:
@@ -303,11 +293,7 @@ class Transformer(nn.Module):
         res = self.residual
         state = res.init(self.embed(input_ids))  # (B, T, D)
         for i in range(self.cfg.n_sublayers):
-            block = self.layers[i // 2]
-            x = res.read_normed(state, i, block.mlp_norm if i % 2 else block.attn_norm)
-            out = (self.sublayer(i, res.read(state, i), cos, sin, step) if x is None
-                   else self.sublayer(i, x, cos, sin, step, normed=True))
-            state = res.write(state, i, out)
+            state = res.write(state, i, self.sublayer(i, res.read(state, i), cos, sin, step))
         return self.final_norm(res.readout(state))
 
     def head_loss(self, h: Tensor, labels: Tensor, z_weight: float = 0.0) -> tuple[Tensor, Tensor]:

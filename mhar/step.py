@@ -87,9 +87,11 @@ def _flag(value: Any, key: str) -> Optional[bool]:
     raise ConfigError(f"{key}: expected auto, true or false, got {value!r}")
 
 
-def _traceable_routing(raw: nn.Module) -> bool:
+def _traceable_routing(raw: nn.Module, device: torch.device) -> bool:
+    """Whether dynamo can trace the model's routing on ``device`` (no router, or eager / compile routing: the
+    implementation ``routing_impl`` resolves to there; the fused kernels run outside the graph)."""
     router = getattr(getattr(raw, "residual", None), "router", None)
-    return router is None or getattr(router, "traceable", router.name in ("eager", "compile"))
+    return router is None or router.impl_for(device) in ("eager", "compile")
 
 
 def plan_step(raw: nn.Module, device: torch.device, *, compile: Any = "auto", cuda_graph: Any = "auto",
@@ -101,7 +103,7 @@ def plan_step(raw: nn.Module, device: torch.device, *, compile: Any = "auto", cu
     do_compile = cuda and not (world_size > 1 and parallel == "fsdp") if want_compile is None else want_compile
     kind = "none"
     if do_compile:
-        kind = "decoder" if _traceable_routing(raw) else "sublayers"
+        kind = "decoder" if _traceable_routing(raw, device) else "sublayers"
     single = world_size == 1
     if want_graph is None:
         graph = cuda and single and do_compile
@@ -145,8 +147,6 @@ def _compile_model(raw: nn.Module, kind: str) -> None:
         for blk in raw.layers:
             blk.attn_sublayer = torch.compile(blk.attn_sublayer)
             blk.mlp_sublayer = torch.compile(blk.mlp_sublayer)
-            blk.attn_normed = torch.compile(blk.attn_normed)  # after a read with the pre-norm fused
-            blk.mlp_normed = torch.compile(blk.mlp_normed)
     elif kind == "decoder":
         raw.hidden = torch.compile(raw.hidden)
     raw.head_loss = torch.compile(raw.head_loss)

@@ -53,7 +53,7 @@ from .distributed import (DistEnv, all_reduce_mean, all_reduce_sum, barrier, eve
 from .model import Transformer
 from .optim import EMA, batch_digest, load_init_weights, param_groups
 from .provenance import collect_provenance, utc_now
-from .routing import check_kernel_env
+from .routing import check_kernel_env, routing_info
 from .runconfig import (RunConfig, dump_yaml, identity_hash, load_run_config, run_config_from_dict,
                         run_hash, run_identity, yaml_load)
 from .step import (StepResult, Throughput, TrainStep, autocast_for, build_optimizer, micro_forward, peak_flops,
@@ -434,6 +434,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
     model = wrap_model(raw, env)
     plan = plan_step(raw, env.device, compile=t.compile, cuda_graph=t.cuda_graph, world_size=env.world_size,
                      parallel=env.parallel)
+    routing = routing_info(raw, env.device)  # what routing_impl (default auto) runs on this device
     opt = build_optimizer(model, param_groups(model, t.weight_decay, t.decay_filter), t.lr, (t.beta1, t.beta2),
                           t.eps, plan, env.device)
     prog = Progress()
@@ -454,7 +455,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
         prov = collect_provenance(cfg.to_dict())
         prov.update(run_hash=run_hash(cfg), identity_hash=identity_hash(cfg), run=run_identity(cfg),
                     start_time=utc_now(), end_time=None,
-                    world_size=env.world_size, parallel=env.parallel, device=str(env.device),
+                    world_size=env.world_size, parallel=env.parallel, device=str(env.device), routing=routing,
                     resumed_from_step=prog.step if blob is not None else None)
         old = _read_json(rd.provenance) if blob is not None else None
         if old is not None:  # keep the first segment's start time
@@ -473,7 +474,9 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
         torch.cuda.reset_peak_memory_stats(env.device)
     log(f"{cfg.variant}/{cfg.size}/seed{t.seed}: {raw.num_params():,} params, {t.steps} steps x "
         f"{tokens_per_step:,} tokens, accum {accum}, world {env.world_size}, device {env.device}; "
-        f"step: {plan.describe()}")
+        f"step: {plan.describe()}"
+        + (f"; routing {routing['impl']} -> {routing['resolved']}{' (PDL)' if routing['pdl'] else ''}"
+           if routing["resolved"] else ""))
     seg_start, wall0 = time.time(), prog.wall_s
     speed = Throughput(tokens_per_step, fpt, peak, env.world_size)
     model.train()

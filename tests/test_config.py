@@ -86,12 +86,43 @@ def test_config_hash_is_stable_and_sensitive():
 
 
 def test_every_allowed_routing_impl_is_a_registered_router():
-    """The config accepts exactly the routing implementations the router registry provides (a registered name
-    the config refuses, or an accepted one no router answers to, fails here rather than in a user's run)."""
-    import mhar.routing.fused  # noqa: F401  (registers the fused routers)
+    """The config accepts exactly the routing implementations the router registry provides, in its order (a
+    registered name the config refuses, or an accepted one no router answers to, fails here rather than in a
+    user's run)."""
     from mhar.config import ROUTING_IMPLS
     from mhar.routing import ROUTERS, get_router
+    from mhar.routing.routers import _FACTORIES
 
-    assert set(ROUTING_IMPLS) == set(ROUTERS), (set(ROUTING_IMPLS) ^ set(ROUTERS))
+    assert ROUTING_IMPLS == ("auto", "eager", "compile", "fused")
+    assert tuple(ROUTERS) == ROUTING_IMPLS and set(_FACTORIES) == set(ROUTING_IMPLS)
     for name in ROUTING_IMPLS:
-        assert get_router(name) is not None
+        assert get_router(name).name == name
+
+
+def test_routing_impl_defaults_to_auto_and_refuses_withdrawn_names():
+    """``auto`` is the default; a withdrawn fused variant's name is not a new config value: the error names the
+    four choices (stored checkpoints still load it as ``fused``: tests/test_routing.py)."""
+    from mhar.config import LEGACY_ROUTING_IMPLS, stored_routing_impl
+    assert ResidualConfig().routing_impl == "auto"
+    assert model_config("debug", residual={"variant": "mhar", "heads": 4}).residual.routing_impl == "auto"
+    with pytest.raises(ConfigError, match="model.residual.routing_impl: .*'fused_v7_sg8'.*auto, eager, compile, "
+                                          "fused.*withdrawn"):
+        model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused_v7_sg8"})
+    assert "fused_v7_sg8" in LEGACY_ROUTING_IMPLS and stored_routing_impl("fused_v7_sg8_norm") == "fused"
+    assert stored_routing_impl("eager") == "eager"
+
+
+def test_workflow_schema_routing_enums_are_the_registry():
+    """config/schema.yaml names the routing implementations twice (a variant's routing_impl, the cost table's
+    providers): both lists are the registry's (plus the baseline provider)."""
+    from pathlib import Path
+
+    import yaml
+
+    from mhar.config import ROUTING_IMPLS
+    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "schema.yaml").read_text())
+    props = schema["properties"]
+    variant_enum = props["variants"]["additionalProperties"]["properties"]["routing_impl"]["enum"]
+    provider_enum = props["cost"]["properties"]["providers"]["items"]["enum"]
+    assert variant_enum == list(ROUTING_IMPLS)
+    assert provider_enum == ["baseline", *ROUTING_IMPLS]

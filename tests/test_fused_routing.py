@@ -108,88 +108,68 @@ def _flat(p):
     return xs
 
 
-def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, group=None, shared_backward=True,
-                  two_pass=False, algo="v6", lookahead=True, source_group=1, table=False, group_scores=False,
-                  async_scores=False, defer_groups=0, early_prefix=False):
-    """``algo`` "v6" (routing_impl 'fused'): with ``lookahead`` every read is source-major (write-once source
-    gradients); without, only the first is and the others run the v5 backward for their own part (the
-    fallback). "v5" (routing_impl 'fused_v5'): ``group`` / ``shared_backward`` / ``two_pass`` as before."""
+def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, group=None, lookahead=True,
+                  source_group=1, table=False, impl=None):
+    """The fused router against the float64 reference: outputs and every gradient. ``impl="fused"``: the router of
+    routing_impl 'fused' (its defaults: the score table, forward groups of 4, source groups of 8); otherwise
+    ``FusedRouter(group or 1, source_group, table)``, to reach each kernel path at small sizes (same math). With
+    ``lookahead`` every read is announced (source-major: write-once source gradients); without, only the first is
+    and the others run their own backward for their part (the fallback)."""
     base = _inputs(B, T, D, n_reads, dtype, with_null, with_extra, seed)
     ref_p = _leaves(base, torch.float64, DEV)
     loss_ref = _net(get_router("eager"), ref_p["x"], ref_p["null"], ref_p["qs"], ref_p["gs"], ref_p["Ws"], H,
                     ref_p["extra"])
     g_ref = torch.autograd.grad(loss_ref, _flat(ref_p))
+    if impl == "fused":
+        router_f = get_router("fused")
+        group, source_group, table = router_f.group, router_f.source_group, router_f.table
+    else:
+        router_f = fused_mod.FusedRouter(group=group or 1, source_group=source_group, table=table)
 
-    def run(impl):
+    def run(router):
         p = _leaves(base, dtype, DEV)
-        if impl == "fused":
-            router = (fused_mod.FusedRouter(algo="v5", group=group, shared_backward=shared_backward,
-                                            two_pass=two_pass) if algo == "v5"
-                      else fused_mod.FusedRouter(group=group, source_group=source_group, table=table,
-                                                 group_scores=group_scores, async_scores=async_scores,
-                                                 defer_groups=defer_groups, early_prefix=early_prefix))
-        else:
-            router = get_router(impl)
-        la = group is not None if algo == "v5" else lookahead
-        loss = _net(router, p["x"], p["null"], p["qs"], p["gs"], p["Ws"], H, p["extra"], lookahead=la)
+        loss = _net(router, p["x"], p["null"], p["qs"], p["gs"], p["Ws"], H, p["extra"], lookahead=lookahead)
         return loss, torch.autograd.grad(loss, _flat(p)), p
 
-    calls, reads = fused_mod._Read.calls, dict(fused_mod.READS)
+    calls = fused_mod._Read.calls
     launches = dict(fused_mod.LAUNCHES)
-    loss, g, p = run("fused")
+    loss, g, p = run(router_f)
     assert fused_mod._Read.calls - calls == n_reads  # the fused path ran, once per read
     ran = {k: fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("route_bwd", "stash", "source_bwd")}
     n_groups = fused_mod.LAUNCHES["source_group_bwd"] - launches.get("source_group_bwd", 0)
-    if algo == "v6":
-        n_extra = sum(1 for i in range(n_reads) if with_extra and i % 2 == 1)
-        n_src = n_reads + with_null  # one write-once pass per buffered source (+ the null)
-        if lookahead and source_group > 1 and D // H <= fused_mod.SOURCE_GROUP_MAX_HEAD:  # sources share passes (partial gradients), then each source is
-            # completed by one short pass (its reads before the group's, and the RMS term: empty for the newest)
-            full, rest = divmod(n_reads, source_group)  # read k first sees slot k; groups from the newest down
-            assert n_groups == full + (rest > 1), (n_groups, n_reads, source_group)
-            n_tab = fused_mod.LAUNCHES["source_group_bwd_table"] - launches.get("source_group_bwd_table", 0)
-            assert n_tab == (n_groups if group_scores and table and not with_null else 0), (n_tab, n_groups)
-            assert ran["route_bwd"] == n_extra and ran["stash"] == n_reads, ran
-            assert ran["source_bwd"] == n_src, (ran, n_groups)
-        elif lookahead:  # every read source-major: route_bwd only for the transient extra sources
-            assert n_groups == 0
-            assert ran == {"route_bwd": n_extra, "stash": n_reads, "source_bwd": n_src}, ran
-        else:  # only the first read is announced; the others take the v5 path for their own part
-            assert ran == {"route_bwd": n_reads - 1, "stash": 1, "source_bwd": 1 + with_null}, ran
-        if group is not None and group > 1 and lookahead:  # forward prefix sharing: one pass per group
-            n_groups = -(-n_reads // group) - (n_reads % group == 1)  # a last group of one read is plain
-            n6, n7 = (fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("prefix6_fwd", "prefix7_fwd"))
-            assert n6 + n7 == n_groups, (n6, n7, n_groups)
-            if not table or with_null:
-                assert n7 == 0
-            elif not with_extra or group % 2 == 0:  # (extra sources at odd reads: such a read opens with prefix6)
-                assert n6 == 0
-        if table and lookahead and not with_null:  # v7: every buffered source scored once; table reads
-            assert fused_mod.LAUNCHES["score"] - launches.get("score", 0) == n_reads
-            n_fwd7 = fused_mod.LAUNCHES["route_fwd7"] - launches.get("route_fwd7", 0)
-            n_ahead = fused_mod.LAUNCHES["score_ahead"] - launches.get("score_ahead", 0)
-            if async_scores:  # every source appended after the anchor read is scored at its append; the reads
-                # that mix a source whose table row was not joined yet score it themselves (v6 kernel)
-                assert n_ahead == n_reads - 1, n_ahead
-                assert n_fwd7 < n_reads - sum(1 for i in range(n_reads) if with_extra and i % 2 == 1) or n_reads == 1
-            else:
-                assert n_ahead == 0
-                assert n_fwd7 == n_reads - sum(1 for i in range(n_reads) if with_extra and i % 2 == 1), n_fwd7
-        elif table:
-            assert fused_mod.LAUNCHES["score"] - launches.get("score", 0) == 0
-    else:
-        assert ran["stash"] == ran["source_bwd"] == 0
-    if algo == "v5" and group is not None and group > 1:  # prefix sharing ran: one prefix pass per group
-        full, rest = divmod(n_reads, group)  # a last group of one read is a plain read
-        n_groups = full + (rest > 1)
-        assert fused_mod.READS["prefix"] - reads["prefix"] == n_groups
-        assert fused_mod.READS["grouped"] - reads["grouped"] == full * group + (rest if rest > 1 else 0)
-        assert fused_mod.LAUNCHES["prefix_bwd"] - launches.get("prefix_bwd", 0) == (n_groups if shared_backward else 0)
+    n_extra = sum(1 for i in range(n_reads) if with_extra and i % 2 == 1)
+    n_src = n_reads + with_null  # one write-once pass per buffered source (+ the null)
+    if lookahead and source_group > 1 and D // H <= fused_mod.SOURCE_GROUP_MAX_HEAD:  # sources share passes (partial
+        # gradients), then each source is completed by one short pass (its reads before the group's, and the RMS
+        # term: empty for the newest)
+        full, rest = divmod(n_reads, source_group)  # read k first sees slot k; groups from the newest down
+        assert n_groups == full + (rest > 1), (n_groups, n_reads, source_group)
+        assert ran["route_bwd"] == n_extra and ran["stash"] == n_reads, ran
+        assert ran["source_bwd"] == n_src, (ran, n_groups)
+    elif lookahead:  # every read source-major: route_bwd only for the transient extra sources
+        assert n_groups == 0
+        assert ran == {"route_bwd": n_extra, "stash": n_reads, "source_bwd": n_src}, ran
+    else:  # only the first read is announced; the others run their own backward for their part
+        assert ran == {"route_bwd": n_reads - 1, "stash": 1, "source_bwd": 1 + with_null}, ran
+    if group is not None and group > 1 and lookahead:  # forward prefix sharing: one pass per group
+        n_groups = -(-n_reads // group) - (n_reads % group == 1)  # a last group of one read is plain
+        n6, n7 = (fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("prefix6_fwd", "prefix7_fwd"))
+        assert n6 + n7 == n_groups, (n6, n7, n_groups)
+        if not table or with_null:
+            assert n7 == 0
+        elif not with_extra or group % 2 == 0:  # (extra sources at odd reads: such a read opens with prefix6)
+            assert n6 == 0
+    if table and lookahead and not with_null:  # every buffered source scored once; table reads
+        assert fused_mod.LAUNCHES["score"] - launches.get("score", 0) == n_reads
+        n_fwd7 = fused_mod.LAUNCHES["route_fwd7"] - launches.get("route_fwd7", 0)
+        assert n_fwd7 == n_reads - n_extra, n_fwd7
+    elif table and with_null:
+        assert fused_mod.LAUNCHES["score"] - launches.get("score", 0) == 0
     names = [f"{k}{i}" for k in ("x", "null", "extra", "qs", "gs", "Ws")
              for i in range(len(p[k]) if isinstance(p[k], list) else (p[k] is not None))]
     # The network itself rounds (bf16 matmuls; fp32 sums over D=4096 on the GPU shapes): fused must be within
     # the dtype's tolerance of the float64 oracle, or no worse than twice eager in the same dtype.
-    _, g_eager, _ = run("eager")
+    _, g_eager, _ = run(get_router("eager"))
     # A gradient that vanishes in exact arithmetic (the query / norm of a one-source read: softmax over one
     # source) is measured on the scale of its group (all query grads / all norm grads): relative to its own
     # zero norm, rounding noise of 1e-8 would count as an infinite error.
@@ -205,15 +185,13 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
         # fp32: 3x eager's own error (a broadcast source's gradient sums B*T tokens x every read; at 25 reads of
         # D=1280 on the H200 the null gradient's summation order alone gave 2.3e-5 against eager's 1.1e-5)
         bound = max(TOL[dtype], 3 * err_eager)
-        if dtype == torch.bfloat16 and not (two_pass and (group or 1) == 1):
-            # <dout, out> from the bf16 output in backward (exact in fp32, see the fp32 cases)
+        if dtype == torch.bfloat16:  # <dout, out> from the bf16 output in backward (exact in fp32, see fp32 cases)
             bound = max(TOL_ONEPASS_BF16, 3 * err_eager)
         assert err <= bound, f"grad {name}: rel err {err:.2e} > {bound:.2e} (eager {err_eager:.2e})"
 
 
-@pytest.mark.parametrize("algo", ["v6", "v5"])
 @pytest.mark.parametrize("N,B,T,D,H", SHAPES)
-def test_route_fused_matches_reference_fp32(N, B, T, D, H, algo):
+def test_route_fused_matches_reference_fp32(N, B, T, D, H):
     """Stateless op (stacked sources, same signature as route_reference): output, weights, all grads."""
     from mhar.routing import route_reference
     gen = torch.Generator().manual_seed(N * 100 + D)
@@ -226,18 +204,17 @@ def test_route_fused_matches_reference_fp32(N, B, T, D, H, algo):
     g_ref = torch.autograd.grad(ref, ins, dout)
     fin = [t.to(DEV, torch.float32).requires_grad_() for t in (src, q, g)]
     before = dict(fused_mod.LAUNCHES)
-    out, w = fused_mod.route_fused(*fin, H, 1e-6, True, algo=algo)
+    out, w = fused_mod.route_fused(*fin, H, 1e-6, True)
     g_f = torch.autograd.grad(out, fin, dout.to(DEV, torch.float32))
     ran = {k: fused_mod.LAUNCHES[k] - before.get(k, 0) for k in ("route_fwd", "route_bwd", "stash", "source_bwd")}
-    # v6: one stash of dout, then one write-once gradient per source; v5: one backward pass over all sources
-    assert ran == ({"route_fwd": 1, "route_bwd": 0, "stash": 1, "source_bwd": N} if algo == "v6"
-                   else {"route_fwd": 1, "route_bwd": 1, "stash": 0, "source_bwd": 0})
+    # one stash of dout, then one write-once gradient per source (returned weights: the read scores its sources)
+    assert ran == {"route_fwd": 1, "route_bwd": 0, "stash": 1, "source_bwd": N}
     assert out.dtype == torch.float32 and w.shape == (B, T, H, N)
     assert rel(out.cpu(), ref) <= 1e-5
     assert rel(w.cpu(), w_ref) <= 1e-5
     for name, a, b in zip(("sources", "query", "norm_weight"), g_f, g_ref):
         if b.norm() == 0:  # N = 1: a softmax over one source is constant, the exact gradient is 0 and a GPU
-            # returns rounding noise (v6 forms <dout, out> and <dout, s> in two kernels): measure it on the
+            # returns rounding noise (<dout, out> and <dout, s> come from two kernels): measure it on the
             # scale of the op's gradients (the same rule as _check_router's vanishing gradients)
             assert a.detach().double().cpu().norm() <= 1e-5 * g_ref[0].norm(), name
         else:
@@ -249,6 +226,15 @@ def test_route_fused_matches_reference_fp32(N, B, T, D, H, algo):
 def test_router_multi_read_grads(N, B, T, D, H, dtype):
     """Full MHAR pattern: reads interleaved with appends; gradients accumulate in the shared buffer."""
     _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=False, seed=N)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_null,with_extra", [(False, False), (False, True), (True, False)])
+def test_fused_router_as_registered(with_null, with_extra, dtype):
+    """get_router("fused"): the score table, forward groups of 4 and source groups of 8 over 13 reads (groups of
+    4, 4, 4, 1; source groups of 8 and 5), with a null source (no table) or transient extra sources."""
+    _check_router(1, 5, 48, 2, n_reads=13, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=14,
+                  impl="fused")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -295,11 +281,15 @@ def test_state_misuse_is_an_error():
         router.read(st1, torch.zeros(16, device=DEV), torch.ones(16, device=DEV), 3)
 
 
-def _model_grads(variant, impl, heads, seed=0, n_layers=None, **res):
+def _model_grads(variant, impl, heads, seed=0, n_layers=None, router_kw=None, **res):
+    """Logits and parameter gradients of a debug model; ``router_kw``: the model routes with
+    ``FusedRouter(**router_kw)`` instead of routing_impl's router."""
     torch.manual_seed(seed)
     cfg = model_config("debug", residual={"variant": variant, "heads": heads, "routing_impl": impl, **res},
                        **({"n_layers": n_layers} if n_layers else {}))
     model = build_model(cfg).to(DEV)
+    if router_kw is not None:
+        model.residual.router = fused_mod.FusedRouter(**router_kw)
     with torch.no_grad():  # leave the zero/one init so routing is non-trivial
         for name, p in model.residual.named_parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -309,6 +299,12 @@ def _model_grads(variant, impl, heads, seed=0, n_layers=None, **res):
     return out.logits.detach().cpu(), {n: p.grad.detach().cpu() for n, p in model.named_parameters()}
 
 
+# Router configurations of the model-level tests: routing_impl 'fused' as registered (None), and configurations
+# that reach, in a debug model, the kernel paths it takes elsewhere (a null source, heads wider than the groups').
+ROUTER_KW = {"fused": None, "plain": dict(group=1, source_group=1, table=False),
+             "sg4": dict(group=1, source_group=4, table=False), "table": dict(group=4, source_group=1, table=True)}
+
+
 @pytest.mark.parametrize("variant,heads,res", [
     ("mhar", 4, {}),
     ("attnres", 1, {}),
@@ -316,39 +312,23 @@ def _model_grads(variant, impl, heads, seed=0, n_layers=None, **res):
     ("mhar_delta", 4, {"delta_block_layers": 1}),
     ("mhar_hw", 1, {}),
 ])
-@pytest.mark.parametrize("impl", ["fused", "fused_v5", "fused_sg4", "fused_v7", "fused_v7_sg8_norm",
-                                  "fused_v7_sg8_async", "fused_v7_sg8_overlap"])
-def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
-    """A debug model with routing_impl='fused' (v6) / 'fused_v5' / 'fused_sg4' (v6, source groups of 4) /
-    'fused_v7' (score table, forward groups of 4) / 'fused_v7_sg8_norm' (+ source groups of 8, the sublayers'
-    pre-norms fused into the reads) gives the eager logits and parameter grads (fp32)."""
-    from mhar.residuals import RESIDUALS
-    if variant not in RESIDUALS:
-        pytest.skip(f"residual variant {variant!r} not implemented yet")
-    monkeypatch.setenv("MHAR_ROUTING_GROUP", "auto")  # v5: prefix sharing on (the default is off); v6 ignores it
-    calls, prefix = fused_mod._Read.calls, fused_mod.READS["prefix"]
+@pytest.mark.parametrize("config", list(ROUTER_KW))
+def test_model_fused_matches_eager(variant, heads, res, config):
+    """A debug model routed by the fused kernels (routing_impl 'fused', or a configuration of its router: no
+    sharing at all / source groups of 4 / the score table with forward groups of 4) gives the eager logits and
+    parameter grads (fp32)."""
+    calls = fused_mod._Read.calls
     launches = dict(fused_mod.LAUNCHES)
-    logits_f, grads_f = _model_grads(variant, impl, heads, **res)
+    logits_f, grads_f = _model_grads(variant, "fused", heads, router_kw=ROUTER_KW[config], **res)
     assert fused_mod._Read.calls > calls
     ran = {k: fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("route_bwd", "stash", "source_bwd")}
-    if impl == "fused_v5" and variant != "mhar_hw":  # the variant announced its next reads: prefix sharing ran
-        assert fused_mod.READS["prefix"] > prefix
-    if impl in ("fused", "fused_sg4", "fused_v7") and variant in ("mhar", "attnres", "mhar_delta"):
-        # every read announced: all source-major (no read-major backward at all), one stash per read
+    if variant in ("mhar", "attnres", "mhar_delta"):
+        # every read announced: all source-major (no per-read backward at all), one stash per read
         assert ran["route_bwd"] == 0 and ran["stash"] == fused_mod._Read.calls - calls and ran["source_bwd"] > 0
-    if impl == "fused_sg4" and variant in ("mhar", "attnres"):  # consecutive sources shared passes
+    if config in ("fused", "sg4") and variant in ("mhar", "attnres"):  # consecutive sources shared passes
         assert fused_mod.LAUNCHES["source_group_bwd"] > launches.get("source_group_bwd", 0)
-    if impl == "fused_v7" and variant in ("mhar", "attnres"):  # the table: scored once, reads and groups from it
+    if config in ("fused", "table") and variant in ("mhar", "attnres"):  # scored once, reads and groups from it
         assert all(fused_mod.LAUNCHES[k] > launches.get(k, 0) for k in ("score", "route_fwd7", "prefix7_fwd"))
-    if impl == "fused_v7_sg8_norm" and variant in ("mhar", "attnres"):  # every sublayer read (not the final
-        # readout, which the final norm follows) returned its norm, and its backward went through the fused stash
-        n_sub = model_config("debug").n_sublayers
-        assert fused_mod.LAUNCHES["prenorm_fwd"] - launches.get("prenorm_fwd", 0) == n_sub
-        assert fused_mod.LAUNCHES["prenorm_stash"] - launches.get("prenorm_stash", 0) == n_sub
-        assert ran["stash"] == fused_mod._Read.calls - calls - n_sub  # the readout's plain stash
-        assert fused_mod.LAUNCHES["route_fwd7_prenorm"] > launches.get("route_fwd7_prenorm", 0)  # in the table read
-    if impl in ("fused_v7_sg8_async", "fused_v7_sg8_overlap") and variant in ("mhar", "attnres"):
-        assert fused_mod.LAUNCHES["score_ahead"] > launches.get("score_ahead", 0)  # sources scored at appends
     logits_e, grads_e = _model_grads(variant, "eager", heads, **res)
     assert rel(logits_f, logits_e) <= 1e-5
     assert grads_f.keys() == grads_e.keys()
@@ -357,41 +337,31 @@ def test_model_fused_matches_eager(variant, heads, res, impl, monkeypatch):
 
 
 @pytest.mark.parametrize("variant,res", [("mhar", {}), ("mhar_delta", {"delta_block_layers": 1})])
-def test_model_fused_v7_sg8_overlap_deeper_matches_eager(variant, res):
-    """routing_impl 'fused_v7_sg8_overlap' in a 4-layer debug model (9 reads: two forward groups of 4, so a group
-    prefix is started a read early; deferred source-group passes; scoring at appends): eager routing's logits
-    and parameter grads (fp32)."""
-    launches = {k: fused_mod.LAUNCHES[k] for k in ("prefix7_early", "score_ahead")}
-    logits_f, grads_f = _model_grads(variant, "fused_v7_sg8_overlap", 4, n_layers=4, **res)
-    if variant == "mhar":  # (mhar_delta's routing takes the v6 kernels' paths: same result, checked below)
-        assert all(fused_mod.LAUNCHES[k] > v for k, v in launches.items())
+def test_model_fused_deeper_matches_eager(variant, res):
+    """routing_impl 'fused' in a 4-layer debug model (9 reads: forward groups of 4, 4 and 1; a source group of 8):
+    eager routing's logits and parameter grads (fp32)."""
+    launches = {k: fused_mod.LAUNCHES[k] for k in ("prefix7_fwd", "prefix6_fwd", "source_group_bwd")}
+    logits_f, grads_f = _model_grads(variant, "fused", 4, n_layers=4, **res)
+    grew = {k for k, v in launches.items() if fused_mod.LAUNCHES[k] > v}
+    # (mhar_delta's null source: no table, so its groups' prefixes take prefix6)
+    assert grew == {"prefix7_fwd" if variant == "mhar" else "prefix6_fwd", "source_group_bwd"}, grew
     logits_e, grads_e = _model_grads(variant, "eager", 4, n_layers=4, **res)
     assert rel(logits_f, logits_e) <= 1e-5 and grads_f.keys() == grads_e.keys()
     for n in grads_e:
         assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
 
 
-def test_model_fused_v7_sg8_ts_matches_eager():
-    """routing_impl 'fused_v7_sg8_ts' in a debug MHAR model (config -> router registry -> model): the group
-    passes read the table's scores, and the logits and parameter grads equal eager routing's (fp32)."""
-    launches = fused_mod.LAUNCHES["source_group_bwd_table"]
-    logits_f, grads_f = _model_grads("mhar", "fused_v7_sg8_ts", 4)
-    assert fused_mod.LAUNCHES["source_group_bwd_table"] > launches
-    logits_e, grads_e = _model_grads("mhar", "eager", 4)
-    assert rel(logits_f, logits_e) <= 1e-5 and grads_f.keys() == grads_e.keys()
-    for n in grads_e:
-        assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
-
-
-@pytest.mark.parametrize("impl", ["fused_sg8", "fused_v7_sg8", "fused_v7_sg8_norm", "fused_v7_sg8_async"])
-def test_model_fused_inference_matches_eager(impl):
-    """The paper configs' MHAR H=8 routers in inference (no autograd; v7 still scores into its table): the full
+@pytest.mark.parametrize("config", ["fused", "plain"])
+def test_model_fused_inference_matches_eager(config):
+    """MHAR H=8 routed by the fused kernels in inference (no autograd; the table is still filled): the full
     forward's hidden states and a KV-cached prefill + decode steps equal the eager router's (fp32)."""
     from mhar.model import KVCache
     hs = []
-    for name in (impl, "eager"):
+    for name in ("fused", "eager"):
         torch.manual_seed(0)
         model = build_model(model_config("debug", residual={"variant": "mhar", "heads": 8, "routing_impl": name}))
+        if name == "fused" and ROUTER_KW[config] is not None:
+            model.residual.router = fused_mod.FusedRouter(**ROUTER_KW[config])
         with torch.no_grad():
             for pname, p in model.residual.named_parameters():
                 p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
@@ -402,14 +372,59 @@ def test_model_fused_inference_matches_eager(impl):
             full = model.hidden(ids)
             cache = KVCache(model.cfg.n_layers)
             steps = [model.hidden(ids[:, :6], cache), model.hidden(ids[:, 6:7], cache), model.hidden(ids[:, 7:], cache)]
-        if name.startswith("fused_v7_sg8"):  # the table path ran: scored once, reads from the table
+        if name == "fused" and config == "fused":  # the table path ran: scored once, reads from the table
             assert all(fused_mod.LAUNCHES[k] > launches.get(k, 0) for k in ("score", "route_fwd7"))
         hs.append((full.cpu(), torch.cat(steps, dim=1).cpu()))
     (full_f, inc_f), (full_e, inc_e) = hs
     assert rel(full_f, full_e) <= 1e-5 and rel(inc_f, inc_e) <= 1e-5 and rel(inc_f, full_f) <= 1e-5
 
 
-# v6 (routing_impl 'fused'): source-major, write-once backward.
+# The routed variants at the presets' head widths (routing_impl 'fused', what ``auto`` runs on a GPU): variant,
+# routing heads, width, residual options. Head widths 256 (no source groups), 160 and 80 (grouped), full width.
+GPU_VARIANTS = [("mhar", 4, 1024, {}), ("mhar", 8, 1280, {}), ("mhar", 16, 1280, {}), ("attnres", 1, 1024, {}),
+                ("block_attnres", 1, 1024, {"blocks": 4}), ("mhar_hw", 1, 1024, {}),
+                ("mhar_delta", 8, 1280, {"delta_block_layers": 1})]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant,heads,D,res", GPU_VARIANTS)
+def test_gpu_model_fused_matches_float64(variant, heads, D, res, dtype):
+    """A 4-layer model of each routed variant with routing_impl 'fused', in fp32 or under bf16 autocast (as the
+    trainer runs it): the logits and EVERY parameter gradient against the same model in float64 with eager
+    routing, within the dtype's tolerance or 3x the error of eager routing in the same dtype."""
+    from contextlib import nullcontext
+
+    def run(impl, dt):
+        torch.manual_seed(0)
+        cfg = model_config("debug", d_model=D, n_heads=16, n_kv_heads=8, d_ff=2 * D, n_layers=4, vocab_size=512,
+                           residual={"variant": variant, "heads": heads, "routing_impl": impl, **res})
+        model = build_model(cfg)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():  # leave the zero/one init so routing is non-trivial
+            for p in model.residual.parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+        model = model.to("cuda", torch.float64 if dt == torch.float64 else torch.float32)
+        ids = torch.randint(0, cfg.vocab_size, (2, 256), generator=gen).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16) if dt == torch.bfloat16 else nullcontext():
+            out = model(ids, labels=ids)
+        out.loss.backward()
+        return [out.logits.detach().double()] + [p.grad.detach().double() for p in model.parameters()]
+
+    launches = fused_mod.LAUNCHES["source_bwd"]
+    got = run("fused", dtype)
+    assert fused_mod.LAUNCHES["source_bwd"] > launches  # the fused backward ran
+    ref, eager = run("eager", torch.float64), run("eager", dtype)
+    tol = {torch.float32: 1e-4, torch.bfloat16: 5e-2}[dtype]
+    scale = max(r.norm().item() for r in ref[1:])
+    for i, (a, r, e) in enumerate(zip(got, ref, eager)):
+        norm = max(r.norm().item(), 1e-6 * scale)  # (a gradient that vanishes exactly: on the gradients' scale)
+        err, err_eager = (a - r).norm().item() / norm, (e - r).norm().item() / norm
+        assert err <= max(tol, 3 * err_eager), f"tensor {i}: rel err {err:.2e} (eager {err_eager:.2e})"
+
+
+# The source-major, write-once backward (every router configuration).
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N,B,T,D,H,with_null,with_extra", [
     (4, 1, 37, 48, 1, True, True),  # single head, odd T, D not a power of two
@@ -423,7 +438,7 @@ def test_v6_heads_null_extra(N, B, T, D, H, with_null, with_extra, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_null,with_extra", [(False, False), (True, True)])
 def test_v6_unannounced_reads_fall_back(with_null, with_extra, dtype):
-    """Reads that were not announced by the first read's lookahead take the v5 backward for their own part
+    """Reads that were not announced by the first read's lookahead run their own backward for their part
     (accumulated into gacc); the write-once kernel adds that when it forms each source's gradient."""
     _check_router(2, 9, 48, 4, n_reads=4, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=3,
                   lookahead=False)
@@ -436,14 +451,14 @@ def test_v6_unannounced_reads_fall_back(with_null, with_extra, dtype):
     (4, 1, 11, 40, 1, 8, True, True),  # K larger than the reads: one group; single head, D=40
 ])
 def test_v6_forward_prefix_sharing(N, B, T, D, H, K, with_null, with_extra, dtype):
-    """v6 with group=K: K announced reads share one forward pass over their common prefix (the backward is
-    the same source-major one)."""
+    """group=K without the table: K announced reads share one forward pass over their common prefix (the
+    backward is the same source-major one)."""
     _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=N * K,
                   group=K)
 
 
 def test_v6_read_whose_output_reaches_no_loss():
-    """A source-major read whose output is not used (its gradient arrives as None: the v6 functions do not
+    """A source-major read whose output is not used (its gradient arrives as None: the router's functions do not
     materialise gradients) still hands its sources their other reads' gradients; all gradients match eager."""
     gen = torch.Generator().manual_seed(8)
     B, T, D, H = 2, 5, 24, 3
@@ -510,7 +525,7 @@ def test_v6_stale_read_and_weights():
 
 @pytest.mark.parametrize("table", [False, True])
 def test_model_v6_prefix_sharing_matches_eager(table):
-    """MHAR debug model with the v6 router sharing forward prefixes (groups of 3), with v7's score table or
+    """MHAR debug model with the fused router sharing forward prefixes (groups of 3), with the score table or
     without: eager logits and grads."""
     torch.manual_seed(0)
     cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused"})
@@ -530,7 +545,7 @@ def test_model_v6_prefix_sharing_matches_eager(table):
         return out.logits.detach().cpu(), {n: p.grad.detach().cpu() for n, p in model.named_parameters()}
 
     torch.manual_seed(0)
-    logits_f, grads_f = run(fused_mod.FusedRouter(group=3, table=table))
+    logits_f, grads_f = run(fused_mod.FusedRouter(group=3, source_group=1, table=table))
     assert all(fused_mod.LAUNCHES[k] > v for k, v in launches.items())
     torch.manual_seed(0)
     logits_e, grads_e = run(get_router("eager"))
@@ -539,36 +554,20 @@ def test_model_v6_prefix_sharing_matches_eager(table):
         assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n
 
 
-# v7: the score table (FusedRouter(table=True)): every buffered source scored once for all announced reads.
+# The score table (FusedRouter(table=True)): every buffered source scored once for all announced reads.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N,B,T,D,H,K,with_null,with_extra", [
     (5, 1, 37, 48, 1, None, False, False),  # single head of width 48 = 32 + 16 (tensor-core dots), odd T
     (6, 2, 9, 96, 2, 2, False, False),  # two heads of width 48; groups of 2
     (7, 1, 13, 48, 4, 3, False, True),  # heads of width 12 (no dots); groups of 3, 3, 1; extra sources
     (4, 2, 7, 256, 8, 8, False, False),  # eight heads of width 32; one group of all reads
-    (6, 1, 7, 24, 8, 4, True, False),  # a null source: no table (the v6 kernels), still exact
+    (6, 1, 7, 24, 8, 4, True, False),  # a null source: no table (the reads score their sources), still exact
 ])
 def test_v7_score_table(N, B, T, D, H, K, with_null, with_extra, dtype):
-    """v7 against the float64 reference: the forward takes its scores from the table (plain reads and the
+    """The score table against the float64 reference: the forward takes its scores from the table (plain reads and the
     prefix kernel of groups of K), the gradient kernel too; outputs and every gradient."""
     _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=7 * N + H,
                   group=K, table=True)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N,B,T,D,H,K,G", [(6, 2, 9, 96, 2, 2, 1), (7, 1, 13, 48, 4, 3, 1),
-                                          (19, 1, 5, 40, 8, 4, 8)])
-def test_v7_score_heads_kernel_in_the_router(N, B, T, D, H, K, G, dtype, monkeypatch):
-    """The router with MHAR_ROUTING_SCORE=heads (every table filled by ``_score_heads_kernel``) against the
-    float64 reference: outputs and every gradient (plain reads, prefix groups, source groups of 8)."""
-    from mhar.routing import _kernels as Kn
-    monkeypatch.setenv(Kn.SCORE_ENV, "heads")
-    calls = []
-    real = Kn._score_heads_kernel.run
-    monkeypatch.setattr(Kn._score_heads_kernel, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
-    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=False, seed=7 * N + H,
-                  group=K, table=True, source_group=G)
-    assert calls
 
 
 def test_v7_many_sources():
@@ -577,175 +576,7 @@ def test_v7_many_sources():
                   group=8, table=True)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N,B,T,D,H,K,with_extra,G", [
-    (9, 1, 37, 48, 1, 4, False, 8),  # single head of width 48 (tensor-core dots), odd T; groups of 4 (2 + a 1)
-    (6, 2, 9, 96, 2, 2, False, 1),  # two heads of width 48; groups of 2; one pass per source
-    (7, 1, 13, 48, 4, 3, True, 1),  # heads of width 12 (no dots); groups of 3, 3, 1; extra sources
-    (13, 2, 7, 256, 8, 4, False, 8),  # eight heads of width 32, the paper configs' groups
-])
-def test_v7_async_scores(N, B, T, D, H, K, with_extra, G, dtype):
-    """routing_impl "fused_v7_sg8_async" (FusedRouter(async_scores=True)): each source appended after the anchor
-    read is scored at its append (a side stream on the GPU); a group's prefix stops before its first read's
-    newest source and the reads score the sources after their prefix themselves: outputs and every gradient as
-    the float64 reference."""
-    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=with_extra, seed=11 * N + H,
-                  group=K, table=True, source_group=G, async_scores=True)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N,B,T,D,H,K,with_extra,G", [
-    (9, 1, 37, 48, 1, 4, False, 8),  # groups of 4 (2 + a last read alone)
-    (7, 1, 13, 48, 4, 3, True, 1),  # extra sources at odd reads (those reads drop the next group's prefix)
-    (13, 2, 7, 256, 8, 4, False, 8),  # the paper configs' groups
-    (10, 1, 5, 32, 2, 2, False, 2),  # groups of 2: a prefix started at every other read
-])
-def test_v7_early_prefix(N, B, T, D, H, K, with_extra, G, dtype):
-    """early_prefix (with async_scores): the prefix pass of each group after the first is started at the read
-    before it, over the sources buffered then (a side stream on the GPU), and the group's reads continue from it:
-    outputs and every gradient as the float64 reference."""
-    launches = fused_mod.LAUNCHES["prefix7_early"]
-    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=with_extra, seed=13 * N + H,
-                  group=K, table=True, source_group=G, async_scores=True, early_prefix=True,
-                  defer_groups=1 if G > 1 else 0)
-    assert fused_mod.LAUNCHES["prefix7_early"] > launches
-
-
-def test_v7_async_scores_many_sources():
-    """N from 1 to 73 (the 1B read count) with async scoring, groups of 4 and source groups of 8."""
-    _check_router(1, 3, 16, 2, n_reads=73, dtype=torch.float32, with_null=False, with_extra=False, seed=73,
-                  group=4, table=True, source_group=8, async_scores=True)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("G,d,with_null,with_extra,H,table", [
-    (2, 1, False, False, 4, False), (4, 1, True, False, 4, False), (3, 2, True, True, 3, False),
-    (8, 1, False, False, 2, True), (4, 3, False, True, 1, True)])
-def test_v6_deferred_source_groups(G, d, with_null, with_extra, H, table, dtype):
-    """defer_groups = d: each source-group pass (below the newest group) starts at the backward of the read d
-    after its newest member's first reader (a side stream on the GPU) and every member is completed over the
-    reads before it: outputs and every gradient as the float64 reference."""
-    launches = fused_mod.LAUNCHES["source_group_deferred"]
-    _check_router(2, 9, 48, H, n_reads=13, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=G + 10 * d,
-                  source_group=G, group=4 if table else None, table=table, defer_groups=d)
-    assert fused_mod.LAUNCHES["source_group_deferred"] > launches
-
-
-def test_v6_deferred_groups_follow_the_byte_models_passes(monkeypatch):
-    """The group passes the router launches with defer_groups (first slot, members, first read) are the ones
-    bench_routing_op.backward_passes(defer=...) counts for the byte model, in the same order."""
-    from benchmarks.bench_routing_op import backward_passes
-    seen = []
-    real = fused_mod.source_group_bwd
-
-    def spy(buf, ss, s0, NG, dbuf, lse, delta, W_split, k_lo, *a, **kw):
-        seen.append((s0, NG, k_lo))
-        return real(buf, ss, s0, NG, dbuf, lse, delta, W_split, k_lo, *a, **kw)
-    monkeypatch.setattr(fused_mod, "source_group_bwd", spy)
-    for G, d, n in ((4, 1, 13), (3, 2, 11), (8, 1, 25)):
-        seen.clear()
-        base = _inputs(1, 3, 16, n, torch.float32, False, False, seed=n)
-        p = _leaves(base, torch.float32, DEV)
-        router = fused_mod.FusedRouter(table=True, group=4, source_group=G, defer_groups=d)
-        loss = _net(router, p["x"], p["null"], p["qs"], p["gs"], p["Ws"], 2, lookahead=True)
-        torch.autograd.grad(loss, _flat(p))
-        want = [(ev[2][0], len(ev[2]), ev[1]) for ev in backward_passes(list(range(1, n + 1)), G, d)
-                if ev[0] == "pass" and len(ev[2]) > 1]
-        assert seen == want, (G, d, seen, want)
-        assert len(want) >= 2
-
-
-def test_launchers_check_the_outputs_they_are_given():
-    """prefix7_fwd / source_group_bwd write into caller-allocated outputs (the side-stream launches allocate them on
-    the current stream) only when shape, dtype and layout fit; otherwise an error naming the launcher."""
-    from mhar.routing import _kernels as K
-    a, b = K._outputs("x", None, torch.device("cpu"), ((2, 3), torch.float32), ((4,), torch.bfloat16))
-    assert a.shape == (2, 3) and b.dtype == torch.bfloat16
-    assert K._outputs("x", (a, b), torch.device("cpu"), ((2, 3), torch.float32), ((4,), torch.bfloat16))[0] is a
-    for bad in ((a.t(), b), (a, b.float()), (a[:1], b), (a,)):
-        with pytest.raises(ValueError, match="prefix7_fwd: out must be"):
-            K._outputs("prefix7_fwd", bad, torch.device("cpu"), ((2, 3), torch.float32), ((4,), torch.bfloat16))
-
-
-def test_v6_defer_groups_options():
-    r = get_router("fused_v7_sg8_defer")
-    assert r.defer_groups == fused_mod.DEFER_READS == 1 and r.source_group == 8 and not r.async_scores
-    r = get_router("fused_v7_sg8_overlap")
-    assert r.defer_groups == 1 and r.async_scores and r.table and r.early_prefix
-    with pytest.raises(ValueError, match="early_prefix"):
-        fused_mod.FusedRouter(table=True, group=4, early_prefix=True)
-    for bad in (dict(defer_groups=1), dict(source_group=8, defer_groups=-1), dict(source_group=8, defer_groups=1.5)):
-        with pytest.raises(ValueError, match="defer_groups"):
-            fused_mod.FusedRouter(**bad)
-
-
-def test_v7_async_scores_options():
-    """async_scores needs the table and forward groups; the registry's "fused_v7_sg8_async" has all three."""
-    r = get_router("fused_v7_sg8_async")
-    assert r.async_scores and r.table and r.group == 4 and r.source_group == 8
-    with pytest.raises(ValueError, match="async_scores"):
-        fused_mod.FusedRouter(async_scores=True)
-    with pytest.raises(ValueError, match="async_scores"):
-        fused_mod.FusedRouter(table=True, async_scores=True)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N,D,H", [(19, 48, 2), (12, 40, 1)])
-def test_v7_group_pass_reads_table_scores(N, D, H, dtype):
-    """routing_impl "fused_v7_sg8_ts" (FusedRouter(group_scores=True)): every source-group pass takes its scores
-    from the v7 table; outputs and every gradient as the float64 reference (19 reads: two full groups of 8 and one
-    of 3; head width 40 = 32 + 8, a masked second part)."""
-    _check_router(1, 5, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=False, seed=5 * N, group=4,
-                  source_group=8, table=True, group_scores=True)
-
-
-def _group_inputs(seed, slots, BT, D, H, Kr, dtype):
-    """Random inputs of a source-group pass: buffer (slots, BT, D) and its sums of squares, score weights W (Kr, D),
-    douts (Kr, BT, D), lse and delta (Kr, BT, H)."""
-    gen = torch.Generator().manual_seed(seed)
-    buf = torch.randn(slots, BT, D, generator=gen).to(DEV, dtype)
-    ss = buf.float().pow(2).sum(-1).contiguous()
-    W = (torch.randn(Kr, D, generator=gen) * 0.5).to(DEV)
-    dbuf = torch.randn(Kr, BT, D, generator=gen).to(DEV, dtype)
-    lse = (torch.randn(Kr, BT, H, generator=gen) + 2).to(DEV)
-    delta = torch.randn(Kr, BT, H, generator=gen).to(DEV)
-    return buf, ss, W, dbuf, lse, delta
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_source_group_kernel_uses_the_table_scores(dtype):
-    """source_group_bwd(scores=S) gives the partials of the recomputing kernel when S holds the scores, and
-    different partials when S is altered (it reads S, not the dots)."""
-    from mhar.routing import _kernels as K
-    NG, BT, D, H, Kr, eps = 3, 7, 48, 2, 9, 1e-6
-    buf, ss, W, dbuf, lse, delta = _group_inputs(3, NG + 1, BT, D, H, Kr, dtype)
-    S = torch.full((NG + 1, Kr, BT, H), float("nan"), device=DEV)
-    for slot in range(NG + 1):
-        K.score_sources(buf, ss, W, S, slot, 0, H, eps)
-    Ws = K.split_weights(W, buf.dtype)
-
-    def parts(scores):
-        dsr = torch.zeros(H, Kr, (NG + 1) * BT, device=DEV, dtype=buf.dtype)
-        p, c = K.source_group_bwd(buf, ss, 1, NG, dbuf, lse, delta, Ws, 2, Kr, dsr, H, eps, BT, D, scores=scores)
-        return p.clone(), c.clone(), dsr.clone()
-
-    ref, with_s = parts(None), parts(S)
-    for a, b in zip(ref, with_s):
-        assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-4), (a - b).abs().max()
-    S2 = S.clone()
-    S2[2, 5] += 0.5  # one (source, read) score row
-    moved = parts(S2)
-    assert not torch.allclose(moved[0], with_s[0], rtol=1e-4, atol=1e-4)
-
-
-def test_group_scores_needs_table_and_source_groups():
-    for kw in (dict(group_scores=True), dict(group_scores=True, table=True), dict(group_scores=True, source_group=8)):
-        with pytest.raises(ValueError, match="group_scores"):
-            fused_mod.FusedRouter(**kw)
-    assert get_router("fused_v7_sg8_ts").group_scores
-
-
-def _check_scores(D, H, k_lo, Kr, BT, dtype, kernel=None):
+def _check_scores(D, H, k_lo, Kr, BT, dtype):
     from mhar.routing import _kernels as K
     gen = torch.Generator().manual_seed(D + H + k_lo + Kr)
     eps = 1e-6
@@ -753,7 +584,7 @@ def _check_scores(D, H, k_lo, Kr, BT, dtype, kernel=None):
     ss = buf.float().pow(2).sum(-1)
     W = (torch.randn(Kr, D, generator=gen) * 0.7).to(DEV)
     S = torch.full((2, Kr, BT, H), float("nan"), device=DEV)
-    K.score_sources(buf, ss, W, S, 1, k_lo, H, eps, kernel=kernel)
+    K.score_sources(buf, ss, W, S, 1, k_lo, H, eps)
     x = buf[1].double().cpu()
     r = 1 / torch.sqrt(x.pow(2).mean(-1) + eps)
     ref = torch.einsum("thd,khd->kth", x.view(BT, H, -1), W.double().cpu().view(Kr, H, -1)) * r[None, :, None]
@@ -762,30 +593,14 @@ def _check_scores(D, H, k_lo, Kr, BT, dtype, kernel=None):
     assert err <= 2e-5 * ref.abs().max().item(), err
 
 
-@pytest.mark.parametrize("kernel", ["head", "heads"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("D,H,k_lo,Kr", [(96, 2, 0, 6), (64, 1, 3, 6), (40, 8, 1, 6), (320, 2, 2, 6),
                                          (32, 2, 5, 140), (48, 3, 0, 37)])
-def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, Kr, dtype, kernel):
+def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, Kr, dtype):
     """score_sources against its definition: rms(x)^-1 * <x_h, (q g)_h> per head, in fp64 from the stored
     source; rows below k_lo are left untouched (NaN). bf16 sources use the hi + lo split of q g: fp32 accuracy.
-    Both scoring kernels. 135 reads: ``head`` in two launches (at most ``SCORE_READS`` reads each), the first with
-    a 128-read tile; ``heads`` in chunks of reads over one launch (the last chunk partial). 3 heads: padded to 4
-    in ``heads``' tile (the padded head is never stored)."""
-    _check_scores(D, H, k_lo, Kr, 21, dtype, kernel)
-
-
-def test_score_kernel_choice(monkeypatch):
-    """MHAR_ROUTING_SCORE picks the scoring kernel; a wrong value names the variable and its values."""
-    from mhar.routing import _kernels as K
-    monkeypatch.delenv(K.SCORE_ENV, raising=False)
-    assert K.score_kernel() == K.SCORE_DEFAULT
-    for name in K.SCORE_KERNELS:
-        monkeypatch.setenv(K.SCORE_ENV, name)
-        assert K.score_kernel() == name
-    monkeypatch.setenv(K.SCORE_ENV, "fast")
-    with pytest.raises(ValueError, match="MHAR_ROUTING_SCORE='fast'.*head, heads"):
-        K.score_kernel()
+    135 reads: two launches (at most ``SCORE_READS`` reads each), the first with a 128-read tile."""
+    _check_scores(D, H, k_lo, Kr, 21, dtype)
 
 
 @pytest.mark.gpu
@@ -793,37 +608,11 @@ def test_score_kernel_choice(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("D,k_lo,Kr,BT", [(1280, 0, 73, 2048), (1280, 40, 73, 2048), (1024, 0, 49, 4096),
                                           (512, 0, 25, 16384), (1024, 3, 200, 1024)])
-@pytest.mark.parametrize("kernel", ["head", "heads"])
-def test_gpu_v7_scores_all_reads(D, k_lo, Kr, BT, dtype, kernel):
-    """The scoring kernels at the presets' widths, microbatches and read counts (1B: 73 reads, a 128-read tile
+def test_gpu_v7_scores_all_reads(D, k_lo, Kr, BT, dtype):
+    """The scoring kernel at the presets' widths, microbatches and read counts (1B: 73 reads, a 128-read tile
     at head width 160 = 128 + 32, which faulted with 64 tokens x 8 warps per program), and a 100-layer model
-    (200 reads: two launches of ``head``)."""
-    _check_scores(D, 8, k_lo, Kr, BT, dtype, kernel)
-
-
-def _score_heads_each_config(monkeypatch, D, H, k_lo, Kr, BT):
-    """_check_scores of ``_score_heads_kernel`` once per launch configuration it may be tuned to (forced)."""
-    from mhar.routing import _kernels as K
-    for cfg in K._score_heads_configs(full=True):
-        _force_config(monkeypatch, (K._score_heads_kernel,), cfg)
-        _check_scores(D, H, k_lo, Kr, BT, torch.bfloat16, "heads")
-
-
-@pytest.mark.parametrize("D,H,k_lo,Kr,BT", [(320, 2, 2, 37, 21), (48, 3, 0, 70, 5)])
-def test_score_heads_every_launch_config(D, H, k_lo, Kr, BT, monkeypatch):
-    """Every launch configuration of ``_score_heads_kernel`` (token and read chunks larger and smaller than the
-    table; head width 160 = 128 + 32 and 16) against the fp64 definition."""
-    _score_heads_each_config(monkeypatch, D, H, k_lo, Kr, BT)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("D,k_lo,Kr,BT", [(1280, 0, 73, 2048), (1280, 60, 73, 2048), (1024, 0, 49, 4096),
-                                          (512, 7, 25, 16384)])
-def test_gpu_score_heads_every_launch_config(D, k_lo, Kr, BT, monkeypatch):
-    """``_score_heads_kernel`` with EVERY launch configuration forced in turn (bf16 sources) at the presets'
-    widths, microbatches and read counts against the fp64 definition."""
-    _score_heads_each_config(monkeypatch, D, 8, k_lo, Kr, BT)
+    (200 reads: two launches)."""
+    _check_scores(D, 8, k_lo, Kr, BT, dtype)
 
 
 # (N, B, T, D, H) at the paper's sizes: 100M H=8 (partial depth), 1B H=16 head width 80.
@@ -834,11 +623,12 @@ GPU_SHAPES = [(25, 2, 2048, 512, 8), (37, 2, 1024, 1280, 16), (9, 1, 1024, 4096,
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("N,B,T,D,H", GPU_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("algo", ["v6", "v5"])
-def test_gpu_realistic_shapes(N, B, T, D, H, dtype, algo):
+@pytest.mark.parametrize("impl", ["fused", None])
+def test_gpu_realistic_shapes(N, B, T, D, H, dtype, impl):
+    """routing_impl 'fused' (and its router without sharing or table) at the paper's widths and microbatches."""
     n_reads = min(N, 6)
     _check_router(B, T, D, H, n_reads=n_reads, dtype=dtype, with_null=(D == 4096), with_extra=False, seed=N,
-                  algo=algo)
+                  impl=impl)
 
 
 @pytest.mark.gpu
@@ -846,7 +636,7 @@ def test_gpu_realistic_shapes(N, B, T, D, H, dtype, algo):
 @pytest.mark.parametrize("N,B,T,D,H,K", [(12, 2, 2048, 512, 8, 5), (12, 2, 1024, 1280, 8, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_v6_prefix_sharing_realistic(N, B, T, D, H, K, dtype):
-    """v6 forward prefix sharing at the paper's widths (100M: D=512; 1B: D=1280), several groups, null source."""
+    """Forward prefix sharing at the paper's widths (100M: D=512; 1B: D=1280), several groups, null source."""
     _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=True, with_extra=False, seed=N + K, group=K)
 
 
@@ -854,7 +644,7 @@ def test_gpu_v6_prefix_sharing_realistic(N, B, T, D, H, K, dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_v6_deep(dtype):
-    """v6 at 1B width with many reads (the write-once kernel loops over up to 25 reads' douts), null + extra."""
+    """1B width with many reads (the write-once kernel loops over up to 25 reads' douts), null + extra."""
     _check_router(1, 512, 1280, 8, n_reads=25, dtype=dtype, with_null=True, with_extra=True, seed=25)
 
 
@@ -863,7 +653,7 @@ def test_gpu_v6_deep(dtype):
 @pytest.mark.parametrize("D,K", [(1280, 4), (1024, 8), (512, 1)])  # 1B (head width 160 = 128 + 32), 350M, 100M
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_v7_deep(D, K, dtype):
-    """v7 (score table, tensor-core scoring, groups of K) at the paper's widths with 25 reads, extra sources."""
+    """The score table (tensor-core scoring, groups of K) at the paper's widths with 25 reads, extra sources."""
     _check_router(1, 512, D, 8, n_reads=25, dtype=dtype, with_null=False, with_extra=True, seed=D + K, group=K,
                   table=True)
 
@@ -883,7 +673,7 @@ def test_v6_source_groups(G, with_null, with_extra, H, dtype):
                                          (512, 8, (8, 64, 0)), (48, 3, (4, 16, 0)), (24, 8, (8, 2, 1)),
                                          (40, 2, (2, 16, 4)), (112, 1, (1, 64, 64))])
 def test_v6_row_split(D, H, parts):
-    """The v6 kernels hold a head's D / H columns as two power-of-two tiles: the largest power of two and the
+    """The kernels hold a head's D / H columns as two power-of-two tiles: the largest power of two and the
     rest (padded only when the rest is not a power of two itself, e.g. 112 = 64 + 48 -> 64)."""
     from mhar.routing import _kernels as K
     HP, DA, DB = K._split(D, H)
@@ -972,23 +762,26 @@ def test_benchmarks_log_the_tuned_configurations(monkeypatch):
         st = router.append(st, torch.randn(1, 3, 16, device=DEV))
     router.read(st, torch.randn(16, device=DEV), torch.ones(16, device=DEV), 2)
     lines = tuned_lines(seen)
-    assert any(line.startswith("TUNED fwd6 (16, 2, 8,") and "BLOCK_T" in line for line in lines), lines
+    assert any(line.startswith("TUNED fwd7 (16, 2, 8,") and "BLOCK_T" in line for line in lines), lines
     assert tuned_lines(seen) == []
 
 
-def test_source_group_argument_checked():
-    with pytest.raises(ValueError, match="source_group"):
-        fused_mod.FusedRouter(source_group=0)
-    with pytest.raises(ValueError, match="source_group"):
-        fused_mod.FusedRouter(algo="v5", source_group=2)
+def test_router_arguments_checked():
+    """routing_impl 'fused' is the score table with forward groups of 4 and source groups of 8; other values of
+    the router's arguments are checked."""
+    r = get_router("fused")
+    assert isinstance(r, fused_mod.FusedRouter) and r.name == "fused"
+    assert (r.table, r.group, r.source_group) == (True, fused_mod.V7_GROUP, fused_mod.SOURCE_GROUP) == (True, 4, 8)
+    for kw in (dict(source_group=0), dict(source_group=1.5), dict(group=0), dict(group=True)):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            fused_mod.FusedRouter(**kw)
 
 
 @pytest.mark.parametrize("table", [False, True])
 def test_v6_buffers_freed_after_backward_without_gc(table):
     """Once a forward's backward has run and the caller drops its tensors, the router's source and dout buffers
     are freed by reference counting alone (a reference cycle through the read chain kept one set per training
-    step alive until Python's garbage collector ran: +1.9 GiB at 350M on the H200); v7's score table is dropped
-    by the backward itself."""
+    step alive until Python's garbage collector ran); the score table is dropped by the backward itself."""
     import gc
     import weakref
 
@@ -1007,12 +800,12 @@ def test_v6_buffers_freed_after_backward_without_gc(table):
         storage = st.storage
         buf = weakref.ref(storage.buf)
         if table:
-            assert storage.v6.S is not None and storage.v6.scored == 4
-            table_ref = weakref.ref(storage.v6.S)
+            assert storage.reads.S is not None and storage.reads.scored == 4
+            table_ref = weakref.ref(storage.reads.S)
         torch.stack(outs).sum().backward()
-        assert storage.v6.done
+        assert storage.reads.done
         if table:
-            assert storage.v6.S is None and table_ref() is None
+            assert storage.reads.S is None and table_ref() is None
         del st, outs, storage
         assert buf() is None, "the source buffer outlived the step (a reference cycle)"
     finally:
@@ -1024,13 +817,13 @@ def test_v6_buffers_freed_after_backward_without_gc(table):
 @pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])  # 1B (head width 160, padded to 256), 350M
 @pytest.mark.parametrize("source_group", [1, 8])
 def test_gpu_v6_every_launch_config(D, H, source_group, monkeypatch):
-    """Each launch configuration the autotuner may pick for the v6 forward / write-once backward (BLOCK_T x
+    """Each launch configuration the autotuner may pick for the forward / write-once backward (BLOCK_T x
     warps x pipeline stages), or with ``source_group`` for the source-group kernel, gives the reference's
     outputs and gradients (the tuned runs only exercise the fastest one)."""
     from mhar.routing import _kernels as K
 
     forced = (K._fwd6_kernel, K._src_bwd_kernel) if source_group == 1 else (K._src_group_bwd_kernel,)
-    configs = K._v6_configs(full=True) if source_group == 1 else K._group_configs(full=True)
+    configs = K._loop_configs(full=True) if source_group == 1 else K._group_configs(full=True)
     _each_launch_config(monkeypatch, forced, configs, D, H, with_null=True, source_group=source_group)
 
 
@@ -1060,25 +853,14 @@ def _each_launch_config(monkeypatch, forced, configs, D, H, **check):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])
-def test_gpu_group_scores_every_launch_config(D, H, monkeypatch):
-    """routing_impl "fused_v7_sg8_ts": each launch configuration the autotuner may pick for the source-group
-    kernel reading the table's scores gives the reference's outputs and gradients (1B and 350M widths)."""
-    from mhar.routing import _kernels as K
-    _each_launch_config(monkeypatch, (K._src_group_bwd_kernel,), K._group_configs(full=True), D, H, with_null=False,
-                        group=4, source_group=8, table=True, group_scores=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])
 @pytest.mark.parametrize("which", ["fwd7", "prefix7"])
 def test_gpu_v7_every_launch_config(D, H, which, monkeypatch):
-    """Each launch configuration the autotuner may pick for the v7 forward and gradient kernels (table reads),
+    """Each launch configuration the autotuner may pick for the table forward and gradient kernels (table reads),
     or for the prefix kernel (groups of 4), gives the reference's outputs and gradients."""
     from mhar.routing import _kernels as K
 
     forced = (K._fwd7_kernel, K._src_bwd_kernel) if which == "fwd7" else (K._prefix7_kernel,)
-    configs = K._v6_configs(full=True) if which == "fwd7" else K._prefix7_configs(full=True)
+    configs = K._loop_configs(full=True) if which == "fwd7" else K._prefix7_configs(full=True)
     _each_launch_config(monkeypatch, forced, configs, D, H, with_null=False, group=4 if which == "prefix7" else None,
                         table=True)
 
@@ -1092,106 +874,18 @@ def test_gpu_v6_source_groups_deep(dtype):
                   source_group=8)
 
 
-# Prefix sharing: groups of K reads share one pass over their common prefix (forward and backward).
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N,B,T,D,H,K", [
-    (5, 2, 9, 96, 8, 2),  # groups of 2 (last one a single read)
-    (6, 1, 19, 96, 3, 3),  # H not a power of two
-    (7, 2, 13, 48, 4, 4),  # K=4 over 7 reads: groups of 4 and 3
-    (4, 1, 37, 48, 1, 8),  # K larger than the reads left: one group; single head
-])
-def test_router_prefix_sharing_grads(N, B, T, D, H, K, dtype):
-    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=False, seed=N + K, group=K,
-                  algo="v5")
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("with_null,with_extra", [(True, False), (False, True), (True, True)])
-def test_router_prefix_sharing_null_and_extra(with_null, with_extra, dtype):
-    _check_router(2, 13, 48, 4, n_reads=5, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=11,
-                  group=3, algo="v5")
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("N,B,T,D,H,K", [(12, 2, 2048, 512, 8, 5), (12, 2, 1024, 1280, 16, 8), (9, 1, 1024, 1280, 8, 4)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_prefix_sharing_realistic(N, B, T, D, H, K, dtype):
-    """Prefix sharing at the paper's widths (100M: D=512 H=8; 1B: D=1280, H=16 and H=8), several groups."""
-    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=False, with_extra=(K == 4), seed=N + K, group=K,
-                  algo="v5")
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N,B,T,D,H,K,with_null,with_extra", [
-    (5, 2, 9, 96, 8, 2, False, False),
-    (7, 2, 13, 48, 4, 4, True, True),  # groups of 4 and 3, null and extra sources
-    (4, 1, 37, 48, 1, 8, True, False),
-])
-def test_router_prefix_sharing_forward_only(N, B, T, D, H, K, with_null, with_extra, dtype):
-    """shared_backward=False: groups share the forward pass over their prefix; each read's backward makes its
-    own pass over all its sources (no prefix backward launched)."""
-    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=N + 3 * K,
-                  group=K, shared_backward=False, algo="v5")
-
-
-@pytest.mark.parametrize("N,B,T,D,H", SHAPES[1:3])
-def test_router_two_pass_bf16(N, B, T, D, H):
-    """two_pass=True: the bf16 backward recomputes <dout, out> in fp32 and meets the plain bf16 tolerance."""
-    _check_router(B, T, D, H, n_reads=N, dtype=torch.bfloat16, with_null=True, with_extra=False, seed=N,
-                  two_pass=True, algo="v5")
-
-
-def test_router_env_options(monkeypatch):
-    v5 = lambda **kw: fused_mod.FusedRouter(algo="v5", **kw)  # noqa: E731  (the env options are v5's)
-    monkeypatch.setenv("MHAR_ROUTING_GROUP", "3")
-    monkeypatch.setenv("MHAR_ROUTING_SHARED_BWD", "0")
-    r = v5()
-    assert r.group == 3 and r.group_size(100) == 3 and r.shared_backward is False
-    assert get_router("fused_v5").group == 3 and get_router("fused_v5").name == "fused_v5"
-    monkeypatch.setenv("MHAR_ROUTING_GROUP", "auto")
-    assert v5().group_size(49) == 7 and v5().group_size(200) == 8
-    monkeypatch.delenv("MHAR_ROUTING_GROUP")
-    assert v5().group_size(49) == 1  # default: no sharing
-    with pytest.raises(ValueError, match="group"):
-        v5(group=0)
-    monkeypatch.setenv("MHAR_ROUTING_GROUP", "three")
-    with pytest.raises(ValueError, match="MHAR_ROUTING_GROUP"):
-        v5()
-    monkeypatch.setenv("MHAR_ROUTING_GROUP", "0")  # refused, not silently read as the default
-    with pytest.raises(ValueError, match="group"):
-        v5()
-
-
-def test_v6_router_has_no_v5_options():
-    """routing_impl 'fused' is v6; the v5 knobs are refused there instead of silently ignored."""
-    r = get_router("fused")
-    assert isinstance(r, fused_mod.FusedRouter) and r.algo == "v6" and r.name == "fused"
-    for kw in (dict(shared_backward=False), dict(two_pass=True)):
-        with pytest.raises(ValueError, match="fused_v5"):
-            fused_mod.FusedRouter(**kw)
-    with pytest.raises(ValueError, match="group"):
-        fused_mod.FusedRouter(group=0)
-    assert fused_mod.FusedRouter(group=4).group == 4  # v6: forward prefix sharing (constructor only)
-    with pytest.raises(ValueError, match="algo"):
-        fused_mod.FusedRouter(algo="v4")
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("impl,group", [("fused", 1), ("fused", 3), ("fused_v5", 1), ("fused_v5", 3),
-                                        ("fused_v7_sg8_async", 4), ("fused_v7_sg8_overlap", 4)])
-def test_gpu_cuda_graph_replay(impl, group, monkeypatch):
-    """Forward + backward of a fused-routing MHAR model captured in one CUDA graph (as bench_training does) and
-    replayed on new token ids gives the loss and parameter gradients of an eager step on those ids."""
-    monkeypatch.setenv("MHAR_ROUTING_GROUP", str(group))  # v5 reads the env; v6 takes group in its constructor
+@pytest.mark.parametrize("config,n_layers", [("fused", 2), ("fused", 6), ("plain", 2), ("sg4", 6)])
+def test_gpu_cuda_graph_replay(config, n_layers):
+    """Forward + backward of a fused-routing MHAR model captured in one CUDA graph (as the training step does) and
+    replayed on new token ids gives the loss and parameter gradients of an eager step on those ids (6 layers: 13
+    reads, several forward groups and source groups)."""
     torch.manual_seed(0)
-    # the side-stream routers in 6 layers (13 reads): early prefixes, a deferred source group, scoring at appends
-    deep = {"n_layers": 6} if impl in ("fused_v7_sg8_async", "fused_v7_sg8_overlap") else {}
-    cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": impl}, **deep)
+    cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused"}, n_layers=n_layers)
     model = build_model(cfg).to(DEV)
-    if impl == "fused":
-        model.residual.router = fused_mod.FusedRouter(group=group)
+    if ROUTER_KW[config] is not None:
+        model.residual.router = fused_mod.FusedRouter(**ROUTER_KW[config])
     with torch.no_grad():
         for p in model.residual.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -1227,46 +921,6 @@ def test_gpu_cuda_graph_replay(impl, group, monkeypatch):
         assert rel(grads_g[n], p.grad) <= 1e-5 if p.grad.norm() > 0 else grads_g[n].norm() == 0, n
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("D", [1280, 1024])
-@pytest.mark.parametrize("async_scores,defer,early", [(True, 0, False), (False, 1, False), (True, 1, True)])
-def test_gpu_side_stream_work_is_waited_for(D, async_scores, defer, early, monkeypatch):
-    """async_scores / defer_groups / early_prefix on the GPU: the scoring launched at each append, the deferred
-    source-group passes and the early prefix passes run on a side stream. Delayed there by a spin kernel (~1 ms)
-    before each of them, the router still gives the reference's outputs and gradients: every reader of the
-    table, of a partial and of a prefix waits for it (a missing wait would read uninitialised memory)."""
-    real_score, real_group, real_prefix = fused_mod.score_sources, fused_mod.source_group_bwd, fused_mod.prefix7_fwd
-
-    def on_side():
-        return torch.cuda.current_stream() in fused_mod._SIDE_STREAMS.values()
-
-    def slow_score(*a, **kw):
-        if on_side():
-            torch.cuda._sleep(2_000_000)
-        return real_score(*a, **kw)
-
-    def slow_group(*a, **kw):
-        if on_side():
-            torch.cuda._sleep(2_000_000)
-        return real_group(*a, **kw)
-    def slow_prefix(*a, **kw):
-        if on_side():
-            torch.cuda._sleep(2_000_000)
-        return real_prefix(*a, **kw)
-    monkeypatch.setattr(fused_mod, "score_sources", slow_score)
-    monkeypatch.setattr(fused_mod, "source_group_bwd", slow_group)
-    monkeypatch.setattr(fused_mod, "prefix7_fwd", slow_prefix)
-    launches = {k: fused_mod.LAUNCHES[k] for k in ("score_ahead", "source_group_deferred", "prefix7_early")}
-    _check_router(1, 512, D, 8, n_reads=25, dtype=torch.bfloat16, with_null=False, with_extra=False, seed=D,
-                  group=4, table=True, source_group=8, async_scores=async_scores, defer_groups=defer,
-                  early_prefix=early)
-    assert (fused_mod.LAUNCHES["score_ahead"] - launches["score_ahead"] == 24) == async_scores
-    assert (fused_mod.LAUNCHES["source_group_deferred"] > launches["source_group_deferred"]) == bool(defer)
-    assert (fused_mod.LAUNCHES["prefix7_early"] > launches["prefix7_early"]) == early
-    assert fused_mod._SIDE_STREAMS  # the side stream was used
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dW_all_is_the_sum_of_per_source_contractions(dtype):
     """dW_all (one batched matmul over every buffered source) equals the per-source contractions summed
@@ -1287,102 +941,7 @@ def test_dW_all_is_the_sum_of_per_source_contractions(dtype):
     assert rel(got, per_source) <= (1e-6 if dtype == torch.float32 else 1e-2)
 
 
-# The following sublayer's pre-norm fused into the read (routing_impl "fused_v7_sg8_norm").
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("BT,D,H", [(37, 40, 2), (9, 48, 4), (21, 64, 8), (600, 24, 1)])
-def test_prenorm_kernels_match_autograd(BT, D, H, dtype):
-    """prenorm_fwd = the model's RMSNorm of the read's output; prenorm_stash = its autograd backward (dh, in the
-    dout buffer's dtype, and dL/dw) and the stash's delta = <dh, x> per head. (600, 24, 1): more token blocks than
-    programs, so each program loops and the dw partials sum several blocks."""
-    _check_prenorm(BT, D, H, dtype)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8), (512, 8)])
-def test_gpu_prenorm_every_launch_config(D, H, monkeypatch):
-    """Each launch configuration the autotuner may pick for the fused pre-norm kernels, at the presets' widths
-    and the 1B microbatch's 2048 tokens (bf16), gives autograd's norm and its backward."""
-    from mhar.routing import _kernels as K
-    orig = K._launch
-    HP, DA, DB = K._split(D, H)
-    for cfg in K._prune6(K._prenorm_configs(full=True), {"HP": HP, "DA": DA, "DB": DB}):  # as the autotuner
-        def launch(kernel, key, grid, args, kwargs, cfg=cfg):
-            if kernel in (K._prenorm_fwd_kernel, K._prenorm_stash_kernel):
-                kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
-                return cfg.kwargs["BLOCK_T"]
-            return orig(kernel, key, grid, args, kwargs)
-        monkeypatch.setattr(K, "_launch", launch)
-        _check_prenorm(2048, D, H, torch.bfloat16)
-
-
-def _check_prenorm(BT, D, H, dtype):
-    from mhar.model import RMSNorm
-    from mhar.routing import _kernels as K
-    g = torch.Generator().manual_seed(BT + D)
-    x = torch.randn(BT, D, generator=g).to(dtype).to(DEV)
-    dy = torch.randn(BT, D, generator=g).to(dtype).to(DEV)
-    norm = RMSNorm(D, eps=1e-5).to(DEV)
-    with torch.no_grad():
-        norm.weight.copy_(1 + 0.5 * torch.randn(D, generator=g))
-    xr = x.clone().requires_grad_(True)
-    y_ref = norm(xr)
-    y_ref.backward(dy)
-    y, rstd = K.prenorm_fwd(x, norm.weight.detach(), 1e-5, H, BT, D)
-    assert y.dtype == dtype and rel(y.float(), y_ref.detach().float()) <= TOL[dtype]  # (the interpreter truncates to bf16)
-    torch.testing.assert_close(rstd, torch.rsqrt(x.float().pow(2).mean(-1) + 1e-5), rtol=1e-5, atol=0)
-    dslot = torch.empty(BT, D, device=DEV, dtype=dtype)
-    delta = torch.empty(BT, H, device=DEV, dtype=torch.float32)
-    old_programs = K.PRENORM_PROGRAMS
-    K.PRENORM_PROGRAMS = 16 if BT == 600 else old_programs
-    try:
-        dw = K.prenorm_stash(dy, x, norm.weight.detach(), rstd, dslot, delta, H, BT, D)
-    finally:
-        K.PRENORM_PROGRAMS = old_programs
-    assert rel(dslot.float(), xr.grad.float()) <= TOL[dtype]
-    torch.testing.assert_close(delta, (dslot.float() * x.float()).view(BT, H, D // H).sum(-1), rtol=1e-5, atol=1e-5)
-    assert rel(dw, norm.weight.grad) <= 1e-5
-
-
-def _check_fwd7_prenorm(BT, D, H, n, dtype, seed=0, init=False):
-    """route_fwd7 with prenorm = route_fwd7 without, then prenorm_fwd: the same out / lse, and y / rstd."""
-    from mhar.routing import _kernels as K
-    g = torch.Generator().manual_seed(seed)
-    buf = torch.randn(n, BT, D, generator=g).to(dtype).to(DEV)
-    S = (3 * torch.randn(n, 2, BT, H, generator=g)).to(DEV)
-    w = (1 + 0.5 * torch.randn(D, generator=g)).to(DEV)
-    P = torch.randn(BT, D, generator=g).to(dtype).to(DEV) if init else None
-    lse_p = torch.randn(BT, H, generator=g).to(DEV) if init else None
-    out, lse = K.route_fwd7(buf, S, 1, 1 if init else 0, n, H, BT, D, dtype, init=P, init_lse=lse_p)
-    out2, lse2, y, rstd = K.route_fwd7(buf, S, 1, 1 if init else 0, n, H, BT, D, dtype, init=P, init_lse=lse_p,
-                                       prenorm=(w, 1e-6))
-    assert torch.equal(out2, out) and torch.equal(lse2, lse)
-    y_ref, rstd_ref = K.prenorm_fwd(out, w, 1e-6, H, BT, D)
-    torch.testing.assert_close(rstd, rstd_ref, rtol=1e-6, atol=0)
-    torch.testing.assert_close(y.float(), y_ref.float(), rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("BT,D,H,n,init", [(7, 40, 2, 3, False), (5, 48, 4, 4, True), (9, 64, 8, 2, False)])
-def test_fwd7_prenorm_matches_separate_norm(BT, D, H, n, init, dtype):
-    """The table read with the pre-norm formed in the same kernel (PRENORM) = the plain read + prenorm_fwd."""
-    _check_fwd7_prenorm(BT, D, H, n, dtype, seed=BT + n, init=init)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8), (512, 8)])
-def test_gpu_fwd7_prenorm_every_launch_config(D, H, monkeypatch):
-    """Each launch configuration of the table read with the pre-norm (PRENORM) at the presets' widths, 2048
-    tokens, 25 sources, with and without a prefix partial (bf16)."""
-    from mhar.routing import _kernels as K
-    HP, DA, DB = K._split(D, H)
-    for i, cfg in enumerate(K._prune6(K._v6_configs(full=True), {"HP": HP, "DA": DA, "DB": DB})):
-        _force_config(monkeypatch, (K._fwd7_kernel,), cfg)
-        _check_fwd7_prenorm(2048, D, H, 25, torch.bfloat16, seed=i, init=bool(i % 2))
-
-
-# Programmatic dependent launch (PDL) of the v7 path's kernels.
+# Programmatic dependent launch (PDL) of the fused path's kernels.
 def test_pdl_on_by_default_on_sm90_unless_turned_off(monkeypatch):
     """Programmatic dependent launch is on by default on a CUDA device of capability >= 9.0 with a Triton that has
     it (unset or MHAR_ROUTING_PDL=1), off with MHAR_ROUTING_PDL=0, never on the CPU, under the interpreter, before
@@ -1482,9 +1041,9 @@ def test_launch_passes_pdl_to_the_kernels_that_wait(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("D,H,n", [(1280, 8, 12), (1024, 8, 12), (512, 8, 25)])
 def test_gpu_pdl_launches_equal_serial_launches(monkeypatch, D, H, n):
-    """The paper configs' routing (fused_v7_sg8: table, forward groups of 4, source groups of 8) with
-    programmatic dependent launch (MHAR_ROUTING_PDL=1; the default on sm_90+) gives bit-for-bit the outputs and gradients of ordinary
-    launches, eagerly and replayed from a CUDA graph (sm_90+)."""
+    """routing_impl 'fused' (table, forward groups of 4, source groups of 8) with programmatic dependent launch
+    (MHAR_ROUTING_PDL=1; the default on sm_90+) gives bit-for-bit the outputs and gradients of ordinary launches,
+    eagerly and replayed from a CUDA graph (sm_90+)."""
     from mhar.routing import _kernels as K
     monkeypatch.setenv("MHAR_ROUTING_PDL", "1")
     if not K.pdl_enabled(torch.device("cuda")):
@@ -1496,7 +1055,7 @@ def test_gpu_pdl_launches_equal_serial_launches(monkeypatch, D, H, n):
         leaves = _flat(p)
 
         def step():
-            loss = _net(get_router("fused_v7_sg8"), p["x"], p["null"], p["qs"], p["gs"], p["Ws"], H, p["extra"],
+            loss = _net(get_router("fused"), p["x"], p["null"], p["qs"], p["gs"], p["Ws"], H, p["extra"],
                         lookahead=True)
             return [loss, *torch.autograd.grad(loss, leaves)]
         if not graph:
@@ -1516,7 +1075,7 @@ def test_gpu_pdl_launches_equal_serial_launches(monkeypatch, D, H, n):
 
     launches = dict(fused_mod.LAUNCHES)
     with_pdl = run(False), run(True)
-    assert fused_mod.LAUNCHES["score"] > launches.get("score", 0)  # the v7 path ran
+    assert fused_mod.LAUNCHES["score"] > launches.get("score", 0)  # the table path ran
     monkeypatch.setenv("MHAR_ROUTING_PDL", "0")
     serial = run(False), run(True)
     for a, b in zip(with_pdl, serial):

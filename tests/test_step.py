@@ -53,11 +53,17 @@ def test_plan_on_cpu_is_eager_and_refuses_a_cpu_graph():
         plan_step(m, torch.device("cpu"), compile="yes")
 
 
-def test_plan_picks_sublayer_compile_for_untraceable_routing():
-    m = _model()
-    m.residual.router.traceable = False  # what the fused Triton router declares
-    assert plan_step(m, torch.device("cpu"), compile=True).compile == "sublayers"
-    assert plan_step(_model("baseline"), torch.device("cpu"), compile=True).compile == "decoder"
+def test_plan_picks_sublayer_compile_for_untraceable_routing(monkeypatch):
+    """The fused Triton routing is not traced: the step compiles the sublayers around it. ``auto`` routing is
+    judged on the step's device (fused on CUDA with Triton, eager elsewhere)."""
+    from mhar.routing import names
+    monkeypatch.setattr(names, "triton_available", lambda: True)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert plan_step(_model(impl="fused"), cpu, compile=True).compile == "sublayers"
+    auto = _model(impl="auto")
+    assert plan_step(auto, cuda, compile=True).compile == "sublayers"
+    assert plan_step(auto, cpu, compile=True).compile == "decoder"
+    assert plan_step(_model("baseline"), cpu, compile=True).compile == "decoder"
 
 
 def test_sublayer_plan_compiles_the_embedding_and_the_sublayers(monkeypatch):
@@ -118,26 +124,25 @@ def test_eager_step_equals_reference_update(z):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)
 
 
-def test_step_with_fused_prenorm_router_equals_eager_routing():
-    """The step users run (TrainStep, CPU: the Triton kernels under the interpreter) with routing_impl
-    'fused_v7_sg8_norm' (the sublayers' pre-norms fused into the reads) gives eager routing's losses, gradient
-    norms and updated weights over two steps of two micro-batches (fp32)."""
+def test_step_with_fused_router_equals_eager_routing():
+    """The step users run (TrainStep, CPU: the Triton kernels under the interpreter) with routing_impl 'fused'
+    gives eager routing's losses, gradient norms and updated weights over two steps of two micro-batches (fp32)."""
     from mhar.routing import fused as fused_mod
     dev = torch.device("cpu")
     models, results = [], []
-    before = fused_mod.LAUNCHES["prenorm_stash"]
-    for impl in ("fused_v7_sg8_norm", "eager"):
+    before = fused_mod.LAUNCHES["source_bwd"]
+    for impl in ("fused", "eager"):
         m = _model(impl=impl)
         plan = plan_step(m, dev)
         opt = build_optimizer(m, _groups(m), 1e-3, (0.9, 0.95), 1e-8, plan, dev)
         step = TrainStep(m, m, opt, plan, device=dev, dtype="fp32", grad_clip=0.5)
         results.append([step(pairs, 1e-3) for pairs in _batches(m.cfg.vocab_size, 2, T=16)])
         models.append(m)
-    assert fused_mod.LAUNCHES["prenorm_stash"] > before  # the fused backward ran inside the step
+    assert fused_mod.LAUNCHES["source_bwd"] > before  # the fused backward ran inside the step
     for ra, rb in zip(*results):
         assert ra.loss == pytest.approx(rb.loss, rel=1e-5) and ra.grad_norm == pytest.approx(rb.grad_norm, rel=1e-4)
     # AdamW normalises each gradient element: where a gradient is near zero, float rounding moves its update by a
-    # small fraction of the learning rate (fused_v7_sg8 without the pre-norm differs from eager by ~4e-6 too);
+    # small fraction of the learning rate (fused differs from eager by ~4e-6);
     # a wrong gradient moves weights by ~lr = 1e-3
     for (n, p), q in zip(models[0].named_parameters(), models[1].parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=2e-5, msg=n)
@@ -193,7 +198,7 @@ def _gpu_pair(variant, impl):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant,impl", [("baseline", "eager"), ("mhar", "fused"), ("mhar", "fused_v7_sg8_norm")])
+@pytest.mark.parametrize("variant,impl", [("baseline", "eager"), ("mhar", "fused"), ("mhar_delta", "auto")])
 def test_cuda_graph_replay_equals_eager_steps(variant, impl):
     dev, a, b, (sa, sb) = _gpu_pair(variant, impl)
     assert sa.plan.cuda_graph and not sb.plan.cuda_graph

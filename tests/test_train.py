@@ -228,7 +228,7 @@ def test_cli_errors_are_clear(corpus, tmp_path, capsys, monkeypatch):
     assert "missing.txt" in capsys.readouterr().err
     assert T.main([str(cfg_file), "data.tokenizer=no/such/tokenizer.json", "--out", str(tmp_path / "r")]) == 2
     assert "unknown tokenizer" in capsys.readouterr().err
-    for var, bad in (("MHAR_ROUTING_SCORE", "fast"), ("MHAR_ROUTING_PDL", "yes")):
+    for var, bad in (("MHAR_ROUTING_AUTOTUNE", "fast"), ("MHAR_ROUTING_PDL", "yes")):
         monkeypatch.setenv(var, bad)
         assert T.main([str(cfg_file), "--out", str(tmp_path / "r")]) == 2
         err = capsys.readouterr().err

@@ -46,7 +46,7 @@ class CPTConfig:
     base: CPTBaseConfig = field(default_factory=CPTBaseConfig)
     heads: int = 8  # routing heads of the delta form
     delta_block_layers: int = 4  # layers per delta source
-    routing_impl: str = "eager"
+    routing_impl: str = "auto"  # mhar.config.ROUTING_IMPLS
     check_seq_len: int = 64  # tokens per row of the exactness check batch (2 rows)
     train: dict = field(default_factory=dict)  # run config {data, train} shared by both arms
     eval: CPTEvalConfig = field(default_factory=CPTEvalConfig)

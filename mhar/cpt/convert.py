@@ -53,7 +53,7 @@ def _hf_rope(hf_cfg) -> tuple[float, Optional[dict]]:
 
 
 def llama_model_config(hf_cfg, variant: str = "mhar_delta", heads: int = 8,
-                       delta_block_layers: int = 4, routing_impl: str = "eager") -> ModelConfig:
+                       delta_block_layers: int = 4, routing_impl: str = "auto") -> ModelConfig:
     """ModelConfig reproducing a transformers ``LlamaConfig`` (+ the chosen residual variant)."""
     if getattr(hf_cfg, "model_type", None) != "llama":
         raise CPTConversionError(
@@ -201,7 +201,7 @@ class ConversionReport:
 def convert_hf_llama(src: LlamaSource, heads: int = 8, delta_block_layers: int = 4, *,
                      variant: str = "mhar_delta", revision: Optional[str] = None, check_batch: int = 2,
                      check_seq_len: int = 64, check_seed: int = 0, device: str | torch.device = "cpu",
-                     routing_impl: str = "eager") -> tuple[Transformer, ConversionReport]:
+                     routing_impl: str = "auto") -> tuple[Transformer, ConversionReport]:
     """Convert a transformers Llama checkpoint and prove the logits are unchanged.
 
     Returns ``(model, report)`` with the model in fp32 on ``device``. Raises

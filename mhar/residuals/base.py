@@ -49,11 +49,6 @@ class Residual(nn.Module):
     def readout(self, state: Any) -> Tensor:
         raise NotImplementedError
 
-    def read_normed(self, state: Any, i: int, norm: nn.Module) -> Optional[Tensor]:
-        """``norm(read(state, i))`` where the variant fuses the sublayer's pre-norm into its read (a
-        ``mhar.model.RMSNorm``: ``weight``, ``eps``), else None (the default: the sublayer norms ``read``)."""
-        return None
-
     def reset_parameters(self) -> None:
         """Initialise this variant's own parameters (called after the model's N(0, 0.02^2) init)."""
 

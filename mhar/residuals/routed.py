@@ -36,25 +36,17 @@ class MultiHeadAttnRes(Residual):
     def init(self, emb: Tensor):
         return self.router.init(emb, capacity=self.n_sublayers + 1)
 
-    def _route(self, state, site: int, prenorm=None) -> Tensor:
+    def _route(self, state, site: int) -> Tensor:
         q, g = self.queries[site], self.key_norms[site]
-        kw = {} if prenorm is None else {"prenorm": prenorm}
         if self.routing_log is None:
             nxt = (self.queries[site + 1:], self.key_norms[site + 1:]) if site < self.n_sublayers else None
-            return self.router.read(state, q, g, self.heads, self.eps, lookahead=nxt, **kw)
-        h, w = self.router.read(state, q, g, self.heads, self.eps, return_weights=True, **kw)
+            return self.router.read(state, q, g, self.heads, self.eps, lookahead=nxt)
+        h, w = self.router.read(state, q, g, self.heads, self.eps, return_weights=True)
         self.routing_log[self.site_name(site, self.n_sublayers)] = w.detach()
         return h
 
     def read(self, state, i: int) -> Tensor:
         return self._route(state, i)
-
-    def read_normed(self, state, i: int, norm) -> Tensor | None:
-        """RMSNorm ``norm`` of read i, fused into the read by routers that can (``FusedRouter(prenorm=True)``,
-        routing_impl ``fused_v7_sg8_norm``); None for the others (the sublayer then norms ``read``)."""
-        if not getattr(self.router, "prenorm", False):
-            return None
-        return self._route(state, i, prenorm=norm)
 
     def write(self, state, i: int, out: Tensor):
         return self.router.append(state, out)

@@ -1,23 +1,20 @@
-"""Triton kernels of the depth-routing operation (see ``reference.py`` for the math).
-
-One program handles ``BLOCK_T`` token positions and makes ONE pass over the
-sources: the key RMSNorm, the per-head scores and the per-head online softmax
-are fused with the weighted mix, so each source is read once per routing call.
-A token's row of width D is viewed as a (HP, DHP) tile: H heads of D/H columns,
-both padded to powers of two (masked), so D and D/H need not be powers of two.
-The v6 forward / gradient / stash / append kernels hold a row as two tiles instead
-(``_split``): each head's largest power-of-two part and the rest, so a head width
-such as 160 (1B) is 128 + 32 columns with no idle lanes.
+"""Triton kernels of the depth-routing operation (see ``reference.py`` for the math; ``fused.py`` for how the
+router uses them).
 
 Sources, in order:  [null (D,), broadcast over tokens]  +  buf[0..n_buf)  +  [extra (BT, D)].
 
-Forward saves only ``lse`` (BT, H) fp32 (plus the output, which the next layer
-keeps anyway); backward recomputes the norm and the scores from the sources.
-Backward is deterministic (no atomics): source gradients go to a gradient buffer
-``gacc`` (slot j belongs to buf[j]); slots below ``n_init`` are accumulated into
-(read-modify-write by the one program owning those tokens), the others are
-initialised by a plain store. Query / norm-weight / null gradients are written
-as per-program partial sums and reduced by the caller.
+A program handles ``BLOCK_T`` token rows. A row of width D is held as H heads of D/H columns; most kernels split
+each head into two power-of-two parts (``_split``: 160 = 128 + 32), so head widths that are not powers of two
+leave no lanes idle. Softmax statistics and accumulations are fp32. Everything is deterministic (no atomics):
+per-program partial sums are reduced by the caller in a fixed order.
+
+Forward: ``route_fwd`` (a read that scores its sources: one online-softmax pass, optionally continuing a prefix
+partial), ``score_sources`` (a source's scores for every announced read, into the score table),
+``route_fwd7`` (a read from the table), ``prefix6_fwd`` / ``prefix7_fwd`` (K reads' partials over their common
+prefix in one pass). Backward: ``stash`` (keep a read's dout and <dout, out>), ``source_bwd`` (one source's
+gradient from all its reads' douts, once), ``source_group_bwd`` (partial gradients of consecutive sources in one
+pass), ``dW_all`` (the queries' and key norms' gradients in one matmul), ``route_bwd`` (a read's own backward over
+its sources, for reads nobody announced and transient sources).
 """
 from __future__ import annotations
 
@@ -28,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import KERNEL_CHOICES, check_kernel_env
+from .names import PDL_ENV, autotune, check_kernel_env
 
 # Kernel launches per kernel name (tests use it to prove the fused path ran).
 LAUNCHES: Counter = Counter()
@@ -38,18 +35,12 @@ LAUNCHES: Counter = Counter()
 _TUNED: dict = {}
 
 
-# Programmatic dependent launch (Hopper and later; on by default there, MHAR_ROUTING_PDL=0 turns it off): the v7
-# path's kernels (append, score, fwd7, prefix7, stash, write-once and source-group gradients) are launched with
-# CUDA's programmatic stream serialization and begin with ``_pdl_enter``: wait until the previous kernel has
-# completed (griddepcontrol.wait: all its writes visible, so every load of the kernel comes after it, and
-# transitively after all earlier kernels), then let the next kernel launch. The next kernel's launch and block
-# scheduling then overlap this one's tail instead of following its completion; the routing makes hundreds of
-# small launches per microbatch (1B: ~390). Results do not change (each kernel still reads only completed writes;
-# CUDA-graph capture keeps the launches' programmatic edges; the H200 test of eager and graph-replayed launches
-# against serial ones passed at the 1B width, 2026-12-03). Default since the training step measured it side by
-# side (2026-12-03b, H200, 4 paired runs): 0.34 / 0.40 ms faster per 1B step, 0.44 / 0.00 ms per 350M step
-# (results/bench/NOTES.md). Never on the CPU, under the interpreter or before sm_90.
-PDL_ENV = "MHAR_ROUTING_PDL"
+# Programmatic dependent launch (sm_90+; on by default, MHAR_ROUTING_PDL=0 turns it off): the kernels of
+# ``_PDL_KERNELS`` are launched with CUDA's programmatic stream serialization and begin with ``_pdl_enter``: wait
+# until the previous kernel has completed (griddepcontrol.wait: all its writes visible), then let the next kernel
+# launch, so the next launch and its block scheduling overlap this kernel's tail (the routing makes hundreds of
+# small launches per microbatch). Results are bit-identical to serial launches, eager or in a CUDA graph
+# (tests/test_fused_routing.py). Never on the CPU, under the interpreter or before sm_90.
 _PDL_ON: dict = {}
 
 
@@ -63,7 +54,7 @@ def pdl_enabled(device: torch.device) -> bool:
     """Whether routing kernels on ``device`` are launched with programmatic dependent launch: on a CUDA device of
     compute capability 9.0 or later with a Triton that has it (3.4+), not under the interpreter, unless
     ``MHAR_ROUTING_PDL=0`` (unset or 1: on where supported; 1 with a Triton without it is an error)."""
-    check_kernel_env()  # (its values: KERNEL_CHOICES)
+    check_kernel_env()
     flag = os.environ.get(PDL_ENV, "").strip()
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or flag == "0":
         return False
@@ -106,35 +97,21 @@ def _launch(kernel, key: tuple, grid, args: tuple, kwargs: dict) -> int:
     return kernel.best_config.kwargs["BLOCK_T"]
 
 
-def _outputs(name: str, out: tuple | None, device: torch.device, *specs: tuple) -> tuple:
-    """A launcher's output tensors: new ones of the given (shape, dtype) specs, or the caller's ``out`` (e.g.
-    allocated on another stream than the launch's), checked against them."""
-    if out is None:
-        return tuple(torch.empty(shape, device=device, dtype=dtype) for shape, dtype in specs)
-    if len(out) != len(specs) or any(t.shape != shape or t.dtype != dtype or not t.is_contiguous()
-                                     for t, (shape, dtype) in zip(out, specs)):
-        raise ValueError(f"{name}: out must be contiguous tensors of "
-                         f"{', '.join(f'{tuple(sh)} {dt}' for sh, dt in specs)}")
-    return tuple(out)
-
-
 def _loop_bucket(n: int, cap: int = 16) -> int:
     """Autotuning bucket of a kernel's loop length n (sources or reads): the power of two >= n, at most ``cap``.
     It is part of each loop kernel's autotuning key, so the configuration used by a long loop is timed on a
-    long loop: the first launch of a forward reads one or two sources, where the pipeline depth (STAGES) makes
-    no difference and the choice is noise (the 1B forward measured 4.59 and 5.61 ms in two sessions)."""
+    long loop (the first launch of a forward reads one or two sources, where the pipeline depth makes no
+    difference and the choice would be noise)."""
     return min(triton.next_power_of_2(max(n, 1)), cap)
 
 
 def _configs() -> list:
-    """Launch configurations tried by the autotuner (one fixed one under the interpreter, or when
-    MHAR_ROUTING_AUTOTUNE=0, e.g. for tests over many shapes)."""
-    env = os.environ.get("MHAR_ROUTING_PREFETCH", "")
-    prefetch = (env == "1",) if env in ("0", "1") else (True, False)
-    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0":
-        return [triton.Config({"BLOCK_T": 2, "PREFETCH": prefetch[0]}, num_warps=4)]
+    """Launch configurations of ``route_bwd`` tried by the autotuner (one fixed one without autotuning:
+    ``names.autotune``). PREFETCH: the loads of source j + 1 issued before the math of source j."""
+    if not autotune():
+        return [triton.Config({"BLOCK_T": 2, "PREFETCH": True}, num_warps=4)]
     return [triton.Config({"BLOCK_T": bt, "PREFETCH": pf}, num_warps=nw)
-            for bt in (1, 2, 4, 8) for nw in (2, 4, 8) for pf in prefetch]
+            for bt in (1, 2, 4, 8) for nw in (2, 4, 8) for pf in (True, False)]
 
 
 def _keep_tiles(configs, row: int, most: int) -> list:
@@ -226,102 +203,6 @@ def _row_tiles(pid, BT, D, H, DH, BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: 
 
 
 @triton.jit
-def _rms(x, D, eps):
-    """1 / RMS of each row of a (BLOCK_T, HP, DHP) fp32 tile (a reduction over the whole row)."""
-    return _rms2(x, x, D, eps, 0)
-
-
-@triton.jit
-def _fwd_update(x, r, w, m, l, acc):
-    """Online-softmax step for one source tile x (BLOCK_T, HP, DHP) fp32 with its 1 / RMS r (BLOCK_T,):
-    ``_step2`` with a single part."""
-    m, l, acc, _, s = _step2(x, x, w, w, r, m, l, acc, acc, 0)
-    return m, l, acc, s
-
-
-@triton.jit
-def _fwd_begin(null_ptr, q_ptr, g_ptr, score_ptr, init_ptr, init_lse_ptr, BT, D, H, DH, N_TOTAL, eps,
-               HAS_NULL: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
-               BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr):
-    """A forward program's start: its tiles (``_row_tiles``), w = q * g (HP, DHP) fp32 and the online-softmax
-    state (m, l, acc): empty, or (HAS_INIT) a prefix partial to continue (normalised mix P and its log-sum-exp:
-    m = lse, l = 1, acc = P), then the broadcast null source (D,) as the first source (HAS_NULL; its score
-    stored at column 0). soffs: offsets into the scores (BT, H, N_TOTAL) of the first source after the null."""
-    tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(tl.program_id(0), BT, D, H, DH, BLOCK_T, HP, DHP)
-    soffs = tok.to(tl.int64)[:, None] * (H * N_TOTAL) + hh[None, :] * N_TOTAL
-    w = tl.load(q_ptr + col, mask=cmask, other=0.0).to(tl.float32) * \
-        tl.load(g_ptr + col, mask=cmask, other=0.0).to(tl.float32)
-    if HAS_INIT:
-        m = tl.load(init_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
-        l = tl.full((BLOCK_T, HP), 1.0, tl.float32)
-        acc = tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    else:
-        m = tl.full((BLOCK_T, HP), float("-inf"), tl.float32)
-        l = tl.zeros((BLOCK_T, HP), tl.float32)
-        acc = tl.zeros((BLOCK_T, HP, DHP), tl.float32)
-    if HAS_NULL:
-        nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
-        x = tl.zeros((BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :]
-        m, l, acc, s = _fwd_update(x, _rms(x, D, eps), w, m, l, acc)
-        if STORE_SCORES:
-            tl.store(score_ptr + soffs, s, mask=smask)
-        soffs += 1
-    return tok, col, cmask, tmask, offs, mask, smask, soffs, w, m, l, acc
-
-
-@triton.jit
-def _fwd_end(extra_ptr, out_ptr, lse_ptr, score_ptr, tok, offs, mask, smask, extra_soffs, w, m, l, acc, H, D, eps,
-             HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HP: tl.constexpr):
-    """A forward program's end: the transient ``extra`` source (HAS_EXTRA, its score stored at ``extra_soffs``),
-    then the output acc / l and the log-sum-exp m + log(l) per head."""
-    if HAS_EXTRA:
-        x = tl.load(extra_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        m, l, acc, s = _fwd_update(x, _rms(x, D, eps), w, m, l, acc)
-        if STORE_SCORES:
-            tl.store(score_ptr + extra_soffs, s, mask=smask)
-    tl.store(out_ptr + offs, (acc / l[:, :, None]).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(lse_ptr + tok.to(tl.int64)[:, None] * H + tl.arange(0, HP)[None, :], m + tl.log(l), mask=smask)
-
-
-@triton.autotune(**_TUNE)
-@triton.jit
-def _route_fwd_kernel(
-    buf_ptr, null_ptr, extra_ptr, q_ptr, g_ptr, out_ptr, lse_ptr, score_ptr, init_ptr, init_lse_ptr,
-    lo, n_buf, buf_stride, BT, D, H, DH, N_TOTAL, eps,
-    HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
-    BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, PREFETCH: tl.constexpr,
-):
-    tok, col, cmask, tmask, offs, mask, smask, soffs, w, m, l, acc = _fwd_begin(
-        null_ptr, q_ptr, g_ptr, score_ptr, init_ptr, init_lse_ptr, BT, D, H, DH, N_TOTAL, eps, HAS_NULL,
-        STORE_SCORES, HAS_INIT, BLOCK_T, HP, DHP)
-    if PREFETCH:  # issue the load of source j + 1 before the math of source j (two tiles in flight)
-        x_next = tl.load(buf_ptr + lo * buf_stride + offs, mask=mask & _in(lo, lo, n_buf, BLOCK_T), other=0.0)
-        for j in range(lo, n_buf):
-            x = x_next.to(tl.float32)
-            x_next = tl.load(buf_ptr + (j + 1) * buf_stride + offs, mask=mask & _in(j + 1, lo, n_buf, BLOCK_T), other=0.0)
-            m, l, acc, s = _fwd_update(x, _rms(x, D, eps), w, m, l, acc)
-            if STORE_SCORES:
-                tl.store(score_ptr + soffs + j - lo, s, mask=smask)
-    else:
-        for j in range(lo, n_buf):
-            x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
-            m, l, acc, s = _fwd_update(x, _rms(x, D, eps), w, m, l, acc)
-            if STORE_SCORES:
-                tl.store(score_ptr + soffs + j - lo, s, mask=smask)
-    _fwd_end(extra_ptr, out_ptr, lse_ptr, score_ptr, tok, offs, mask, smask, soffs + n_buf - lo, w, m, l, acc,
-             H, D, eps, HAS_EXTRA, STORE_SCORES, HP)
-
-
-@triton.jit
-def _delta_step(x, w, dout, lse, D, eps):
-    """a_h * <dout_h, x_h> for one source tile: summed over sources it is <dout_h, out_h> in fp32."""
-    ss = tl.sum(tl.sum(x * x, axis=2), axis=1)
-    r = 1.0 / tl.sqrt(ss / D + eps)
-    s = tl.sum(x * w[None, :, :], axis=2) * r[:, None]
-    return tl.exp(s - lse) * tl.sum(dout * x, axis=2)
-
-
-@triton.jit
 def _bwd_source(x, w, dout, delta, lse, D, eps):
     """Gradient of one source tile x, and its per-token contribution to dL/dw (w = q * g)."""
     ss = tl.sum(tl.sum(x * x, axis=2), axis=1)  # (BLOCK_T,)
@@ -339,43 +220,23 @@ def _bwd_source(x, w, dout, delta, lse, D, eps):
 @triton.autotune(**_TUNE, restore_value=["gacc_ptr"])
 @triton.jit
 def _route_bwd_kernel(
-    buf_ptr, null_ptr, extra_ptr, q_ptr, g_ptr, out_ptr, dout_ptr, lse_ptr,
-    gacc_ptr, dextra_ptr, dw_part_ptr, dnull_part_ptr, init_ptr, init_lse_ptr, dinit_ptr, dinit_lse_ptr,
-    lo, n_buf, acc_lo, acc_hi, buf_stride, gacc_stride, BT, D, H, DH, eps,
-    HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, TWO_PASS: tl.constexpr, HAS_INIT: tl.constexpr,
+    buf_ptr, null_ptr, extra_ptr, q_ptr, g_ptr, out_ptr, dout_ptr, lse_ptr, gacc_ptr, dextra_ptr, dw_part_ptr,
+    dnull_part_ptr, n_buf, acc_lo, acc_hi, buf_stride, gacc_stride, BT, D, H, DH, eps,
+    HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr,
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr, PREFETCH: tl.constexpr,
 ):
+    """One read's backward over all its sources: each buffered source's gradient into gacc (slots in
+    [acc_lo, acc_hi) accumulated into, the others overwritten), the extra's into dextra, this program's part of
+    dL/dw (w = q * g) and of the null's gradient into dw_part / dnull_part. A row is one padded (HP, DHP) tile."""
     pid = tl.program_id(0)
     tok, hh, col, cmask, tmask, offs, mask, smask = _row_tiles(pid, BT, D, H, DH, BLOCK_T, HP, DHP)
     w = tl.load(q_ptr + col, mask=cmask, other=0.0).to(tl.float32) * \
         tl.load(g_ptr + col, mask=cmask, other=0.0).to(tl.float32)
     dout = tl.load(dout_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     lse = tl.load(lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
-    if HAS_INIT:  # the prefix partial acts as one source with value P and score lse_P (weight a_P)
-        a_p = tl.exp(tl.load(init_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], mask=smask, other=0.0)
-                     - lse)
-    # delta (BLOCK_T, HP) = <dout_h, out_h> = sum_j a_j <dout_h, x_j,h>. From the saved output (one pass; in
-    # bf16 the rounded output costs some accuracy in the query / norm gradients, since the softmax backward
-    # (dv - delta) cancels), or with TWO_PASS recomputed in fp32 by a first pass over the sources.
-    if TWO_PASS:
-        delta = tl.zeros((BLOCK_T, HP), tl.float32)  # (HAS_INIT needs the one-pass form: no P here)
-        if HAS_NULL:
-            nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
-            delta += _delta_step(tl.zeros((BLOCK_T, HP, DHP), tl.float32) + nv[None, :, :], w, dout, lse, D, eps)
-        for j in range(lo, n_buf):
-            x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
-            delta += _delta_step(x, w, dout, lse, D, eps)
-        if HAS_EXTRA:
-            x = tl.load(extra_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            delta += _delta_step(x, w, dout, lse, D, eps)
-    else:
-        out = tl.load(out_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        delta = tl.sum(dout * out, axis=2)
-    if HAS_INIT:
-        # What the prefix backward needs: dP = a_P dout (the gradient of P) and deff = a_P delta, which equals
-        # <dP, P> - dL/dlse_P (dL/dlse_P = a_P (<dout, P> - delta)), so P itself is not needed in backward.
-        tl.store(dinit_ptr + offs, (a_p[:, :, None] * dout).to(dinit_ptr.dtype.element_ty), mask=mask)
-        tl.store(dinit_lse_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], a_p * delta, mask=smask)
+    # delta (BLOCK_T, HP) = <dout_h, out_h> from the saved output (in bf16 the rounded output costs some accuracy in
+    # the query / norm gradients, as in FlashAttention's backward)
+    delta = tl.sum(dout * tl.load(out_ptr + offs, mask=mask, other=0.0).to(tl.float32), axis=2)
     dw = tl.zeros((BLOCK_T, HP, DHP), tl.float32)  # reduced over tokens once, at the end
     if HAS_NULL:
         nv = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
@@ -385,20 +246,20 @@ def _route_bwd_kernel(
         dnull = tl.sum(tl.where(mask, dx, 0.0), axis=0)  # (HP, DHP)
         tl.store(dnull_part_ptr + pid * D + col, dnull, mask=cmask)
     if PREFETCH:  # loads of source j + 1 and of its gradient slot (if accumulated) before the math of j
-        x_next = tl.load(buf_ptr + lo * buf_stride + offs, mask=mask & _in(lo, lo, n_buf, BLOCK_T), other=0.0)
-        g_next = tl.load(gacc_ptr + lo * gacc_stride + offs,
-                         mask=mask & _in(lo, lo, n_buf, BLOCK_T) & _in(lo, acc_lo, acc_hi, BLOCK_T), other=0.0)
-        for j in range(lo, n_buf):
+        x_next = tl.load(buf_ptr + offs, mask=mask & _in(0, 0, n_buf, BLOCK_T), other=0.0)
+        g_next = tl.load(gacc_ptr + offs, mask=mask & _in(0, 0, n_buf, BLOCK_T) & _in(0, acc_lo, acc_hi, BLOCK_T),
+                         other=0.0)
+        for j in range(0, n_buf):
             x = x_next.to(tl.float32)
             g_prev = g_next.to(tl.float32)  # 0 where slot j is overwritten, not accumulated
-            x_next = tl.load(buf_ptr + (j + 1) * buf_stride + offs, mask=mask & _in(j + 1, lo, n_buf, BLOCK_T), other=0.0)
+            x_next = tl.load(buf_ptr + (j + 1) * buf_stride + offs, mask=mask & _in(j + 1, 0, n_buf, BLOCK_T), other=0.0)
             g_next = tl.load(gacc_ptr + (j + 1) * gacc_stride + offs,
-                             mask=mask & _in(j + 1, lo, n_buf, BLOCK_T) & _in(j + 1, acc_lo, acc_hi, BLOCK_T), other=0.0)
+                             mask=mask & _in(j + 1, 0, n_buf, BLOCK_T) & _in(j + 1, acc_lo, acc_hi, BLOCK_T), other=0.0)
             dx, dwj = _bwd_source(x, w, dout, delta, lse, D, eps)
             dw += dwj
             tl.store(gacc_ptr + j * gacc_stride + offs, (dx + g_prev).to(gacc_ptr.dtype.element_ty), mask=mask)
     else:
-        for j in range(lo, n_buf):
+        for j in range(0, n_buf):
             x = tl.load(buf_ptr + j * buf_stride + offs, mask=mask, other=0.0).to(tl.float32)
             dx, dwj = _bwd_source(x, w, dout, delta, lse, D, eps)
             dw += dwj
@@ -420,10 +281,9 @@ def _tiles(D: int, H: int) -> tuple[int, int]:
 
 
 def _split(D: int, H: int) -> tuple[int, int, int]:
-    """(HP, DA, DB) of the v6 kernels: heads padded to a power of two; each head's DH = D / H columns as two
-    power-of-two parts, DA the largest power of two <= DH and DB the rest padded (0 when DH is a power of
-    two). A single (HP, next_power_of_2(DH)) tile pads the 1B head width 160 to 256 lanes (37.5% of them
-    idle: measured issue-bound on the H200); 160 = 128 + 32, 80 = 64 + 16 and 96 = 64 + 32 need no padding."""
+    """(HP, DA, DB): heads padded to a power of two; each head's DH = D / H columns as two power-of-two parts, DA
+    the largest power of two <= DH and DB the rest padded (0 when DH is a power of two). One padded tile would
+    leave 96 of 256 lanes idle at head width 160 (1B, H = 8); 160 = 128 + 32, 80 = 64 + 16 need no padding."""
     DH = D // H
     DA = 1 << (DH.bit_length() - 1)
     return triton.next_power_of_2(H), DA, (0 if DA == DH else triton.next_power_of_2(DH - DA))
@@ -441,62 +301,51 @@ def _check_index_range(buf: torch.Tensor | None) -> None:
                          "(limit 2**31); use a smaller microbatch or routing_impl='compile'")
 
 
-def route_fwd(buf: torch.Tensor | None, n_buf: int, null: torch.Tensor | None, extra: torch.Tensor | None,
-              query: torch.Tensor, norm_weight: torch.Tensor, H: int, eps: float, BT: int, D: int,
-              out_dtype: torch.dtype, store_scores: bool = False, lo: int = 0,
+def route_fwd(buf: torch.Tensor | None, ss: torch.Tensor | None, n_buf: int, null: torch.Tensor | None,
+              extra: torch.Tensor | None, query: torch.Tensor, norm_weight: torch.Tensor, H: int, eps: float, BT: int,
+              D: int, out_dtype: torch.dtype, store_scores: bool = False, lo: int = 0,
               init: torch.Tensor | None = None, init_lse: torch.Tensor | None = None,
-              lse_out: torch.Tensor | None = None, ss: torch.Tensor | None = None):
-    """Launch the forward kernel over buf[lo:n_buf) (after the null source, before ``extra``).
+              lse_out: torch.Tensor | None = None):
+    """One read that scores its sources: a pass over buf[lo:n_buf) (after the null source, before ``extra``).
 
-    buf: (cap, BT, D) contiguous or None; null: (D,) or None; extra: (BT, D) contiguous or None;
-    init / init_lse: a prefix partial (BT, D) / (BT, H) fp32 to continue from, or None; lse_out: a
-    contiguous (BT, H) fp32 tensor to write the log-sum-exp into (default: a new one); ss: the buffer's
-    per-source sums of squares (cap, BT) fp32 (``append_source``): then the v6 kernel runs (pipelined source
-    loop, no per-source reduction over the row), else the v5 one. Returns out (BT, D), lse (BT, H) fp32,
-    scores (BT, H, N) fp32 or None (N = sources read by this call).
+    buf: (cap, BT, D) contiguous or None; ss: the buffer's per-source sums of squares (cap, BT) fp32
+    (``append_source``; required with buffered sources); null: (D,) or None; extra: (BT, D) contiguous or None;
+    init / init_lse: a prefix partial (BT, D) / (BT, H) fp32 to continue from, or None; lse_out: a contiguous
+    (BT, H) fp32 tensor to write the log-sum-exp into (default: a new one). Returns out (BT, D), lse (BT, H)
+    fp32, scores (BT, H, N) fp32 or None (N = sources read by this call).
     """
     device = query.device
     _check_index_range(buf)
     n_total = max(n_buf - lo, 0) + (null is not None) + (extra is not None)
     if n_total + (init is not None) == 0:
         raise ValueError("routing needs at least one source")
+    if n_buf > lo and ss is None:
+        raise ValueError("route_fwd: buffered sources need their sums of squares (ss)")
     out = torch.empty(BT, D, device=device, dtype=out_dtype)
     lse = lse_out if lse_out is not None else torch.empty(BT, H, device=device, dtype=torch.float32)
     scores = torch.empty(BT, H, n_total, device=device, dtype=torch.float32) if store_scores else None
     dummy = out
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
+    nb = _loop_bucket(n_buf - lo)  # autotuning bucket of the source loop
     args = (buf if buf is not None else dummy, null if null is not None else dummy,
             extra if extra is not None else dummy, query, norm_weight, out, lse,
             scores if scores is not None else lse, init if init is not None else dummy,
-            init_lse if init_lse is not None else lse,
-            lo, n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, n_total, eps)
+            init_lse if init_lse is not None else lse, ss if ss is not None else lse,
+            lo, n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, n_total, eps, nb)
     flags = dict(HAS_NULL=null is not None, HAS_EXTRA=extra is not None, STORE_SCORES=store_scores,
                  HAS_INIT=init is not None)
-    if ss is not None:  # v6: a row as two tiles per head
-        flags.update(zip(("HP", "DA", "DB"), _split(D, H)))
-        nb = _loop_bucket(n_buf - lo)  # autotuning bucket of the source loop
-        key = ("fwd6", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:9]))
-        _launch(_fwd6_kernel, key, grid, (*args[:10], ss, *args[10:], nb), flags)
-    else:  # v5: one padded tile per head
-        flags.update(zip(("HP", "DHP"), _tiles(D, H)))
-        key = ("fwd", D, H, *flags.values(), *(str(a.dtype) for a in args[:9]))
-        _launch(_route_fwd_kernel, key, grid, args, flags)
+    flags.update(zip(("HP", "DA", "DB"), _split(D, H)))
+    key = ("fwd6", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:9]))
+    _launch(_fwd6_kernel, key, grid, args, flags)
     LAUNCHES["route_fwd"] += 1
     return out, lse, scores
 
 
 def route_bwd(buf, n_buf: int, null, extra, query, norm_weight, out, dout, lse, gacc, acc_range: tuple[int, int],
-              H: int, eps: float, BT: int, D: int, lo: int = 0, init=None, init_lse=None, dinit=None,
-              dinit_lse=None):
-    """Launch the backward kernel over buf[lo:n_buf). Writes gacc[lo:n_buf) in place: slots inside
-    ``acc_range`` = [a, b) are accumulated into, the others overwritten.
-
-    out: the saved output (BT, D), or None for the two-pass backward (recomputes <dout, out> in fp32).
-    init_lse: the log-sum-exp of the prefix partial the forward continued from (its value P is not
-    needed: this needs ``out``); writes dinit = dL/dP (BT, D) and dinit_lse = a_P * <dout, out> (BT, H)
-    fp32, the two inputs of ``prefix_bwd``.
-
-    Returns dw (D,) fp32 (= dL/d(q*g)), dnull (D,) fp32 or None, dextra (BT, D) or None.
+              H: int, eps: float, BT: int, D: int):
+    """A read's own backward over buf[0:n_buf) (and the null / extra sources). Writes gacc[0:n_buf) in place:
+    slots inside ``acc_range`` = [a, b) are accumulated into, the others overwritten. out: the read's saved
+    output (BT, D). Returns dw (D,) fp32 (= dL/d(q*g)), dnull (D,) fp32 or None, dextra (BT, D) or None.
     """
     device = query.device
     HP, DHP = _tiles(D, H)
@@ -507,156 +356,18 @@ def route_bwd(buf, n_buf: int, null, extra, query, norm_weight, out, dout, lse, 
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     dextra = torch.empty_like(extra) if extra is not None else None
     args = (buf if buf is not None else any_t, null if null is not None else any_t,
-            extra if extra is not None else any_t, query, norm_weight, out if out is not None else any_t, dout, lse,
+            extra if extra is not None else any_t, query, norm_weight, out, dout, lse,
             gacc if gacc is not None else dw_part, dextra if dextra is not None else any_t, dw_part,
             dnull_part if dnull_part is not None else dw_part,
-            init if init is not None else any_t, init_lse if init_lse is not None else lse,
-            dinit if dinit is not None else any_t, dinit_lse if dinit_lse is not None else lse,
-            lo, n_buf, acc_range[0], acc_range[1], buf.stride(0) if buf is not None else 0,
+            n_buf, acc_range[0], acc_range[1], buf.stride(0) if buf is not None else 0,
             gacc.stride(0) if gacc is not None else 0, BT, D, H, D // H, eps)
-    if dinit is not None and out is None:
-        raise ValueError("route_bwd: continuing a prefix partial needs the saved output (one-pass form)")
-    flags = dict(HAS_NULL=null is not None, HAS_EXTRA=extra is not None, TWO_PASS=out is None,
-                 HAS_INIT=dinit is not None, HP=HP, DHP=DHP)
-    key = ("bwd", D, H, *flags.values(), *(str(a.dtype) for a in args[:16]))
+    flags = dict(HAS_NULL=null is not None, HAS_EXTRA=extra is not None, HP=HP, DHP=DHP)
+    key = ("bwd", D, H, *flags.values(), *(str(a.dtype) for a in args[:12]))
     block_t = _launch(_route_bwd_kernel, key, grid, args, flags)
     LAUNCHES["route_bwd"] += 1
     n_prog = triton.cdiv(BT, block_t)  # programs of the config just launched
     dnull = dnull_part[:n_prog].sum(0) if dnull_part is not None else None
     return dw_part[:n_prog].sum(0), dnull, dextra
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Prefix sharing: K consecutive reads whose queries are known in advance share ONE pass over their common
-# prefix of sources. The prefix kernel computes, per query k, the normalised partial mix P_k and its
-# log-sum-exp; each read later continues from its partial over the few sources appended since (route_fwd
-# with init=...). In backward, the reads hand dP_k / deff_k back and ONE pass over the prefix computes the
-# K reads' source gradients together (one read-modify-write of each prefix source gradient).
-# ----------------------------------------------------------------------------------------------------------
-
-
-def _prefix_configs() -> list:
-    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0":
-        return [triton.Config({}, num_warps=4)]
-    return [triton.Config({}, num_warps=nw) for nw in (4, 8, 16)]
-
-
-_PREFIX_TUNE = dict(configs=_prefix_configs(), key=["D", "H", "K", "HAS_NULL"])
-
-
-@triton.autotune(**_PREFIX_TUNE)
-@triton.jit
-def _prefix_fwd_kernel(
-    buf_ptr, null_ptr, q_ptr, g_ptr, p_ptr, lse_ptr,
-    n_buf, buf_stride, BT, D, H, DH, K, eps,
-    HAS_NULL: tl.constexpr, KP: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr,
-):
-    """One token per program; K queries at once: tiles (KP, HP, DHP)."""
-    t = tl.program_id(0).to(tl.int64)
-    kk = tl.arange(0, KP)
-    hh = tl.arange(0, HP)
-    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]  # (HP, DHP)
-    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
-    kmask = kk < K
-    m3 = kmask[:, None, None] & cmask[None, :, :]
-    qoffs = kk[:, None, None] * D + col[None, :, :]  # (KP, HP, DHP) into (K, D)
-    w = tl.load(q_ptr + qoffs, mask=m3, other=0.0).to(tl.float32) * \
-        tl.load(g_ptr + qoffs, mask=m3, other=0.0).to(tl.float32)
-    m = tl.full((KP, HP), float("-inf"), tl.float32)
-    l = tl.zeros((KP, HP), tl.float32)
-    acc = tl.zeros((KP, HP, DHP), tl.float32)
-    if HAS_NULL:
-        x = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
-        r = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / D + eps)
-        s = tl.sum(x[None, :, :] * w, axis=2) * r  # (KP, HP)
-        m_new = tl.maximum(m, s)
-        p = tl.exp(s - m_new)
-        l = l * tl.exp(m - m_new) + p
-        acc = acc * tl.exp(m - m_new)[:, :, None] + p[:, :, None] * x[None, :, :]
-        m = m_new
-    for j in range(0, n_buf):
-        x = tl.load(buf_ptr + j * buf_stride + t * D + col, mask=cmask, other=0.0).to(tl.float32)
-        r = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / D + eps)
-        s = tl.sum(x[None, :, :] * w, axis=2) * r
-        m_new = tl.maximum(m, s)
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        l = l * alpha + p
-        acc = acc * alpha[:, :, None] + p[:, :, None] * x[None, :, :]
-        m = m_new
-    poffs = kk.to(tl.int64)[:, None, None] * (BT * D) + t * D + col[None, :, :]  # (K, BT, D)
-    tl.store(p_ptr + poffs, (acc / l[:, :, None]).to(p_ptr.dtype.element_ty), mask=m3)
-    smask = kmask[:, None] & (hh[None, :] < H)
-    tl.store(lse_ptr + kk.to(tl.int64)[:, None] * (BT * H) + t * H + hh[None, :], m + tl.log(l), mask=smask)
-
-
-@triton.jit
-def _prefix_bwd_source(x, w, dp, deff, lse, D, eps):
-    """Gradient of one source row x (HP, DHP) from K partials, and its (KP, HP, DHP) dL/dw terms."""
-    r = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / D + eps)
-    s = tl.sum(x[None, :, :] * w, axis=2) * r  # (KP, HP)
-    a = tl.exp(s - lse)
-    dv = tl.sum(dp * x[None, :, :], axis=2)
-    ds = a * (dv - deff)
-    c = tl.sum(tl.sum(ds * s, axis=1), axis=0) * r * r / D
-    dsr = ds * r
-    dx = tl.sum(a[:, :, None] * dp + dsr[:, :, None] * w, axis=0) - x * c
-    return dx, dsr[:, :, None] * x[None, :, :]
-
-
-@triton.autotune(**_PREFIX_TUNE, restore_value=["gacc_ptr"])
-@triton.jit
-def _prefix_bwd_kernel(
-    buf_ptr, null_ptr, q_ptr, g_ptr, lse_ptr, dp_ptr, deff_ptr,
-    gacc_ptr, dw_part_ptr, dnull_part_ptr,
-    n_buf, acc_lo, acc_hi, buf_stride, gacc_stride, BT, D, H, DH, K, eps, n_prog,
-    HAS_NULL: tl.constexpr, KP: tl.constexpr, HP: tl.constexpr, DHP: tl.constexpr,
-):
-    """Persistent: program pid handles tokens pid, pid + n_prog, ...; dL/dw summed in registers."""
-    pid = tl.program_id(0)
-    kk = tl.arange(0, KP)
-    hh = tl.arange(0, HP)
-    col = hh[:, None] * DH + tl.arange(0, DHP)[None, :]
-    cmask = (hh[:, None] < H) & (tl.arange(0, DHP)[None, :] < DH)
-    kmask = kk < K
-    m3 = kmask[:, None, None] & cmask[None, :, :]
-    smask = kmask[:, None] & (hh[None, :] < H)
-    qoffs = kk[:, None, None] * D + col[None, :, :]
-    w = tl.load(q_ptr + qoffs, mask=m3, other=0.0).to(tl.float32) * \
-        tl.load(g_ptr + qoffs, mask=m3, other=0.0).to(tl.float32)
-    dw = tl.zeros((KP, HP, DHP), tl.float32)
-    dnull = tl.zeros((HP, DHP), tl.float32)
-    pid64 = pid.to(tl.int64)
-    for it in range(0, tl.cdiv(BT - pid, n_prog)):
-        t = pid64 + it * n_prog
-        poffs = kk.to(tl.int64)[:, None, None] * (BT * D) + t * D + col[None, :, :]
-        loffs = kk.to(tl.int64)[:, None] * (BT * H) + t * H + hh[None, :]
-        dp = tl.load(dp_ptr + poffs, mask=m3, other=0.0).to(tl.float32)
-        lse = tl.load(lse_ptr + loffs, mask=smask, other=0.0)
-        # deff_k = <dP_k, P_k> - dL/dlse_k = a_P delta_k, written by read k's backward
-        deff = tl.load(deff_ptr + loffs, mask=smask, other=0.0)
-        if HAS_NULL:
-            x = tl.load(null_ptr + col, mask=cmask, other=0.0).to(tl.float32)
-            dx, dwj = _prefix_bwd_source(x, w, dp, deff, lse, D, eps)
-            dw += dwj
-            dnull += dx
-        for j in range(0, n_buf):
-            x = tl.load(buf_ptr + j * buf_stride + t * D + col, mask=cmask, other=0.0).to(tl.float32)
-            dx, dwj = _prefix_bwd_source(x, w, dp, deff, lse, D, eps)
-            dw += dwj
-            gp = gacc_ptr + j * gacc_stride + t * D + col
-            if (j >= acc_lo) & (j < acc_hi):
-                dx += tl.load(gp, mask=cmask, other=0.0).to(tl.float32)
-            tl.store(gp, dx.to(gacc_ptr.dtype.element_ty), mask=cmask)
-    tl.store(dw_part_ptr + pid * (K * D) + qoffs, dw, mask=m3)
-    if HAS_NULL:
-        tl.store(dnull_part_ptr + pid * D + col, dnull, mask=cmask)
-
-
-def _num_programs(BT: int, device) -> int:
-    if device.type == "cuda":
-        return min(BT, 2 * torch.cuda.get_device_properties(device).multi_processor_count)
-    return min(BT, 4)
 
 
 def _prefix_outputs(buf, n_buf: int, null, K: int, BT: int, D: int, H: int, device, out_dtype: torch.dtype):
@@ -668,75 +379,25 @@ def _prefix_outputs(buf, n_buf: int, null, K: int, BT: int, D: int, H: int, devi
             torch.empty(K, BT, H, device=device, dtype=torch.float32))
 
 
-def prefix_fwd(buf, n_buf: int, null, Q: torch.Tensor, G: torch.Tensor, H: int, eps: float, BT: int, D: int,
-               out_dtype: torch.dtype):
-    """Partials of K queries Q, G (K, D) over [null] + buf[0:n_buf): P (K, BT, D), lse (K, BT, H) fp32."""
-    K = Q.shape[0]
-    P, lse = _prefix_outputs(buf, n_buf, null, K, BT, D, H, Q.device, out_dtype)
-    HP, DHP = _tiles(D, H)
-    args = (buf if buf is not None else P, null if null is not None else P, Q, G, P, lse,
-            n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, K, eps)
-    flags = dict(HAS_NULL=null is not None, KP=triton.next_power_of_2(K), HP=HP, DHP=DHP)
-    _launch_prefix(_prefix_fwd_kernel, ("pfwd", D, H, K, *flags.values(), *(str(a.dtype) for a in args[:6])),
-                   (BT,), args, flags)
-    LAUNCHES["prefix_fwd"] += 1
-    return P, lse
+# The source-major, write-once backward. Reads keep their dout (``stash``: one copy into a dout buffer, and
+# delta = <dout, out> per head); each source's gradient is formed ONCE, when its first reader's backward runs (every
+# later read has run its backward by then), from all reads that saw it. The reads' query / norm gradients need a
+# sum over sources: the gradient kernels write dsr = dL/dscore * rms^-1 per (read, token, head) into one
+# (H, reads, sources x tokens) buffer, which the first read's backward contracts with all sources in ONE batched
+# matmul (``dW_all``).
 
 
-def prefix_bwd(buf, n_buf: int, null, Q, G, lse, dP, deff, gacc, acc_range: tuple[int, int], H: int,
-               eps: float, BT: int, D: int):
-    """Backward of ``prefix_fwd`` given dP (K, BT, D) and deff = <dP, P> - dL/dlse (K, BT, H) fp32: writes
-    gacc[0:n_buf) (slots in acc_range accumulated into), returns dW (K, D) fp32 (= dL/d(Q*G)) and dnull
-    (D,) fp32 or None."""
-    K = Q.shape[0]
-    n_prog = _num_programs(BT, Q.device)
-    dw_part = torch.empty(n_prog, K, D, device=Q.device, dtype=torch.float32)
-    dnull_part = torch.empty(n_prog, D, device=Q.device, dtype=torch.float32) if null is not None else None
-    HP, DHP = _tiles(D, H)
-    args = (buf if buf is not None else dP, null if null is not None else dP, Q, G, lse, dP, deff,
-            gacc if gacc is not None else dw_part, dw_part, dnull_part if dnull_part is not None else dw_part,
-            n_buf, acc_range[0], acc_range[1], buf.stride(0) if buf is not None else 0,
-            gacc.stride(0) if gacc is not None else 0, BT, D, H, D // H, K, eps, n_prog)
-    flags = dict(HAS_NULL=null is not None, KP=triton.next_power_of_2(K), HP=HP, DHP=DHP)
-    _launch_prefix(_prefix_bwd_kernel, ("pbwd", D, H, K, *flags.values(), *(str(a.dtype) for a in args[:8])),
-                   (n_prog,), args, flags)
-    LAUNCHES["prefix_bwd"] += 1
-    return dw_part.sum(0), (dnull_part.sum(0) if dnull_part is not None else None)
-
-
-def _launch_prefix(kernel, key: tuple, grid: tuple, args: tuple, kwargs: dict) -> None:
-    cfg = _TUNED.get(key)
-    if cfg is not None:
-        kernel.fn[grid](*args, **kwargs, **cfg.all_kwargs())
-        return
-    kernel[grid](*args, **kwargs)
-    if hasattr(kernel.best_config, "all_kwargs") and hasattr(kernel, "fn"):
-        _TUNED[key] = kernel.best_config
-
-
-# ----------------------------------------------------------------------------------------------------------
-# v6: source-major, write-once backward. Reads keep their dout (``stash``: one copy into a dout buffer, and
-# delta = <dout, out> per head); each source's gradient is then formed ONCE, when its first reader's backward
-# runs (every later read has run its backward by then), from all reads that saw it: one pass over those reads'
-# douts per source instead of a read-modify-write of every source's gradient per read. The reads' query / norm
-# gradients need a sum over sources: the kernel writes dsr = dL/dscore * rms^-1 per (read, token, head) (H values
-# per token and read in the sources' dtype) into one (H, reads, sources x tokens) buffer, and the first read's
-# backward contracts it with all sources in ONE batched matmul (``dW_all``; deterministic, no atomics).
-# ----------------------------------------------------------------------------------------------------------
-
-
-def _v6_configs(full: bool = False) -> list:
-    """v6 kernels: BLOCK_T x warps x software-pipeline stages (the source / read loops are
-    ``tl.range(..., num_stages=STAGES)`` loops: Triton streams the next tiles through shared memory by
-    asynchronous copies, so loads stay in flight without holding registers, which bounded the occupancy of
-    the hand-prefetched loops). ``full``: every configuration, also under the interpreter / without autotuning."""
-    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
+def _loop_configs(full: bool = False) -> list:
+    """BLOCK_T x warps x software-pipeline stages of the loop kernels (their source / read loops are
+    ``tl.range(..., num_stages=STAGES)``: the next tiles stream through shared memory by asynchronous copies).
+    ``full``: every configuration, also without autotuning."""
+    if not full and not autotune():
         return [triton.Config({"BLOCK_T": 2, "STAGES": 2}, num_warps=4)]
     return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw)
             for bt in (1, 2, 4) for nw in (4, 8) for ns in (2, 4)]
 
 
-@triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_NULL", "HAS_EXTRA", "HAS_INIT", "NB"],
+@triton.autotune(configs=_loop_configs(), key=["D", "H", "HAS_NULL", "HAS_EXTRA", "HAS_INIT", "NB"],
                  prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _fwd6_kernel(
@@ -745,11 +406,11 @@ def _fwd6_kernel(
     HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
     BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """The forward of ``_route_fwd_kernel`` (same arguments, plus ss (cap, BT) fp32: each buffered source's
-    sum of squares per token, written by ``append_source``), with the buffered sources' loop pipelined
-    (``tl.range``) and their RMS read from ss instead of reduced over the row (a reduction across warps).
-    A row is two tiles (``_split``): each head's first DA columns and (DB > 0) the DB after them, so head
-    widths that are not powers of two leave no lanes idle; per-head scores add the two parts."""
+    """``route_fwd``: the key RMSNorm, per-head scores and per-head online softmax fused with the weighted mix in
+    one pass over [null] + buf[lo:n_buf) + [extra], optionally continuing a prefix partial (HAS_INIT: m = its
+    log-sum-exp, l = 1, acc = its mix). The buffered sources' loop is pipelined (``tl.range``) and their RMS is
+    read from ss (cap, BT) fp32 (``append_source``). A row is ``_split``'s two tiles per head; per-head scores
+    add the two parts."""
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     hh = tl.arange(0, HP)
     tmask = tok < BT
@@ -808,7 +469,7 @@ def _fwd6_kernel(
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]
-                 if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"
+                 if not autotune()
                  else [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (2, 4, 8) for nw in (4, 8)],
                  key=["D"], prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
@@ -836,7 +497,7 @@ def _append_kernel(src_ptr, dst_ptr, ss_ptr, BT, D, BLOCK_T: tl.constexpr, HP: t
 
 def append_source(src: torch.Tensor, dst: torch.Tensor, ss: torch.Tensor) -> None:
     """Copy a source (BT, D) contiguous into its buffer slot ``dst`` (BT, D) and write its per-token sum of
-    squares ``ss`` (BT,) fp32 (of the values as stored), which the v6 forward reads instead of reducing each
+    squares ``ss`` (BT,) fp32 (of the values as stored), which the kernels read instead of reducing each
     row per read."""
     BT, D = dst.shape
     HP, DA, DB = _split(D, 1)
@@ -846,7 +507,7 @@ def append_source(src: torch.Tensor, dst: torch.Tensor, ss: torch.Tensor) -> Non
     LAUNCHES["append"] += 1
 
 
-@triton.autotune(configs=_v6_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "HAS_S", "HAS_CINIT", "JB"],
+@triton.autotune(configs=_loop_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "HAS_S", "HAS_CINIT", "JB"],
                  prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
 def _src_bwd_kernel(
@@ -904,7 +565,7 @@ def _src_bwd_kernel(
         da = _ld(dbuf_ptr + k * BTD, offa, ma)
         wa = tl.load(w_ptr + k * D + cola, mask=cma, other=0.0)  # (HP, DA) fp32
         sd = _hdot(da, xa)
-        if HAS_S:  # the score from the table (v7)
+        if HAS_S:  # the score from the table
             s = tl.load(s_ptr + k * BTH + hoffs, mask=smask, other=0.0)
         else:
             s = _hdot(xa, wa[None, :, :])
@@ -955,7 +616,7 @@ def _prune_group(configs, named_args, **kwargs):
 
 def _group_configs(full: bool = False) -> list:
     """BLOCK_T tokens (the batch dimension of the per-token dots) x warps x pipeline stages of the read loop."""
-    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
+    if not full and not autotune():
         return [triton.Config({"BLOCK_T": 2, "STAGES": 2}, num_warps=4)]
     return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw)
             for bt, nw, ns in ((1, 4, 2), (2, 4, 2), (2, 8, 2), (4, 4, 1), (4, 4, 2), (4, 8, 2), (8, 4, 2), (8, 8, 2))]
@@ -996,7 +657,7 @@ def _group_part_load(dbuf_ptr, wh_ptr, wl_ptr, drow, kk, dm, km, col, cm, D, LOW
 
 @triton.jit
 def _group_part_sd(x, d, LOW: tl.constexpr, EMU: tl.constexpr):
-    """x . dout (BLOCK_T, GP, KC) fp32 of one column part (alone: the scores come from the v7 table)."""
+    """x . dout (BLOCK_T, GP, KC) fp32 of one column part."""
     return _xdot(x, tl.permute(d, (0, 2, 1)), LOW, EMU)
 
 
@@ -1005,7 +666,7 @@ def _group_part_scores(x, d, wh, wl, BLOCK_T: tl.constexpr, GP: tl.constexpr, KC
                        LOW: tl.constexpr, EMU: tl.constexpr):
     """One column part of a head: x (BLOCK_T, GP, C) the group's sources, d (BLOCK_T, KC, C) the reads' douts,
     wh / wl (KC, C) their weights (hi / lo in the sources' dtype; wl unused unless LOW). Returns the raw scores
-    x . w (BLOCK_T, GP, KC) (v7's ``_sdot``) and x . dout (BLOCK_T, GP, KC), fp32."""
+    x . w (BLOCK_T, GP, KC) (``_sdot``) and x . dout (BLOCK_T, GP, KC), fp32."""
     s = _sdot(tl.reshape(x, (BLOCK_T * GP, x.shape[2])), tl.trans(wh), tl.trans(wl), LOW, True, EMU)
     return tl.reshape(s, (BLOCK_T, GP, KC)), _group_part_sd(x, d, LOW, EMU)
 
@@ -1022,14 +683,14 @@ def _group_part_update(acc, a, dsr, d, wh, wl, BLOCK_T: tl.constexpr, GP: tl.con
     return acc + _adot(a, d, LOW, EMU) + tl.reshape(dw, (BLOCK_T, GP, C))
 
 
-@triton.autotune(configs=_group_configs(), key=["D", "H", "GP", "LOW", "JB", "HAS_S"],
+@triton.autotune(configs=_group_configs(), key=["D", "H", "GP", "LOW", "JB"],
                  prune_configs_by={"early_config_prune": _prune_group})
 @triton.jit
 def _src_group_bwd_kernel(
-    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, wh_ptr, wl_ptr, part_ptr, cpart_ptr, dsr_ptr, s_ptr,
-    NG, k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, dsr_sh, dsr_sk, s_stride,
+    x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, wh_ptr, wl_ptr, part_ptr, cpart_ptr, dsr_ptr,
+    NG, k_lo, k_hi, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, BTD, BTH, eps, dsr_sh, dsr_sk,
     JB, GP: tl.constexpr, KC: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, LOW: tl.constexpr,
-    EMU: tl.constexpr, HAS_S: tl.constexpr, BLOCK_T: tl.constexpr, STAGES: tl.constexpr,
+    EMU: tl.constexpr, BLOCK_T: tl.constexpr, STAGES: tl.constexpr,
     PDL: tl.constexpr = False):
     """Partial gradients of NG <= GP CONSECUTIVE buffered sources (x: the first; slots BTD apart, ss their sums of
     squares (NG, BT) fp32) from reads k_lo..k_hi-1, in ONE pass over those reads' douts (dbuf[k] (BT, D)): one
@@ -1040,9 +701,7 @@ def _src_group_bwd_kernel(
     = sum over these reads of a * dout + dsr * w (WITHOUT the RMS term, which needs all heads), cpart (NG, BT, H)
     fp32 = per head the sum of dscore * score (the RMS term's factor) and dsr[h, k, g * BT + t] = dL/dscore *
     rms^-1 (strides dsr_sh, dsr_sk, 1; dsr's dtype). ``source_bwd(init=part, cinit=cpart)`` completes each
-    source (its earlier reads and the RMS term). A head's columns are ``_split``'s two parts (DA, DB). HAS_S (v7):
-    the scores come from the table (s_ptr: the first source's S[s0], (K, BT, H) fp32, slots s_stride apart) instead
-    of the x . w dots (two tensor-core dots per column part fewer; w is still needed for dsr @ w)."""
+    source (its earlier reads and the RMS term). A head's columns are ``_split``'s two parts (DA, DB)."""
     _pdl_enter(PDL)
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
@@ -1075,24 +734,14 @@ def _src_group_bwd_kernel(
         dm = tmask[:, None] & km[None, :]  # (BLOCK_T, KC)
         drow = kk[None, :, None] * BTD + tok64[:, None, None] * D  # (BLOCK_T, KC, 1)
         da, wh_a, wl_a = _group_part_load(dbuf_ptr, wh_ptr, wl_ptr, drow, kk, dm, km, ca, cam, D, LOW)
-        if HAS_S:
-            sd = _group_part_sd(xa, da, LOW, EMU)
-        else:
-            s, sd = _group_part_scores(xa, da, wh_a, wl_a, BLOCK_T, GP, KC, LOW, EMU)
+        s, sd = _group_part_scores(xa, da, wh_a, wl_a, BLOCK_T, GP, KC, LOW, EMU)
         db, wh_b, wl_b = da, wh_a, wl_a
         if DB > 0:
             db, wh_b, wl_b = _group_part_load(dbuf_ptr, wh_ptr, wl_ptr, drow, kk, dm, km, cb, cbm, D, LOW)
-            if HAS_S:
-                sd += _group_part_sd(xb, db, LOW, EMU)
-            else:
-                s_b, sd_b = _group_part_scores(xb, db, wh_b, wl_b, BLOCK_T, GP, KC, LOW, EMU)
-                s += s_b
-                sd += sd_b
-        if HAS_S:  # S[s0 + g, k, t, h] (the table's scores carry the rms factor)
-            s = tl.load(s_ptr + gg.to(tl.int64)[None, :, None] * s_stride + kk[None, None, :] * BTH +
-                        hoffs[:, :, None], mask=tg[:, :, None] & km[None, None, :], other=0.0)
-        else:
-            s = s * r[:, :, None]
+            s_b, sd_b = _group_part_scores(xb, db, wh_b, wl_b, BLOCK_T, GP, KC, LOW, EMU)
+            s += s_b
+            sd += sd_b
+        s = s * r[:, :, None]
         lse = tl.load(lse_ptr + kk[None, :] * BTH + hoffs, mask=dm, other=0.0)
         delta = tl.load(delta_ptr + kk[None, :] * BTH + hoffs, mask=dm, other=0.0)
         a = tl.where(km[None, None, :], tl.exp(s - lse[:, None, :]), 0.0)  # (BLOCK_T, GP, KC) routing weights
@@ -1112,25 +761,22 @@ def _src_group_bwd_kernel(
 
 def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf: torch.Tensor, lse: torch.Tensor,
                      delta: torch.Tensor, W_split: tuple, k_lo: int, k_hi: int, dsr_all: torch.Tensor, H: int,
-                     eps: float, BT: int, D: int, scores: torch.Tensor | None = None,
-                     out: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     eps: float, BT: int, D: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial gradients of buffered sources s0..s0+NG-1 from reads k_lo..k_hi-1 in ONE pass over those reads'
     douts (``_src_group_bwd_kernel``). W_split: ``split_weights(W, buf.dtype)``; dsr_all: the (H, K, cap * BT)
     dL/dscore buffer of ``dW_all`` (this pass writes its slots' columns for these reads). Returns (parts
     (NG, BT, D) fp32, cparts (NG, BT, H) fp32); complete source g with ``source_bwd(init=parts[g],
-    cinit=cparts[g])`` over its reads before k_lo (none for the newest: an empty range). ``scores``: the v7 table
-    (cap, K, BT, H) fp32 whose rows k_lo..k_hi-1 of slots s0..s0+NG-1 hold the scores (no x . w dots then).
-    ``out``: (parts, cparts) to write into (allocated by the caller, e.g. on another stream than this launch's)."""
+    cinit=cparts[g])`` over its reads before k_lo (none for the newest: an empty range)."""
     dev = buf.device
     if dbuf.numel() >= 2**31 or buf.numel() >= 2**31 or dsr_all.numel() >= 2**31:
         raise ValueError("fused routing: buffers need 64-bit offsets (limit 2**31); use a smaller microbatch or "
-                         "routing_impl='fused_v5'")
+                         "routing_impl='compile'")
     if dsr_all.stride(2) != 1 or dsr_all.dtype != buf.dtype:
         raise ValueError("source_group_bwd: dsr_all must be (H, K, cap * BT) with unit token stride in the "
                          "buffer's dtype")
     wh, wl = W_split
-    parts, cparts = _outputs("source_group_bwd", out, dev, ((NG, BT, D), torch.float32),
-                             ((NG, BT, H), torch.float32))
+    parts = torch.empty(NG, BT, D, device=dev, dtype=torch.float32)
+    cparts = torch.empty(NG, BT, H, device=dev, dtype=torch.float32)
     _, DA, DB = _split(D, H)
     if DA < 16 or 0 < DB < 16:  # the dots reduce over at least 16 columns: one masked part
         DA, DB = max(16, triton.next_power_of_2(D // H)), 0
@@ -1138,23 +784,17 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]), H)  # noqa: E731
     dsr = dsr_all[:, :, s0 * BT:]
     jb = _loop_bucket(-(-(k_hi - k_lo) // 16), 4)  # autotuning bucket: chunks of 16 reads
-    if scores is not None and (scores.dtype != torch.float32 or scores.shape[2:] != (BT, H) or
-                               not scores[0].is_contiguous() or scores.numel() >= 2**31):
-        raise ValueError("source_group_bwd: scores must be the (cap, K, BT, H) fp32 table")
     args = (buf[s0], ss[s0], dbuf, lse, delta, wh, wl if wl is not None else wh, parts, cparts, dsr,
-            scores[s0] if scores is not None else ss[s0], NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps,
-            dsr.stride(0), dsr.stride(1), scores.stride(0) if scores is not None else 0, jb)
-    flags = dict(GP=gp, KC=16, DA=DA, DB=DB, LOW=wl is not None, EMU=os.environ.get("TRITON_INTERPRET") == "1",
-                 HAS_S=scores is not None)
+            NG, k_lo, k_hi, BT, D, H, D // H, BT * D, BT * H, eps, dsr.stride(0), dsr.stride(1), jb)
+    flags = dict(GP=gp, KC=16, DA=DA, DB=DB, LOW=wl is not None, EMU=os.environ.get("TRITON_INTERPRET") == "1")
     key = ("src_group_bwd", D, H, gp, jb, *flags.values(), *(str(a.dtype) for a in args[:10]))
     _launch(_src_group_bwd_kernel, key, grid, args, flags)
     LAUNCHES["source_group_bwd"] += 1
-    LAUNCHES["source_group_bwd_table"] += scores is not None
     return parts, cparts
 
 
 @triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]
-                 if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"
+                 if not autotune()
                  else [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (2, 4, 8, 16) for nw in (4, 8)],
                  key=["D", "H"], prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
@@ -1189,131 +829,6 @@ def stash(dout: torch.Tensor, out: torch.Tensor, dslot: torch.Tensor, delta: tor
     LAUNCHES["stash"] += 1
 
 
-# The following sublayer's pre-norm fused into the read (routing_impl ``*_norm``): the read returns
-# y = RMSNorm(h) * w instead of h, and its backward takes dy, forms dh (the norm's backward) and stashes it in
-# ONE pass: no separate norm backward writing dh for the stash to read again (saves a write and two reads of
-# (B*T, D) per read).
-def _prenorm_configs(full: bool = False) -> list:
-    """Tokens per program x warps (pruned by ``_prune6``); one under the interpreter / without autotuning."""
-    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
-        return [triton.Config({"BLOCK_T": 2}, num_warps=4)]
-    return [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (2, 4, 8, 16) for nw in (4, 8)]
-
-
-PRENORM_PROGRAMS = 264  # programs of the norm-backward stash at most (2 per H200 SM): rows of its dw partials
-
-
-@triton.jit
-def _norm_rows(xa, xb, w_ptr, y_ptr, rstd_ptr, tok, tmask, cola, cma, offa, ma, colb, cmb, offb, mb, D, eps,
-               DB: tl.constexpr):
-    """Token rows held as the two parts of ``_split`` (xa, xb fp32, zero where masked): y = x rsqrt(mean(x^2) +
-    eps) w stored in y's dtype, rstd (BT,) fp32."""
-    sq = tl.sum(_hdot(xa, xa), axis=1)
-    if DB > 0:
-        sq += tl.sum(_hdot(xb, xb), axis=1)
-    r = 1.0 / tl.sqrt(sq / D + eps)
-    wa = tl.load(w_ptr + cola, mask=cma, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offa, (xa * r[:, None, None] * wa[None, :, :]).to(y_ptr.dtype.element_ty), mask=ma)
-    if DB > 0:
-        wb = tl.load(w_ptr + colb, mask=cmb, other=0.0).to(tl.float32)
-        tl.store(y_ptr + offb, (xb * r[:, None, None] * wb[None, :, :]).to(y_ptr.dtype.element_ty), mask=mb)
-    tl.store(rstd_ptr + tok, r, mask=tmask)
-
-
-@triton.autotune(configs=_prenorm_configs(), key=["D", "H"], prune_configs_by={"early_config_prune": _prune6})
-@triton.jit
-def _prenorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, BT, D, H, DH, eps,
-                        BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr):
-    """y = x * rsqrt(mean(x^2) + eps) * w in fp32 on x as stored, y in y's dtype; rstd (BT,) fp32."""
-    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    hh = tl.arange(0, HP)
-    tmask = tok < BT
-    cola, cma, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
-    xa = _ld(x_ptr, offa, ma)
-    colb, cmb, offb, mb, xb = cola, cma, offa, ma, xa
-    if DB > 0:
-        colb, cmb, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
-        xb = _ld(x_ptr, offb, mb)
-    _norm_rows(xa, xb, w_ptr, y_ptr, rstd_ptr, tok, tmask, cola, cma, offa, ma, colb, cmb, offb, mb, D, eps, DB)
-
-
-def prenorm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float, H: int, BT: int, D: int):
-    """The sublayer's RMSNorm of a read's output x (BT, D): (y (BT, D) in x's dtype, rstd (BT,) fp32)."""
-    HP, DA, DB = _split(D, H)
-    y = torch.empty_like(x)
-    rstd = torch.empty(BT, device=x.device, dtype=torch.float32)
-    grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
-    _launch(_prenorm_fwd_kernel, ("prenorm_fwd", D, H, str(x.dtype), str(w.dtype)), grid,
-            (x, w, y, rstd, BT, D, H, D // H, eps), dict(HP=HP, DA=DA, DB=DB))
-    LAUNCHES["prenorm_fwd"] += 1
-    return y, rstd
-
-
-@triton.autotune(configs=_prenorm_configs(), key=["D", "H"], prune_configs_by={"early_config_prune": _prune6})
-@triton.jit
-def _prenorm_stash_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dslot_ptr, delta_ptr, dw_part_ptr, BT, D, H, DH,
-                          BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr):
-    """The norm's backward and the stash in one pass over token blocks pid, pid + programs, ...: dh = r (w dy)
-    - x r^3 / D <w dy, x> (fp32, rounded to the dout buffer's dtype) into dslot, delta = <dh, x> per head (BT, H)
-    fp32 from the rounded dh (as ``_stash_kernel``), and this program's part of dw = sum_t dy x r: dw_part[pid]."""
-    pid = tl.program_id(0)
-    hh = tl.arange(0, HP)
-    t0 = tl.arange(0, BLOCK_T)
-    cola, cma, wofa, wma = _part(t0, hh, t0 < BT, H, DH, D, 0, DA)  # (only the columns are used)
-    wa = tl.load(w_ptr + cola, mask=cma, other=0.0).to(tl.float32)
-    dwa = tl.zeros((HP, DA), tl.float32)
-    wb, dwb, colb, cmb = wa, dwa, cola, cma
-    if DB > 0:
-        colb, cmb, wofb, wmb = _part(t0, hh, t0 < BT, H, DH, D, DA, DB)
-        wb = tl.load(w_ptr + colb, mask=cmb, other=0.0).to(tl.float32)
-        dwb = tl.zeros((HP, DB), tl.float32)
-    for start in range(pid * BLOCK_T, BT, tl.num_programs(0) * BLOCK_T):
-        tok = start + t0
-        tmask = tok < BT
-        tca, tcma, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
-        r = tl.load(rstd_ptr + tok, mask=tmask, other=0.0)
-        xa = _ld(x_ptr, offa, ma)
-        dya = _ld(dy_ptr, offa, ma)
-        ga = dya * wa[None, :, :]
-        s = tl.sum(_hdot(ga, xa), axis=1)
-        dwa += tl.sum(dya * xa * r[:, None, None], axis=0)
-        xb, gb, offb, mb = xa, ga, offa, ma
-        if DB > 0:
-            tcb, tcmb, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
-            xb = _ld(x_ptr, offb, mb)
-            dyb = _ld(dy_ptr, offb, mb)
-            gb = dyb * wb[None, :, :]
-            s += tl.sum(_hdot(gb, xb), axis=1)
-            dwb += tl.sum(dyb * xb * r[:, None, None], axis=0)
-        c = (r * r * r * s / D)[:, None, None]
-        dha = (r[:, None, None] * ga - xa * c).to(dslot_ptr.dtype.element_ty)
-        tl.store(dslot_ptr + offa, dha, mask=ma)
-        delta = _hdot(dha.to(tl.float32), xa)
-        if DB > 0:
-            dhb = (r[:, None, None] * gb - xb * c).to(dslot_ptr.dtype.element_ty)
-            tl.store(dslot_ptr + offb, dhb, mask=mb)
-            delta += _hdot(dhb.to(tl.float32), xb)
-        tl.store(delta_ptr + tok.to(tl.int64)[:, None] * H + hh[None, :], delta,
-                 mask=tmask[:, None] & (hh[None, :] < H))
-    tl.store(dw_part_ptr + pid * D + cola, dwa, mask=cma)
-    if DB > 0:
-        tl.store(dw_part_ptr + pid * D + colb, dwb, mask=cmb)
-
-
-def prenorm_stash(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, dslot: torch.Tensor,
-                  delta: torch.Tensor, H: int, BT: int, D: int) -> torch.Tensor:
-    """Backward of ``prenorm_fwd`` fused with ``stash``: from dy = dL/dy (BT, D) and the read's output x (BT, D),
-    write dh into the dout-buffer slot ``dslot`` and delta (BT, H) fp32 = <dh, x> per head; returns dL/dw (D,)
-    fp32 (per-program partials summed in a fixed order: deterministic)."""
-    HP, DA, DB = _split(D, H)
-    dw_part = torch.empty(PRENORM_PROGRAMS, D, device=x.device, dtype=torch.float32)
-    grid = lambda meta: (min(triton.cdiv(BT, meta["BLOCK_T"]), PRENORM_PROGRAMS),)  # noqa: E731
-    bt = _launch(_prenorm_stash_kernel, ("prenorm_stash", D, H, str(dy.dtype), str(x.dtype), str(dslot.dtype)),
-                 grid, (dy, x, w, rstd, dslot, delta, dw_part, BT, D, H, D // H), dict(HP=HP, DA=DA, DB=DB))
-    LAUNCHES["prenorm_stash"] += 1
-    return dw_part[:min(triton.cdiv(BT, bt), PRENORM_PROGRAMS)].sum(0)
-
-
 def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
                w: torch.Tensor, k_lo: int, k_hi: int, init: torch.Tensor | None, grad_dtype: torch.dtype,
                H: int, eps: float, BT: int, D: int, ss: torch.Tensor | None = None,
@@ -1323,7 +838,7 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
 
     x: the source (BT, D) contiguous, or the null vector (D,) with ``is_null``; ss: its per-token sum of
     squares (BT,) fp32 (``append_source``; required unless ``is_null``); init: a gradient (BT, D) to
-    add (a v5-style read's accumulation), or None; scores: the source's score table (K, BT, H) fp32 (v7,
+    add (the accumulation of reads nobody announced), or None; scores: the source's score table (K, BT, H) fp32 (
     ``score_sources``; rows k_lo..k_hi-1 used) instead of recomputing each score. Returns (grad, dW): grad (BT, D) in ``grad_dtype`` ((D,)
     fp32 for the null source), dW (H, k_hi - k_lo, D / H) (x's dtype; fp32 for the null source) = this source's
     part of dL/d(q_k * g_k), head-major. dsr_out (buffered sources): an (H, J, BT) view (unit stride over
@@ -1335,7 +850,7 @@ def source_bwd(x: torch.Tensor, is_null: bool, dbuf: torch.Tensor, lse: torch.Te
     dev = x.device
     if dbuf.numel() >= 2**31 or H * J * BT >= 2**31:
         raise ValueError(f"fused routing: dout buffer of {dbuf.numel()} elements needs 64-bit offsets (limit 2**31); "
-                         "use a smaller microbatch or routing_impl='fused_v5'")
+                         "use a smaller microbatch or routing_impl='compile'")
     # dsr in the source's dtype, the dtype of the dW matmul (fp32 for the null vector, summed over tokens here)
     if dsr_out is not None and (is_null or dsr_out.shape != (H, J, BT) or dsr_out.stride(2) != 1
                                 or dsr_out.dtype != x.dtype):
@@ -1387,13 +902,13 @@ def _dW(dsr: torch.Tensor, x: torch.Tensor, H: int) -> torch.Tensor:
     return torch.bmm(dsr, xv)
 
 
-# v6 forward prefix sharing (optional, ``FusedRouter(group=K)``): K announced reads share ONE pass over their
-# common prefix: one program per (token block, head), the K reads a tile dimension, so each source's head slice
-# is read once for all K, each read with its own w_k = q_k * g_k (``_prefix6_kernel``). Outputs the
-# normalised partial mix P_k and its log-sum-exp per read; each read then continues with its newer sources
-# (route_fwd with init=...). The backward is unchanged (source-major; it needs no partials).
+# Forward prefix sharing without the score table (a null source, or a group opened by a read with an extra
+# source): K announced reads share ONE pass over their common prefix: one program per (token block, head), the K
+# reads a tile dimension, so each source's head slice is read once for all K, each read with its own
+# w_k = q_k * g_k (``_prefix6_kernel``). Outputs the normalised partial mix P_k and its log-sum-exp per read; each
+# read then continues with its newer sources (route_fwd with init=...). The backward needs no partials.
 def _prefix6_configs(full: bool = False) -> list:
-    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
+    if not full and not autotune():
         return [triton.Config({"BLOCK_T": 2, "STAGES": 2}, num_warps=2)]
     return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw) for bt in (1, 2, 4, 8) for nw in (2, 4, 8)
             for ns in (2, 4)]
@@ -1480,16 +995,13 @@ def prefix6_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: 
     return P, lse
 
 
-# ----------------------------------------------------------------------------------------------------------
-# v7: a score table. The queries are static parameters, so a source's per-head score for every later read is
-# known as soon as the source exists: ``score_sources`` computes S[slot, k, t, h] = rms^-1 * <x_h, q_k g_k>_h for
-# all announced reads k >= k_lo in ONE pass over the source (tensor-core dots; bf16 sources dot against a
-# hi + lo bf16 split of q g, so the scores keep fp32 accuracy). The reads then never re-score a source: the
-# forward (``_fwd7_kernel``) takes the max of its scores from the table first (H fp32 per token and source,
-# 2H / D of the source bytes), then mixes with one multiply-add per element and source (no online-softmax
-# rescaling); the prefix kernel (``_prefix7_kernel``) mixes K reads in one pass over their common prefix with K
-# multiply-adds per element; the gradient kernel reads the score instead of a per-head dot product.
-# ----------------------------------------------------------------------------------------------------------
+# The score table. The queries are static parameters, so a source's per-head score for every later read is known
+# as soon as the source exists: ``score_sources`` computes S[slot, k, t, h] = rms^-1 * <x_h, q_k g_k>_h for all
+# announced reads k >= k_lo in ONE pass over the source (tensor-core dots; bf16 sources dot against a hi + lo bf16
+# split of q g, so the scores keep fp32 accuracy). The forward (``_fwd7_kernel``) then takes the max of its scores
+# from the table first and mixes with one multiply-add per element and source (no online-softmax rescaling); the
+# prefix kernel (``_prefix7_kernel``) mixes K reads in one pass over their common prefix; the gradient kernel
+# reads the score instead of a per-head dot product.
 
 
 @triton.jit
@@ -1559,14 +1071,10 @@ SCORE_READS = 128  # reads per launch of the scoring kernel
 
 
 def score_launch(KP: int, dot: bool = True) -> tuple[int, int]:
-    """(tokens, warps) per program of the scoring kernel for a tile of KP reads. Every program loads the head's
-    (KP, DH) weights (hi + lo) from L2, which with 16 tokens (session 2026-12-02 call 1: 0.69 ms per 350M
-    microbatch) were 8x the source's bytes: 64 tokens x 8 warps up to 64 reads; 32 x 4 for 65-128 (64 x 8 with
-    128 reads at the 1B width, head width 160 = 128 + 32, made an illegal memory access on the H200, Triton 3.6,
-    session 2026-12-02b call 2; 32 x 4 ran correctly: offline sm_90 186 registers, no spills). Autotuning over
-    16-128 tokens x 4 / 8 warps x both grid orders gained 0.06 of 0.78 ms per 1B microbatch and some tile of 32
-    reads faulted the same way (session 2026-12-02e): not autotuned. Heads narrower than 16 columns (no
-    tensor-core dot): 2 tokens x 4 warps."""
+    """(tokens, warps) per program of the scoring kernel for a tile of KP reads: 64 tokens x 8 warps up to 64
+    reads (every program loads the head's (KP, DH) weights from L2: fewer tokens per program multiply those
+    loads), 32 x 4 for 65-128 (64 x 8 with 128 reads at head width 160 faulted on the H200 with Triton 3.6).
+    Not autotuned (a faulting tile would be tried). Heads narrower than 16 columns (no tensor-core dot): 2 x 4."""
     if not dot:
         return 2, 4
     return (64, 8) if KP <= 64 else (32, 4)
@@ -1581,95 +1089,20 @@ def split_weights(W: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, to
     return W, None
 
 
-# The scoring kernel ``score_sources`` launches (MHAR_ROUTING_SCORE): ``heads`` (``_score_heads_kernel``: one
-# program per (token block, chunk of reads) over every head, the table's (t, h) rows stored whole) or ``head``
-# (``_score_kernel``: one program per (token block, head), each score a separate 4-byte store H floats apart).
-SCORE_ENV = "MHAR_ROUTING_SCORE"
-SCORE_KERNELS = KERNEL_CHOICES[SCORE_ENV]
-SCORE_DEFAULT = SCORE_KERNELS[0]
-
-
-def score_kernel() -> str:
-    """The scoring kernel of this process: ``MHAR_ROUTING_SCORE`` (one of ``SCORE_KERNELS``), else the default."""
-    check_kernel_env()
-    return os.environ.get(SCORE_ENV, "").strip() or SCORE_DEFAULT
-
-
-def _score_heads_configs(full: bool = False) -> list:
-    """Tokens x reads per program x warps of ``_score_heads_kernel`` (pruned by ``_prune_score_heads``); one under
-    the interpreter / without autotuning."""
-    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
-        return [triton.Config({"BLOCK_T": 16, "KC": 16}, num_warps=4)]
-    return [triton.Config({"BLOCK_T": bt, "KC": kc}, num_warps=nw)
-            for bt, kc, nw in ((16, 16, 4), (32, 16, 4), (16, 32, 4), (32, 32, 4), (64, 16, 4), (64, 16, 8),
-                               (32, 32, 8), (64, 32, 8))]
-
-
-def _prune_score_heads(configs, named_args, **kwargs):
-    """Score tiles (BLOCK_T, KC, HP) fp32 of at most 16384 elements; reads per program at most the bucket's."""
-    hp, kb = _arg(named_args, kwargs, "HP"), _arg(named_args, kwargs, "KB")
-    keep = [c for c in configs if c.kwargs["BLOCK_T"] * c.kwargs["KC"] * hp <= 16384 and c.kwargs["KC"] <= max(kb, 16)]
-    return keep or configs[:1]
-
-
-@triton.autotune(configs=_score_heads_configs(), key=["D", "H", "SPLIT", "DOT", "KB"],
-                 prune_configs_by={"early_config_prune": _prune_score_heads})
-@triton.jit
-def _score_heads_kernel(x_ptr, ss_ptr, w_ptr, wl_ptr, s_ptr, k_lo, K, BT, D: tl.constexpr, H: tl.constexpr,
-                        DH: tl.constexpr, eps, KB, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
-                        SPLIT: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr, BLOCK_T: tl.constexpr,
-                        KC: tl.constexpr, PDL: tl.constexpr = False):
-    """S[k, t, h] (the slot's table, (K, BT, H) fp32) for reads k_lo <= k < K of one buffered source x (BT, D)
-    (ss: its sums of squares (BT,)): one program per (token block, chunk of KC reads) over EVERY head (a static
-    loop: per head ``_sdot`` of the head's columns, as ``_split``'s two parts), so the program holds whole
-    (t, h) rows of the table and stores them contiguously (``_score_kernel`` stores each score alone, H floats
-    from its neighbours: Nsight Compute counted 4 of every 32 bytes of its store sectors used, 2026-12-03c)."""
-    _pdl_enter(PDL)
-    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = tok < BT
-    tok64 = tok.to(tl.int64)
-    kk = k_lo + tl.program_id(1) * KC + tl.arange(0, KC)
-    kmask = kk < K
-    hh = tl.arange(0, HP)
-    r = 1.0 / tl.sqrt(tl.load(ss_ptr + tok, mask=tmask, other=1.0) / D + eps)
-    out = tl.zeros((BLOCK_T, KC, HP), tl.float32)
-    for h in tl.static_range(H):
-        acc = _head_scores(x_ptr, w_ptr, wl_ptr, tok64, tmask, kk, kmask, h, D, DH, DA, DB, SPLIT, DOT, EMU)
-        out = tl.where(hh[None, None, :] == h, acc[:, :, None], out)
-    out = out * r[:, None, None]
-    tl.store(s_ptr + kk.to(tl.int64)[None, :, None] * BT * H + tok64[:, None, None] * H + hh[None, None, :], out,
-             mask=tmask[:, None, None] & kmask[None, :, None] & (hh < H)[None, None, :])
-
-
 def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch.Tensor, slot: int, k_lo: int,
-                  H: int, eps: float, W_split: tuple | None = None, kernel: str | None = None) -> None:
+                  H: int, eps: float, W_split: tuple | None = None) -> None:
     """Fill the score table S (cap, K, BT, H) fp32 for buffered source ``slot`` and reads k_lo..K-1 (W = q * g,
     (K, D) fp32 contiguous; ss the buffer's sums of squares (cap, BT)). W_split: ``split_weights(W, buf.dtype)``
-    if the caller keeps it (one forward's reads all share it), else computed here. ``kernel``: one of
-    ``SCORE_KERNELS`` (default ``score_kernel()``, i.e. MHAR_ROUTING_SCORE or ``SCORE_DEFAULT``)."""
+    if the caller keeps it (one forward's reads all share it), else computed here."""
     _, BT, D = buf.shape
     K = W.shape[0]
     if S.numel() >= 2**31 or buf.numel() >= 2**31:
         raise ValueError("fused routing: score table / buffer need 64-bit offsets (limit 2**31); use a smaller "
-                         "microbatch or routing_impl='fused'")
-    kernel = score_kernel() if kernel is None else kernel
-    if kernel not in SCORE_KERNELS:
-        raise ValueError(f"score_sources: kernel {kernel!r} is not one of {', '.join(SCORE_KERNELS)}")
+                         "microbatch or routing_impl='compile'")
     wh, wl = W_split if W_split is not None else split_weights(W, buf.dtype)
     HP, DA, DB = _split(D, H)
     dot = DA >= 16 and (DB == 0 or DB >= 16)
     emu = os.environ.get("TRITON_INTERPRET") == "1"
-    if kernel == "heads":
-        if k_lo < K:
-            grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]), triton.cdiv(K - k_lo, meta["KC"]))  # noqa: E731
-            kb = _loop_bucket(K - k_lo, 128)
-            args = (buf[slot], ss[slot], wh, wl if wl is not None else wh, S[slot], k_lo, K, BT, D, H, D // H, eps,
-                    kb)
-            flags = dict(HP=HP, DA=DA, DB=DB, SPLIT=wl is not None, DOT=dot, EMU=emu)
-            _launch(_score_heads_kernel, ("score_heads", D, H, kb, *flags.values(), str(buf.dtype)), grid, args,
-                    flags)
-        LAUNCHES["score"] += 1
-        return
     # At most SCORE_READS reads per launch (deeper models: one launch per chunk of reads; a (64, 256) tile of
     # scores does not compile); tokens and warps per program: ``score_launch``.
     for k0 in range(k_lo, K, SCORE_READS):
@@ -1683,28 +1116,27 @@ def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch
     LAUNCHES["score"] += 1
 
 
-@triton.autotune(configs=_v6_configs(), key=["D", "H", "HAS_INIT", "NB", "PRENORM"],
+@triton.autotune(configs=_loop_configs(), key=["D", "H", "HAS_INIT", "NB"],
                  prune_configs_by={"early_config_prune": _prune6})
 @triton.jit
-def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr, w_ptr, y_ptr, rstd_ptr, pn_eps,
+def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr,
                  lo, n_buf, buf_stride, s_stride, BT,
                  NB, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, HAS_INIT: tl.constexpr,
                  BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
-                 JC: tl.constexpr, PRENORM: tl.constexpr, PDL: tl.constexpr = False):
+                 JC: tl.constexpr, PDL: tl.constexpr = False):
     """One read over buf[lo:n_buf) (after a prefix partial ``init`` / ``init_lse`` with HAS_INIT) with its scores
     from the table: s_ptr points at S[0, k] (slot j's at + j * s_stride, (BT, H) fp32). First the max score per
     (token, head) from the table, then one pass over the sources: p = exp(s - max), one multiply-add per
-    element. Writes out (BT, D) and lse (BT, H) fp32. PRENORM: also the reader's RMSNorm of out (as stored)
-    y = out * rstd * w into y (BT, D) and rstd (BT,) fp32 (``prenorm_fwd``'s outputs, from the rows in hand)."""
+    element. Writes out (BT, D) and lse (BT, H) fp32."""
     _pdl_enter(PDL)
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     hh = tl.arange(0, HP)
     tmask = tok < BT
     smask = tmask[:, None] & (hh[None, :] < H)
-    cola, cma, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
-    colb, cmb, offb, mb = cola, cma, offa, ma
+    _, _, offa, ma = _part(tok, hh, tmask, H, DH, D, 0, DA)
+    offb, mb = offa, ma
     if DB > 0:
-        colb, cmb, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
+        _, _, offb, mb = _part(tok, hh, tmask, H, DH, D, DA, DB)
     hoffs = tok.to(tl.int64)[:, None] * H + hh[None, :]
     if HAS_INIT:
         lse0 = tl.load(init_lse_ptr + hoffs, mask=smask, other=0.0)
@@ -1736,24 +1168,17 @@ def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr, w_ptr
         acca = acca + p[:, :, None] * _ld(buf_ptr + j * buf_stride, offa, ma)
         if DB > 0:
             accb = accb + p[:, :, None] * _ld(buf_ptr + j * buf_stride, offb, mb)
-    oa = (acca / l[:, :, None]).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + offa, oa, mask=ma)
-    ob = oa
+    tl.store(out_ptr + offa, (acca / l[:, :, None]).to(out_ptr.dtype.element_ty), mask=ma)
     if DB > 0:
-        ob = (accb / l[:, :, None]).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + offb, ob, mask=mb)
+        tl.store(out_ptr + offb, (accb / l[:, :, None]).to(out_ptr.dtype.element_ty), mask=mb)
     tl.store(lse_ptr + hoffs, m + tl.log(l), mask=smask)
-    if PRENORM:  # the reader's norm of the rows as stored
-        _norm_rows(tl.where(ma, oa.to(tl.float32), 0.0), tl.where(mb, ob.to(tl.float32), 0.0), w_ptr, y_ptr,
-                   rstd_ptr, tok, tmask, cola, cma, offa, ma, colb, cmb, offb, mb, D, pn_eps, DB)
 
 
 def route_fwd7(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: int, H: int, BT: int, D: int,
                out_dtype: torch.dtype, init: torch.Tensor | None = None, init_lse: torch.Tensor | None = None,
-               lse_out: torch.Tensor | None = None, prenorm: tuple | None = None):
+               lse_out: torch.Tensor | None = None):
     """Read k of the score table S (cap, K, BT, H) over buf[lo:n_buf) (after the partial init / init_lse, if
-    given). Returns out (BT, D) in ``out_dtype``, lse (BT, H) fp32 (written into ``lse_out`` if given), and with
-    ``prenorm = (weight, eps)`` also ``prenorm_fwd(out, weight, eps)``'s y and rstd, formed in the same kernel."""
+    given). Returns out (BT, D) in ``out_dtype`` and lse (BT, H) fp32 (written into ``lse_out`` if given)."""
     _check_index_range(buf)
     if n_buf - lo + (init is not None) <= 0:
         raise ValueError("routing needs at least one source")
@@ -1762,23 +1187,16 @@ def route_fwd7(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: int, 
     HP, DA, DB = _split(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     nb = _loop_bucket(n_buf - lo)
-    w, pn_eps = prenorm if prenorm is not None else (lse, 0.0)
-    y = torch.empty_like(out) if prenorm is not None else out
-    rstd = torch.empty(BT, device=buf.device, dtype=torch.float32) if prenorm is not None else lse
     args = (buf, S[0, k], out, lse, init if init is not None else out, init_lse if init_lse is not None else lse,
-            w, y, rstd, pn_eps, lo, n_buf, buf.stride(0), S.stride(0), BT, nb, D, H, D // H)
-    flags = dict(HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB, JC=16, PRENORM=prenorm is not None)
-    _launch(_fwd7_kernel, ("fwd7", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:9])), grid, args, flags)
+            lo, n_buf, buf.stride(0), S.stride(0), BT, nb, D, H, D // H)
+    flags = dict(HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB, JC=16)
+    _launch(_fwd7_kernel, ("fwd7", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args, flags)
     LAUNCHES["route_fwd7"] += 1
-    if prenorm is not None:
-        LAUNCHES["prenorm_fwd"] += 1
-        LAUNCHES["route_fwd7_prenorm"] += 1
-        return out, lse, y, rstd
     return out, lse
 
 
 def _prefix7_configs(full: bool = False) -> list:
-    if not full and (os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MHAR_ROUTING_AUTOTUNE") == "0"):
+    if not full and not autotune():
         return [triton.Config({"BLOCK_T": 1, "STAGES": 2}, num_warps=4)]
     return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw) for bt in (1, 2) for nw in (4, 8)
             for ns in (2, 3, 4)]
@@ -1843,13 +1261,12 @@ def _prefix7_kernel(buf_ptr, s_ptr, p_ptr, lse_ptr, n_buf, buf_stride, s_stride,
 
 
 def prefix7_fwd(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf: int, H: int, BT: int, D: int,
-                out_dtype: torch.dtype, out: tuple | None = None):
+                out_dtype: torch.dtype):
     """Partials of reads k0..k0+K-1 of the score table S over buf[0:n_buf): P (K, BT, D) in ``out_dtype``,
-    lse (K, BT, H) fp32 (written into ``out`` = (P, lse) if given, e.g. allocated on another stream)."""
-    _check_index_range(buf)
+    lse (K, BT, H) fp32."""
     if n_buf < 1:
         raise ValueError("prefix7_fwd needs at least one buffered source")
-    P, lse = _outputs("prefix7_fwd", out, buf.device, ((K, BT, D), out_dtype), ((K, BT, H), torch.float32))
+    P, lse = _prefix_outputs(buf, n_buf, None, K, BT, D, H, buf.device, out_dtype)
     HP, DA, DB = _split(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     nb = _loop_bucket(n_buf)
@@ -1861,5 +1278,4 @@ def prefix7_fwd(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf: int,
 
 
 # the kernels that begin with ``_pdl_enter`` (``_launch`` gives them ``_pdl_kwargs``)
-_PDL_KERNELS = (_append_kernel, _score_heads_kernel, _fwd7_kernel, _prefix7_kernel, _stash_kernel, _src_bwd_kernel,
-                _src_group_bwd_kernel)
+_PDL_KERNELS = (_append_kernel, _fwd7_kernel, _prefix7_kernel, _stash_kernel, _src_bwd_kernel, _src_group_bwd_kernel)

@@ -9,9 +9,8 @@ log = start(sm)
 
 # cost.providers -> benchmark variants (routing implementations of MHAR vs the baseline)
 # (the library's training step, mhar.step.TrainStep; see benchmarks/bench_training.py)
-VARIANT_OF = {"baseline": "baseline", "eager": "mhar_eager", "compile": "mhar_compile", "fused": "mhar_fused"}
 cmd = [sys.executable, "-m", "benchmarks.bench_training", "--sizes", *sm.params.sizes,
-       "--variants", *[VARIANT_OF[p] for p in sm.params.providers], "--heads", sm.params.heads,
+       "--variants", *[p if p == "baseline" else f"mhar_{p}" for p in sm.params.providers], "--heads", sm.params.heads,
        "--out", sm.output[0]]
 log.info("benchmark %s x %s", sm.params.sizes, sm.params.providers)
 run_logged(cmd, sm.log[0], threads=sm.threads)
