@@ -1,4 +1,4 @@
-"""Training throughput and peak memory of the step users run: baseline vs MHAR (eager / compile / fused routing).
+"""Training throughput and peak memory of the step users run: baseline vs MHAR per routing implementation.
 
 Each row times ``mhar.step.TrainStep``, the training step of ``python -m mhar.train`` (no copy of it here):
 forward + backward + grad clipping + fused AdamW on one microbatch of the paper (8x2048 at 100M, 4x1024 at
@@ -15,8 +15,13 @@ processes each time): every MHAR row is paired with the baseline of its own repe
 ``SUMMARY`` line per variant gives the mean same-run ratio over repeats with its 95% t interval. An existing
 ``--out`` is never overwritten: pass ``--append`` to add the rows to it.
 
+Variants (``VARIANTS``): ``baseline`` and ``mhar_<impl>`` for each routing implementation of
+``mhar.config.ROUTING_IMPLS`` (``mhar_auto``: what a user's default config runs), plus ``mhar_fused_nopdl`` (the
+fused kernels without programmatic dependent launch: MHAR_ROUTING_PDL=0 in its process; every other variant runs
+with the variable unset, the library's default). A row records its process's settings in ``routing_env``.
+
     PYTHONPATH=. python -m benchmarks.bench_training --sizes 100M 350M 1B \
-        --variants baseline mhar_fused_v7_sg8 --heads 8 --repeats 3 --out results/bench/training.csv --append
+        --variants baseline mhar_fused --heads 8 --repeats 3 --out results/bench/training.csv --append
 """
 from __future__ import annotations
 
@@ -31,46 +36,23 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import add_out_args, env_columns, existing_rows, kernel_settings, routing_env_cell, write_csv
+from benchmarks.common import (MICROBATCH, NO_PDL, add_out_args, apply_settings, env_columns, existing_rows,
+                               kernel_settings, routing_env_cell, write_csv)
+from mhar.config import ROUTING_IMPLS
+# residual config of each benchmark variant (routing_impl picks the Router: mhar/routing): derived from the registry
+VARIANTS = {"baseline": {"variant": "baseline"},
+            **{f"mhar_{impl}": {"variant": "mhar", "routing_impl": impl} for impl in ROUTING_IMPLS},
+            "mhar_fused" + NO_PDL: {"variant": "mhar", "routing_impl": "fused"}}
 
-MICROBATCH = {"100M": (8, 2048), "350M": (4, 1024), "1B": (2, 1024), "debug": (2, 64), "tiny": (2, 128)}
-# residual config of each benchmark variant (routing_impl picks the Router: mhar/routing)
-VARIANTS = {
-    "baseline": {"variant": "baseline"},
-    "mhar_eager": {"variant": "mhar", "routing_impl": "eager"},
-    "mhar_compile": {"variant": "mhar", "routing_impl": "compile"},
-    "mhar_fused": {"variant": "mhar", "routing_impl": "fused"},
-    "mhar_fused_v5": {"variant": "mhar", "routing_impl": "fused_v5"},  # the previous kernels, side by side
-    "mhar_fused_sg4": {"variant": "mhar", "routing_impl": "fused_sg4"},  # v6 with source groups of 4
-    "mhar_fused_v7": {"variant": "mhar", "routing_impl": "fused_v7"},  # v6 + score table + forward groups
-    "mhar_fused_sg8": {"variant": "mhar", "routing_impl": "fused_sg8"},  # v6 + source groups of 8
-    "mhar_fused_v7_sg8": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},  # v7 + source groups of 8
-    "mhar_fused_v7_sg8_norm": {"variant": "mhar", "routing_impl": "fused_v7_sg8_norm"},  # + pre-norm in the read
-    "mhar_fused_v7_sg8_ts": {"variant": "mhar", "routing_impl": "fused_v7_sg8_ts"},  # group pass: table scores
-    "mhar_fused_v7_sg8_async": {"variant": "mhar", "routing_impl": "fused_v7_sg8_async"},  # scoring at appends
-    # fused_v7_sg8 with programmatic dependent launch (MHAR_ROUTING_PDL=1 in its process: VARIANT_ENV), the
-    # library's default on sm_90+: what `python -m mhar.train` with the paper configs runs on the H200
-    "mhar_fused_v7_sg8_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
-    # the same with the scoring kernel over all heads per program (MHAR_ROUTING_SCORE=heads: VARIANT_ENV)
-    "mhar_fused_v7_sg8_heads_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8"},
-    "mhar_fused_v7_sg8_defer": {"variant": "mhar", "routing_impl": "fused_v7_sg8_defer"},  # group passes early
-    "mhar_fused_v7_sg8_overlap": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # async + defer
-    "mhar_fused_v7_sg8_overlap_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_overlap"},  # + PDL
-    "mhar_fused_v7_sg8_async_pdl": {"variant": "mhar", "routing_impl": "fused_v7_sg8_async"},  # async + PDL
-}
-# kernel settings (mhar.routing.kernel_env) of a variant's process, over the caller's environment. Programmatic
-# dependent launch is named, not inherited: a fused variant ending in ``_pdl`` runs with MHAR_ROUTING_PDL=1 (what
-# the library does by default on sm_90+ since 2026-12-03b), every other fused variant with MHAR_ROUTING_PDL=0
-# (what the record's rows of that name measured before). A row records its process's settings in ``routing_env``.
-# The scoring kernel is named too (``common.kernel_settings``): ``_heads`` runs ``_score_heads_kernel``
-# (MHAR_ROUTING_SCORE=heads); every other fused variant the per-head ``_score_kernel`` (=head) its rows measured.
-VARIANT_ENV = {name: kernel_settings(name)[1]
-               for name, res in VARIANTS.items() if res.get("routing_impl", "").startswith("fused")}
+
+# the routing kernel settings of each variant's processes (``common.kernel_settings``: MHAR_ROUTING_PDL=0 for
+# ``_nopdl``, unset otherwise), applied over the caller's environment
+VARIANT_ENV = {name: kernel_settings(name)[1] for name in VARIANTS}
 
 
 def variant_env(variant: str) -> dict:
-    """The environment of the process that runs ``variant`` (the caller's, plus VARIANT_ENV's settings)."""
-    return {**os.environ, **VARIANT_ENV.get(variant, {})}
+    """The environment of the process that runs ``variant`` (the caller's, with VARIANT_ENV's settings)."""
+    return apply_settings(os.environ, VARIANT_ENV.get(variant, {}))
 
 
 def residual_for(variant: str, heads: int) -> dict:
@@ -128,7 +110,9 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
     sync()
     dt = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    return dict(size=size, variant=variant, heads=heads if variant != "baseline" else 0, B=B, T=T,
+    from mhar.routing import routing_info
+    routing = routing_info(model, torch.device(device))
+    return dict(size=size, variant=variant, routing_resolved=routing["resolved"] or "", pdl=int(routing["pdl"]), heads=heads if variant != "baseline" else 0, B=B, T=T,
                 params=model.num_params(), steps=steps, step_ms=round(1e3 * dt / steps, 2),
                 tokens_per_s=round(steps * B * T / dt, 1), peak_mem_gib=round(peak, 3),
                 warmup_s=round(warm_s, 1), final_loss=round(res.loss, 4), status="ok",
@@ -171,6 +155,8 @@ def run_trainer(size: str, variant: str, heads: int, steps: int, device: str, wo
                 steps=s.get("steady_steps"), step_ms=s.get("step_ms"), tokens_per_s=s.get("steady_tokens_per_s"),
                 peak_mem_gib=s.get("peak_mem_gb"), final_loss=s.get("final_val_loss"), status="ok",
                 step_plan=s.get("step_plan"), mfu=s.get("mfu"),
+                routing_resolved=(prov.get("routing") or {}).get("resolved") or "",
+                pdl=int(bool((prov.get("routing") or {}).get("pdl"))),
                 routing_env=routing_env_cell(prov.get("routing_env") or {}))
 
 
@@ -212,7 +198,8 @@ def main(argv=None) -> None:
     env = env_columns("benchmarks.bench_training", argv)
     rows = []
     keys = ["size", "variant", "mode", "repeat", "heads", "B", "T", "params", "steps", "step_ms", "tokens_per_s",
-            "peak_mem_gib", "thr_ratio", "mem_ratio", "mfu", "step_plan", "cuda_graph", "routing_env", "warmup_s",
+            "peak_mem_gib", "thr_ratio", "mem_ratio", "mfu", "step_plan", "cuda_graph", "routing_resolved", "pdl",
+            "routing_env", "warmup_s",
             "final_loss", "status", "wall_s"]
 
     def add(row: dict) -> None:
@@ -270,7 +257,7 @@ def repeat_summary(rows: list[dict]) -> list[str]:
     repeat). The repeat (a fresh pair of processes) is the unit: steps within a run are not independent."""
     import numpy as np
 
-    from benchmarks.common import t_interval
+    from eval.throughput import t_interval
 
     out = []
     groups: dict = {}

@@ -38,20 +38,34 @@ def env_columns(module: str | None = None, argv: list[str] | None = None) -> dic
     }
 
 
-# Kernel-choice suffixes of a fused routing name (routing-op impl or training variant), stripped from the end in
-# this order (``fused_t_g4_sg8_heads_pdl``): (suffix, variable, value with it, value without it). A name always
-# means the same kernels whatever the caller's environment.
-KERNEL_SUFFIXES = (("_pdl", "MHAR_ROUTING_PDL", "1", "0"), ("_heads", "MHAR_ROUTING_SCORE", "heads", "head"))
+# The paper's microbatch (B, T) per preset, as the benchmarks run it (debug / tiny: CPU-sized smoke runs).
+MICROBATCH = {"100M": (8, 2048), "350M": (4, 1024), "1B": (2, 1024), "debug": (2, 64), "tiny": (2, 128)}
+
+# The one kernel-setting suffix of a benchmark's routing name (routing-op impl ``fused_nopdl``, training variant
+# ``mhar_fused_nopdl``): the fused kernels launched without programmatic dependent launch (MHAR_ROUTING_PDL=0). A
+# name without it runs the library's default (the variable unset), whatever the caller's environment, so a name
+# always means the same launches.
+NO_PDL = "_nopdl"
 
 
 def kernel_settings(name: str) -> tuple[str, dict]:
-    """``name`` without its ``KERNEL_SUFFIXES`` and the kernel settings they (and their absence) stand for."""
-    env = {}
-    for suffix, var, on, off in KERNEL_SUFFIXES:
-        hit = name.endswith(suffix)
-        name = name[: -len(suffix)] if hit else name
-        env[var] = on if hit else off
-    return name, env
+    """``name`` without the ``NO_PDL`` suffix, and the routing kernel settings of its process: {MHAR_ROUTING_PDL:
+    "0"} with the suffix, {MHAR_ROUTING_PDL: None} (unset: the default) without."""
+    from mhar.routing.names import PDL_ENV
+    if name.endswith(NO_PDL):
+        return name[: -len(NO_PDL)], {PDL_ENV: "0"}
+    return name, {PDL_ENV: None}
+
+
+def apply_settings(env: dict, settings: dict) -> dict:
+    """``env`` (a copy) with ``settings`` applied: a value None removes the variable."""
+    out = dict(env)
+    for k, v in settings.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
 
 
 def routing_env_cell(env: dict | None = None) -> str:
@@ -115,17 +129,6 @@ def write_csv(path: str | Path, rows: list[dict], keep: list[dict] = ()) -> None
     w.writerows([*keep, *rows])
     atomic_write_text(path, buf.getvalue())
     print(f"wrote {path} ({len(keep)} kept + {len(rows)} new rows)" if keep else f"wrote {path} ({len(rows)} rows)")
-
-
-def t_interval(x, level: float = 0.95) -> tuple[float, float, float, float]:
-    """(mean, sample sd, low, high) of the values ``x`` (two or more), the interval Student's t at ``level``
-    (scipy): the unit of ``x`` (a run, a call) is the caller's choice."""
-    import numpy as np
-    from scipy import stats
-
-    x = np.asarray(x, float)
-    lo, hi = stats.t.interval(level, x.size - 1, loc=x.mean(), scale=stats.sem(x))
-    return float(x.mean()), float(x.std(ddof=1)), float(lo), float(hi)
 
 
 def tuned_lines(seen: set | None = None) -> list[str]:

@@ -1,35 +1,21 @@
 #!/usr/bin/env bash
-# One GPU session, in stages (repo root of the GPU machine; each stage appends to $OUT):
-#   OUT=dir bash benchmarks/gpu_session.sh setup tests op "train:100M 1B:baseline mhar_fused:40" infer \
-#       "workflow:all:540" pack
+# One GPU session in stages (repo root of the GPU machine; each stage appends to $OUT), e.g.
+#   OUT=dir bash benchmarks/gpu_session.sh setup tests op "train:100M 1B:baseline mhar_fused:40" infer pack
 # Stages
-#   setup                      install carried wheels (.whl/, see README "GPU quick start") into /tmp/site; versions
-#   tests                      the GPU tests: fused routing kernels (one launch configuration each:
-#                              MHAR_ROUTING_AUTOTUNE=0), the training step, generation (skip without CUDA);
-#                              the `gpu`-marked ones first, each half capped at $TESTS_SECONDS (default 240; the cap
-#                              sends SIGINT, so pytest still prints the failures it has seen)
-#   op[:SIZES[:IMPLS]]         routing op alone, side by side (bench_routing_op.py; default impls: fused fused_v5;
-#                              others: fused_sg4 fused_g8 fused_g8_sg4 ...), capped at $OP_SECONDS (default 330: about
-#                              25 s per (size, impl) with autotuning)
-#   train:SIZES:VARIANTS[:N]   bench_training.py: the library step per (size, variant), then N trainer steps
-#   trainer:SIZES:VARIANTS:N   bench_training.py --trainer-only: N steps of `python -m mhar.train` per (size, variant)
-#   infer                      bench_inference.py: prefill / decode / memory, baseline vs MHAR
-#   memory:SIZE:VARIANTS       memory_step.py --graph: live allocations at the peak of the trainer's first steps
-#                              (warm-up, CUDA-graph capture, replays), by library frame; one process per variant
-#   workflow:TARGET:SECONDS    snakemake --configfile config/gpu_small.yaml TARGET (resumable: rerun continues)
-#   bgworkflow:TARGET:SECONDS  the same in the background (the next stages run meanwhile; `wait` joins it)
-#   wait                       wait for a background workflow
-#   dryrun                     snakemake -n of the same target (must plan nothing after a complete run)
-#   summary                    snakemake --summary all: every output file of the workflow with its state
-#   pytest:ARGS                python -m pytest ARGS (verbose, short tracebacks), appended to tests_gpu.log
-#   pack                       the workflow's small records (no weights) + reports/gpu_small -> $OUT/gpu_small.tgz
-#   packcache                  the compile caches (.gpucache: inductor, Triton) -> $OUT/gpucache.tgz if at most
-#                              $CACHE_MB (default 15: the device tool returns files of at most 16 MiB; a 1B
-#                              baseline + MHAR cache packed to 27 MiB in 2026-12-03 and did not come back) MiB: unpacked into .gpucache/ here and carried
-#                              (`carry: [".gpucache"]`), the next call's compiles start warm. Only the warm-up
-#                              (compile) time changes: every timing is of steps / replays after warm-up.
-# Data for the workflow: $MHAR_DATA_DIR (default .gpudata/data when present: a copy of the needed files of
-# shared/data; the device tool keeps a carried folder only for the call that carries it).
+#   setup                     install carried wheels (.whl/) into /tmp/site; print versions
+#   tests                     the GPU-marked tests, then the others, of the routing kernels, step, generation
+#                             (MHAR_ROUTING_AUTOTUNE=0; each half capped at $TESTS_SECONDS, default 240)
+#   op[:SIZES[:IMPLS]]        bench_routing_op.py (default impls: eager fused), capped at $OP_SECONDS (330)
+#   train:SIZES:VARIANTS[:N]  bench_training.py (variants baseline, mhar_<impl>, mhar_fused_nopdl), then N trainer steps
+#   trainer:SIZES:VARIANTS:N  bench_training.py --trainer-only
+#   infer                     bench_inference.py
+#   memory:SIZE:VARIANTS      memory_step.py --graph
+#   workflow:TARGET:SECONDS   snakemake --configfile config/gpu_small.yaml TARGET (bgworkflow: in the background;
+#                             wait: join it); dryrun: snakemake -n all; summary: snakemake --summary all
+#   pytest:ARGS               python -m pytest ARGS, appended to tests_gpu.log
+#   pack / packcache          the workflow's small records -> $OUT/gpu_small.tgz / the compile caches (.gpucache) ->
+#                             $OUT/gpucache.tgz if at most $CACHE_MB (15) MiB (carry .gpucache to start warm)
+# Data for the workflow: $MHAR_DATA_DIR (default .gpudata/data when present).
 set -o pipefail
 export PYTHONPATH=".:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=16
 # (exported only when the folder is there: the trainer refuses a data directory that does not exist)
@@ -37,8 +23,7 @@ if [ -z "${MHAR_DATA_DIR:-}" ] && [ -d .gpudata/data ]; then export MHAR_DATA_DI
 export PATH="/tmp/site/bin:$PATH"
 # compile caches in the repository's .gpucache/ (git-ignored; see packcache): a carried one starts warm
 export TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor TRITON_CACHE_DIR=$PWD/.gpucache/triton
-# Triton keeps each autotuning result in TRITON_CACHE_DIR: a later process with the same kernels and keys skips the
-# search (with the inductor cache: 1B MHAR warm-up 121 -> 25 s in 2026-12-03); only warm-up changes, not the timed replays
+# Triton keeps each autotuning result in TRITON_CACHE_DIR: a later process with the same kernels skips the search
 export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 OUT=${OUT:-results/gpu/session}
 mkdir -p "$OUT"
@@ -58,14 +43,14 @@ for stage in "$@"; do
     tests)
       # the GPU-marked tests first (realistic shapes, graph replay, trainer), then the small-shape kernel tests
       MHAR_ROUTING_AUTOTUNE=0 timeout -s INT -k 15 "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs -m gpu \
-        tests/test_fused_routing.py tests/test_step.py tests/test_generate.py tests/test_bench_inference.py 2>&1 \
-        | tee "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed|Error" | tail -15
+        tests/test_fused_routing.py tests/test_routing.py tests/test_step.py tests/test_generate.py \
+        tests/test_bench_inference.py 2>&1 | tee "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed|Error" | tail -15
       MHAR_ROUTING_AUTOTUNE=0 timeout -s INT -k 15 "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs -m "not gpu" \
-        tests/test_fused_routing.py tests/test_step.py tests/test_generate.py tests/test_bench_inference.py 2>&1 \
-        | tee -a "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed|Error" | tail -15 ;;
+        tests/test_fused_routing.py tests/test_routing.py tests/test_step.py tests/test_generate.py \
+        tests/test_bench_inference.py 2>&1 | tee -a "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed|Error" | tail -15 ;;
     op|op:*)
       IFS=: read -r _ sizes impls <<< "$stage"
-      timeout "${OP_SECONDS:-330}" python3 -m benchmarks.bench_routing_op --graph 1 --impls ${impls:-fused fused_v5} \
+      timeout "${OP_SECONDS:-330}" python3 -m benchmarks.bench_routing_op --graph 1 --impls ${impls:-eager fused} \
         --sizes ${sizes:-100M 350M 1B} --out "$OUT/routing_op.csv" --append 2>&1 | tee "$OUT/routing_op.log" | tail -20 ;;
     train:*)
       IFS=: read -r _ sizes variants nsteps <<< "$stage"

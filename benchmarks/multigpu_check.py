@@ -281,9 +281,24 @@ def stage_resume(r: Runner, res: dict) -> bool:
     return ok
 
 
+def steady_tokens_per_s(metrics: Path, warmup: int) -> float:
+    """Median tokens/s over train steps after ``warmup`` of a run's metrics.jsonl, skipping steps that follow an
+    evaluation."""
+    import statistics
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    rates, prev, after_eval = [], None, False
+    for r in rows:
+        if r["split"] == "val":
+            after_eval = True
+            continue
+        if prev is not None and r["step"] > warmup and not after_eval:
+            rates.append((r["tokens"] - prev["tokens"]) / max(r["wall_s"] - prev["wall_s"], 1e-9))
+        prev, after_eval = r, False
+    return statistics.median(rates) if rates else float("nan")
+
+
 def stage_throughput(r: Runner, res: dict) -> bool:
     from benchmarks.common import env_columns
-    from benchmarks.gpu_train_smoke import steady_tokens_per_s
 
     a, n = r.args, r.args.nproc
     rows = []

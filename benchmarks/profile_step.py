@@ -1,19 +1,23 @@
-"""Where the time of a routed step goes: CUDA kernel time vs wall time, top kernels (torch.profiler).
+"""Where the time of a routed step goes (the one profiler): CUDA kernel time vs wall time, top kernels
+(torch.profiler), or one routing microbatch under Nsight Compute.
 
-    PYTHONPATH=. python benchmarks/profile_step.py op 350M fused        # every routing call of one microbatch
-    PYTHONPATH=. python benchmarks/profile_step.py op 350M fused_v5     # (impl names: bench_routing_op._router)
-    PYTHONPATH=. python benchmarks/profile_step.py train 100M mhar_fused    # (variants: bench_training.VARIANTS)
-    PYTHONPATH=. python benchmarks/profile_step.py generate 350M mhar       # Transformer.generate as bench_inference
-                                                                            # times it (8 x 512 prompt + 8 tokens)
-
-    PYTHONPATH=. python benchmarks/profile_step.py train 1B baseline mhar_fused_v7_sg8 --json $OUT/prof.json
+    PYTHONPATH=. python -m benchmarks.profile_step op 350M fused          # every routing call of one microbatch
+    PYTHONPATH=. python -m benchmarks.profile_step op 350M fused_nopdl    # (impls: bench_routing_op.IMPLS)
+    PYTHONPATH=. python -m benchmarks.profile_step train 100M mhar_fused  # (variants: bench_training.VARIANTS)
+    PYTHONPATH=. python -m benchmarks.profile_step generate 350M mhar     # Transformer.generate as bench_inference
+                                                                          # times it (8 x 512 prompt + 8 tokens)
+    PYTHONPATH=. python -m benchmarks.profile_step train 1B baseline mhar_fused --json $OUT/prof.json
                                      # several in one process: kernel time by category side by side, with the
                                      # difference to the first (where MHAR's extra step time goes)
+    ncu --clock-control none --profile-from-start off -k regex:_src_bwd --launch-skip 60 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy python3 -m benchmarks.profile_step ncu 1B fused
+                                     # hardware counters: one tuned microbatch between cudaProfilerStart / Stop
 
 Prints, per iteration: wall ms (synchronised), summed CUDA kernel ms, kernel count, and the kernels with
 the most CUDA time. Wall >> kernel time means the GPU waits for the CPU (launch / Python overhead). With
 several targets, also the CUDA time per kernel category (``kernel_category``). ``--json`` writes every
-kernel's ms / calls per iteration for each target.
+kernel's ms / calls per iteration for each target (``benchmarks/traffic_bound.py --profile`` sets each routing
+kernel beside its bytes).
 """
 from __future__ import annotations
 
@@ -29,12 +33,24 @@ from torch.profiler import ProfilerActivity, profile
 
 
 def _op_fn(size: str, impl: str):
-    from benchmarks.bench_routing_op import MICROBATCH, Case, _inputs, _microbatch, _router
+    """Every routing call of one microbatch, forward and backward (as ``bench_routing_op`` times it; ``impl`` one
+    of its ``IMPLS``, its kernel settings set for this process)."""
+    import os
+
+    from benchmarks.bench_routing_op import IMPLS, Case, _inputs, _microbatch
+    from benchmarks.common import MICROBATCH, apply_settings, kernel_settings
     from mhar.config import PRESETS
+    from mhar.routing import get_router
+    if impl not in IMPLS:
+        raise SystemExit(f"error: op target {impl!r}: use one of {', '.join(IMPLS)}")
+    name, settings = kernel_settings(impl)
+    env = apply_settings(os.environ, settings)
+    os.environ.clear()
+    os.environ.update(env)
     p = PRESETS[size]
     B, T = MICROBATCH[size]
     c = Case(size, B, T, p["d_model"], 8, 2 * p["n_layers"] + 1)
-    router = _router(impl)
+    router = get_router(name)
     srcs, qs, gs = _inputs(c)
     douts = [torch.randn(B, T, c.D, device="cuda", dtype=torch.bfloat16) for _ in range(c.N)]
 
@@ -185,15 +201,37 @@ def _profile(kind: str, size: str, what: str, iters: int = 3, stack: str | None 
     return out
 
 
+def _ncu(size: str, impl: str) -> None:
+    """One microbatch of the routing op (``_op_fn``) between cudaProfilerStart / Stop, after two to autotune: run
+    under ``ncu --profile-from-start off``, Nsight Compute sees only the kernels of one tuned microbatch."""
+    from benchmarks.common import tuned_lines
+    fn = _op_fn(size, impl)
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"NCU {size} {impl}: one microbatch profiled")
+    print("\n".join(tuned_lines()))  # the launch configuration the autotuner chose per kernel / shape
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("kind", choices=["op", "train", "generate"])
+    ap.add_argument("kind", choices=["op", "train", "generate", "ncu"])
     ap.add_argument("size")
     ap.add_argument("targets", nargs="+", help="router impls (op) or bench_training variants (train, generate)")
     ap.add_argument("--json", help="write every kernel's ms / calls per iteration for each target here")
     ap.add_argument("--stack", metavar="REGEX", help="also print the operator, input shapes and Python stack that "
                     "launch each kernel whose name matches REGEX (profiles with stacks and shapes: slower)")
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("error: profile_step profiles CUDA kernels; run it on a GPU machine")
+    if args.kind == "ncu":
+        for what in args.targets:
+            _ncu(args.size, what)
+        return
     results = {}
     for what in args.targets:
         results[what] = _profile(args.kind, args.size, what, stack=args.stack)

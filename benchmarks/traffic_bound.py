@@ -1,50 +1,25 @@
-"""What bounds MHAR's training-throughput ratio when routing makes one pass over its sources per read.
+"""The byte model of the fused routing, and the bound on MHAR's training-throughput ratio that it implies.
 
-Per size (the paper's microbatch, bf16 sources of E = B*T*D elements): the routing reads of one
-microbatch see n = 1, 2, ..., 2L+1 sources (each sublayer reads the embedding and every earlier
-sublayer output; the final norm reads all 2L+1; ``routing_reads`` counts them on a real model in the
-tests). One byte "unit" = sum_n n * E * 2 bytes. Moved per microbatch:
+Per size (the paper's microbatch, bf16 sources of E = B*T*D elements) the routing reads of one microbatch see
+n = 1, 2, ..., 2L+1 sources (each sublayer reads the embedding and every earlier sublayer output; the final read
+sees all 2L+1; ``routing_reads``, checked against a real model in the tests). One byte "unit" = sum_n n * E * 2.
 
-* ``v5`` (``routing_impl: fused_v5``): forward reads the sources (1 unit), backward reads them and
-  read-modify-writes a gradient slot per source (3 units): 4 units;
-* ``v6`` (``routing_impl: fused``, ``v6_bytes``): the same forward (1 unit + the outputs); the source-major
-  backward reads, per source, the douts of the reads that saw it (1 unit in all), plus dsr (H values per token
-  and read-source pair in the sources' dtype, written: H/D of a unit, into one (H, reads, sources x tokens)
-  buffer zeroed first and read whole by the one dW matmul: 2 x reads x sources x tokens x H more) and per source / read
-  O(N) terms: stash (read dout and out, write the dout buffer), the source read twice (kernel and dW matmul),
-  its gradient written once: about 2 units + 7N source sizes; ``v6_g8``: the same with forward prefix sharing
-  in groups of 8 reads (``FusedRouter(group=8)``, the ``fused_g8`` row of bench_routing_op): the forward reads each
-  group's common prefix once, plus a partial per read written and read back; ``v6_sg8``: the backward with
-  source groups of 8 (``FusedRouter(source_group=8)``, routing_impl ``fused_sg8``): 8 consecutive sources share
-  one pass over the later reads' douts (a partial per source in fp32, completed by its first reader);
-  ``v6_g8_sg8``: both;
-* ``v7_g4`` (``routing_impl: fused_v7``): v6 with the score table and forward groups of 4: each source read once
-  more to write its fp32 scores for every read that sees it; the reads and the prefix pass read score rows
-  (twice: the max, then the mix) instead of re-scoring; the gradient kernel reads one row per (source, read);
-  ``v7_g4_sg8`` (``routing_impl: fused_v7_sg8``): with source groups of 8 in the backward;
-  ``v7_g4_sg8_norm`` (``routing_impl: fused_v7_sg8_norm``): the same routing bytes minus what fusing each
-  sublayer's pre-norm into its read removes from the step (``PRENORM_SAVED`` source-sized passes per sublayer
-  read: the norm's backward no longer writes dh and reads it back with h, and the read's kernel norms the rows it
-  holds instead of a norm kernel reading the mix again); the final readout keeps its separate norm;
-  ``v7_g4_sg8_async`` (``routing_impl: fused_v7_sg8_async``): sources scored at their appends; each later group's
-  prefix stops one source early and its reads score the sources after their prefix themselves (more bytes
-  than ``v7_g4_sg8``; what it buys is the scoring off the critical path, which bytes do not show);
-  ``v7_g4_sg8_overlap`` (``routing_impl: fused_v7_sg8_overlap``): that plus the source-group passes started one
-  read early on a side stream (``defer_groups``: each member's completion covers one read more);
-* ``min``: any one-pass-per-read algorithm (``bench_routing_op.min_bytes``: forward reads the sources and
-  writes the output, backward reads sources and dout and writes each source gradient once).
+* ``fused_bytes``: what routing_impl ``fused`` moves per microbatch, forward and backward (its score table,
+  forward groups of ``V7_GROUP`` reads, source groups of ``SOURCE_GROUP``; ``fused_config``: heads wider than
+  ``SOURCE_GROUP_MAX_HEAD`` columns take one gradient pass per source). About 2 units: the forward reads each
+  source about once per read; the source-major backward reads, per source, the douts of the reads that saw it,
+  plus per-source O(N) terms (stash, the gradient written once, score rows, partial gradients of source groups).
+* ``min_bytes``: any one-pass-per-read algorithm (forward reads the sources and writes the output; backward reads
+  sources and dout and writes each source gradient once).
+* ``kernel_bytes``: the same per kernel, counted independently from each kernel's loads and stores.
 
-At the measured HBM bandwidth (``hbm_gbps`` of routing_op.csv) that is ``ideal_ms``; with the measured
-baseline step (training.csv) the throughput ratio cannot exceed base / (base + ideal), whatever the
-kernels. The measured ratio and step gap (MHAR fused minus baseline) are printed beside it.
+At the measured HBM bandwidth that is ``ideal_ms``; with the measured baseline step the throughput ratio cannot
+exceed base / (base + ideal), whatever the kernels. The measured ratio and step gap are printed beside it.
 
     PYTHONPATH=. python -m benchmarks.traffic_bound --training results/bench/training.csv \
         --op results/bench/routing_op.csv --out results/bench/traffic_bound.csv
-
-Per kernel (``kernel_bytes``, fused_v7_sg8): each routing kernel's bytes beside the CUDA ms that
-``benchmarks/profile_step.py --json`` measured, i.e. which kernel is how far from the bandwidth:
-
-    PYTHONPATH=. python -m benchmarks.traffic_bound --profile results/gpu/session_2026-12-02e/call1_prof_train_1B.json
+    PYTHONPATH=. python -m benchmarks.traffic_bound --profile PROFILE.json --hbm-gbps 4000   # per kernel, beside a
+                                                                     # benchmarks/profile_step.py --json record
 """
 from __future__ import annotations
 
@@ -54,16 +29,12 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.bench_routing_op import MICROBATCH, backward_passes, min_bytes, v6_bytes
-from benchmarks.common import command_line, write_csv
-from mhar.provenance import git_info
+from benchmarks.common import MICROBATCH, command_line, write_csv
 from mhar.config import PRESETS
-from mhar.routing import DEFER_READS, SOURCE_GROUP, V7_GROUP
+from mhar.provenance import git_info
+from mhar.routing.names import SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, V7_GROUP
 
 BYTES_PER_ELT = 2  # bf16 sources under autocast
-V6_GROUP = 8  # reads per forward prefix-sharing group of the v6 row with sharing (FusedRouter(group=8))
-PRENORM_SAVED = 4  # source-sized passes per sublayer read removed by the fused pre-norm: 3 backward, 1 forward
-# V7_GROUP: reads per forward group of routing_impl fused_v7 (the score table: FusedRouter(table=True, group=4))
 
 
 def routing_reads(n_layers: int) -> list[int]:
@@ -78,10 +49,116 @@ def unit_bytes(size: str) -> int:
     return sum(routing_reads(cfg["n_layers"])) * B * T * cfg["d_model"] * BYTES_PER_ELT
 
 
-FUSED_VARIANTS = ("mhar_fused", "mhar_fused_sub")  # bench_training's name, and the name of records before 2026-12-01
+def min_bytes(ns: list[int], E: int, elt: int = BYTES_PER_ELT) -> tuple[int, int]:
+    """(fwd, bwd) bytes of a one-pass-per-call algorithm for reads over ns sources, E = B*T*D."""
+    fwd = sum((n + 1) * E * elt for n in ns)
+    bwd = sum((2 * n + 1) * E * elt for n in ns)
+    return fwd, bwd
+
+
+def backward_passes(ns: list[int], source_group: int):
+    """The source-gradient passes of the fused backward for reads over ns sources, in the order they run (the rule
+    of ``mhar.routing.fused._source_group``: backward visits reads newest first; a read's newest new source starts
+    a group with the older consecutive slots first seen by earlier reads and not yet in a group, up to
+    ``source_group`` in all). Yields ``("pass", k, members)``: one pass over reads k..N-1 for the slots ``members``
+    (one slot: the plain write-once pass; several: a group pass writing a partial gradient for every member, the
+    newest completed at once with no reads, as its RMS term needs every head), and ``("complete", slot, k, k_end)``:
+    a group member completed by its first reader k over reads k..k_end-1."""
+    first = {}  # slot -> first reader
+    seen = 0
+    for k, n in enumerate(ns):
+        for s_ in range(seen, n):
+            first[s_] = k
+        seen = max(seen, n)
+    partial: dict = {}  # group member -> the read whose backward formed its partial
+    for k in range(len(ns) - 1, -1, -1):
+        new = [s_ for s_ in first if first[s_] == k]
+        for s_ in new:
+            if s_ in partial:
+                yield "complete", s_, k, partial.pop(s_)
+                continue
+            members = [s_]
+            if source_group > 1 and s_ == max(new):  # older consecutive slots first seen by earlier reads
+                o = s_ - 1
+                while s_ - o < source_group and o >= 0 and first.get(o, len(ns)) < k and o not in partial:
+                    members.insert(0, o)
+                    o -= 1
+                partial.update((m, k) for m in members[:-1])
+            yield "pass", k, members
+
+
+def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
+    """(douts read, partial gradients) of the fused backward for reads over ns sources when up to ``source_group``
+    consecutive sources share one pass (``backward_passes``): a pass over reads k.. reads N - k douts, a completion
+    k_end - k; a group pass writes a partial for each of its members."""
+    douts = parts = 0
+    for ev in backward_passes(ns, source_group):
+        if ev[0] == "complete":
+            douts += ev[3] - ev[2]
+        else:
+            douts += len(ns) - ev[1]
+            parts += len(ev[2]) if len(ev[2]) > 1 else 0
+    return douts, parts
+
+
+def fused_config(H: int, D: int, null: bool = False) -> dict:
+    """The ``fused_bytes`` options of what routing_impl ``fused`` runs for H heads of width D: the score table
+    unless a null source broadcasts (mhar_delta), forward groups of V7_GROUP, source groups of SOURCE_GROUP up to
+    SOURCE_GROUP_MAX_HEAD columns per head."""
+    return dict(group=V7_GROUP, table=not null, source_group=SOURCE_GROUP if D // H <= SOURCE_GROUP_MAX_HEAD else 1)
+
+
+def fused_bytes(ns: list[int], E: int, H: int, D: int, elt: int = BYTES_PER_ELT, group: int = 1,
+                source_group: int = 1, table: bool = False) -> tuple[int, int]:
+    """(fwd, bwd) bytes of the fused kernels for reads over ns sources (non-decreasing, each read the first to see
+    its newest source), E = B*T*D elements per source; ``fused_config(H, D)`` gives routing_impl ``fused``'s options
+    (the defaults here: no table, no groups). ``group`` > 1: forward prefix sharing (one pass over the first read's
+    sources writes a partial per read, which each read reads back with its newer sources). Each source's sum of
+    squares per token (fp32, written by the append) is read with the source by every read that scores it and once
+    by its gradient kernel. ``source_group`` > 1: consecutive sources share one pass over the later reads' douts;
+    each partial gradient costs an fp32 write and read and its completion pass reads the source again. ``table``:
+    each source is read once more (with its sums of squares) to write its score rows for every read that sees it
+    (fp32, H per token); the reads take their scores from the table (read twice: the max, then the mix) instead of
+    the sums of squares, and the gradient kernel reads each (source, read) row once."""
+    unit = sum(ns) * E * elt
+    N = len(ns)
+    ss = (E // D) * 4  # one source's sums of squares
+    sb = (E // D) * H * 4  # one source's score row for one read
+    per_src = 2 * sb if table else ss  # per (read, source): what a read reads besides the source itself
+    fwd = N * ss  # the appends write them
+    if table:  # scoring: read each source and its sums of squares, write its rows
+        fwd += N * (E * elt + ss) + sum(ns) * sb
+    for a in range(0, N, group):
+        K = min(group, N - a)
+        if K == 1:
+            fwd += (ns[a] + 1) * E * elt + ns[a] * per_src  # read the sources, write the output
+        else:  # prefix once, K partials written and read back, each read's newer sources and output
+            p = ns[a]
+            fwd += (p + 2 * K + sum(ns[i] - p + 1 for i in range(a, a + K))) * E * elt + \
+                sum(ns[i] - p for i in range(a, a + K)) * per_src + (K * p * 2 * sb if table else 0)
+    # dL/dscore per (token, head, read, source), in the sources' dtype: written by the gradient kernel into one
+    # (H, reads, sources x tokens) buffer, zeroed first and read whole (zeros too) by the single dW matmul
+    dsr = sum(ns) * (E // D) * H * elt + 2 * N * N * (E // D) * H * elt
+    # stash: read dout + out, write the dout slot (3); per source: read it in the kernel and in the dW matmul
+    # (2), write its gradient (1)
+    douts, parts = _dout_passes(ns, source_group)
+    # a partial: fp32 written by the group pass and read by the completion pass, which reads the source again
+    # (and its sums of squares); its RMS-term sums cpart (H fp32 per token) written and read
+    bwd = douts * E * elt + dsr + 6 * N * E * elt + N * ss + parts * (5 * E * elt + ss + 2 * sb)
+    if table:
+        bwd += sum(ns) * sb
+    return fwd, bwd
+
+
+FUSED_VARIANTS = ("mhar_fused", "mhar_auto")  # bench_training's variants that run the fused kernels on a GPU
 
 
 def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIANTS, heads: int = 8) -> list[dict]:
+    """Per size with a baseline step row in ``training`` (bench_training.py rows): the bytes, ideal time at
+    ``hbm_gbps`` and throughput bound of ``fused`` and ``min``, and the measured ratio of the first variant of
+    ``fused`` that the record holds at that size (an older record's variant names read as the current ones:
+    ``eval.results_io.bench_variant``)."""
+    from eval.results_io import bench_variant
     fused = (fused,) if isinstance(fused, str) else tuple(fused)
     training = [r for r in training if r.get("mode", "step") != "trainer"]  # the step rows (same step, one each)
     rows = []
@@ -91,72 +168,56 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
         if base is None:
             continue
         cfg, (B, T) = PRESETS[size], MICROBATCH[size]
-        unit = unit_bytes(size)
-        mb_f, mb_b = min_bytes(routing_reads(cfg["n_layers"]), B * T * cfg["d_model"], BYTES_PER_ELT)
-        base_ms = float(base["step_ms"])
-        row = dict(size=size, reads=2 * cfg["n_layers"] + 1, unit_gb=round(unit / 1e9, 3), hbm_gbps=hbm_gbps,
-                   base_ms=base_ms)
-        row.update({k: base.get(k, "") for k in ("gpu", "driver", "torch", "triton")})  # of the measurements used
         ns, E = routing_reads(cfg["n_layers"]), B * T * cfg["d_model"]
-        v6_f, v6_b = v6_bytes(ns, E, heads, cfg["d_model"])
-        v6g_f, v6g_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V6_GROUP)
-        v6s_f, v6s_b = v6_bytes(ns, E, heads, cfg["d_model"], source_group=SOURCE_GROUP)
-        v6gs_f, v6gs_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V6_GROUP, source_group=SOURCE_GROUP)
-        v7_f, v7_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True)
-        v7s_f, v7s_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True, source_group=SOURCE_GROUP)
-        v7a_f, v7a_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True, source_group=SOURCE_GROUP,
-                                async_scores=True)
-        v7o_f, v7o_b = v6_bytes(ns, E, heads, cfg["d_model"], group=V7_GROUP, table=True, source_group=SOURCE_GROUP,
-                                async_scores=True, defer_groups=DEFER_READS)
-        for name, nbytes in (("v5", 4 * unit), ("v6", v6_f + v6_b), (f"v6_g{V6_GROUP}", v6g_f + v6g_b),
-                             (f"v6_sg{SOURCE_GROUP}", v6s_f + v6s_b),
-                             (f"v6_g{V6_GROUP}_sg{SOURCE_GROUP}", v6gs_f + v6gs_b),
-                             (f"v7_g{V7_GROUP}", v7_f + v7_b), (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}", v7s_f + v7s_b),
-                             (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}_norm",
-                              v7s_f + v7s_b - PRENORM_SAVED * 2 * cfg["n_layers"] * E * BYTES_PER_ELT),
-                             (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}_async", v7a_f + v7a_b),
-                             (f"v7_g{V7_GROUP}_sg{SOURCE_GROUP}_overlap", v7o_f + v7o_b),
-                             ("min", mb_f + mb_b)):
-            ideal = nbytes / (hbm_gbps * 1e9) * 1e3
-            row[f"{name}_gb"] = round(nbytes / 1e9, 3)
+        base_ms = float(base["step_ms"])
+        row = dict(size=size, reads=len(ns), heads=heads, unit_gb=round(unit_bytes(size) / 1e9, 3),
+                   hbm_gbps=hbm_gbps, base_ms=base_ms)
+        row.update({k: base.get(k, "") for k in ("gpu", "driver", "torch", "triton")})  # of the measurements used
+        for name, (f, b) in (("fused", fused_bytes(ns, E, heads, cfg["d_model"],
+                                                   **fused_config(heads, cfg["d_model"]))),
+                             ("min", min_bytes(ns, E))):
+            ideal = (f + b) / (hbm_gbps * 1e9) * 1e3
+            row[f"{name}_gb"] = round((f + b) / 1e9, 3)
             row[f"{name}_ideal_ms"] = round(ideal, 2)
             row[f"{name}_bound_ratio"] = round(base_ms / (base_ms + ideal), 4)
-        run = next((r for r in training if r["size"] == size and r["variant"] in fused
+        run = next((r for v in fused for r in training if r["size"] == size
+                    and bench_variant(r["variant"], r.get("routing_resolved")) == v
                     and r.get("status", "ok") == "ok"), None)
+        row["measured_variant"] = run["variant"] if run else None
         row["measured_ratio"] = round(base_ms / float(run["step_ms"]), 4) if run else None
         row["measured_gap_ms"] = round(float(run["step_ms"]) - base_ms, 2) if run else None
         rows.append(row)
     return rows
 
 
-# Kernels of routing_impl fused_v7_sg8 (score table, forward groups, source groups) in ``kernel_bytes``.
-V7_KERNELS = ("_append_kernel", "_score_kernel", "_prefix7_kernel", "_fwd7_kernel", "_stash_kernel",
-              "_src_group_bwd_kernel", "_src_bwd_kernel")
+# The kernels of routing_impl fused (score table, forward groups, source groups) in ``kernel_bytes``.
+FUSED_KERNELS = ("_append_kernel", "_score_kernel", "_prefix7_kernel", "_fwd7_kernel", "_stash_kernel",
+                 "_src_group_bwd_kernel", "_src_bwd_kernel")
 
 
 def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group: int = SOURCE_GROUP) -> dict:
-    """Per routing kernel of ``fused_v7_sg8`` at a preset (the paper's microbatch, bf16 sources): (launches, HBM
-    bytes) per microbatch, each load and store of the kernel (``mhar/routing/_kernels.py``) counted once: L2 hits
-    are not subtracted, so bytes / bandwidth is a lower bound on the kernel's time. Read k (k = 0..N-1, N = 2L+1)
-    sees sources 0..k. Forward: every append copies its source and writes its sums of squares; every source is
-    scored once for the reads from its first reader on (H fp32 per token and read); a group of ``group`` reads
-    makes one prefix pass over its first read's sources (their score rows twice: the max, then the mix) writing
-    a partial and lse per read, and each read then mixes its newer sources into its partial. Backward, newest
-    read first (``bench_routing_op.backward_passes``): each read stashes its dout; a read's new
-    source either completes a group member (its douts, lse, delta and score rows for the reads since its first
-    reader, the fp32 partial and its RMS sums in, the gradient and dsr out) or starts a group pass over up to
-    ``source_group`` consecutive sources and every later read's dout (fp32 partials and RMS sums out, dsr out;
-    the newest member completed at once), or, alone, one pass over its later reads. Not counted: the dsr
-    buffer's zero fill and the one dW matmul (``dW_all``), which the aggregate model (``v6_bytes``) includes,
-    and the append's copy, which it leaves out; the totals agree within 2% (``tests/test_traffic_bound.py``)."""
+    """Per routing kernel of ``fused`` at a preset (the paper's microbatch, bf16 sources): (launches, HBM bytes)
+    per microbatch, each load and store of the kernel (``mhar/routing/_kernels.py``) counted once: L2 hits are not
+    subtracted, so bytes / bandwidth is a lower bound on the kernel's time. Read k (k = 0..N-1, N = 2L+1) sees
+    sources 0..k. Forward: every append copies its source and writes its sums of squares; every source is scored
+    once for the reads from its first reader on (H fp32 per token and read); a group of ``group`` reads makes one
+    prefix pass over its first read's sources (their score rows twice: the max, then the mix) writing a partial
+    and lse per read, and each read then mixes its newer sources into its partial. Backward, newest read first
+    (``backward_passes``): each read stashes its dout; a read's new source either completes a group member (its
+    douts, lse, delta and score rows for the reads since its first reader, the fp32 partial and its RMS sums in,
+    the gradient and dsr out) or starts a group pass over up to ``source_group`` consecutive sources and every
+    later read's dout (fp32 partials and RMS sums out, dsr out; the newest member completed at once), or, alone,
+    one pass over its later reads. Not counted: the dsr buffer's zero fill and the one dW matmul (``dW_all``),
+    which the aggregate model (``fused_bytes``) includes, and the append's copy, which it leaves out; the totals
+    agree within 2% (``tests/test_traffic_bound.py``)."""
     B, T = MICROBATCH[size]
     D, L = PRESETS[size]["d_model"], PRESETS[size]["n_layers"]
     N, BT, H = 2 * L + 1, B * T, heads
     src, f32 = BT * D * BYTES_PER_ELT, BT * D * 4  # a source / dout / output / partial; an fp32 gradient partial
     ss, row = BT * 4, BT * H * 4  # one source's sums of squares; one (source, read) score / lse / delta row
     dsr = BT * H * BYTES_PER_ELT  # one (source, read) dsr row (the sources' dtype)
-    calls = dict.fromkeys(V7_KERNELS, 0)
-    out = dict.fromkeys(V7_KERNELS, 0)
+    calls = dict.fromkeys(FUSED_KERNELS, 0)
+    out = dict.fromkeys(FUSED_KERNELS, 0)
 
     def add(kernel: str, nbytes: int) -> None:
         calls[kernel] += 1
@@ -186,7 +247,7 @@ def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group:
             add("_src_bwd_kernel", src + ss + f32 + row + src)  # the newest member, completed at once
         else:
             add("_src_bwd_kernel", n * (src + 3 * row + dsr) + src + ss + src)
-    return {k: (calls[k], out[k]) for k in V7_KERNELS}
+    return {k: (calls[k], out[k]) for k in FUSED_KERNELS}
 
 
 def kernel_table(prof: dict, hbm_gbps: float) -> list[dict]:
@@ -233,16 +294,10 @@ def main(argv=None) -> int:
             "inputs": inputs}
     write_csv(args.out, [{**r, **prov} for r in rows])
     for r in rows:
-        print(f"{r['size']:>5}: {r['reads']} reads, unit {r['unit_gb']} GB; bytes v5 {r['v5_gb']} GB / v6 "
-              f"{r['v6_gb']} GB ({r['v5_gb'] / r['v6_gb']:.2f}x fewer) / v6 with forward groups of {V6_GROUP} "
-              f"{r[f'v6_g{V6_GROUP}_gb']} GB ({r['v5_gb'] / r[f'v6_g{V6_GROUP}_gb']:.2f}x); bound "
-              f"{r['v5_bound_ratio']:.3f} (v5) / {r['v6_bound_ratio']:.3f} (v6) / "
-              f"{r[f'v6_g{V6_GROUP}_bound_ratio']:.3f} (v6 g{V6_GROUP}) / "
-              f"{r[f'v6_sg{SOURCE_GROUP}_bound_ratio']:.3f} (v6 sg{SOURCE_GROUP}) / "
-              f"{r[f'v6_g{V6_GROUP}_sg{SOURCE_GROUP}_bound_ratio']:.3f} (both) / "
-              f"{r[f'v7_g{V7_GROUP}_bound_ratio']:.3f} (v7 g{V7_GROUP}) / {r['min_bound_ratio']:.3f} "
-              f"(one-pass write-once); measured "
-              f"{r['measured_ratio']} (gap {r['measured_gap_ms']} ms vs {r['v5_ideal_ms']} ms v5 ideal)")
+        print(f"{r['size']:>5}: {r['reads']} reads, unit {r['unit_gb']} GB; fused moves {r['fused_gb']} GB "
+              f"(ideal {r['fused_ideal_ms']} ms, bound {r['fused_bound_ratio']:.3f}), one pass per read "
+              f"{r['min_gb']} GB (bound {r['min_bound_ratio']:.3f}); measured {r['measured_ratio']} "
+              f"({r['measured_variant']}, gap {r['measured_gap_ms']} ms)")
     return 0
 
 

@@ -411,12 +411,26 @@ _BENCH_ALIASES = {"tokens_per_s": ("tokens_per_s", "tok_per_s", "throughput", "t
                   "ratio": ("ratio", "thr_ratio", "throughput_ratio", "rel_throughput")}
 PROVIDER_NAMES = {"baseline": "baseline", "mhar_eager": "eager", "eager": "eager", "reference": "eager",
                   "mhar_compile": "compile", "compile": "compile", "mhar_fused": "fused", "fused": "fused",
-                  "mhar_compile_sub": "compile", "mhar_fused_sub": "fused"}
+                  "mhar_auto": "auto", "mhar_compile_sub": "compile"}
+# bench_training variant names in records written before the routing names were unified (through commit aee597a):
+# what routing_impl fused runs now was measured as mhar_fused_v7_sg8_pdl, and mhar_fused / mhar_fused_sub named
+# withdrawn kernels. Rows written since carry a routing_resolved column and keep their names.
+LEGACY_BENCH_VARIANTS = {"mhar_fused_v7_sg8_pdl": "mhar_fused", "mhar_fused": "mhar_fused_v6",
+                         "mhar_fused_sub": "mhar_fused_v5"}
+
+
+def bench_variant(variant, routing_resolved=None) -> str:
+    """A training-throughput row's variant under the current names: a row of an older record (no
+    ``routing_resolved`` value) is renamed by ``LEGACY_BENCH_VARIANTS``."""
+    if isinstance(routing_resolved, str) and routing_resolved.strip():
+        return str(variant)
+    return LEGACY_BENCH_VARIANTS.get(str(variant), str(variant))
 
 
 def provider_name(name) -> str:
     """The routing implementation a benchmark row names: bench_training's variants ``mhar_<routing_impl>``
-    (``mhar_fused_v7_sg8`` -> ``fused_v7_sg8``) and the aliases above; other names lower-cased as given."""
+    (``mhar_fused_nopdl`` -> ``fused_nopdl``; an old record's ``mhar_fused_v7_sg8`` -> ``fused_v7_sg8``) and the
+    aliases above; other names lower-cased as given."""
     v = str(name).lower()
     if v in PROVIDER_NAMES:
         return PROVIDER_NAMES[v]
@@ -501,6 +515,9 @@ def load_bench(paths: Iterable[str | os.PathLike]):
             out[canon] = df[col] if col is not None else np.nan
         out["status"] = df["status"].astype(str) if "status" in df.columns else "ok"
         out["tokens_per_s"] = pd.to_numeric(out["tokens_per_s"], errors="coerce")
+        if cols["provider"] == "variant":  # bench_training's variant names (older records: bench_variant)
+            resolved = df["routing_resolved"] if "routing_resolved" in df.columns else [None] * len(df)
+            out["provider"] = [bench_variant(v, r) for v, r in zip(out["provider"], resolved)]
         out["provider"] = [provider_name(v) for v in out["provider"]]
         out["size"] = out["size"].astype(str)
         out["source"] = str(p)

@@ -157,12 +157,13 @@ def write_bench(path: Path, sizes=("tiny", "100M")) -> Path:
 
 
 def write_bench_training(path: Path) -> Path:
-    """Rows in the format of benchmarks/bench_training.py (variant, peak_mem_gib, thr_ratio, status)."""
-    rows = ["size,variant,heads,B,T,tokens_per_s,peak_mem_gib,status,wall_s,thr_ratio,mem_ratio,gpu",
-            "1B,baseline,0,2,1024,20000.0,19.0,ok,30.0,,,H200",
-            "1B,mhar_eager,8,2,1024,,,OOM,12.0,,,H200",
-            "1B,mhar_compile,8,2,1024,5000.0,47.0,ok,80.0,0.25,2.47,H200",
-            "1B,mhar_fused,8,2,1024,9000.0,21.0,ok,40.0,0.45,1.1,H200"]
+    """Rows in the format of benchmarks/bench_training.py (variant, peak_mem_gib, thr_ratio, status, the routing
+    the row ran)."""
+    rows = ["size,variant,heads,B,T,tokens_per_s,peak_mem_gib,status,wall_s,thr_ratio,mem_ratio,gpu,routing_resolved",
+            "1B,baseline,0,2,1024,20000.0,19.0,ok,30.0,,,H200,",
+            "1B,mhar_eager,8,2,1024,,,OOM,12.0,,,H200,eager",
+            "1B,mhar_compile,8,2,1024,5000.0,47.0,ok,80.0,0.25,2.47,H200,compile",
+            "1B,mhar_fused,8,2,1024,9000.0,21.0,ok,40.0,0.45,1.1,H200,fused"]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(rows) + "\n")
     return path

@@ -32,6 +32,8 @@ def test_bench_training_cpu_rows(tmp_path, monkeypatch):
                                                     rel=1e-3)
     assert int(mhar["params"]) > int(base["params"])  # routing adds parameters
     assert mhar["cuda_graph"] == "0" and mhar["torch"]
+    # the routing each row ran (the cost table names rows by it)
+    assert [r["routing_resolved"] for r in rows] == ["", "", "eager", "eager"] and mhar["pdl"] == "0"
     # the recorded command reproduces these rows, even when main() is called from another process
     assert mhar["command"].startswith("PYTHONPATH=. python -m benchmarks.bench_training --sizes debug")
 
@@ -144,31 +146,18 @@ def test_variant_env_reaches_its_process_and_its_rows(tmp_path, monkeypatch):
         ("mhar_eager", "step", "MHAR_ROUTING_AUTOTUNE=0"), ("mhar_eager", "trainer", "MHAR_ROUTING_AUTOTUNE=0")]
 
 
-def test_pdl_variant_is_the_paper_routing_with_pdl_on():
+def test_variants_are_the_registry_and_name_their_pdl_setting(monkeypatch):
+    """The benchmark's variants are the baseline and ``mhar_<impl>`` for each routing implementation of the
+    registry, plus the fused kernels without programmatic dependent launch (``mhar_fused_nopdl``: MHAR_ROUTING_PDL=0
+    in its processes); every other variant runs the library's default (the variable unset), whatever the caller's
+    setting, so a variant always means the same launches."""
     from benchmarks import bench_training
-    assert bench_training.VARIANTS["mhar_fused_v7_sg8_pdl"] == bench_training.VARIANTS["mhar_fused_v7_sg8"]
-    assert bench_training.variant_env("mhar_fused_v7_sg8_pdl")["MHAR_ROUTING_PDL"] == "1"
-    assert bench_training.VARIANTS["mhar_fused_v7_sg8_overlap_pdl"]["routing_impl"] == "fused_v7_sg8_overlap"
-    assert bench_training.variant_env("mhar_fused_v7_sg8_overlap_pdl")["MHAR_ROUTING_PDL"] == "1"
-    assert bench_training.VARIANTS["mhar_fused_v7_sg8_async_pdl"]["routing_impl"] == "fused_v7_sg8_async"
-    assert bench_training.variant_env("mhar_fused_v7_sg8_async_pdl")["MHAR_ROUTING_PDL"] == "1"
-    # the other fused variants name PDL off explicitly (PDL is the library's default on sm_90+), so a record's
-    # variant always means the same launches whatever the caller's environment
-    for name in ("mhar_fused_v7_sg8", "mhar_fused_v7_sg8_overlap", "mhar_fused_v7_sg8_async", "mhar_fused",
-                 "mhar_fused_v5"):
-        assert bench_training.variant_env(name)["MHAR_ROUTING_PDL"] == "0", name
-    assert "MHAR_ROUTING_PDL" not in bench_training.VARIANT_ENV.get("mhar_eager", {})
-    assert "MHAR_ROUTING_PDL" not in bench_training.VARIANT_ENV.get("baseline", {})
-
-
-def test_heads_variant_names_its_scoring_kernel(monkeypatch):
-    """``_heads`` variants run the all-heads scoring kernel, every other fused variant the per-head one its rows
-    measured, whatever the caller's MHAR_ROUTING_SCORE."""
-    from benchmarks import bench_training
-    monkeypatch.setenv("MHAR_ROUTING_SCORE", "heads")
-    assert bench_training.VARIANTS["mhar_fused_v7_sg8_heads_pdl"] == bench_training.VARIANTS["mhar_fused_v7_sg8"]
-    env = bench_training.variant_env("mhar_fused_v7_sg8_heads_pdl")
-    assert (env["MHAR_ROUTING_SCORE"], env["MHAR_ROUTING_PDL"]) == ("heads", "1")
-    for name in ("mhar_fused_v7_sg8", "mhar_fused_v7_sg8_pdl", "mhar_fused_v7_sg8_overlap"):
-        assert bench_training.variant_env(name)["MHAR_ROUTING_SCORE"] == "head", name
-    assert bench_training.variant_env("baseline")["MHAR_ROUTING_SCORE"] == "heads"  # (not a fused variant)
+    from mhar.config import ROUTING_IMPLS
+    assert list(bench_training.VARIANTS) == ["baseline", *(f"mhar_{i}" for i in ROUTING_IMPLS), "mhar_fused_nopdl"]
+    for impl in ROUTING_IMPLS:
+        assert bench_training.VARIANTS[f"mhar_{impl}"] == {"variant": "mhar", "routing_impl": impl}
+    assert bench_training.VARIANTS["mhar_fused_nopdl"] == bench_training.VARIANTS["mhar_fused"]
+    monkeypatch.setenv("MHAR_ROUTING_PDL", "1")
+    assert bench_training.variant_env("mhar_fused_nopdl")["MHAR_ROUTING_PDL"] == "0"
+    for name in ("baseline", "mhar_fused", "mhar_auto", "mhar_eager"):
+        assert "MHAR_ROUTING_PDL" not in bench_training.variant_env(name), name

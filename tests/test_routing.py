@@ -4,6 +4,7 @@ tested in test_fused_routing.py (the Triton interpreter runs them on the CPU: co
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ from mhar.model import build_model
 from mhar.routing import AutoRouter, EagerRouter, check_kernel_env, get_router, names, resolve_routing_impl
 
 ROOT = Path(__file__).resolve().parents[1]
+# Where the fused kernels run: the GPU, else the CPU under the Triton interpreter (conftest.py), where ``auto``
+# itself picks eager (so the tests make it pick fused there with a mocked device check).
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def test_auto_is_fused_on_cuda_with_triton_and_eager_elsewhere(monkeypatch):
@@ -61,15 +65,17 @@ def test_auto_router_routes_each_forward_on_its_device(monkeypatch):
     assert isinstance(auto.active, EagerRouter)
     grads_e = torch.autograd.grad(out_e.pow(2).sum(), [x, *qs, *gs])
 
-    monkeypatch.setattr(R, "resolve_routing_impl", lambda impl, device: "fused")
-    auto = get_router("auto")
+    if DEV == "cpu":  # (a new router: each router decides once per device type)
+        monkeypatch.setattr(R, "resolve_routing_impl", lambda impl, device: "fused")
+        auto = get_router("auto")
+    leaves = [t.detach().to(DEV).requires_grad_() for t in [x, *qs, *gs]]
     calls = fused_mod._Read.calls
-    out_f = _routed(auto, x, qs, gs)
+    out_f = _routed(auto, leaves[0], leaves[1:4], leaves[4:])  # a forward on DEV
     assert isinstance(auto.active, fused_mod.FusedRouter) and fused_mod._Read.calls == calls + 3
-    grads_f = torch.autograd.grad(out_f.pow(2).sum(), [x, *qs, *gs])
-    torch.testing.assert_close(out_f, out_e, rtol=1e-5, atol=1e-6)
+    grads_f = torch.autograd.grad(out_f.pow(2).sum(), leaves)
+    torch.testing.assert_close(out_f.cpu(), out_e, rtol=1e-5, atol=1e-6)
     for a, b in zip(grads_f, grads_e):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5)
 
 
 def test_models_default_to_auto_and_route_eager_on_the_cpu():
@@ -94,7 +100,7 @@ def test_a_fused_checkpoint_loads_eager_on_the_cpu_and_old_names_load_as_fused(t
             p.add_(0.3 * torch.randn_like(p))
     ids = torch.randint(0, 257, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        want = model(ids).logits  # the fused kernels (Triton interpreter)
+        want = model.to(DEV)(ids.to(DEV)).logits.cpu()  # the fused kernels (on a CPU: the Triton interpreter)
     model.cfg.residual.routing_impl = "fused_v7_sg8"  # what an older run's model.pt says
     save_model(tmp_path / "model.pt", model, "byte")
     loaded, _, _ = load_model(tmp_path / "model.pt")
@@ -106,7 +112,7 @@ def test_a_fused_checkpoint_loads_eager_on_the_cpu_and_old_names_load_as_fused(t
 
 
 def test_kernel_settings_are_two_and_checked(monkeypatch):
-    for var in [v for v in __import__("os").environ if v.startswith(names.KERNEL_ENV_PREFIX)]:
+    for var in [v for v in os.environ if v.startswith(names.KERNEL_ENV_PREFIX)]:
         monkeypatch.delenv(var)
     assert set(names.KERNEL_ENV) == {"MHAR_ROUTING_AUTOTUNE", "MHAR_ROUTING_PDL"}
     monkeypatch.setenv("MHAR_ROUTING_PDL", "0")
@@ -142,6 +148,8 @@ def test_trainer_records_the_routing_it_runs(tmp_path, monkeypatch):
     prov = _train_smoke(tmp_path, "eager")
     assert prov["config"]["model"]["residual"]["routing_impl"] == "auto"
     assert prov["routing"] == {"impl": "auto", "resolved": "eager", "pdl": False}
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the fused half runs the kernels on the CPU (Triton interpreter); on a GPU: the gpu_smoke command")
     monkeypatch.setattr(R, "resolve_routing_impl", lambda impl, device: "fused" if impl == "auto" else impl)
     prov = _train_smoke(tmp_path, "fused")
     assert prov["routing"] == {"impl": "auto", "resolved": "fused", "pdl": False}  # (no PDL in the interpreter)

@@ -543,17 +543,27 @@ def test_report_setup_comes_from_the_run_records(tmp_path):
 
 def test_every_bench_training_variant_is_tabulated_under_its_routing_impl():
     """The cost table groups bench_training rows by routing implementation: each variant mhar_<impl> (the
-    benchmark's own list) lands in the row of the routing_impl it ran, not under a name of its own; a variant
-    that runs an implementation with other kernel settings (VARIANT_ENV, e.g. mhar_fused_v7_sg8_pdl) gets a row
-    of its own, never the plain implementation's."""
-    from benchmarks.bench_training import VARIANT_ENV, VARIANTS
-    plain = {io.provider_name(n) for n in VARIANTS if n not in VARIANT_ENV}
+    benchmark's own list) lands in the row of the routing_impl it ran, not under a name of its own; the variant
+    that runs fused without programmatic dependent launch (mhar_fused_nopdl) gets a row of its own."""
+    from benchmarks.bench_training import VARIANTS
     for name, spec in VARIANTS.items():
-        if name in VARIANT_ENV:
-            assert io.provider_name(name) not in plain and io.provider_name(name).startswith(spec["routing_impl"]), name
-        else:
-            assert io.provider_name(name) == spec.get("routing_impl", "baseline"), name
+        want = spec.get("routing_impl", "baseline") + ("_nopdl" if name.endswith("_nopdl") else "")
+        assert io.provider_name(name) == want, name
         assert io.provider_name(name.upper()) == io.provider_name(name)
+
+
+def test_older_records_name_their_rows_as_they_were(tmp_path):
+    """A record written before the routing names were unified (no routing_resolved column): its
+    mhar_fused_v7_sg8_pdl rows measured what routing_impl fused runs now (the fused row); its mhar_fused rows measured
+    withdrawn kernels (a row of their own, fused_v6). A current row (routing_resolved set) keeps its name."""
+    old = tmp_path / "old.csv"
+    old.write_text("size,variant,tokens_per_s,thr_ratio,status\n1B,baseline,100,,ok\n"
+                   "1B,mhar_fused_v7_sg8_pdl,90,0.9,ok\n1B,mhar_fused,85,0.85,ok\n")
+    new = tmp_path / "new.csv"
+    new.write_text("size,variant,tokens_per_s,thr_ratio,status,routing_resolved\n1B,baseline,100,,ok,\n"
+                   "1B,mhar_fused,91,0.91,ok,fused\n")
+    df = io.load_bench([old, new])
+    assert list(df["provider"]) == ["baseline", "fused", "fused_v6", "baseline", "fused"]
 
 
 def test_cost_table_same_run_ratios_are_averaged_over_runs(tmp_path):

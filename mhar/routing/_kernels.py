@@ -522,13 +522,11 @@ def _src_bwd_kernel(
     w = q * g in w[k] (D,) fp32; ss (BT,) fp32: the source's sum of squares per token (as the forward used it;
     ignored for the null vector). Writes grad (BT, D) (= init + sum over reads; IS_NULL: per-program sums over
     tokens (n_prog, D)) and dsr[h, k - k_lo, t] = dL/dscore * rms^-1 (H, J, BT; strides dsr_sh, dsr_sk, 1) in
-    dsr's dtype. The read loop is a
-    ``tl.range`` loop (software-pipelined: the douts stream through shared memory) whose body reduces over
-    each head's columns only (the RMS term is summed per head and reduced over heads once, after the loop).
-    Rows are the two tiles of ``_split`` (no idle lanes for head widths that are not powers of two). D, H and
-    DH are compile-time constants (per model width, as the autotuning key already was): masks and address
-    arithmetic fold (``benchmarks/kernel_stats.py``: 14.6 -> 13.9 SASS instructions per loaded element at
-    350M width; the loop is issue-bound)."""
+    dsr's dtype. The read loop is a ``tl.range`` loop (software-pipelined: the douts stream through shared
+    memory) whose body reduces over each head's columns only (the RMS term is summed per head and reduced over
+    heads once, after the loop). Rows are the two tiles of ``_split``. D, H and DH are compile-time constants
+    (per model width, as the autotuning key already was), so masks and address arithmetic fold: the loop is
+    issue-bound."""
     _pdl_enter(PDL)
     pid = tl.program_id(0)
     tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ._kernels import (LAUNCHES, append_source, dW_all, prefix6_fwd, prefix7_fwd, route_bwd, route_fwd, route_fwd7,
                        score_sources, source_bwd, source_group_bwd, split_weights, stash)
-from .names import SOURCE_GROUP, V7_GROUP
+from .names import SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, V7_GROUP
 from .routers import Router
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES", "SOURCE_GROUP_MAX_HEAD"]
@@ -180,13 +180,6 @@ class _Reads:
     W_split: Optional[tuple] = None  # W as score_sources takes it (hi / lo parts in the sources' dtype)
     scored: int = 0  # slots 0..scored-1 have their rows s_lo[j].. of S
     s_lo: dict = field(default_factory=dict)  # slot -> first read whose score row was computed
-
-
-# Widest head (D / H columns) that takes source groups: the group kernel holds a head's columns for a group's
-# sources per token, which up to 160 (H = 8 at the 1B width) compiles without register spills for sm_90; wider
-# heads (H = 4 at 350M / 1B, H = 1) would spill (``benchmarks/profile.py --kernel-stats``), so they take one pass
-# over the later reads' douts per source (same math).
-SOURCE_GROUP_MAX_HEAD = 160
 
 
 def _source_group(st: _Storage, v: _Reads, slot: int, n_buf: int, k_first: int, init) -> list:

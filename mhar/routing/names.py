@@ -12,6 +12,10 @@ from ..config import ROUTING_IMPLS
 
 V7_GROUP = 4  # announced reads per forward group: one pass over their common prefix (score table reads)
 SOURCE_GROUP = 8  # consecutive sources whose gradients share one pass over the later reads' douts
+# Widest head (D / H columns) that takes source groups: the group kernel holds a head's columns for a group's
+# sources per token, which up to 160 (H = 8 at the 1B width) compiles without register spills for sm_90; wider
+# heads (H = 4 at 350M / 1B, H = 1) would spill, so they take one pass over the later reads' douts per source.
+SOURCE_GROUP_MAX_HEAD = 160
 
 # The fused kernels' settings (documented in docs/ARCHITECTURE.md, "Routing"; provenance records them). Each
 # maps to its accepted values; the first is what an unset variable means. They change speed, never results.

@@ -1,28 +1,31 @@
-"""Is a throughput target met? The same-run ratios of a training-throughput record, per size, against a target.
+"""Throughput statistics of training-throughput records (``benchmarks/bench_training.py`` CSVs): is a target met,
+is one routing faster than another? The statistics are the pure functions ``t_interval``, ``verdicts`` (one-sided
+t test of the mean ratio against a target per size, Holm over the sizes: statsmodels) and ``compare`` (paired t
+test of two variants measured in the same runs); ``load_units`` / ``load_pairs`` read a record; ``main`` is the CLI.
 
-    python -m benchmarks.target_verdict results/bench/training.csv                      # mhar_fused_v7_sg8 vs 0.90
-    python -m benchmarks.target_verdict results/bench/training.csv --target 0.95 --unit call
-    python -m benchmarks.target_verdict F.csv --variant mhar_fused_sg8 --json
-    python -m benchmarks.target_verdict results/bench/training.csv --mode both --unit call  # + the trainer rows
+    python -m eval.throughput results/bench/training.csv                              # mhar_fused vs 0.90
+    python -m eval.throughput results/bench/training.csv --target 0.95 --unit call
+    python -m eval.throughput F.csv --variant mhar_eager --json
+    python -m eval.throughput results/bench/training.csv --mode both --unit call     # + the trainer rows
 
 Each row of the record with ``mode`` "step" (``--mode``: "trainer" for the ``python -m mhar.train`` rows, "both"),
 the variant, status ok and a ``thr_ratio`` (MHAR's tokens/s over the baseline's, both measured in ONE run: a
-truly paired ratio) is one run. ``--unit run`` (default) treats every run
-as independent; ``--unit call`` first averages the runs that share a device call (the ``source`` column's
-"session ... call N": same machine, same compile caches), the stricter unit when a call holds repeats. Per size:
-n, mean, sample sd, the 95% t interval (scipy), the one-sided t test of mean > target (scipy) and its Holm
-adjustment over the sizes (statsmodels: the issue asks for the target at EVERY size, so each size is one of
-several tests). Verdict per size: "met" (Holm p < alpha), "below" (the interval's upper end under the target),
-else "not demonstrated" (with one unit, always), "not measured" for a size of ``--sizes`` without runs. The target
-holds overall only if every size is "met".
+truly paired ratio) is one run. Records written before the routing names were unified name variants as they
+were then (``eval.results_io.bench_variant``: their ``mhar_fused_v7_sg8_pdl`` rows are ``mhar_fused``, their
+``mhar_fused`` rows ``mhar_fused_v6``). ``--unit run`` (default) treats every run as independent; ``--unit call``
+first averages the runs that share a device call (the ``source`` column's "session ... call N": same machine, same
+compile caches), the stricter unit when a call holds repeats. Per size: n, mean, sample sd, the 95% t interval
+(scipy), the one-sided t test of mean > target (scipy) and its Holm adjustment over the sizes (statsmodels: the
+target is asked at EVERY size, so each size is one of several tests). Verdict per size: "met" (Holm p < alpha),
+"below" (the interval's upper end under the target), else "not demonstrated" (with one unit, always), "not
+measured" for a size of ``--sizes`` without runs. The target holds overall only if every size is "met".
 
 ``--against B`` compares two variants measured in the SAME runs instead (each against the baseline of its own run:
 a call's k-th baseline row opens its k-th run): per size, the paired differences of the ratios (variant - B), their
 95% t interval and the one-sided paired t test of variant > B (scipy ``ttest_rel``), Holm over the sizes; and all
 sizes pooled (one test over every pair). Runs that hold only one of the two are left out.
 
-    python -m benchmarks.target_verdict results/bench/training.csv --variant mhar_fused_v7_sg8_pdl \
-        --against mhar_fused_v7_sg8
+    python -m eval.throughput results/bench/training.csv --variant mhar_fused --against mhar_fused_nopdl
 """
 from __future__ import annotations
 
@@ -34,7 +37,25 @@ import re
 import sys
 from pathlib import Path
 
+from .results_io import bench_variant
+
 SIZE_ORDER = {"100M": 0, "350M": 1, "1B": 2}
+
+
+def t_interval(x, level: float = 0.95) -> tuple[float, float, float, float]:
+    """(mean, sample sd, low, high) of the values ``x`` (two or more), the interval Student's t at ``level``
+    (scipy): the unit of ``x`` (a run, a call) is the caller's choice."""
+    import numpy as np
+    from scipy import stats
+
+    x = np.asarray(x, float)
+    lo, hi = stats.t.interval(level, x.size - 1, loc=x.mean(), scale=stats.sem(x))
+    return float(x.mean()), float(x.std(ddof=1)), float(lo), float(hi)
+
+
+def _variant(row: dict) -> str:
+    """The row's variant under the current names (``bench_variant``)."""
+    return bench_variant(row["variant"], row.get("routing_resolved"))
 
 
 def _call_id(source: str) -> str:
@@ -82,7 +103,7 @@ def load_units(path: str | Path, variant: str, unit: str = "run",
     path, rows = Path(path), _read_record(path)
     runs: dict[str, list[tuple[str, float]]] = {}
     for i, r in enumerate(rows):
-        if r["variant"] != variant or r["mode"] not in MODES[mode] or r["status"] != "ok" or not r["thr_ratio"]:
+        if _variant(r) != variant or r["mode"] not in MODES[mode] or r["status"] != "ok" or not r["thr_ratio"]:
             continue
         x = _ratio(path, i, r)
         runs.setdefault(r["size"], []).append((_call_id(r.get("source", "")) or f"row {i + 2}", x))
@@ -105,8 +126,6 @@ def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: fl
     import numpy as np
     from scipy import stats
     from statsmodels.stats.multitest import multipletests
-
-    from benchmarks.common import t_interval
 
     out = []
     for size in sorted(set(units) | set(sizes), key=lambda s: (SIZE_ORDER.get(s, 99), s)):
@@ -157,11 +176,11 @@ def load_pairs(path: str | Path, variant: str, against: str,
         if r["variant"] == "baseline":
             opened[key] = opened.get(key, 0) + 1
             continue
-        if r["variant"] not in (variant, against) or r["status"] != "ok" or not r["thr_ratio"]:
+        if _variant(r) not in (variant, against) or r["status"] != "ok" or not r["thr_ratio"]:
             continue
         x = _ratio(path, i, r)
         run = (r["size"], f"{call} run {opened.get(key, 0)}" + ("" if mode == "step" else f" ({r['mode']})"))
-        seen.setdefault(run, {})[r["variant"]] = x
+        seen.setdefault(run, {})[_variant(r)] = x
     out: dict[str, list[tuple[str, float, float]]] = {}
     for (size, label), v in seen.items():
         if variant in v and against in v:
@@ -177,8 +196,6 @@ def compare(pairs: dict[str, list[tuple[str, float, float]]], alpha: float = 0.0
     import numpy as np
     from scipy import stats
     from statsmodels.stats.multitest import multipletests
-
-    from benchmarks.common import t_interval
 
     def row(size, items):
         a = np.array([x for _, x, _ in items], float)
@@ -242,7 +259,7 @@ def markdown(rows: list[dict], target: float, variant: str, unit: str, mode: str
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("record", help="training-throughput CSV (benchmarks/bench_training.py --out)")
-    ap.add_argument("--variant", default="mhar_fused_v7_sg8")
+    ap.add_argument("--variant", default="mhar_fused")
     ap.add_argument("--target", type=float, default=0.90)
     ap.add_argument("--unit", choices=("run", "call"), default="run")
     ap.add_argument("--mode", choices=tuple(MODES), default="step",

@@ -1,4 +1,5 @@
-"""benchmarks/target_verdict.py: the per-size test of a throughput target over paired runs (CPU, tiny CSVs)."""
+"""eval/throughput.py: the per-size test of a throughput target over paired runs, and the paired comparison of two
+variants, against scipy / statsmodels (CPU, tiny CSVs)."""
 from __future__ import annotations
 
 import csv
@@ -6,7 +7,7 @@ import math
 
 import pytest
 
-from benchmarks import target_verdict as tv
+from eval import throughput as tv
 
 COLS = ["size", "variant", "mode", "thr_ratio", "status", "source"]
 
@@ -235,3 +236,27 @@ def test_the_repository_record_reads():
     assert {"100M", "350M", "1B"} <= set(units)
     rows = tv.verdicts(units, 0.90)
     assert all(r["n"] >= 2 and r["verdict"] in ("met", "below", "not demonstrated") for r in rows)
+
+
+def test_t_interval_is_scipys():
+    from scipy import stats
+    x = [0.91, 0.93, 0.92, 0.95]
+    mean, sd, lo, hi = tv.t_interval(x)
+    assert mean == pytest.approx(sum(x) / 4) and sd == pytest.approx(stats.tstd(x))
+    assert (lo, hi) == pytest.approx(stats.t.interval(0.95, 3, loc=mean, scale=stats.sem(x)))
+
+
+def test_older_records_are_read_under_the_current_names(tmp_path):
+    """A record written before the routing names were unified: its mhar_fused_v7_sg8_pdl rows measured what
+    routing_impl fused runs now (read as mhar_fused); its mhar_fused rows measured withdrawn kernels (read as
+    mhar_fused_v6, not as today's mhar_fused). Rows written since carry routing_resolved and keep their names."""
+    cols = ["size", "variant", "mode", "thr_ratio", "status", "source", "routing_resolved"]
+    path = tmp_path / "r.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        w.writerows([("1B", "mhar_fused_v7_sg8_pdl", "step", "0.90", "ok", "session a call 1", ""),
+                     ("1B", "mhar_fused", "step", "0.85", "ok", "session a call 1", ""),
+                     ("1B", "mhar_fused", "step", "0.91", "ok", "session b call 1", "fused")])
+    assert [x for _, x in tv.load_units(path, "mhar_fused")["1B"]] == [0.90, 0.91]
+    assert [x for _, x in tv.load_units(path, "mhar_fused_v6")["1B"]] == [0.85]
