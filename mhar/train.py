@@ -45,6 +45,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
+import yaml
 from torch import Tensor, nn
 
 from .atomic import os_error_line
@@ -59,7 +60,7 @@ from .optim import EMA, batch_digest, load_init_weights, param_groups
 from .provenance import collect_provenance, utc_now
 from .routing import check_kernel_env
 from .runconfig import (RunConfig, dump_yaml, identity_hash, load_run_config, run_config_from_dict,
-                        run_hash, run_identity, yaml_load)
+                        run_hash, run_identity, yaml_error_line, yaml_load)
 from .step import (StepResult, Throughput, TrainStep, autocast_for, build_optimizer, micro_forward, peak_flops,
                    plan_step)
 
@@ -202,7 +203,8 @@ class RunDir:
         try:
             old = run_config_from_dict(yaml_load(self.config.read_text()))
         except Exception as e:  # a YAML or config error alike
-            raise RunDirError(f"{self.config} is unreadable ({e}); refusing to overwrite the run in {self.path}") from e
+            why = yaml_error_line(e) if isinstance(e, yaml.YAMLError) else str(e).replace("\n", " ")
+            raise RunDirError(f"{self.config} is unreadable ({why}); refusing to overwrite the run in {self.path}") from None
         if identity_hash(old) != identity_hash(cfg):
             diff = _dict_diff(old.to_dict(), cfg.to_dict())
             raise RunDirError(f"{self.path} holds a run of a different config (differs in: {', '.join(diff[:8])}); "
