@@ -48,7 +48,7 @@ import torch
 import yaml
 from torch import Tensor, nn
 
-from .atomic import os_error_line
+from .atomic import check_writable, os_error_line
 from .checkpoint import (CheckpointError, atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text,
                          clean_stale_temps, load_error_brief, safe_torch_load, save_model, sha256_path)
 from .config import ConfigError
@@ -145,11 +145,10 @@ class RunDir:
         trainer never blocks the next one. Then stale temp files of killed writes are removed.
         """
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            check_writable(self.path)  # creates it; read-only, full or forbidden: found now, before data and model
             fd = os.open(self.lockfile, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise RunDirError(f"--out {self.path} is not a usable run directory ({e.strerror or e}); "
-                              "choose a writable directory path") from e
+            raise RunDirError(f"--out {self.path} is not a usable run directory: {os_error_line(e)}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -222,3 +222,27 @@ def test_hashing_while_writing_gives_the_file_hash_and_a_checksum_is_never_missi
     digest = C.atomic_torch_save({"w": torch.randn(300, 300), "n": [1, 2]}, path)
     assert digest == C.file_sha256(path) and C.verify_sha256(path) == digest
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.pt", "x.pt.sha256"]
+
+
+@pytest.mark.parametrize("code, says", [(errno.EROFS, "Read-only file system (EROFS)"),
+                                        (errno.ENOSPC, "No space left on device (ENOSPC)")])
+def test_unwritable_run_dir_fails_before_any_data_is_loaded(tmp_path, capsys, monkeypatch, code, says):
+    import builtins
+
+    import mhar.atomic as A
+
+    run = tmp_path / "run"
+
+    def fake_open(path, mode="r", *a, **k):  # the file system refuses writes there (root ignores file modes)
+        if "w" in mode and run in Path(path).parents:
+            raise OSError(code, os.strerror(code), str(path))
+        return builtins.open(path, mode, *a, **k)
+
+    monkeypatch.setattr(A, "open", fake_open, raising=False)
+    monkeypatch.setattr(T, "load_data", lambda *a, **k: pytest.fail("data loaded before --out was checked"))
+    cfg = _cfg(tmp_path)
+    capsys.readouterr()
+    assert T.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --out {run} is not a usable run directory: ") and says in err
+    assert not run.exists()
