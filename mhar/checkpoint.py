@@ -137,10 +137,10 @@ def verify_sha256(path: str | os.PathLike, required: bool = True) -> Optional[st
     if side.is_file() and _recorded(side) == actual:
         return actual
     for tmp in pending:
-        if _pending_checksum_matches(path, tmp):
+        if _recorded(tmp) == actual:
             try:
                 os.replace(tmp, side)
-            except FileNotFoundError:  # its writer (or another reader) completed it just now
+            except OSError:  # its writer (or another reader) completed it just now, or a read-only copy
                 pass
             return actual
     if not side.is_file():
