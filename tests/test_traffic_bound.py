@@ -4,7 +4,6 @@ independently), and the bound follows from bytes, bandwidth and baseline step.""
 from __future__ import annotations
 
 import csv
-import os
 
 import pytest
 import torch
