@@ -453,7 +453,7 @@ def _encode(tok: Tokenizer, text: str) -> np.ndarray:
 PIECE_CHARS = 1 << 16
 TASK_CHARS = 1 << 20
 PROGRESS_EVERY_S = 10.0  # progress line (tokens/s) at most this often
-COMMIT_EVERY_S = 2.0  # a killed build loses at most about this much work
+COMMIT_EVERY_S = 0.5  # a killed build loses at most about this much work (plus one task per worker)
 _CUT = re.compile(r"(?<=\S)\n(?=\S)")  # a newline between two non-space characters
 _CUT_WINDOW = 256  # characters on either side of a cut checked with the tokenizer's pre-tokenizer
 
@@ -574,6 +574,14 @@ _WORKER: dict = {}
 
 def _worker_init(enc: _Encoder, dtype: np.dtype) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker process
+    if sys.platform == "linux":  # a killed build takes its workers with it (no orphans finishing their task)
+        try:
+            import ctypes
+            import signal
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
     _WORKER.update(enc=enc, dtype=dtype)
 
 
