@@ -573,7 +573,7 @@ _WORKER: dict = {}
 
 
 def _worker_init(enc: _Encoder, dtype: np.dtype) -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker process
+    env.tokenizers_single_threaded()  # one core per worker process
     if sys.platform == "linux":  # a killed build takes its workers with it (no orphans finishing their task)
         try:
             import ctypes

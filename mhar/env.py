@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["DATA_DIR_ENV", "TOKENIZE_WORKERS_ENV", "data_dir", "tokenize_workers"]
+__all__ = ["DATA_DIR_ENV", "TOKENIZE_WORKERS_ENV", "data_dir", "tokenize_workers", "tokenizers_single_threaded"]
 
 DATA_DIR_ENV = "MHAR_DATA_DIR"
 TOKENIZE_WORKERS_ENV = "MHAR_TOKENIZE_WORKERS"
@@ -46,3 +46,9 @@ def tokenize_workers() -> int:
     if n < 0:
         raise ValueError(f"{TOKENIZE_WORKERS_ENV}={raw!r}: expected a number of processes >= 0 (0: all cores)")
     return n
+
+
+def tokenizers_single_threaded() -> None:
+    """Set ``TOKENIZERS_PARALLELISM=false`` in this process (a tokenizer worker process of
+    ``mhar.data``: one core each, and no warning about parallelism before a fork)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"

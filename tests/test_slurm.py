@@ -116,7 +116,7 @@ def cancel_after_first_checkpoint(workdir: Path, proc: subprocess.Popen, label: 
     """scancel the training job of run `label` once its first checkpoint exists; returns its SLURM id."""
     t0 = time.time()
     while time.time() - t0 < timeout and proc.poll() is None:
-        if list(workdir.glob(f"results/runs/*/{label}/*/seed*/*/checkpoint/state.pt")):
+        if list(workdir.glob(f"results/runs/*/{label}/*/seed*/*/checkpoint/state-*.pt.sha256")):
             running = [j for j, comment, state in slurm_jobs()
                        if comment.startswith("rule_train_") and f"_{label}_" in comment and state == "RUNNING"]
             if running:
