@@ -451,7 +451,7 @@ def _encode(tok: Tokenizer, text: str) -> np.ndarray:
 # Tasks are tokenized by worker processes and written strictly in order: the shards are byte for
 # byte those of encoding every whole document with `_encode`, whatever the worker count.
 PIECE_CHARS = 1 << 16
-TASK_CHARS = 1 << 20
+TASK_CHARS = 1 << 18  # ~64K tokens: enough tasks to keep many workers busy on a small corpus
 PROGRESS_EVERY_S = 10.0  # progress line (tokens/s) at most this often
 COMMIT_EVERY_S = 0.5  # a killed build loses at most about this much work (plus one task per worker)
 _CUT = re.compile(r"(?<=\S)\n(?=\S)")  # a newline between two non-space characters
