@@ -15,7 +15,8 @@ corpus; see the config's header):
      (the trainer's own per-step records), train / validation loss at steps 100, 200, 300, the evaluation,
      and the projected time of the paper's full 20K-step run on this one GPU (20K x median step time; the
      evaluations and checkpoints of a full run come on top).
-The warmup scales with N (1000 of 20K steps in the paper: 5%). Every subprocess gets the time left of
+``--single SIZE``: train that size in one process (no stop / resume: at 1B a restart and a 13 GB checkpoint
+round trip cost about a minute). The warmup scales with N (1000 of 20K steps in the paper: 5%). Every subprocess gets the time left of
 ``--budget-s`` (its timeout); a size whose minimum time (``--min-stage-s``, cold compile + a few steps)
 no longer fits is skipped and says so. Run folders (checkpoints: GBs at 1B) go to ``--work`` (default
 ``$PILOT_WORK`` or /tmp/mhar_pilot); only small records are copied under DIR. ``benchmarks/pilot_record.py``
@@ -188,10 +189,15 @@ def pilot_size(size: str, args, clock: Clock, log: Path) -> dict:
     row = {"size": size, "config": str(cfg_path), "target_steps": steps, "warmup_steps": warmup,
            "eval_every": eval_every, "overrides": " ".join(args.set),
            "command": "PYTHONPATH=. python -m mhar.train " + shlex.join([str(cfg_path), *overrides, "--out", "RUN"])
-           + f" [--stop-after {stop}]"}
+           + ("" if size in args.single else f" [--stop-after {stop}]")}
     t_stage = time.time()
-    rc1, wall1 = run_logged([*base, "--stop-after", str(stop)], log, clock.left())
-    rc2, wall2 = (run_logged(base, log, clock.left()) if rc1 == 0 else (None, 0.0))
+    if size in args.single:  # one process, no stop / resume (saves a restart and a checkpoint round trip)
+        stop = None
+        rc1, wall1 = run_logged(base, log, clock.left())
+        rc2, wall2 = 0, 0.0
+    else:
+        rc1, wall1 = run_logged([*base, "--stop-after", str(stop)], log, clock.left())
+        rc2, wall2 = (run_logged(base, log, clock.left()) if rc1 == 0 else (None, 0.0))
     row.update(wall_s_first=round(wall1, 1), wall_s_resumed=round(wall2, 1),
                train_status="ok" if rc1 == 0 and rc2 == 0 else
                ("over budget" if 124 in (rc1, rc2) else f"failed (exit {rc1 if rc1 else rc2})"))
@@ -213,8 +219,9 @@ def pilot_size(size: str, args, clock: Clock, log: Path) -> dict:
         step_s = row["step_ms_median"] / 1e3
         row["tokens_per_s"] = round(row["global_batch"] * row["seq_len"] / step_s)
         row["projected_full_run_h"] = round(FULL_STEPS * step_s / 3600, 2)
-    row["status"] = "ok" if row["train_status"] == "ok" and row["resumed_from_step"] == stop else row["train_status"]
-    if row["train_status"] == "ok" and row["resumed_from_step"] != stop:
+    resumed_ok = row["resumed_from_step"] == stop if stop else row["resumed_from_step"] is None
+    row["status"] = "ok" if row["train_status"] == "ok" and resumed_ok else row["train_status"]
+    if row["train_status"] == "ok" and not resumed_ok:
         row["status"] = f"resume not recorded (resumed_from_step={row['resumed_from_step']}, expected {stop})"
     copy_records(run_dir, Path(args.work) / f"eval_{size}", Path(args.out) / "runs" / size)
     return row
@@ -252,8 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=os.environ.get("PILOT_WORK", "/tmp/mhar_pilot"),
                     help="run folders with their checkpoints (not copied to --out)")
     ap.add_argument("--set", nargs="*", default=[], help="key=value overrides for every size (e.g. on CPU)")
+    ap.add_argument("--single", nargs="*", default=[], metavar="SIZE",
+                    help="sizes trained in one process, without the stop half way and the resume")
     args = ap.parse_args(argv)
     args.steps = {**DEFAULT_STEPS, **_parse_pairs(args.steps, "--steps")}
+    small = [f"{k}={v}" for k, v in args.steps.items() if k in args.sizes and v < 2]
+    if small:
+        raise SystemExit(f"error: --steps {' '.join(small)}: a pilot needs at least 2 steps (it stops half way)")
     min_stage = {**DEFAULT_MIN_STAGE_S, **_parse_pairs(args.min_stage_s, "--min-stage-s", float)}
     for size in args.sizes:
         if not (Path(args.config_dir) / f"paper_{size}.yaml").is_file():

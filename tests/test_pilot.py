@@ -50,15 +50,16 @@ def test_pilot_driver_on_cpu(tmp_path):
     cmd = [sys.executable, "-m", "benchmarks.pilot", "--out", str(out), "--work", str(work), "--sizes", "100M", "1B",
            "--steps", "100M=6", "1B=4", "--loss-steps", "2", "4", "6", "--eval-every", "2", "--skip-steps", "1",
            "--eval-limit", "1", "--device", "cpu", "--budget-s", "900", "--min-stage-s", "100M=1", "1B=1",
-           "--set", *CPU]
+           "--single", "1B", "--set", *CPU]
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = list(csv.DictReader((out / "pilot.csv").open()))
     assert [r["size"] for r in rows] == ["100M", "1B"] and all(r["status"] == "ok" for r in rows)
-    for r, steps in zip(rows, (6, 4)):
+    for r, steps, resumed in zip(rows, (6, 4), (3, None)):  # 1B: --single (one process, no resume)
         run = work / r["size"]
         prov = json.loads((run / "provenance.json").read_text())
-        assert int(r["steps_done"]) == steps and int(r["resumed_from_step"]) == steps // 2 == prov["resumed_from_step"]
+        assert int(r["steps_done"]) == steps and prov.get("resumed_from_step") == resumed
+        assert r["resumed_from_step"] == ("" if resumed is None else str(resumed))
         metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         train = {m["step"]: m for m in metrics if m["split"] == "train"}
         val = {m["step"]: m["val_loss"] for m in metrics if m["split"] == "val"}
@@ -68,7 +69,7 @@ def test_pilot_driver_on_cpu(tmp_path):
                 assert float(r[f"val_loss_{s}"]) == pytest.approx(val[s], abs=1e-4)
             else:
                 assert r[f"train_loss_{s}"] == ""
-        steady = sorted(train[s]["step_ms"] for s in train if s not in (1, steps // 2 + 1))
+        steady = sorted(train[s]["step_ms"] for s in train if s not in (1, (resumed or -1) + 1))
         assert float(r["step_ms_median"]) == pytest.approx(steady[len(steady) // 2])
         assert float(r["projected_full_run_h"]) == pytest.approx(20000 * float(r["step_ms_median"]) / 1e3 / 3600,
                                                                  abs=0.01)
