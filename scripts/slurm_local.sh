@@ -199,7 +199,7 @@ cmd_install() {
     mkdir -p "$LOGS"
     install_pkgs "${PACKAGES[@]}"
     [ "${1:-0}" = 1 ] && install_pkgs "${ACCT_PACKAGES[@]}"
-    say "installed: $(sinfo --version 2>/dev/null || echo '?'), munge $(dpkg-query -W -f='${Version}' munge)"
+    say "installed: slurm-wlm $(dpkg-query -W -f='${Version}' slurm-wlm), munge $(dpkg-query -W -f='${Version}' munge)"
 }
 
 cmd_start() {
