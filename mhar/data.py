@@ -498,6 +498,9 @@ class _Encoder:
                     break
             if any("\n" in t.content for t in backend.get_added_tokens_decoder().values()):
                 self.cuttable = False  # an added token spanning a newline could straddle a cut
+            probe = "A line of text.\nThe next line."
+            if self.cuttable and not self.cut_ok(probe, probe.index("\n") + 1):
+                self.cuttable = False  # e.g. a prefix space added to every input (Metaspace): never cut
 
     def _pre_split(self, text: str) -> list[str]:
         return [s for s, _ in self.pre.pre_tokenize_str(text)]
@@ -515,11 +518,13 @@ class _Encoder:
         out, start = [], 0
         while len(text) - start > PIECE_CHARS:
             at = None
-            for m in _CUT.finditer(text, start + PIECE_CHARS, min(len(text), start + 2 * PIECE_CHARS)):
+            for tries, m in enumerate(_CUT.finditer(text, start + PIECE_CHARS)):
                 if self.cut_ok(text, m.end()):
                     at = m.end()
                     break
-            if at is None:  # no usable cut nearby: the rest stays one piece
+                if tries >= 16:
+                    break
+            if at is None:  # no usable cut: the rest stays one piece
                 break
             out.append(text[start:at])
             start = at
@@ -528,7 +533,7 @@ class _Encoder:
 
     def encode(self, text: str, first: bool, last: bool) -> np.ndarray:
         """One piece (``first`` / ``last`` of its document), or a whole document when both."""
-        if first and last and not self.cuttable:
+        if first and last:  # a whole document: the reference encoding itself
             return _encode(self.tok, text)
         if self.byte:
             ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
