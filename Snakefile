@@ -70,6 +70,7 @@ if HAS_CPT:
 
 
 include: "workflow/rules/report.smk"
+include: "workflow/rules/slurm.smk"  # SLURM executor: refuse a status command that cannot see jobs
 
 
 # Cheap jobs run where Snakemake runs (never submitted to a cluster).

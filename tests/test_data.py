@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -195,7 +196,7 @@ def test_unreadable_corpora_give_one_line_errors(tmp_path):
     latin1.write_bytes("Götterdämmerung, café\n".encode("latin-1") * 200)
     with pytest.raises(DataError, match=r"e.txt: not UTF-8 text .*iconv -f latin1"):
         build_shards(DataConfig(corpus=str(latin1), cache_dir=cache), 257)
-    assert not any(Path(cache).glob(".*"))  # failed builds leave no temp folder
+    assert not [p for p in Path(cache).glob(".*") if p.is_dir()]  # failed builds leave no partial build
 
 
 def test_killed_cache_build_is_cleaned_at_next_start(tmp_path):
@@ -214,3 +215,269 @@ def test_killed_cache_build_is_cleaned_at_next_start(tmp_path):
     f.write_text("some text\n" * 200)
     build_shards(DataConfig(corpus=str(f), cache_dir=str(cache), seq_len=16), 257, lambda m: None)
     assert not stale.exists() and live.exists()
+
+
+# --- parallel, deterministic, resumable tokenization -------------------------------------------------
+def _long_text(seed: int, n_lines: int) -> str:
+    """Hard-wrapped prose with the whitespace a tokenizer is picky about: blank lines, trailing and
+    leading spaces, tabs, digits, punctuation runs, non-ASCII letters."""
+    rng = np.random.default_rng(seed)
+    words = ["the", "Cat", "sat", "on", "a", "mat,", "über", "naïve", "1234567", "--", "it's", "end.", "(x)", "wé're"]
+    lines = []
+    for _ in range(n_lines):
+        line = " ".join(rng.choice(words, size=int(rng.integers(1, 12))))
+        kind = rng.integers(0, 10)
+        if kind == 0:
+            line = ""  # blank line
+        elif kind == 1:
+            line += "  "  # trailing spaces before the newline
+        elif kind == 2:
+            line = "    " + line  # indented
+        elif kind == 3:
+            line = "\t" + line + "!!"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _train_bpe(tmp_path: Path, texts: list[str], name: str, pre=None, normalizer=None, bos: bool = False) -> str:
+    """A small BPE tokenizer.json trained on the fixture (GPT-2-like byte-level by default)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre or pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if normalizer is not None:
+        tk.normalizer = normalizer
+    tk.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>"] + (["<s>"] if bos else [])
+    tk.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if bos:
+        tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tk.token_to_id("<s>"))])
+    out = tmp_path / name
+    out.mkdir()
+    tk.save(str(out / "tokenizer.json"))
+    return str(out)
+
+
+def _reference_streams(cfg: DataConfig) -> dict:
+    """The shards' definition: every document of the split stream encoded whole (``_encode``), in order."""
+    from mhar.data import _encode, _token_dtype, split_stream
+    from mhar.tokenizer import get_tokenizer
+
+    tok = get_tokenizer(cfg.tokenizer)
+    _, stream = split_stream(resolve_corpus(cfg.corpus, None, cfg.text_field), cfg.holdout, cfg.val_fraction)
+    out = {"train": [], "val": []}
+    for split, text in stream:
+        if text:
+            out[split].append(_encode(tok, text))
+    return {k: np.concatenate(v).astype(_token_dtype(tok.vocab_size)).tobytes() for k, v in out.items()}
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """Pieces of ~300 characters and tasks of ~2000, so that a small fixture is cut and shared out."""
+    import mhar.data as D
+
+    monkeypatch.setattr(D, "PIECE_CHARS", 300)
+    monkeypatch.setattr(D, "TASK_CHARS", 2000)
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "bos_template", "not_cuttable_metaspace", "not_cuttable_normalizer"])
+def test_shards_are_the_same_for_any_worker_count_and_equal_whole_document_encoding(tmp_path, small_pieces, kind):
+    from tokenizers import normalizers, pre_tokenizers
+
+    import mhar.data as D
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = [_long_text(i, 120 + 60 * i) for i in range(5)]
+    for i, t in enumerate(texts):
+        (corpus / f"doc{i}.txt").write_text(t)
+    extra = {"bytelevel": {}, "bos_template": {"bos": True},
+             "not_cuttable_metaspace": {"pre": pre_tokenizers.Metaspace()},
+             "not_cuttable_normalizer": {"normalizer": normalizers.Lowercase()}}[kind]
+    tok = _train_bpe(tmp_path, texts, kind, **extra)
+    enc = D._Encoder(__import__("mhar.tokenizer", fromlist=["get_tokenizer"]).get_tokenizer(tok))
+    if kind == "bos_template":
+        assert len(enc.prefix) == 1 and len(enc.suffix) == 0
+    if kind.startswith("not_cuttable"):  # a prefix space per piece / a normalizer: documents stay whole
+        assert not enc.cuttable and all(len(enc.pieces(t)) == 1 for t in texts)
+    else:  # the fixture's documents really are cut into several pieces
+        assert all(len(enc.pieces(t)) >= 5 for t in texts)
+    ref = _reference_streams(DataConfig(corpus=str(corpus), tokenizer=tok, seq_len=16))
+    for workers in (1, 2, 3):
+        sh = build_shards(DataConfig(corpus=str(corpus), tokenizer=tok, cache_dir=str(tmp_path / f"c{workers}"),
+                                     seq_len=16), 1000, lambda m: None, workers=workers)
+        assert sh.meta["workers"] == workers
+        assert (sh.path / "train.bin").read_bytes() == ref["train"], workers
+        assert (sh.path / "val.bin").read_bytes() == ref["val"], workers
+
+
+def test_gpt2_and_olmo2_pieces_encode_like_whole_documents():
+    """On real text (the Gutenberg books) and real tokenizers: every cut is invisible in the ids."""
+    if not DATA_DIR or not Path(DATA_DIR, "nltk_gutenberg").is_dir():
+        pytest.skip("needs MHAR_DATA_DIR with nltk_gutenberg/ and tokenizers/")
+    import mhar.data as D
+    from mhar.tokenizer import get_tokenizer
+
+    text = Path(DATA_DIR, "nltk_gutenberg", "gutenberg", "carroll-alice.txt").read_bytes().decode("latin-1")
+    text = text.replace("\r\n", "\n")
+    for name in ("gpt2", "olmo2-dolma2"):
+        tok = get_tokenizer(str(Path(DATA_DIR, "tokenizers", name, "tokenizer.json")))
+        enc = D._Encoder(tok)
+        pieces = enc.pieces(text)
+        assert enc.cuttable and len(pieces) >= 2 and "".join(pieces) == text
+        ids = np.concatenate([enc.encode(p, i == 0, i == len(pieces) - 1) for i, p in enumerate(pieces)])
+        assert ids.tolist() == D._encode(tok, text).tolist(), name
+
+
+def test_progress_lines_report_tokens_per_second(tmp_path, small_pieces, monkeypatch):
+    import mhar.data as D
+
+    monkeypatch.setattr(D, "PROGRESS_EVERY_S", 0.0)
+    f = tmp_path / "a.txt"
+    f.write_text(_long_text(0, 400))
+    logs: list[str] = []
+    sh = build_shards(DataConfig(corpus=str(f), cache_dir=str(tmp_path / "c"), seq_len=16), 257, logs.append, workers=2)
+    assert any(re.search(r"tokenizing .*\d[\d,]* tokens, \d+% of .* [\d.]+M tokens/s \(2 worker", m) for m in logs), logs
+    assert re.search(r"tokenized .* \([\d.]+M tokens/s, 2 worker\(s\)\)", logs[-1]) and sh.meta["tokens_per_s"] > 0
+
+
+def test_tokenize_workers_env(monkeypatch, tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("some text\n" * 100)
+    monkeypatch.setenv("MHAR_TOKENIZE_WORKERS", "3")
+    assert build_shards(DataConfig(corpus=str(f), cache_dir=str(tmp_path / "a"), seq_len=8), 257,
+                        lambda m: None).meta["workers"] == 3
+    monkeypatch.setenv("MHAR_TOKENIZE_WORKERS", "many")
+    with pytest.raises(DataError, match="MHAR_TOKENIZE_WORKERS='many'"):
+        build_shards(DataConfig(corpus=str(f), cache_dir=str(tmp_path / "b"), seq_len=8), 257)
+
+
+_KILLABLE_BUILD = """
+import sys, time
+import mhar.data as D
+from mhar.runconfig import DataConfig
+D.PIECE_CHARS, D.TASK_CHARS, D.COMMIT_EVERY_S = 300, 2000, 0.0
+encode_task = D._Encoder.encode_task
+def slow(self, task, dtype):  # a slow tokenizer: the kill lands in the middle of the build
+    time.sleep(0.05)
+    return encode_task(self, task, dtype)
+D._Encoder.encode_task = slow
+D.build_shards(DataConfig(corpus=sys.argv[1], tokenizer=sys.argv[2], cache_dir=sys.argv[3], seq_len=16), 1000,
+               workers=int(sys.argv[4]))
+"""
+
+
+def _kill_build_at(tmp_path: Path, args: list[str], when) -> Path:
+    """Run a build in a child process, SIGKILL it once ``when(progress)`` holds; returns the partial folder."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cache = Path(args[2])
+    child = subprocess.Popen([sys.executable, "-c", _KILLABLE_BUILD, *args], cwd=Path(__file__).parents[1])
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 120:
+            progress = [json.loads(p.read_text())["progress"] for p in cache.glob(".*.partial/progress.json")
+                        if p.stat().st_size]
+            if progress and when(progress[0]):
+                break
+            assert child.poll() is None, "the build finished before it could be killed"
+            time.sleep(0.01)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+    (partial,) = cache.glob(".*.partial")
+    return partial
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_killed_build_resumes_and_ends_byte_identical(tmp_path, small_pieces, workers):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = [_long_text(i, 300) for i in range(6)]
+    for i, t in enumerate(texts):
+        (corpus / f"doc{i}.txt").write_text(t)
+    tok = _train_bpe(tmp_path, texts, "tok")
+    cfg = lambda cache: DataConfig(corpus=str(corpus), tokenizer=tok, cache_dir=str(cache), seq_len=16)  # noqa: E731
+    whole = build_shards(cfg(tmp_path / "whole"), 1000, lambda m: None, workers=workers)
+    total = sum(len(t) for t in texts)
+
+    cache = tmp_path / "killed"
+    partial = _kill_build_at(tmp_path, [str(corpus), tok, str(cache), str(workers)],
+                             lambda p: p["chars"] >= total / 2)  # killed at 50%
+    done = json.loads((partial / "progress.json").read_text())["progress"]
+    assert 0 < done["tasks"] and not done["done"] and not (partial / "meta.json").exists()
+    with open(partial / "train.bin", "ab") as f:  # bytes written after the last recorded progress
+        f.write(b"\x07" * (whole.path / "train.bin").stat().st_size)
+    logs: list[str] = []
+    resumed = build_shards(cfg(cache), 1000, logs.append, workers=workers)
+    assert any("resuming" in m for m in logs) and resumed.meta["resumed_after_tasks"] == done["tasks"]
+    for name in ("train.bin", "val.bin"):
+        assert (resumed.path / name).read_bytes() == (whole.path / name).read_bytes(), name
+    assert {k: resumed.meta[k] for k in ("train_tokens", "val_tokens", "train_docs", "val_docs")} == \
+        {k: whole.meta[k] for k in ("train_tokens", "val_tokens", "train_docs", "val_docs")}
+    assert not partial.exists()
+
+    if workers == 1:
+        return
+    # killed again and again, at arbitrary points: still the same shards
+    cache = tmp_path / "killed_often"
+    for frac in (0.2, 0.7):
+        _kill_build_at(tmp_path, [str(corpus), tok, str(cache), str(workers)], lambda p, f=frac: p["chars"] >= total * f)
+    again = build_shards(cfg(cache), 1000, lambda m: None, workers=3 - workers)  # another worker count, too
+    for name in ("train.bin", "val.bin"):
+        assert (again.path / name).read_bytes() == (whole.path / name).read_bytes(), name
+
+
+def test_streaming_hub_loader_on_a_local_snapshot(tmp_path, monkeypatch):
+    """`hf:<path>:<config>` goes through datasets.load_dataset(..., streaming=True) exactly as on the hub:
+    here a local folder laid out like HuggingFaceFW/fineweb-edu (README configs, sample/10BT/*.parquet)."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import datasets
+
+    calls = []
+    real = datasets.load_dataset
+
+    def spy(*a, **k):
+        calls.append((a, k))
+        return real(*a, **k)
+
+    monkeypatch.setattr(datasets, "load_dataset", spy)
+    repo = tmp_path / "fineweb-edu"
+    (repo / "sample" / "10BT").mkdir(parents=True)
+    (repo / "data").mkdir()
+    (repo / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: data/*.parquet\n"
+        "- config_name: sample-10BT\n  data_files:\n  - split: train\n    path: sample/10BT/*.parquet\n---\n# fixture\n")
+    rows = [{"text": f"Document {i}. " + "word " * (5 + i % 17), "id": f"<urn:{i}>", "score": 3.0} for i in range(300)]
+    for k in range(2):
+        pq.write_table(pa.Table.from_pylist(rows[k * 150:(k + 1) * 150]), repo / "sample" / "10BT" / f"00{k}_00000.parquet")
+    pq.write_table(pa.Table.from_pylist([{"text": "other config", "id": "x", "score": 0.0}] * 5), repo / "data" / "x.parquet")
+
+    spec = f"hf:{repo}:sample-10BT"
+    corpus = resolve_corpus(spec, None)
+    assert corpus.splits() == ("train",) and next(corpus.documents("train")) == rows[0]["text"]
+    cfg = DataConfig(corpus=spec, cache_dir=str(tmp_path / "c"), seq_len=8, val_fraction=0.1, max_train_tokens=20000)
+    sh = build_shards(cfg, 257, lambda m: None)
+    assert any(k.get("streaming") and a[:2] == (str(repo), "sample-10BT") for a, k in calls)
+    assert sh.meta["holdout_rule"] == "documents" and sh.meta["train_tokens"] == 20000  # capped stream
+    # the same documents as local parquet files give the same held-out split (same documents rule)
+    flat = tmp_path / "flat.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), flat)
+    local = build_shards(DataConfig(corpus=str(flat), cache_dir=str(tmp_path / "c2"), seq_len=8, val_fraction=0.1,
+                                    max_train_tokens=20000), 257, lambda m: None)
+    assert np.array_equal(sh.train, local.train) and np.array_equal(sh.val, local.val)
+    # a changed snapshot is a new cache key
+    before = corpus.fingerprint()
+    pq.write_table(pa.Table.from_pylist(rows[:10]), repo / "sample" / "10BT" / "001_00000.parquet")
+    assert resolve_corpus(spec, None).fingerprint() != before

@@ -1,5 +1,6 @@
 # Data: tokenize the corpus once (cached token shards) before any training job starts,
-# so parallel runs never tokenize the same corpus twice. One job per results hash.
+# so parallel runs never tokenize the same corpus twice. One job per results hash; its threads are
+# the tokenizer's worker processes, and a killed job resumes its partial build when rerun.
 
 
 rule prepare_data:
@@ -9,6 +10,7 @@ rule prepare_data:
         f"{LOGS}/data/{{hash}}.log",
     conda:
         "../envs/train.yaml"
+    threads: RES["threads_per_run"]  # tokenizer worker processes (mhar.data.build_shards)
     resources:
         mem_mb=RES["mem_mb"],
         runtime=RES["runtime_min"],
