@@ -44,7 +44,7 @@ kernels. The measured ratio and step gap (MHAR fused minus baseline) are printed
 Per kernel (``kernel_bytes``, fused_v7_sg8): each routing kernel's bytes beside the CUDA ms that
 ``benchmarks/profile_step.py --json`` measured, i.e. which kernel is how far from the bandwidth:
 
-    PYTHONPATH=. python -m benchmarks.traffic_bound --profile results/gpu/session_2026-12-02e/call1_prof_train_1B.json
+    PYTHONPATH=. python -m benchmarks.traffic_bound --profile results/bench/profile_train_1B.json
 """
 from __future__ import annotations
 
