@@ -8,7 +8,7 @@ clipping, AdamW. How it runs is decided once by :func:`plan_step` from the run c
   shared by all layers) when the residual variant calls a kernel that dynamo cannot trace (the fused Triton
   routing), otherwise of the whole decoder (``Transformer.hidden``); plus the LM head + loss
   (``Transformer.head_loss``) as its own graph, so the fp32 logits never materialise in eager mode. These
-  are the compiled pieces the benchmark found fastest (results/bench/NOTES.md).
+  are the compiled pieces the benchmark found fastest (records in results/bench/).
 * **CUDA graph** (``train.cuda_graph``: ``auto`` = on for single-process CUDA runs with compile on; off under
   DDP/FSDP, whose communication hooks are not captured here): after ``GRAPH_WARMUP`` ordinary steps (which
   compile, autotune and create the optimizer state), the whole update (every micro-batch's forward and
@@ -139,7 +139,7 @@ def _compile_model(raw: nn.Module, kind: str) -> None:
         # The token embedding too (its forward; autograd then runs the compiled backward): inductor lowers the
         # lookup's gradient to a fill and a scatter of atomic adds, as in the baseline's compiled decoder, where
         # eager autograd's sort-based embedding backward took 0.098 ms against 0.020 ms for the baseline's scatter
-        # per 1B step (results/gpu/session_2026-12-02g). The order of those adds, so the last bits of the
+        # per 1B step (torch.profiler: results/bench/profile_train_1B.json). The order of those adds, so the last bits of the
         # embedding's gradient, then varies from run to run, as it does for the baseline.
         raw.embed.forward = torch.compile(raw.embed.forward)
         for blk in raw.layers:
