@@ -38,6 +38,11 @@ class Residual(nn.Module):
         # When not None, routed variants store routing weights here: site name -> (B, T, H, N).
         self.routing_log: Optional[dict[str, Tensor]] = None
 
+    @classmethod
+    def check_config(cls, cfg: ModelConfig) -> None:
+        """Refuse a model config this variant cannot run (raise ``ConfigError`` naming the field); called by
+        ``ModelConfig.validate`` and before the variant is built. The default accepts every config."""
+
     def init(self, emb: Tensor) -> Any:
         raise NotImplementedError
 
@@ -54,11 +59,6 @@ class Residual(nn.Module):
         """``norm(read(state, i))`` where the variant fuses the sublayer's pre-norm into its read (a
         ``mhar.model.RMSNorm``: ``weight``, ``eps``), else None (the default: the sublayer norms ``read``)."""
         return None
-
-    @classmethod
-    def check_config(cls, cfg: ModelConfig) -> None:
-        """Refuse a model config this variant cannot run (raise ``ConfigError`` naming the field); called by
-        ``ModelConfig.validate`` and before the variant is built. The default accepts every config."""
 
     def reset_parameters(self) -> None:
         """Initialise this variant's own parameters (called after the model's N(0, 0.02^2) init)."""
