@@ -98,7 +98,7 @@ def loss_curves(summaries: Sequence[str | Path], out: str | Path, x: str = "step
             byseed = sizes[size][g]
             curves = [io.val_curve(r) for r in byseed.values()]
             xs, m, lo, hi = _mean_band(curves, x)
-            lab = io.variant_label(g[0], g[2])
+            lab = next(iter(byseed.values())).label
             line, = ax.plot(xs, m, color=_color(lab), label=f"{lab} (mean of n={len(curves)} seeds"
                                                               + (", band min..max)" if len(curves) > 1 else ")"))
             if len(curves) > 1:
@@ -123,7 +123,7 @@ def loss_vs_compute(summaries: Sequence[str | Path], out: str | Path) -> list[Pa
             for g in sorted(groups, key=lambda g: (g[0], g[2] or 0)):
                 curves = [io.val_curve(r) for r in groups[g].values()]
                 xs, m, lo, hi = _mean_band(curves, key)
-                name = io.variant_label(g[0], g[2])
+                name = next(iter(groups[g].values())).label
                 if not np.isfinite(xs).any():
                     unmeasured.append(name)
                     continue

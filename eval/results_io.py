@@ -19,9 +19,11 @@ import numpy as np
 
 PUBLISHED_CSV = Path(__file__).with_name("published.csv")
 PAPER_SCALES = ("100M", "350M", "1B")
-# variants whose routing head count H is part of their identity (attnres is H=1)
+# Display metadata of the built-in variants (mhar.residuals); a variant not listed here (a new or a user's own)
+# is shown under its run label and keeps its recorded head count, so no edit is needed for it.
+# Built-in variants whose routing head count H is part of their identity (attnres is H=1, the others have none).
 HEADED_VARIANTS = ("mhar", "mhar_delta")
-# what the paper calls each of our variants (tables show both)
+# what the paper calls each built-in variant (tables show both)
 DISPLAY = {"baseline": "baseline", "hyper": "hyper-conn", "attnres": "single-head (AttnRes)",
            "block_attnres": "Block AttnRes", "mhar": "MHAR", "mhar_hw": "MHAR-HW", "mhar_delta": "MHAR-delta"}
 
@@ -65,11 +67,15 @@ class RunSummary:
 
     @property
     def label(self) -> str:
-        return variant_label(self.variant, self.heads)
+        return variant_label(self.variant, self.heads, self.name)
 
 
-def variant_label(variant: str, heads: Optional[int]) -> str:
-    name = DISPLAY.get(variant, variant)
+def variant_label(variant: str, heads: Optional[int], label: Optional[str] = None) -> str:
+    """Display name: the paper's name of a built-in variant (with H for the headed ones); any other variant
+    shows its run ``label`` (else its name, with H when recorded)."""
+    if variant not in DISPLAY:
+        return label or (f"{variant} H={heads}" if heads is not None else variant)
+    name = DISPLAY[variant]
     return f"{name} H={heads}" if variant in HEADED_VARIANTS and heads is not None else name
 
 
@@ -155,14 +161,16 @@ def run_identity(record: dict, where: Path, run_dir: Optional[Path] = None) -> d
         if v is None:
             raise AnalysisInputError(f"{where}: missing field {k!r} (neither the 'run' block nor the flat key; "
                                      "see docs/ARCHITECTURE.md 'Run directory')")
-    variant = str(res.get("variant") or record.get("residual_variant") or label)
-    from mhar.config import RESIDUAL_VARIANTS
-
-    if variant not in RESIDUAL_VARIANTS:
-        raise AnalysisInputError(
-            f"{where}: run label {label!r} is not a residual variant ({', '.join(RESIDUAL_VARIANTS)}) and neither "
-            "the record's run.residual nor config.yaml with model.residual.variant is there; keep config.yaml "
-            "beside summary.json")
+    variant = res.get("variant") or record.get("residual_variant")
+    if not variant:
+        # Records from before run labels: the flat 'variant' was the residual variant, always a built-in one.
+        if label not in DISPLAY:
+            raise AnalysisInputError(
+                f"{where}: run label {label!r} is not a residual variant ({', '.join(DISPLAY)}) and neither "
+                "the record's run.residual nor config.yaml with model.residual.variant is there; keep config.yaml "
+                "beside summary.json")
+        variant = label
+    variant = str(variant)
     heads = res.get("heads") if res.get("heads") is not None else record.get("heads", record.get("residual_heads"))
     if heads is None and variant in HEADED_VARIANTS:
         raise AnalysisInputError(
@@ -170,7 +178,7 @@ def run_identity(record: dict, where: Path, run_dir: Optional[Path] = None) -> d
             "summary field 'heads' nor config.yaml: model.residual.heads is present")
     if variant == "attnres":
         heads = 1
-    elif variant not in HEADED_VARIANTS:
+    elif variant in DISPLAY and variant not in HEADED_VARIANTS:
         heads = None
     return {"label": str(label), "variant": variant, "heads": None if heads is None else int(heads),
             "size": str(size), "seed": int(seed),

@@ -264,7 +264,7 @@ def table1(summaries: Sequence[str | Path], published=None) -> Table:
         byseed = groups[g]
         losses = np.array([r.tail_mean_val_loss for r in byseed.values()])
         first = byseed[min(byseed)]
-        row = {"size": size, "variant": variant, "heads": heads, "method": io.variant_label(variant, heads),
+        row = {"size": size, "variant": variant, "heads": heads, "method": first.label,
                "seeds": _seeds_text(sorted(byseed)), "n_seeds": len(byseed), "loss_mean": float(losses.mean()),
                "loss_sd": float(losses.std(ddof=1)) if losses.size > 1 else None,
                "config_hash": ",".join(sorted({r.config_hash for r in byseed.values()})),
@@ -323,7 +323,7 @@ def seeds_table(summaries: Sequence[str | Path], published=None) -> Table:
         if pd_ is not None:
             sel = pub[(pub["table"] == "seeds") & (pub["scale"] == scale) & (pub["method"] == variant)]
             psd = float(sel["sd"].iloc[0]) if not sel.empty and np.isfinite(sel["sd"].iloc[0]) else None
-        label = io.variant_label(variant, heads)
+        label = next(iter(groups[g].values())).label
         rows.append({"size": size, "variant": variant, "heads": heads, "method": label,
                      "run_label": ",".join(sorted({r.name for r in groups[g].values()})),
                      "seeds": _seeds_text(seeds),
@@ -498,7 +498,7 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
             missing.append(f"{next(iter(var.values()))[0]} (no baseline eval for size {size})")
             continue
         seeds = _pair_evals(var, ref)
-        label = io.variant_label(variant, heads)
+        label = io.variant_label(variant, heads, next(iter(var.values()))[1]["label"])
         scale, same = io.paper_scale(size)
         tasks = set.intersection(*(set(io.eval_tasks(d)) for s in seeds for d in (var[s][0], ref[s][0])))
         for task in sorted(tasks):

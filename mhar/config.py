@@ -19,15 +19,6 @@ class ConfigError(ValueError):
     """Invalid configuration. The message names the field and what to do."""
 
 
-RESIDUAL_VARIANTS = (
-    "baseline",
-    "hyper",
-    "attnres",
-    "block_attnres",
-    "mhar",
-    "mhar_hw",
-    "mhar_delta",
-)
 # The routing implementations (``routing_impl``): the one list of their names (mhar.routing builds its routers,
 # the workflow schema and the benchmarks derive from it). ``auto``: ``fused`` on CUDA when Triton imports, else
 # ``eager`` (``mhar.routing.resolve_routing_impl``). An execution choice: a run trained with one loads with another.
@@ -48,7 +39,11 @@ def stored_routing_impl(impl: str) -> str:
 class ResidualConfig:
     """Which residual scheme connects the sublayers, and its knobs."""
 
+    # A name registered in mhar.residuals (``mhar.residuals.variant_names()``).
     variant: str = "baseline"
+    # Python module that registers ``variant`` when it is defined outside mhar.residuals (e.g.
+    # mypkg.my_variant): imported when the config is validated or a checkpoint of it is loaded.
+    module: Optional[str] = None
     # Routing heads H for `mhar` / `mhar_delta` (must divide d_model). `attnres` is H=1.
     heads: int = 1
     # Hyper-Connections: expansion rate n and static vs dynamic form.
@@ -110,8 +105,10 @@ class ModelConfig:
                  f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set head_dim explicitly")
         need(self.resolved_head_dim % 2 == 0, "head_dim", "must be even for RoPE")
         r = self.residual
-        need(r.variant in RESIDUAL_VARIANTS, "residual.variant",
-             f"unknown variant {r.variant!r}; choose one of {', '.join(RESIDUAL_VARIANTS)}")
+        # The registry is the one list of variant names (imported here: it imports torch and this module).
+        from .residuals import residual_class
+
+        variant_cls = residual_class(r.variant, r.module)
         need(r.routing_impl in ROUTING_IMPLS, "residual.routing_impl",
              f"unknown routing implementation {r.routing_impl!r}; choose one of {', '.join(ROUTING_IMPLS)}"
              + (" (a withdrawn fused variant: its work is done by fused)" if r.routing_impl in LEGACY_ROUTING_IMPLS
@@ -126,10 +123,8 @@ class ModelConfig:
         if self.rope_scaling is not None:
             need("factor" in self.rope_scaling, "rope_scaling",
                  f"needs a 'factor' key (Llama-3 style scaling), got keys {sorted(self.rope_scaling)}")
-        if r.variant == "block_attnres":
-            need(1 <= r.blocks <= self.n_sublayers, "residual.blocks",
-                 f"must be between 1 and 2*n_layers={self.n_sublayers}, got {r.blocks}")
         need(r.delta_block_layers >= 1, "residual.delta_block_layers", "must be >= 1")
+        variant_cls.check_config(self)  # the variant's own constraints (e.g. block_attnres: blocks <= 2L)
         return self
 
 

@@ -310,6 +310,9 @@ HASH_EXCLUDE = (
 # Locations hashed as null (so a hash does not depend on the machine, and hashes of configs that leave them
 # unset are unchanged): data.data_dir, where the local mirror lives (the workflow sets it from its data_dir).
 HASH_AS_NULL = ("data.data_dir",)
+# Keys left out of every hash while unset (None): options added after runs were recorded, so the hashes of
+# configs that do not use them stay what they were.
+HASH_OMIT_UNSET = ("model.residual.module",)
 
 
 def _drop(d: dict, dotted: str) -> None:
@@ -317,6 +320,16 @@ def _drop(d: dict, dotted: str) -> None:
     for p in parents:
         d = d.get(p, {})
     d.pop(leaf, None)
+
+
+def _omit_unset(d: dict) -> None:
+    for dotted in HASH_OMIT_UNSET:
+        *parents, leaf = dotted.split(".")
+        sub = d
+        for part in parents:
+            sub = sub.get(part, {})
+        if leaf in sub and sub[leaf] is None:
+            del sub[leaf]
 
 
 def _null_locations(d: dict) -> None:
@@ -334,6 +347,7 @@ def run_hash(cfg: RunConfig, length: int = 10) -> str:
     d = cfg.to_dict()
     for key in HASH_EXCLUDE:
         _drop(d, key)
+    _omit_unset(d)
     _null_locations(d)
     return config_hash(d, length)
 
@@ -344,6 +358,7 @@ def full_hash(cfg: RunConfig, length: int = 16) -> str:
     for key in ("meta.name", "train.log_every", "train.checkpoint_every", "train.save_model_every_checkpoint",
                 "train.threads", "data.cache_dir"):
         _drop(d, key)
+    _omit_unset(d)
     _null_locations(d)
     return config_hash(d, length)
 
@@ -366,6 +381,7 @@ def identity_hash(cfg: RunConfig, length: int = 16) -> str:
     d["data"]["seed"] = cfg.data_seed  # null and the train seed it stands for are one identity
     for key in IDENTITY_EXCLUDE:
         _drop(d, key)
+    _omit_unset(d)
     return config_hash(d, length)
 
 

@@ -7,14 +7,18 @@ pre-norms), which they call as black boxes.
 """
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from mhar.config import RESIDUAL_VARIANTS, ConfigError, model_config
+from mhar.config import ConfigError, model_config
 from mhar.model import Transformer, build_model
-from mhar.residuals import RESIDUALS, build_residual
+from mhar.residuals import RESIDUALS, build_residual, register, variant_names
 
 B, T = 2, 7  # T odd on purpose
 VOCAB = 257
@@ -154,8 +158,93 @@ def naive_hyper_logits(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
 
 
 # --- registry ------------------------------------------------------------------------
-def test_every_config_variant_is_registered():
-    assert set(RESIDUAL_VARIANTS) == set(RESIDUALS)
+PAPER_VARIANTS = {"baseline", "hyper", "attnres", "block_attnres", "mhar", "mhar_hw", "mhar_delta"}
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_package_modules_register_themselves():
+    """Importing mhar.residuals imports every module of the package (no import list to edit), and each
+    registered built-in class comes from one of them."""
+    code = ("import sys, mhar.residuals as R\n"
+            "print(sorted(m for m in sys.modules if m.startswith('mhar.residuals.')))\n"
+            "print(sorted({c.__module__ for c in R.RESIDUALS.values()}))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    loaded, defining = (eval(line) for line in res.stdout.splitlines()[-2:])
+    files = sorted(f"mhar.residuals.{p.stem}" for p in (REPO / "mhar" / "residuals").glob("*.py")
+                   if not p.name.startswith("_"))
+    assert loaded == files and set(defining) <= set(files)
+    assert PAPER_VARIANTS <= set(variant_names())
+
+
+def test_config_validation_uses_the_registry():
+    with pytest.raises(ConfigError, match="model.residual.variant: unknown variant 'nope'") as e:
+        model_config("debug", residual={"variant": "nope"})
+    assert all(v in str(e.value) for v in variant_names())  # lists what is registered, nothing else
+
+
+def test_registering_a_taken_name_fails():
+    with pytest.raises(ValueError, match="registered twice"):
+        @register("mhar")
+        class Other(RESIDUALS["baseline"]):
+            pass
+    assert RESIDUALS["mhar"].__name__ == "MultiHeadAttnRes"
+    with pytest.raises(ValueError, match="variant name"):
+        register("bad name")
+
+
+@pytest.mark.parametrize("module,message", [
+    ("tests.no_such_module", "cannot import 'tests.no_such_module'"),
+    ("tests/toy_variant.py", "not a Python module name"),
+    ("tests.fixtures_analysis", "does not register it"),  # importable, registers nothing
+])
+def test_bad_variant_module_is_a_config_error(module, message):
+    with pytest.raises(ConfigError, match=message):
+        model_config("debug", residual={"variant": "toy_missing", "module": module})
+
+
+def test_user_variant_from_its_own_module_is_its_definition():
+    """The toy variant (tests/toy_variant.py) is found through model.residual.module; at init it is the
+    baseline exactly (every gate 1), and with every gate 0 the sublayers contribute nothing."""
+    model = _model("toy_gated", module="tests.toy_variant")
+    assert type(model.residual).__module__ == "tests.toy_variant" and "toy_gated" in variant_names()
+    base = _model("baseline")
+    _shared_state(model, base)
+    ids = _ids()
+    torch.testing.assert_close(model(ids).logits, base(ids).logits, rtol=0, atol=0)
+    with torch.no_grad():
+        model.residual.gates.zero_()
+    want = model.lm_head(model.final_norm(model.embed(ids)))
+    torch.testing.assert_close(model(ids).logits, want, rtol=0, atol=0)
+    with pytest.raises(ConfigError, match="toy_gated has no routing heads"):
+        model_config("debug", residual={"variant": "toy_gated", "module": "tests.toy_variant", "heads": 2})
+
+
+def test_user_variant_trains_through_mhar_train(tmp_path):
+    """`python -m mhar.train` trains a variant that only its own module (outside mhar/) defines, and the
+    checkpoint loads again (the config names the module)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i} of a small corpus for the toy variant\n" for i in range(400)))
+    run, cfg = tmp_path / "run", tmp_path / "toy.yaml"
+    cfg.write_text("model:\n  preset: debug\n  residual: {variant: toy_gated, module: tests.toy_variant}\n")
+    cmd = [sys.executable, "-m", "mhar.train", str(cfg), f"data.corpus={corpus}", "data.seq_len=32",
+           f"data.cache_dir={tmp_path / 'cache'}", "data.val_tokens=256", "train.steps=4", "train.global_batch=4",
+           "train.micro_batch=2", "train.warmup_steps=1", "train.eval_every=2", "train.tail_k=1",
+           "train.lr=1e-2", "train.threads=1", "train.device=cpu", "--out", str(run)]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["run"]["residual"]["variant"] == "toy_gated"
+    assert summary["run"]["residual"]["module"] == "tests.toy_variant"
+    assert math.isfinite(summary["tail_mean_val_loss"])
+    # a fresh process (nothing registered but the built-ins) loads the checkpoint: its config names the module
+    code = ("import sys; from mhar.checkpoint import load_model; m = load_model(sys.argv[1])[0]; "
+            "print(m.residual.name, m.residual.gates.tolist())")
+    res = subprocess.run([sys.executable, "-c", code, str(run / "model.pt")], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    name, gates = res.stdout.split(" ", 1)
+    assert name == "toy_gated" and len(eval(gates)) == 4 and eval(gates) != [1.0] * 4  # the gates trained
 
 
 def test_unregistered_variant_is_a_config_error():
@@ -379,3 +468,29 @@ def test_mhar_parameter_overhead(preset, extra):
     assert count("block_attnres") - base == extra
     G = cfg.n_kv_heads
     assert count("mhar_hw") - base == 2 * cfg.d_model * (cfg.n_layers * G + cfg.n_layers + 1)
+
+
+def test_module_key_leaves_the_hashes_of_runs_without_it_unchanged():
+    """model.residual.module came after runs were recorded: unset, it is not hashed (identity and pairing hashes
+    equal those of the config without the key); set, it is part of the run identity."""
+    from mhar.config import config_hash
+    from mhar.runconfig import IDENTITY_EXCLUDE, full_hash, identity_hash, load_run_config, run_hash
+
+    cfg = load_run_config(REPO / "config" / "train" / "debug.yaml")
+    old = cfg.to_dict()
+    del old["model"]["residual"]["module"]  # the dict a config had before the key existed
+    old["data"]["seed"] = cfg.data_seed
+    for key in IDENTITY_EXCLUDE:
+        *parents, leaf = key.split(".")
+        node = old
+        for part in parents:
+            node = node.get(part, {})
+        node.pop(leaf, None)
+    assert identity_hash(cfg) == config_hash(old, 16)
+    user = load_run_config(REPO / "config" / "train" / "debug.yaml",
+                           ["model.residual.variant=toy_gated", "model.residual.heads=1",
+                            "model.residual.module=tests.toy_variant"])
+    plain = load_run_config(REPO / "config" / "train" / "debug.yaml",
+                            ["model.residual.variant=toy_gated", "model.residual.heads=1"])
+    assert identity_hash(user) != identity_hash(plain) and full_hash(user) != full_hash(plain)
+    assert run_hash(user) == run_hash(cfg)  # pairing ignores the residual section, module included

@@ -162,10 +162,10 @@ def test_kernel_bytes_agree_with_the_aggregate_model(size):
 
 def test_kernel_launches_match_the_h200_profile():
     """The launches per 1B step the model counts (73 reads: 18 prefix passes, 9 source-group passes, ...) are the
-    launches torch.profiler saw on the H200 (results/gpu/session_2026-12-02e, committed record)."""
+    launches torch.profiler saw on the H200 (results/bench/profile_train_1B.json, committed record)."""
     import json
     from pathlib import Path
-    prof = json.load(open(Path(__file__).parents[1] / "results/gpu/session_2026-12-02e/call1_prof_train_1B.json"))
+    prof = json.load(open(Path(__file__).parents[1] / "results/bench/profile_train_1B.json"))
     seen = prof["results"]["mhar_fused_v7_sg8"]["kernels"]
     model = tb.kernel_bytes("1B")
     assert {k: round(seen[k][1]) for k in model} == {k: c for k, (c, _) in model.items()}

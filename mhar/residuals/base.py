@@ -26,7 +26,8 @@ from ..config import ModelConfig
 
 
 class Residual(nn.Module):
-    """Base class. Subclasses set ``name`` and implement the four operations."""
+    """Base class. Subclasses implement the four operations and register with ``@mhar.residuals.register``
+    (which sets ``name``)."""
 
     name: str = "abstract"
 
@@ -36,6 +37,11 @@ class Residual(nn.Module):
         self.n_sublayers = cfg.n_sublayers
         # When not None, routed variants store routing weights here: site name -> (B, T, H, N).
         self.routing_log: Optional[dict[str, Tensor]] = None
+
+    @classmethod
+    def check_config(cls, cfg: ModelConfig) -> None:
+        """Refuse a model config this variant cannot run (raise ``ConfigError`` naming the field); called by
+        ``ModelConfig.validate`` and before the variant is built. The default accepts every config."""
 
     def init(self, emb: Tensor) -> Any:
         raise NotImplementedError

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..config import ConfigError, ModelConfig
 from ..routing import get_router
 from . import register
 from .base import Residual
@@ -26,8 +26,15 @@ from .base import Residual
 
 @register("block_attnres")
 class BlockAttnRes(Residual):
+    @classmethod
+    def check_config(cls, cfg: ModelConfig) -> None:
+        if not 1 <= cfg.residual.blocks <= cfg.n_sublayers:
+            raise ConfigError(f"model.residual.blocks: must be between 1 and 2*n_layers={cfg.n_sublayers}, "
+                              f"got {cfg.residual.blocks}")
+
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
+        self.check_config(cfg)
         self.blocks = cfg.residual.blocks
         self.eps = cfg.residual.routing_eps
         n_sites = cfg.n_sublayers + 1  # every sublayer + the final read

@@ -41,8 +41,8 @@ class DeltaState(NamedTuple):
 class DeltaAttnRes(Residual):
     """Gated multi-head depth routing over block deltas (``cfg.residual.heads`` heads)."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
+    @classmethod
+    def check_config(cls, cfg: ModelConfig) -> None:
         r = cfg.residual
         if r.delta_block_layers < 1 or cfg.n_layers % r.delta_block_layers:
             raise ConfigError(
@@ -50,6 +50,11 @@ class DeltaAttnRes(Residual):
                 f"model.n_layers={cfg.n_layers} (each delta covers that many whole layers); "
                 f"choose one of {[k for k in range(1, cfg.n_layers + 1) if cfg.n_layers % k == 0]}"
             )
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.check_config(cfg)
+        r = cfg.residual
         self.heads = r.heads
         self.eps = r.routing_eps
         self.block_sublayers = 2 * r.delta_block_layers

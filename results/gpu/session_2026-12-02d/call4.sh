@@ -1,1 +1,0 @@
-export PYTHONUNBUFFERED=1 PYTHONPATH=.; git log -1 --format=%H > $OUT/gpu.txt; timeout 370 python3 -W ignore -m benchmarks.bench_training --sizes 1B --variants baseline mhar_fused_v7_sg8 --heads 8 --steps 100 --warmup 6 --out $OUT/training_1B_r2.csv > $OUT/training_1B_r2.log 2>&1; grep '"variant"' $OUT/training_1B_r2.log | cut -c1-200

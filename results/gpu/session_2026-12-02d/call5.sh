@@ -1,1 +1,0 @@
-export PYTHONUNBUFFERED=1 PYTHONPATH=.; git log -1 --format=%H > $OUT/gpu.txt; timeout 225 python3 -W ignore -m benchmarks.bench_training --sizes 350M --variants baseline mhar_fused_v7_sg8 mhar_fused_v7_sg8_norm --heads 8 --steps 60 --warmup 6 --out $OUT/training_350M_r2.csv > $OUT/training_350M_r2.log 2>&1; grep '"variant"' $OUT/training_350M_r2.log | cut -c1-200

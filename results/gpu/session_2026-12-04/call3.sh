@@ -1,3 +1,0 @@
-#!/usr/bin/env bash
-# Call 3 (the same warm machine and caches): one more 350M pair of the default path.
-export PYTHONUNBUFFERED=1 PYTHONPATH=. TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor TRITON_CACHE_DIR=$PWD/.gpucache/triton TORCHINDUCTOR_COMPILE_THREADS=16 TRITON_CACHE_AUTOTUNING=1; date -u +%T; timeout 100 python3 -W ignore -m benchmarks.bench_training --sizes 350M --variants baseline mhar_fused_v7_sg8_pdl --repeats 1 --heads 8 --steps 20 --warmup 6 --timeout 60 --out $OUT/training_350M.csv > $OUT/training_350M.log 2>&1; echo bench rc=$?; grep -E "SUMMARY|error|Error|wall_s" $OUT/training_350M.log | cut -c1-200; date -u +%T
