@@ -1,12 +1,13 @@
 # Data: tokenize the corpus once (cached token shards) before any training job starts,
-# so parallel runs never tokenize the same corpus twice. One job per results hash.
+# so parallel runs never tokenize the same corpus twice. One job per data key (mhar.runs.data_key:
+# the data section without the data-order seed, and the vocabulary size).
 
 
 rule prepare_data:
     output:
-        f"{RESULTS}/data/{{hash}}/shards.json",
+        f"{RESULTS}/data/{{dkey}}/shards.json",
     log:
-        f"{LOGS}/data/{{hash}}.log",
+        f"{LOGS}/data/{{dkey}}.log",
     conda:
         "../envs/train.yaml"
     resources:
