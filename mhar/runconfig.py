@@ -418,10 +418,13 @@ _LEGACY_IDENTITY_EXCLUDE = (
 )
 
 
-def legacy_identity_hash(cfg: RunConfig) -> str:
-    """The identity older checkpoints recorded (``identity_hash`` of state files written before this design)."""
-    d = cfg.to_dict()
-    d["data"]["seed"] = cfg.data_seed
+def legacy_identity_hash(recorded: dict) -> str:
+    """The identity an older checkpoint recorded (``identity_hash`` of state files written before this design),
+    computed from the run directory's recorded ``config.yaml`` as that code did (its resolved config as written)."""
+    d = copy.deepcopy(recorded) if isinstance(recorded, dict) else {}
+    data = d.setdefault("data", {}) if isinstance(d.get("data", {}), dict) else {}
+    if data.get("seed") is None:
+        data["seed"] = (d.get("train") or {}).get("seed", 0)
     for key in _LEGACY_IDENTITY_EXCLUDE:
         _drop(d, key)
     return config_hash(d, 16)

@@ -335,7 +335,7 @@ def _prune_checkpoints(rd: RunDir, keep: Path, older_only: bool = False) -> None
             side.unlink(missing_ok=True)
 
 
-def _load_state_file(path: Path, cfg: RunConfig) -> dict:
+def _load_state_file(path: Path, cfg: RunConfig, legacy: Optional[str] = None) -> dict:
     """One training state, checksum-verified and loaded without unpickling objects (CheckpointError why not)."""
     try:
         blob = safe_torch_load(path)
@@ -346,8 +346,8 @@ def _load_state_file(path: Path, cfg: RunConfig) -> dict:
                               f"({load_error_brief(e)})") from None
     if not isinstance(blob, dict) or blob.get("format") != STATE_FORMAT:
         raise CheckpointError(f"{path} is not a {STATE_FORMAT} file")
-    # "identity_hash": checkpoints written before the one-identity design (mhar.runconfig.legacy_identity_hash)
-    if blob.get("identity", blob.get("identity_hash")) not in (identity_hash(cfg), legacy_identity_hash(cfg)):
+    # "identity_hash": a checkpoint written before the one-identity design (mhar.runconfig.legacy_identity_hash)
+    if not (blob.get("identity") == identity_hash(cfg) or (legacy and blob.get("identity_hash") == legacy)):
         raise CheckpointError(f"{path} was written by a different config")
     return blob
 
@@ -356,9 +356,13 @@ def load_state(rd: RunDir, cfg: RunConfig, warn: Callable[[str], None] = lambda 
     """The newest valid training state. Newer ones that fail their checks are skipped with one ``warn``
     line saying which and why (they are replaced by the next checkpoint); CheckpointError when none is valid."""
     bad: list[tuple[Path, str]] = []
+    try:  # the identity an older checkpoint of this run directory recorded (its config.yaml is this run's)
+        legacy = legacy_identity_hash(yaml_load(rd.config.read_text()))
+    except Exception:
+        legacy = None
     for step, path in rd.checkpoints():
         try:
-            blob = _load_state_file(path, cfg)
+            blob = _load_state_file(path, cfg, legacy)
         except CheckpointError as e:
             bad.append((path, str(e)))
             continue
