@@ -117,7 +117,9 @@ def data_key_of(label, size):
 
 
 def run_dir(label, size, seed):
-    return RUN.format(variant=label, size=size, seed=seed, rid=rid_of(label, size, seed))
+    return RUN.format(
+        variant=label, size=size, seed=seed, rid=rid_of(label, size, seed)
+    )
 
 
 def checked_run_config(wildcards):
@@ -159,7 +161,9 @@ def data_run_config(wildcards, output):
 
 def train_shards(wildcards):
     """The tokenization record a train job waits for (ancient: its age never reruns a run)."""
-    return ancient(f"{RESULTS}/data/{data_key_of(wildcards.variant, wildcards.size)}/shards.json")
+    return ancient(
+        f"{RESULTS}/data/{data_key_of(wildcards.variant, wildcards.size)}/shards.json"
+    )
 
 
 def grid(labels, sizes, seeds):
