@@ -50,6 +50,10 @@ EVAL_LAYOUT = "eval/{variant}/{size}/seed{seed}/{rid}/{ehash}/{task}"
 TRAIN_LOG_LAYOUT = "logs/train/{variant}/{size}/seed{seed}/{rid}.log"
 EVAL_LOG_LAYOUT = "logs/eval/{variant}/{size}/seed{seed}/{rid}/{ehash}/{task}.log"
 PLAN_FILE = ".mhar-migrate.json"
+# What else the workflow names after a run's folder (relative to the results folder): folders <sub>/<run rel>/
+# and files <sub>/<run rel><ext> (evaluations, job logs, the run config a job trained, `benchmark:` records).
+_RUN_FOLDERS = ("eval", "logs/eval", "benchmarks/eval")
+_RUN_FILES = (("logs/train", ".log"), ("logs/train", ".run_config.yaml"), ("benchmarks/train", ".tsv"))
 _HEX = re.compile(r"^[0-9a-f]+$")
 _SEED = re.compile(r"^seed\d+$")
 
@@ -298,12 +302,12 @@ def plan_migration(results: str | os.PathLike) -> Plan:
             raise MigrationError(f"cannot move {path} to {runs_root / new_rel}: one lies inside the other")
         old_s, new_s = rel.as_posix(), new_rel.as_posix()
         claim(f"runs/{old_s}", f"runs/{new_s}")
-        for sub in ("eval", "logs/eval"):  # folders named like the run's folder: its evaluations and their logs
+        for sub in _RUN_FOLDERS:  # folders named like the run's folder: its evaluations, their logs, ...
             if (root / sub / old_s).is_dir():
                 claim(f"{sub}/{old_s}", f"{sub}/{new_s}")
-        for ext in (".log", ".run_config.yaml"):
-            if (root / "logs/train" / (old_s + ext)).is_file():
-                claim(f"logs/train/{old_s}{ext}", f"logs/train/{new_s}{ext}")
+        for sub, ext in _RUN_FILES:  # files named like it: its train log, run config, job benchmark
+            if (root / sub / (old_s + ext)).is_file():
+                claim(f"{sub}/{old_s}{ext}", f"{sub}/{new_s}{ext}")
         h = _old_hash(rel.parts)
         if h is not None:
             data_moves.setdefault(h, set()).add(data_key(cfg))
@@ -320,8 +324,9 @@ def plan_migration(results: str | os.PathLike) -> Plan:
             continue
         taken.add(key)
         claim(f"data/{h}", f"data/{key}")
-        if (root / "logs/data" / f"{h}.log").is_file() and not (root / "logs/data" / f"{key}.log").exists():
-            claim(f"logs/data/{h}.log", f"logs/data/{key}.log")
+        for sub, ext in (("logs/data", ".log"), ("benchmarks/data", ".tsv")):
+            if (root / sub / f"{h}{ext}").is_file() and not (root / sub / f"{key}{ext}").exists():
+                claim(f"{sub}/{h}{ext}", f"{sub}/{key}{ext}")
     moved = [old for old, _ in plan.moves if old.startswith("eval/")]
     for rp in sorted((root / "eval").glob("**/results.json")) if (root / "eval").is_dir() else []:
         rel = rp.parent.relative_to(root).as_posix()
