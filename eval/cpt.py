@@ -3,7 +3,10 @@
 :func:`evaluate_cpt_model` evaluates one CPT model (``base`` / ``plain`` / ``mhar``) on one task
 with :func:`eval.run.evaluate_model` under the ``cpt.eval`` settings (``mhar.cpt.CPTEvalConfig``);
 :func:`write_cpt_table` writes the CPT gain / total gain / MHAR gain table (``eval.tables`` kind
-``cpt``) and its manifest. The config and run configs of the arms are in ``mhar.cpt``.
+``cpt``) and its manifest. :func:`check_arms` is the pairing check of the two arms that the table makes
+(with or without a manifest): their resolved configs may differ only in the residual section and in the
+checkpoint each starts from (its own conversion of the one base). The config and run configs of the arms
+are in ``mhar.cpt``.
 """
 from __future__ import annotations
 
@@ -13,7 +16,32 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:  # the table needs no torch: the analysis environment (workflow/envs/analysis.yaml) has none
     from mhar.cpt import CPTEvalConfig
 
-__all__ = ["evaluate_cpt_model", "write_cpt_table"]
+__all__ = ["evaluate_cpt_model", "write_cpt_table", "check_arms", "ARM_VARIES"]
+
+# What the two CPT arms may differ in besides the residual section (mhar.runconfig.PAIRING_VARIES): each starts
+# from its own conversion of the base (init/plain vs init/mhar).
+ARM_VARIES = ("train.init_from",)
+
+
+def check_arms(plain_eval: str | Path, mhar_eval: str | Path) -> Optional[str]:
+    """Refuse (eval.results_io.AnalysisInputError, one line naming both runs and the first field that differs)
+    CPT arms whose training differs in more than the residual form: data order (seeds, corpus, tokenizer,
+    sequence length) or schedule. Returns a note when the records cannot say (an arm evaluated from a model
+    that records no run, e.g. a Hugging Face checkpoint); None when checked."""
+    from . import results_io as io
+    from .tables import check_pair
+
+    infos = []
+    for d in (plain_eval, mhar_eval):
+        rps = sorted(Path(d).glob("*/results.json"))
+        rec = io._read_json(rps[0]) if rps else None
+        if not (isinstance(rec, dict) and isinstance(rec.get("run"), dict)):
+            return (f"the pairing of the CPT arms was not checked: {d} records no training run (evaluated from a "
+                    "model without the run record), so its data order and schedule are unknown")
+        infos.append((io.identify_eval(d), Path(d)))
+    (a, wa), (b, wb) = infos
+    check_pair(a, wa, b, wb, ignore=ARM_VARIES)
+    return None
 
 
 def evaluate_cpt_model(model_path: str | Path, task: str, out_dir: str | Path, ev: "CPTEvalConfig",

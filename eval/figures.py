@@ -29,7 +29,8 @@ from . import results_io as io  # noqa: E402
 
 KINDS = ("loss_curves", "loss_vs_compute", "routing_heatmap", "head_sweep", "forest", "cost")
 VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "effect differs": "tab:orange",
-                  "inconclusive at this power": "tab:gray", "insufficient evidence": "silver"}
+                  "inconclusive at this power": "tab:gray", "insufficient evidence": "silver",
+                  "models differ (single seed)": "tab:purple", "no detectable difference (single seed)": "tab:brown"}
 
 
 def _verdict_color(v) -> str:
@@ -98,7 +99,7 @@ def loss_curves(summaries: Sequence[str | Path], out: str | Path, x: str = "step
             byseed = sizes[size][g]
             curves = [io.val_curve(r) for r in byseed.values()]
             xs, m, lo, hi = _mean_band(curves, x)
-            lab = next(iter(byseed.values())).label
+            lab = io.variant_label(g[0], g[2], g[3], next(iter(byseed.values())).name)
             line, = ax.plot(xs, m, color=_color(lab), label=f"{lab} (mean of n={len(curves)} seeds"
                                                               + (", band min..max)" if len(curves) > 1 else ")"))
             if len(curves) > 1:
@@ -123,7 +124,7 @@ def loss_vs_compute(summaries: Sequence[str | Path], out: str | Path) -> list[Pa
             for g in sorted(groups, key=lambda g: (g[0], g[2] or 0)):
                 curves = [io.val_curve(r) for r in groups[g].values()]
                 xs, m, lo, hi = _mean_band(curves, key)
-                name = next(iter(groups[g].values())).label
+                name = io.variant_label(g[0], g[2], g[3], next(iter(groups[g].values())).name)
                 if not np.isfinite(xs).any():
                     unmeasured.append(name)
                     continue

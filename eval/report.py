@@ -23,6 +23,14 @@ from mhar.atomic import atomic_write_text
 from . import results_io as io
 from . import verdict as vd
 
+# What a reader must know beside a table (shown under its reading line).
+TABLE_NOTES = {
+    "cpt": ("**Unit of evidence:** the paper's own continued-pretraining evidence (its Table 3) is of this kind "
+            "too: one run per arm and an exact McNemar test over questions. Such a test shows that these two "
+            "trained models differ, not that MHAR does better than plain continued pretraining in general (one "
+            "run per arm cannot separate the method from run-to-run noise); hence the single-seed verdicts "
+            "(see the verdict rule above)."),
+}
 TABLES = {  # name -> (title, input placeholder of the command that makes it)
     "table1": ("Table 1: tail-mean validation loss", "RUN/summary.json..."),
     "seeds": ("Seed table", "RUN/summary.json..."),
@@ -72,7 +80,8 @@ def table_reading(name: str, csv_path: Path) -> str:
         v = v[v.astype(str).str.len() > 0]
         if len(v):
             counts = v.astype(str).str.split(":").str[0].value_counts()  # "effect differs: smaller (..)" -> kind
-            order = [vd.REPRODUCED, vd.NOT_REPRODUCED, vd.INCONCLUSIVE, vd.INSUFFICIENT, vd.NO_REFERENCE]
+            order = [vd.REPRODUCED, vd.NOT_REPRODUCED, vd.INCONCLUSIVE, vd.MODELS_DIFFER, vd.NO_DIFFERENCE,
+                     vd.INSUFFICIENT, vd.NO_REFERENCE]
             order += sorted(k for k in counts.index if k not in order)  # effect differs / not judged / OOM
             parts.append(", ".join(f"{counts[k]} {k}" for k in order if k in counts) + f" (of {len(v)} comparisons)")
     if name == "seeds" and "per_seed_delta" in df.columns:
@@ -142,7 +151,8 @@ def setup_section(table1_csv: Optional[Path]) -> list[str]:
         lines.append(f"| {size} | {' '.join(seeds) or '-'} | " +
                      " | ".join(_setup_value(r[k]) for k, _ in have) + " |")
     return lines + ["", "Read from each run's summary.json, config.yaml (data) and provenance.json (hardware); "
-                        "values of the first run of each size (runs of one size share the pairing hash).", ""]
+                        "values of the first run of each size (the runs of one size are paired: they share the resolved config "
+                        "apart from the residual section).", ""]
 
 
 def _size_of(model_path: str) -> Optional[str]:
@@ -204,7 +214,8 @@ def build_report(reports: str | Path, out: str | Path) -> str:
         body = md_p.read_text().strip().splitlines()
         if body and body[0].startswith("## "):
             body = body[1:]
-        lines += [f"## {title}", "", f"**Reading:** {table_reading(name, csv_p)}", ""] + body + \
+        note = [TABLE_NOTES[name], ""] if name in TABLE_NOTES else []
+        lines += [f"## {title}", "", f"**Reading:** {table_reading(name, csv_p)}", ""] + note + body + \
                  ["", f"Files: `{rel(csv_p)}`, `{rel(md_p)}`, `{rel(csv_p.with_suffix('.tex'))}`", ""]
     figs = []
     for name, reading in FIGURES.items():

@@ -41,7 +41,7 @@ class RunSummary:
     variant: str
     size: str
     seed: int
-    config_hash: str
+    pairing: str  # pairing hash (mhar.runconfig.pairing_hash); an older record's config_hash
     heads: Optional[int]
     tail_mean_val_loss: float
     val_losses: list[tuple[int, float]] = field(default_factory=list)
@@ -55,28 +55,67 @@ class RunSummary:
     name: str = ""  # the run's label, e.g. "mhar_h8"; variant is the residual variant
     tail_k: Optional[int] = None
     setup: dict = field(default_factory=dict)  # corpus, tokenizer, seq_len, hardware (from the run's records)
+    knobs: tuple = ()  # residual knobs that differ from their defaults, ((name, value), ...) (see residual_knobs)
+    ident: dict = field(default_factory=dict)  # the run's identity record (run_identity)
 
     @property
     def run_dir(self) -> Path:
         return self.path.parent
 
     @property
-    def group(self) -> tuple[str, str, Optional[int]]:
-        """(variant, size, heads): runs of one group differ only by seed."""
-        return (self.variant, self.size, self.heads)
+    def group(self) -> tuple:
+        """(variant, size, heads, knobs): the full residual config and the size. One group is one table row;
+        its runs differ only by seed (checked by group_runs)."""
+        return (self.variant, self.size, self.heads, self.knobs)
 
     @property
     def label(self) -> str:
-        return variant_label(self.variant, self.heads, self.name)
+        return variant_label(self.variant, self.heads, self.knobs, self.name)
 
 
-def variant_label(variant: str, heads: Optional[int], label: Optional[str] = None) -> str:
+def residual_knobs(residual: dict) -> tuple:
+    """((name, value), ...) of the residual knobs that differ from mhar.config.ResidualConfig's defaults, besides
+    the variant, its heads (shown as H=, and meaningless for variants without routing heads) and routing_impl
+    (execution, not identity). Two runs whose knobs differ are two rows."""
+    from dataclasses import fields
+
+    from mhar.config import ResidualConfig
+
+    defaults = {f.name: f.default for f in fields(ResidualConfig)}
+    return tuple((k, residual[k]) for k in sorted(residual) if k not in ("variant", "heads", "routing_impl")
+                 and k in defaults and residual[k] != defaults[k])
+
+
+def shown_knobs(keys: Iterable[tuple], by_variant: bool = True) -> dict[tuple, tuple]:
+    """For group keys (variant, size, heads, knobs): the knobs each row names, i.e. every knob that is off its
+    default in some row of the same variant (of any variant with ``by_variant=False``), with this row's value,
+    so two rows that differ in a knob both show it (hyper_n=2 and hyper_n=4)."""
+    from dataclasses import fields
+
+    from mhar.config import ResidualConfig
+
+    keys = list(keys)
+    defaults = {f.name: f.default for f in fields(ResidualConfig)}
+    names: dict[str, set] = {}
+    for k in keys:
+        names.setdefault(k[0] if by_variant else "", set()).update(n for n, _ in k[3])
+    return {k: tuple((n, dict(k[3]).get(n, defaults.get(n))) for n in sorted(names[k[0] if by_variant else ""]))
+            for k in keys}
+
+
+def knobs_text(knobs: tuple) -> str:
+    return ", ".join(f"{k}={v}" for k, v in knobs)
+
+
+def variant_label(variant: str, heads: Optional[int], knobs: tuple = (), label: Optional[str] = None) -> str:
     """Display name: the paper's name of a built-in variant (with H for the headed ones); any other variant
-    shows its run ``label`` (else its name, with H when recorded)."""
-    if variant not in DISPLAY:
-        return label or (f"{variant} H={heads}" if heads is not None else variant)
-    name = DISPLAY[variant]
-    return f"{name} H={heads}" if variant in HEADED_VARIANTS and heads is not None else name
+    shows its run ``label`` (else its name, with H when recorded); then the knobs off their defaults."""
+    if variant in DISPLAY:
+        name = DISPLAY[variant]
+        name = f"{name} H={heads}" if variant in HEADED_VARIANTS and heads is not None else name
+    else:
+        name = label or (f"{variant} H={heads}" if heads is not None else variant)
+    return f"{name} ({knobs_text(knobs)})" if knobs else name
 
 
 def _read_json(path: Path) -> Any:
@@ -147,12 +186,35 @@ def run_setup(run_dir: Path) -> dict:
     return out
 
 
+def _config_identity(run_dir: Path, where: Path) -> Optional[dict]:
+    """The identity config (mhar.runconfig.identity_config) of the run dir's config.yaml; None without one."""
+    cfg_p = Path(run_dir) / "config.yaml"
+    if not cfg_p.is_file():
+        return None
+    from mhar.runconfig import identity_config, recorded_run_config
+
+    raw = read_yaml(cfg_p)
+    try:
+        return identity_config(recorded_run_config(raw))
+    except ValueError as e:  # ConfigError
+        raise AnalysisInputError(f"{cfg_p}: not a valid run config ({e}); the run cannot be identified") from None
+
+
 def run_identity(record: dict, where: Path, run_dir: Optional[Path] = None) -> dict:
-    """{label, variant, heads, size, seed, config_hash} of a run from a record's ``run`` block
-    (summary.json / results.json), falling back to the flat keys and the run dir's config.yaml of
-    older records. Never from the path."""
+    """What run a record (summary.json / results.json) belongs to, from its ``run`` block, never from the path:
+    {label, variant, heads, knobs, residual, size, seed, data_seed, identity, pairing, config, legacy, where}.
+
+    ``config`` is the run's identity config (``run.config``; for older records, that of the run dir's
+    config.yaml), None when neither is there (an older evaluation record); then ``legacy`` (the older
+    ``config_hash``: the resolved config without residual section and seeds) and ``data_seed`` are all that
+    pairing can check. Older records fall back to the flat keys and config.yaml's ``model.residual``."""
     run = record.get("run") if isinstance(record.get("run"), dict) else {}
+    config = run.get("config") if isinstance(run.get("config"), dict) else None
+    if config is None and run_dir is not None:
+        config = _config_identity(run_dir, where)
     res = run.get("residual") if isinstance(run.get("residual"), dict) else {}
+    if not res and config is not None:
+        res = (config.get("model") or {}).get("residual") or {}
     if not res and run_dir is not None:
         res = residual_from_config(run_dir)
     label = run.get("label") or record.get("variant")
@@ -180,9 +242,57 @@ def run_identity(record: dict, where: Path, run_dir: Optional[Path] = None) -> d
         heads = 1
     elif variant in DISPLAY and variant not in HEADED_VARIANTS:
         heads = None
+    data_seed = run.get("data_seed", seed)
+    if config is not None:
+        train_seed, cfg_data_seed = (config.get("train") or {}).get("seed"), (config.get("data") or {}).get("seed")
+        if train_seed is not None and int(train_seed) != int(seed):
+            raise AnalysisInputError(f"{where}: the record says seed {seed} but its config says train.seed "
+                                     f"{train_seed}; the records of this run disagree: re-run the step that wrote it")
+        data_seed = cfg_data_seed if cfg_data_seed is not None else data_seed
+    from mhar.config import config_hash
+    from mhar.runconfig import IDENTITY_LEN, pairing_config
+
+    pairing = str(run.get("pairing") or "") or (config_hash(pairing_config(config), IDENTITY_LEN) if config else "")
+    legacy = str(run.get("config_hash") or record.get("config_hash") or "")
     return {"label": str(label), "variant": variant, "heads": None if heads is None else int(heads),
-            "size": str(size), "seed": int(seed),
-            "config_hash": str(run.get("config_hash") or record.get("config_hash") or "")}
+            "knobs": residual_knobs(res), "residual": {k: v for k, v in res.items() if k != "routing_impl"},
+            "size": str(size), "seed": int(seed), "data_seed": None if data_seed is None else int(data_seed),
+            "identity": str(run.get("identity") or run.get("identity_hash") or record.get("identity") or ""),
+            "pairing": pairing or legacy, "config": config, "legacy": legacy, "where": str(where)}
+
+
+def _short(v: Any) -> str:
+    t = json.dumps(v, default=str) if not isinstance(v, str) else repr(v)
+    return t if len(t) <= 60 else t[:57] + "..."
+
+
+def pairing_difference(a: dict, b: dict, ignore: Sequence[str] = ()) -> Optional[str]:
+    """None when runs ``a`` and ``b`` (run_identity dicts) may be paired: their resolved configs differ in the
+    residual section (mhar.runconfig.PAIRING_VARIES) and ``ignore`` alone. Otherwise the first field that
+    differs, as 'field (value of a vs value of b)'."""
+    from mhar.runconfig import PAIRING_VARIES, first_difference
+
+    skip = tuple(PAIRING_VARIES) + tuple(ignore)
+    if a["config"] is not None and b["config"] is not None:
+        d = first_difference(a["config"], b["config"], ignore=skip)
+        return None if d is None else f"{d[0]} ({_short(d[1])} vs {_short(d[2])})"
+    checks = [("size", a["size"], b["size"])]
+    if "train.seed" not in skip:
+        checks.append(("seed", a["seed"], b["seed"]))
+    if "data.seed" not in skip:
+        checks.append(("data seed", a["data_seed"], b["data_seed"]))
+    for name, va, vb in checks:
+        if va != vb:
+            return f"{name} ({_short(va)} vs {_short(vb)})"
+    if a["config"] is None and b["config"] is None:
+        if a["legacy"] and b["legacy"] and a["legacy"] != b["legacy"]:
+            return (f"config_hash ({a['legacy']} vs {b['legacy']}; older records: the resolved config without the "
+                    "residual section and seeds)")
+        if a["legacy"] and b["legacy"]:
+            return None
+    old = a if a["config"] is None else b
+    return (f"an unknown part of the resolved config ({old['where']} is an older record without run.config, "
+            "so the pairing cannot be checked; re-evaluate it with the current eval.run)")
 
 
 def is_finite_number(v: Any) -> bool:
@@ -196,10 +306,10 @@ _SUMMARY_NUMBERS = ("steps", "tokens", "wall_s", "flops", "params", "tokens_per_
 def load_summary(path: str | os.PathLike) -> RunSummary:
     """Read ``summary.json`` (a file or a run directory holding one).
 
-    The run's identity (label, residual variant and heads, size, seed, pairing hash) comes from the
+    The run's identity (label, residual config, size, seeds, identity config and pairing hash) comes from the
     summary's ``run`` block; older summaries fall back to the flat keys (``variant`` = the label,
-    ``size``, ``seed``, ``config_hash``, ``heads``) and the run dir's ``config.yaml``
-    (``model.residual``). Moving a run folder never changes what it is.
+    ``size``, ``seed``, ``config_hash``, ``heads``) and the run dir's ``config.yaml`` (see run_identity).
+    Moving a run folder never changes what it is.
     """
     p = Path(path)
     if p.is_dir():
@@ -228,7 +338,7 @@ def load_summary(path: str | os.PathLike) -> RunSummary:
         return None if v is None else tp(v)
 
     return RunSummary(path=p, variant=ident["variant"], size=ident["size"], seed=ident["seed"],
-                      config_hash=ident["config_hash"], heads=ident["heads"],
+                      pairing=ident["pairing"], heads=ident["heads"], knobs=ident["knobs"], ident=ident,
                       tail_mean_val_loss=float(d["tail_mean_val_loss"]), val_losses=vl, steps=opt("steps", int),
                       tokens=opt("tokens"), wall_s=opt("wall_s"), flops=opt("flops"), params=opt("params", int),
                       tokens_per_s=opt("tokens_per_s"), peak_mem_gb=opt("peak_mem_gb"), name=ident["label"],
@@ -239,24 +349,46 @@ def load_summaries(paths: Iterable[str | os.PathLike]) -> list[RunSummary]:
     runs = [load_summary(p) for p in paths]
     seen: dict[tuple, Path] = {}
     for r in runs:
-        key = (*r.group, r.seed, r.config_hash)
+        key = (*r.group, r.seed, r.ident.get("identity") or r.pairing)
         if key in seen:
-            raise AnalysisInputError(f"{r.path} and {seen[key]} are the same run {key}; pass each run once")
+            raise AnalysisInputError(f"{r.path} and {seen[key]} are the same run ({r.label} {r.size} seed {r.seed}, "
+                                     f"identity {key[-1] or '-'}); pass each run once")
         seen[key] = r.path
     return runs
 
 
+def describe_run(ident: dict, where: Any) -> str:
+    """'<label> (<size>, seed k, <where>)' for error lines."""
+    return f"{ident['label']} ({ident['size']}, seed {ident['seed']}, {where})"
+
+
+def check_row(members: Sequence[tuple[dict, Any]]) -> None:
+    """The runs of one table row (same residual config and size) must differ only by their seeds; otherwise one
+    AnalysisInputError naming two runs and the first field that differs."""
+    (i0, w0), rest = members[0], members[1:]
+    for i, w in rest:
+        diff = pairing_difference(i0, i, ignore=("train.seed", "data.seed"))
+        if diff is not None:
+            raise AnalysisInputError(f"{describe_run(i0, w0)} and {describe_run(i, w)} are runs of one row "
+                                     f"({variant_label(i0['variant'], i0['heads'], i0['knobs'])}) but their resolved "
+                                     f"configs differ in {diff}; a row pools seeds of one config only: pass "
+                                     "runs of one config")
+
+
 def group_runs(runs: Sequence[RunSummary]) -> dict[tuple, dict[int, RunSummary]]:
-    """{(residual variant, size, heads): {seed: run}}."""
+    """{(residual variant, size, heads, knobs): {seed: run}}; the runs of a group differ only by seed."""
     out: dict[tuple, dict[int, RunSummary]] = {}
     for r in runs:
         g = out.setdefault(r.group, {})
         if r.seed in g:
+            o = g[r.seed]
+            diff = pairing_difference(o.ident, r.ident, ignore=()) or "nothing (the same config twice)"
             raise AnalysisInputError(
-                f"{r.path} and {g[r.seed].path}: two runs of {r.label} {r.size} seed {r.seed} (labels "
-                f"{r.name!r} vs {g[r.seed].name!r}, config hashes {r.config_hash} vs {g[r.seed].config_hash}); "
-                "pass runs that differ only by seed within one (variant, size, heads) group")
+                f"{r.path} and {o.path}: two runs of {r.label} {r.size} seed {r.seed} (labels {r.name!r} vs "
+                f"{o.name!r}) whose resolved configs differ in {diff}; pass one run per seed and residual config")
         g[r.seed] = r
+    for g in out.values():
+        check_row([(r.ident, r.run_dir) for _, r in sorted(g.items())])
     return out
 
 
@@ -482,7 +614,7 @@ def metric_arrays(task: EvalTask, name: str, doc_ids: Sequence) -> tuple[np.ndar
 
 
 def identify_eval(eval_dir: str | os.PathLike) -> dict:
-    """Which run an eval dir belongs to: {label, variant, heads, size, seed, config_hash, model}.
+    """Which run an eval dir belongs to: run_identity's dict plus ``model``.
 
     Read from the ``run`` block that ``eval.run`` copies from the model into each
     ``<task>/results.json``; older results fall back to the run directory of the recorded model path
@@ -510,8 +642,7 @@ def identify_eval(eval_dir: str | os.PathLike) -> dict:
         for run_dir in (c, c.parent):
             if (run_dir / "summary.json").is_file():
                 s = load_summary(run_dir)
-                return {"label": s.name, "variant": s.variant, "heads": s.heads, "size": s.size, "seed": s.seed,
-                        "config_hash": s.config_hash, "model": str(c)}
+                return {**s.ident, "model": str(c)}
     raise AnalysisInputError(
         f"{rps[0]}: cannot tell which run was evaluated: no 'run' block and no model path whose run directory "
         "holds summary.json; re-evaluate with the current eval.run (it records the run) or keep the run dir")

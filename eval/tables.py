@@ -6,11 +6,13 @@ writes PREFIX.csv (raw numbers), PREFIX.md and PREFIX.tex (formatted, with notes
 Inputs: table1/heads/seeds take summary.json files (or run dirs); downstream takes eval dirs of the
 baseline and the variants (which run each dir belongs to is read from results.json / the path);
 cpt takes three eval dirs base, plain, mhar (or one JSON/YAML manifest {base, plain, mhar, scale});
-cost takes benchmark CSVs. Runs are grouped by (variant, size, residual heads) and paired by seed;
-which run a file belongs to is read from its records (the ``run`` block, else the flat keys /
-config.yaml of older records), never from its path. Two groups are paired only when they have the
-same size, the same seeds and the same pairing hash (``config_hash``: the resolved config without the
-residual variant); otherwise the command exits 2 with one ``error:`` line naming both runs.
+cost takes benchmark CSVs. A row is one residual config (variant, heads and every other residual knob; knobs
+that differ from their defaults are shown in the row name) at one size, and pools only runs that differ by
+seed; rows are paired by seed. Which run a file belongs to is read from its records (the ``run`` block, else
+the flat keys / config.yaml of older records), never from its path. Two runs are paired only when their
+resolved configs differ in the residual section alone (``mhar.runconfig.PAIRING_VARIES``): same size, same
+train and data seeds, same data order and schedule; CPT arms may also differ in their start checkpoint.
+Anything else exits 2 with one ``error:`` line naming both runs and the first field that differs.
 
 Every table CSV carries the common columns ``comparison, delta, ci_low, ci_high, p, p_holm,
 published_delta, judged, verdict`` (empty where not applicable) so forest plots and the report can
@@ -206,33 +208,62 @@ def _judge(rows: list[dict], results: list[Optional[st.PairedResult]], judge: Op
         if not j:
             continue
         row["p_holm"] = pa if math.isfinite(pa) else None
-        row["judged"] = vd.judged_on(bool(row.get("same_scale")))
+        one = bool(row.get("single_seed"))  # one trained model per arm: the verdict is about these two models
+        row["judged"] = vd.judged_on(bool(row.get("same_scale")), one)
         row["verdict"] = vd.decide(res, row.get("published_delta"), bool(row.get("same_scale")),
-                                   pa if math.isfinite(pa) else None)
+                                   pa if math.isfinite(pa) else None, single_seed=one)
 
 
 def _describe(r: io.RunSummary) -> str:
-    return f"{r.name} ({r.size}, seed {r.seed}, config_hash {r.config_hash or '-'}, {r.run_dir})"
+    return io.describe_run(r.ident, r.run_dir)
+
+
+def check_pair(a: dict, wa: Any, b: dict, wb: Any, ignore: Sequence[str] = ()) -> None:
+    """Runs ``a`` and ``b`` (run_identity dicts, at ``wa`` / ``wb``) may be paired, else one AnalysisInputError
+    naming both and the first field that differs."""
+    diff = io.pairing_difference(a, b, ignore)
+    if diff is not None:
+        raise io.AnalysisInputError(
+            f"cannot pair {io.describe_run(a, wa)} with {io.describe_run(b, wb)}: their resolved configs differ in "
+            f"{diff}, not only in the residual section; paired runs share everything else (size, seeds, data "
+            "order, schedule): train both from one config")
 
 
 def pair_groups(var: dict[int, io.RunSummary], ref: dict[int, io.RunSummary]) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """(seeds, variant values, reference values) of two run groups that may be paired: same size, same
-    seeds, same pairing hash per seed. Anything else is an AnalysisInputError naming both runs."""
+    """(seeds, variant values, reference values) of two run groups that may be paired: the same seeds, and per
+    seed resolved configs that differ in the residual section alone. Anything else is an AnalysisInputError
+    naming both runs and the first field that differs."""
     v0, r0 = next(iter(var.values())), next(iter(ref.values()))
-    if v0.size != r0.size:
-        raise io.AnalysisInputError(f"cannot pair {_describe(v0)} with {_describe(r0)}: sizes differ")
     if set(var) != set(ref):
         raise io.AnalysisInputError(
             f"cannot pair {v0.name} {v0.size} (seeds {sorted(var)}, e.g. {v0.run_dir}) with {r0.name} {r0.size} "
             f"(seeds {sorted(ref)}, e.g. {r0.run_dir}): seed sets differ; pass the same seeds for both")
     seeds = sorted(var)
     for s in seeds:
-        if var[s].config_hash != ref[s].config_hash:
-            raise io.AnalysisInputError(
-                f"cannot pair {_describe(var[s])} with {_describe(ref[s])}: the resolved configs differ in more "
-                "than the residual variant (config_hash); train both from one config")
+        check_pair(var[s].ident, var[s].run_dir, ref[s].ident, ref[s].run_dir)
     return (seeds, np.array([var[s].tail_mean_val_loss for s in seeds]),
             np.array([ref[s].tail_mean_val_loss for s in seeds]))
+
+
+def reference_group(groups: dict[tuple, dict], key: tuple, want: Callable[[tuple], bool],
+                    ident: Callable[[Any], dict] = lambda r: r.ident) -> Optional[tuple]:
+    """The row that row ``key`` is compared with: among the rows ``want`` accepts (e.g. the baseline of the same
+    size), the one whose runs pair with ``key``'s. None when there is no candidate; the only candidate even when
+    it does not pair (pairing then names the field that differs); an error when several pair."""
+    cands = [g for g in groups if g != key and want(g)]
+    if len(cands) <= 1:
+        return cands[0] if cands else None
+    var = groups[key]
+    s0 = min(var)
+    ok = [g for g in cands if s0 in groups[g] and io.pairing_difference(ident(var[s0]), ident(groups[g][s0])) is None]
+    if len(ok) == 1:
+        return ok[0]
+    if not ok:
+        return cands[0]
+    names = ", ".join(io.variant_label(g[0], g[2], g[3]) for g in ok)
+    v = ident(var[s0])
+    raise io.AnalysisInputError(f"{io.variant_label(key[0], key[2], key[3])} {key[1]} ({v['where']}) pairs with "
+                                f"{len(ok)} reference rows ({names}); pass the runs of one of them")
 
 
 _ORDER = {v: i for i, v in enumerate(("baseline", "hyper", "attnres", "block_attnres", "mhar", "mhar_hw", "mhar_delta"))}
@@ -240,8 +271,12 @@ _SIZE_ORDER = {s: i for i, s in enumerate(("debug", "tiny", "small", "100M", "35
 
 
 def _group_key(g: tuple) -> tuple:
-    v, s, h = g
-    return (_SIZE_ORDER.get(s, 99), s, _ORDER.get(v, 99), v, h or 0)
+    v, s, h, knobs = g
+    return (_SIZE_ORDER.get(s, 99), s, _ORDER.get(v, 99), v, h or 0, str(knobs))
+
+
+def _is_baseline_of(size: str) -> Callable[[tuple], bool]:
+    return lambda g: g[0] == "baseline" and g[1] == size
 
 
 def _seeds_text(seeds: Sequence[int]) -> str:
@@ -259,15 +294,17 @@ def table1(summaries: Sequence[str | Path], published=None) -> Table:
     runs = io.load_summaries(summaries)
     groups = io.group_runs(runs)
     rows, results = [], []
+    shown = io.shown_knobs(groups)
     for g in sorted(groups, key=_group_key):
-        variant, size, heads = g
+        variant, size, heads, _ = g
+        knobs = shown[g]
         byseed = groups[g]
         losses = np.array([r.tail_mean_val_loss for r in byseed.values()])
         first = byseed[min(byseed)]
-        row = {"size": size, "variant": variant, "heads": heads, "method": first.label,
-               "seeds": _seeds_text(sorted(byseed)), "n_seeds": len(byseed), "loss_mean": float(losses.mean()),
-               "loss_sd": float(losses.std(ddof=1)) if losses.size > 1 else None,
-               "config_hash": ",".join(sorted({r.config_hash for r in byseed.values()})),
+        row = {"size": size, "variant": variant, "heads": heads, "method": io.variant_label(variant, heads, knobs, first.name),
+               "residual": io.knobs_text(knobs), "seeds": _seeds_text(sorted(byseed)), "n_seeds": len(byseed),
+               "loss_mean": float(losses.mean()), "loss_sd": float(losses.std(ddof=1)) if losses.size > 1 else None,
+               "pairing": ",".join(sorted({r.pairing for r in byseed.values()})),
                "run_label": ",".join(sorted({r.name for r in byseed.values()})),
                "params": first.params, "tokens": first.tokens, "steps": first.steps, "tail_k": first.tail_k,
                **{k: first.setup.get(k) for k in ("corpus", "tokenizer", "seq_len", "hardware")}}
@@ -275,10 +312,10 @@ def table1(summaries: Sequence[str | Path], published=None) -> Table:
         row.update(published_loss=pub_loss, published_delta=pub_delta, same_scale=same,
                    published_scale=io.paper_scale(size)[0],
                    comparison=f"{row['method']} - baseline ({size})")
-        base = groups.get(("baseline", size, None))
+        ref = reference_group(groups, g, _is_baseline_of(size)) if variant != "baseline" else None
         res = None
-        if variant != "baseline" and base:
-            seeds, a, b = pair_groups(byseed, base)
+        if ref is not None:
+            seeds, a, b = pair_groups(byseed, groups[ref])
             res = vd.seed_evidence(a, b)
             row.update(seeds=_seeds_text(seeds), n_pairs=len(seeds), test=res.method,
                        mde80=st.mde_paired(len(seeds), float(np.std(a - b, ddof=1)) if len(seeds) > 1 else math.nan))
@@ -310,12 +347,14 @@ def seeds_table(summaries: Sequence[str | Path], published=None) -> Table:
     pub = io.load_published() if published is None else published
     groups = io.group_runs(io.load_summaries(summaries))
     rows = []
+    shown = io.shown_knobs(groups)
     for g in sorted(groups, key=_group_key):
-        variant, size, heads = g
-        base = groups.get(("baseline", size, None))
-        if variant == "baseline" or not base:
+        variant, size, heads, _ = g
+        knobs = shown[g]
+        ref = reference_group(groups, g, _is_baseline_of(size)) if variant != "baseline" else None
+        if ref is None:
             continue
-        seeds, a, b = pair_groups(groups[g], base)
+        seeds, a, b = pair_groups(groups[g], groups[ref])
         d = a - b
         scale, same = io.paper_scale(size)
         pd_ = io.published_value(pub, "seeds", scale, variant, "delta_vs_baseline")
@@ -323,8 +362,8 @@ def seeds_table(summaries: Sequence[str | Path], published=None) -> Table:
         if pd_ is not None:
             sel = pub[(pub["table"] == "seeds") & (pub["scale"] == scale) & (pub["method"] == variant)]
             psd = float(sel["sd"].iloc[0]) if not sel.empty and np.isfinite(sel["sd"].iloc[0]) else None
-        label = next(iter(groups[g].values())).label
-        rows.append({"size": size, "variant": variant, "heads": heads, "method": label,
+        label = io.variant_label(variant, heads, knobs, next(iter(groups[g].values())).name)
+        rows.append({"size": size, "variant": variant, "heads": heads, "method": label, "residual": io.knobs_text(knobs),
                      "run_label": ",".join(sorted({r.name for r in groups[g].values()})),
                      "seeds": _seeds_text(seeds),
                      "n_pairs": len(seeds), "per_seed_delta": " ".join(f"{x:+.4f}" for x in d),
@@ -351,16 +390,17 @@ def heads_table(summaries: Sequence[str | Path], published=None) -> Table:
     """Routing head-count sweep: loss vs H (H=1 = AttnRes), paired delta vs the smallest H (seeds = unit)."""
     pub = io.load_published() if published is None else published
     groups = io.group_runs(io.load_summaries(summaries))
-    by_size: dict[str, dict[int, dict]] = {}
-    for (variant, size, heads), runs in groups.items():
+    by_size: dict[tuple, dict[int, dict]] = {}  # one sweep per size and residual knobs (besides H)
+    shown = io.shown_knobs([g for g in groups if g[0] in ("mhar", "attnres")], by_variant=False)
+    for (variant, size, heads, _), runs in groups.items():
         if variant in ("mhar", "attnres"):
-            h = 1 if variant == "attnres" else heads
-            if h in by_size.setdefault(size, {}):
+            h, knobs = (1 if variant == "attnres" else heads), shown[(variant, size, heads, _)]
+            if h in by_size.setdefault((size, knobs), {}):
                 raise io.AnalysisInputError(f"size {size}: both attnres and mhar H=1 runs given; pass one of them")
-            by_size[size][h] = runs
+            by_size[(size, knobs)][h] = runs
     rows, results = [], []
-    for size in sorted(by_size, key=lambda s: _SIZE_ORDER.get(s, 99)):
-        hs = by_size[size]
+    for size, knobs in sorted(by_size, key=lambda sk: (_SIZE_ORDER.get(sk[0], 99), sk[0], str(sk[1]))):
+        hs = by_size[(size, knobs)]
         ref_h = min(hs)
         scale, same = io.paper_scale(size)
         ptab = "heads" if scale == "1B" or not same else "table1"
@@ -377,16 +417,20 @@ def heads_table(summaries: Sequence[str | Path], published=None) -> Table:
                 res = vd.seed_evidence(a, b)
             pl, pref = pub_of(h), pub_of(ref_h)
             pdelta = pl - pref if (pl is not None and pref is not None and h != ref_h) else None
-            rows.append({"size": size, "heads": h, "seeds": _seeds_text(seeds), "n_seeds": len(losses),
+            rows.append({"size": size, "heads": h, "residual": io.knobs_text(knobs), "seeds": _seeds_text(seeds),
+                         "n_seeds": len(losses),
                          "loss_mean": float(losses.mean()),
                          "loss_sd": float(losses.std(ddof=1)) if losses.size > 1 else None,
                          "best": h == best, "interior_best": best not in (min(hs), max(hs)),
                          "published_loss": pl, "published_table": f"{ptab}:{pscale}", "published_scale": pscale,
                          "published_delta": pdelta, "same_scale": same, "test": res.method if res else None,
-                         "comparison": "" if h == ref_h else f"H={h} - H={ref_h} ({size})", **_paired_cols(res)})
+                         "comparison": "" if h == ref_h else f"H={h} - H={ref_h} ({size}"
+                                       + (f", {io.knobs_text(knobs)})" if knobs else ")"), **_paired_cols(res)})
             results.append(res)
     _judge(rows, results)
-    cols = [Column("size", lambda r: r["size"]), Column("H", lambda r: str(r["heads"]) + (" *" if r["best"] else "")),
+    cols = [Column("size", lambda r: r["size"]),
+            Column("H", lambda r: str(r["heads"]) + (f" ({r['residual']})" if r["residual"] else "")
+                   + (" *" if r["best"] else "")),
             Column("seeds", lambda r: r["seeds"]),
             Column("tail-mean val loss", lambda r: f_sd(r["loss_mean"], r["loss_sd"])),
             Column("Δ vs smallest H [95% CI]", lambda r: f_ci(r["delta"], r["ci_low"], r["ci_high"])),
@@ -452,16 +496,19 @@ def compare_task(a: io.EvalTask, b: io.EvalTask, metric: str, *, n_resamples: in
 
 
 def _eval_groups(eval_dirs: Sequence[str | Path]) -> dict[tuple, dict[int, tuple[Path, dict]]]:
-    """{(variant, heads, size): {seed: (eval dir, identity)}} from the records of each eval dir."""
+    """{(variant, size, heads, knobs): {seed: (eval dir, identity)}} from the records of each eval dir; the runs
+    of one group (a row) differ only by seed."""
     out: dict[tuple, dict[int, tuple[Path, dict]]] = {}
     for d in eval_dirs:
         d = Path(d)
         info = io.identify_eval(d)
-        g = out.setdefault((info["variant"], info["heads"], info["size"]), {})
+        g = out.setdefault((info["variant"], info["size"], info["heads"], info["knobs"]), {})
         if info["seed"] in g:
             raise io.AnalysisInputError(f"{d} and {g[info['seed']][0]}: two evaluations of {info['label']} "
                                         f"{info['size']} seed {info['seed']}; pass each run's eval dir once")
         g[info["seed"]] = (d, info)
+    for g in out.values():
+        io.check_row([(info, d) for _, (d, info) in sorted(g.items())])
     return out
 
 
@@ -473,32 +520,32 @@ def _pair_evals(var: dict[int, tuple[Path, dict]], ref: dict[int, tuple[Path, di
             f"{ri0['size']} (seeds {sorted(ref)}, e.g. {rd0}): seed sets differ; evaluate the same seeds for both")
     for s in sorted(var):
         (dv, iv), (dr, ir) = var[s], ref[s]
-        if iv["config_hash"] != ir["config_hash"]:
-            raise io.AnalysisInputError(
-                f"cannot pair {iv['label']} seed {s} ({dv}, config_hash {iv['config_hash'] or '-'}) with {ir['label']} "
-                f"seed {s} ({dr}, config_hash {ir['config_hash'] or '-'}): the resolved configs differ in more than "
-                "the residual variant; train both from one config")
+        check_pair(iv, dv, ir, dr)
     return sorted(var)
 
 
 def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resamples: int = 4999) -> Table:
     """Zero-shot downstream metrics: each variant vs the baseline of the same size on the same seeds, per task.
 
-    One seed: questions (or documents) are the unit; several seeds: the seed is (eval.verdict)."""
+    One seed: questions (or documents) are the unit, and the verdict can only say whether these two models
+    differ (eval.verdict VERDICT_RULE); several seeds: the seed is the unit."""
     pub = io.load_published() if published is None else published
     groups = _eval_groups(eval_dirs)
     rows, results, missing = [], [], []
-    for key in sorted(groups, key=lambda g: (_SIZE_ORDER.get(g[2], 99), _ORDER.get(g[0], 99), g[1] or 0)):
-        variant, heads, size = key
+    shown = io.shown_knobs(groups)
+    for key in sorted(groups, key=_group_key):
+        variant, size, heads, _ = key
+        knobs = shown[key]
         if variant == "baseline":
             continue
         var = groups[key]
-        ref = groups.get(("baseline", None, size))
-        if ref is None:
+        rkey = reference_group(groups, key, _is_baseline_of(size), ident=lambda m: m[1])
+        if rkey is None:
             missing.append(f"{next(iter(var.values()))[0]} (no baseline eval for size {size})")
             continue
+        ref = groups[rkey]
         seeds = _pair_evals(var, ref)
-        label = io.variant_label(variant, heads, next(iter(var.values()))[1]["label"])
+        label = io.variant_label(variant, heads, knobs, next(iter(var.values()))[1]["label"])
         scale, same = io.paper_scale(size)
         tasks = set.intersection(*(set(io.eval_tasks(d)) for s in seeds for d in (var[s][0], ref[s][0])))
         for task in sorted(tasks):
@@ -520,8 +567,9 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
             pb = io.published_value(pub, "downstream", scale, "baseline", mname, task=task)
             pdelta = pv - pb if pv is not None and pb is not None else None
             one = len(seeds) == 1
-            rows.append({"size": size, "seeds": _seeds_text(seeds), "n_seeds": len(seeds), "variant": variant,
-                         "heads": heads, "method": label, "task": task, "metric": metric,
+            rows.append({"size": size, "seeds": _seeds_text(seeds), "n_seeds": len(seeds), "single_seed": one,
+                         "variant": variant, "heads": heads, "method": label, "residual": io.knobs_text(knobs),
+                         "task": task, "metric": metric,
                          "n": c0.result.n if one else len(seeds), "n_questions": len(io.align(ta, tb)),
                          "ours_variant": float(np.mean([c.value_a for c in per_seed])),
                          "ours_baseline": float(np.mean([c.value_b for c in per_seed])),
@@ -553,6 +601,9 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
              "context (HellaSwag); perplexity uses the document bootstrap with per-document swap p. Several seeds: "
              "paired t over seeds of the per-seed metric. The column 'test' names the test whose p is printed. "
              "Accuracies are fractions (the paper's percentages / 100).",
+             "One training seed per arm: the question-level test shows only whether these two trained models "
+             f"differ ('{vd.MODELS_DIFFER}' / '{vd.NO_DIFFERENCE}'), never that the method reproduces; "
+             "that takes 2 or more seeds per arm (the seed is then the unit).",
              "Paper: Table 2 (zero-shot, 200 examples); its MHAR rows are compared with our MHAR runs of any H.",
              vd.SCALE_NOTE, RULE_POINTER] + [f"skipped: {m}" for m in missing]
     return Table("downstream", "Downstream zero-shot evaluation (paired vs baseline)", rows, cols, notes,
@@ -585,6 +636,9 @@ def cpt_table(inputs: Sequence[str | Path], published=None, n_resamples: int = 4
     """Continued pretraining: CPT gain, total gain, and MHAR gain (difference-in-differences) per task."""
     pub = io.load_published() if published is None else published
     base_d, plain_d, mhar_d, scale, batch_check = _cpt_inputs(inputs)
+    from .cpt import check_arms
+
+    unchecked = check_arms(plain_d, mhar_d)  # data order / schedule differ: refused, with or without a manifest
     same = scale == "8B"
     checked = batch_check_passed(batch_check)
     tasks = sorted(set(io.eval_tasks(base_d)) & set(io.eval_tasks(plain_d)) & set(io.eval_tasks(mhar_d)))
@@ -606,6 +660,7 @@ def cpt_table(inputs: Sequence[str | Path], published=None, n_resamples: int = 4
                "mhar": gain.value_a, "published_base": pb, "published_plain": pp, "published_mhar": pm,
                "published_delta": pdelta, "same_scale": same, "mde80": gain.mde80,
                "comparison": f"MHAR - plain CPT: {task}", **_paired_cols(gain.result), "test": gain.result.method,
+               "single_seed": True,  # one run per arm: the verdict is about these two models
                "batch_check": {None: "absent", True: "identical", False: "FAILED"}[checked]}
         for name, c in (("cpt_gain", cpt), ("total_gain", total)):
             row.update({name: c.result.estimate, f"{name}_ci_low": c.result.ci_low,
@@ -635,12 +690,16 @@ def cpt_table(inputs: Sequence[str | Path], published=None, n_resamples: int = 4
              "CPT gain); the gain over base is mostly the continued pretraining itself and is never credited to MHAR.",
              "All three arms are paired on the same questions (one model per arm, so the question is the unit); 0/1 "
              "scores: exact McNemar p with a bootstrap CI (discordant = MHAR right & plain wrong vs the reverse). "
+             "One run per arm shows whether these two models differ, not that the method does: verdicts are "
+             f"'{vd.MODELS_DIFFER}' / '{vd.NO_DIFFERENCE}' (eval/verdict.py VERDICT_RULE). "
              "Holm runs over the MHAR-gain rows only; the CPT and total gains are context, not verdicts.",
              f"Paper: Table 3 (Marin-8B, ~10B tokens). Scale of this run: {scale or 'unspecified'}; "
              + ("same as the paper." if same else "differs from the paper's 8B, so only signs are judged."),
              RULE_POINTER]
     if checked is False:
         notes.append("The two CPT arms did NOT see identical batches (batch check failed): no verdict is given.")
+    if unchecked:
+        notes.append(unchecked[0].upper() + unchecked[1:] + ".")
     if batch_check is not None:
         notes.append("Batch identity of the two CPT arms (manifest batch_check): "
                      + json.dumps(batch_check, sort_keys=True, default=str)[:300])

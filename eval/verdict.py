@@ -20,6 +20,10 @@ One evidence function per unit of evidence (each returns a :class:`eval.stats.Pa
   Unit: the seed again. The per-seed metric difference (on the same questions) goes into a paired
   t-test over seeds; question-level tests per seed would treat training noise as absent.
 
+With fewer than 2 training seeds per arm, the question- or document-level evidence is about two trained
+models, not about the method: :func:`decide` with ``single_seed=True`` then says only whether the two
+models differ (``MODELS_DIFFER`` / ``NO_DIFFERENCE``), never ``REPRODUCED`` (stated in ``VERDICT_RULE``).
+
 :func:`holm` adjusts the p-values of a table's family (all comparison rows of one table) by Holm's
 step-down method (controls the family-wise error rate; we chose it over BH because a table's rows
 are few and each verdict is read on its own). :func:`decide` turns evidence, the adjusted p and the
@@ -36,7 +40,8 @@ import numpy as np
 from . import stats as st
 
 __all__ = ["ALPHA", "REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "INSUFFICIENT", "NO_REFERENCE",
-           "EFFECT_DIFFERS", "NOT_JUDGED", "OOM", "VERDICT_RULE", "COST_RULE", "SCALE_NOTE",
+           "EFFECT_DIFFERS", "NOT_JUDGED", "OOM", "MODELS_DIFFER", "NO_DIFFERENCE", "SINGLE_SEED_JUDGED",
+           "VERDICT_RULE", "COST_RULE", "SCALE_NOTE",
            "seed_evidence", "question_evidence", "perplexity_evidence", "seed_level_evidence", "holm",
            "decide", "judged_on", "cost_verdict"]
 
@@ -49,6 +54,10 @@ NO_REFERENCE = "no published value"
 EFFECT_DIFFERS = "effect differs"  # "effect differs: smaller (ratio 0.33)"
 NOT_JUDGED = "not judged"  # "not judged: CPT batch check failed"
 OOM = "OOM"
+# fewer than 2 training seeds per arm: the evidence is about two models, not the method
+MODELS_DIFFER = "models differ (single seed)"
+NO_DIFFERENCE = "no detectable difference (single seed)"
+SINGLE_SEED_JUDGED = "these two models (single seed)"
 COST_TOLERANCE = 0.10
 _EPS = 1e-9  # float-safe comparisons at a tolerance edge (0.45 vs 0.55 - 0.10)
 
@@ -58,7 +67,11 @@ VERDICT_RULE = (
     "metrics of several seeds; the question for one seed (exact McNemar for 0/1 scores, sign-flip otherwise, "
     "cluster-robust t where questions share a context); the document for perplexity (document bootstrap). "
     "The p that decides is the one printed; p (Holm) adjusts it across the rows of the table (family-wise "
-    f"alpha {ALPHA}). 'insufficient evidence' = fewer than 2 units or a zero-width CI. With Holm p < {ALPHA}: "
+    f"alpha {ALPHA}). 'insufficient evidence' = fewer than 2 units or a zero-width CI. With fewer than 2 "
+    "training seeds per arm (one-seed downstream rows; the CPT arms, one run each) the question- or "
+    "document-level test can show only that these two trained models differ, not that the method does (one "
+    f"training seed cannot separate the method from seed noise): such a row says '{MODELS_DIFFER}' (Holm p < "
+    f"{ALPHA}) or '{NO_DIFFERENCE}', never 'reproduced' or 'not reproduced'. Otherwise, with Holm p < {ALPHA}: "
     "'not reproduced' if our sign differs from the paper's; at the paper's own scale our CI must also "
     "include the published delta, else 'effect differs: smaller/larger (ratio ours/paper)'; otherwise "
     f"'reproduced'. With Holm p >= {ALPHA}: 'not reproduced' at the paper's scale when our CI excludes the "
@@ -130,7 +143,9 @@ def holm(p_values: Sequence[Optional[float]]) -> list[float]:
 
 
 # --- the verdict ------------------------------------------------------------------------------------------------
-def judged_on(same_scale: bool) -> str:
+def judged_on(same_scale: bool, single_seed: bool = False) -> str:
+    if single_seed:
+        return SINGLE_SEED_JUDGED
     return "sign and magnitude" if same_scale else "sign only"
 
 
@@ -139,10 +154,11 @@ def _ratio(x: float, y: float) -> str:
 
 
 def decide(result: Optional[st.PairedResult], published_delta: Optional[float], same_scale: bool,
-           p_adjusted: Optional[float] = None, alpha: float = ALPHA) -> str:
+           p_adjusted: Optional[float] = None, alpha: float = ALPHA, single_seed: bool = False) -> str:
     """The verdict of one comparison (``VERDICT_RULE``); ``p_adjusted`` is the Holm p of its row
-    (defaults to the raw p of a family of one)."""
-    if published_delta is None or not np.isfinite(published_delta):
+    (defaults to the raw p of a family of one). ``single_seed``: fewer than 2 training seeds per arm, so the
+    evidence (questions / documents) can only say whether these two models differ."""
+    if not single_seed and (published_delta is None or not np.isfinite(published_delta)):
         return NO_REFERENCE
     if result is None or result.n < 2:
         return INSUFFICIENT
@@ -152,6 +168,8 @@ def decide(result: Optional[st.PairedResult], published_delta: Optional[float], 
         return INSUFFICIENT
     if hi - lo <= 1e-9 * max(1.0, abs(result.estimate)):  # zero width, up to float rounding of equal differences
         return INSUFFICIENT
+    if single_seed:
+        return MODELS_DIFFER if p < alpha else NO_DIFFERENCE
     covers = lo - _EPS <= published_delta <= hi + _EPS
     if p < alpha:
         if np.sign(result.estimate) != np.sign(published_delta):

@@ -8,8 +8,11 @@ Keys: ``time_utc``, ``hostname``, ``command`` (argv), ``cwd``, ``git`` ({commit,
 cuda_available, cuda, cudnn, gpus: [{name, memory_gb}], driver}), ``routing_env`` (the fused kernels'
 ``MHAR_ROUTING_*`` settings), ``routing_pdl`` (whether they launch with programmatic dependent launch here: the
 default on sm_90+, so the settings alone do not say), and, when a config is given,
-``config`` and ``config_hash`` (``mhar.config.config_hash`` of it). Nothing here raises: a piece that
-cannot be determined is recorded as ``None``.
+``config`` and ``config_hash`` (``mhar.config.config_hash`` of it). ``config_hash`` has this one meaning in
+every record: the hash of the config recorded beside it, as given (paths and execution choices included). A
+training run's identity is a different key, ``identity`` (``mhar.runconfig.identity_hash``), which
+``mhar.train`` adds with ``pairing`` and ``run``. Nothing here raises: a piece that cannot be determined is
+recorded as ``None``.
 """
 from __future__ import annotations
 

@@ -16,14 +16,14 @@ example configs in ``config/train/`` only state what differs)::
 Overrides use dotted keys and YAML scalars: ``train.lr=3e-4 model.residual.heads=8``.
 Unknown keys and wrong types raise :class:`mhar.config.ConfigError` naming the key.
 
-``run_hash(cfg)`` hashes the resolved config *without* the variant, size and seed
-labels (they are path components: ``results/runs/<hash>/<variant>/<size>/seed<k>/``),
-see :data:`HASH_EXCLUDE`. Two runs are *paired* when size, seed and ``run_hash`` match.
-
-``identity_hash(cfg)`` hashes everything that can change a run's numbers (residual config
-and data seed included) and nothing that cannot (labels, threads, log/checkpoint cadence,
-paths), see :data:`IDENTITY_EXCLUDE`. A run directory belongs to one identity: the trainer
-refuses another, and the workflow puts the identity into the run-directory path.
+Run identity (one name, one exclusion table): ``identity_hash(cfg)`` hashes :func:`identity_config`, the
+resolved config without :data:`IDENTITY_EXCLUDE` (labels, paths, cadence, execution choices such as
+``model.residual.routing_impl``, ``train.compile`` or ``train.device``), ``data.seed`` resolved. A run
+directory belongs to one identity (the trainer refuses another) and the workflow's run path carries it once:
+``results/runs/<label>/<size>/seed<k>/<identity[:10]>/`` (``mhar.runs``). Pairing is derived from the same
+identity: two runs are paired iff their identity configs differ only under :data:`PAIRING_VARIES` (the
+residual section), i.e. iff their ``pairing_hash`` is equal; :func:`first_difference` names the first
+field that differs. :func:`run_identity` is the ``run`` record every result carries.
 """
 from __future__ import annotations
 
@@ -40,8 +40,9 @@ from .config import ConfigError, ModelConfig, config_hash, from_dict, model_conf
 
 __all__ = [
     "MetaConfig", "DataConfig", "TrainConfig", "RunConfig", "load_run_config", "run_config_from_dict",
-    "parse_overrides", "apply_overrides", "run_hash", "full_hash", "identity_hash", "run_identity",
-    "HASH_EXCLUDE", "IDENTITY_EXCLUDE", "yaml_load", "yaml_error_line", "dump_yaml",
+    "parse_overrides", "apply_overrides", "identity_config", "identity_hash", "pairing_config", "pairing_hash",
+    "first_difference", "recorded_run_config", "run_identity", "legacy_identity_hash", "IDENTITY_EXCLUDE",
+    "PAIRING_VARIES", "IDENTITY_LEN", "PATH_ID_LEN", "yaml_load", "yaml_error_line", "dump_yaml",
 ]
 
 
@@ -297,97 +298,148 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     return run_config_from_dict(apply_overrides(raw, list(overrides)))
 
 
-# --- hashing ------------------------------------------------------------------------------
-# Keys left out of run_hash: the path labels (variant, size, seed) and what they stand for
-# (the residual section and the model preset), plus pure bookkeeping that cannot change results.
-HASH_EXCLUDE = (
-    "meta.name", "meta.variant", "meta.size",
-    "model.preset", "model.residual",
-    "train.seed", "data.seed",
-    "train.log_every", "train.checkpoint_every", "train.save_model_every_checkpoint", "train.log_batch_hash",
-    "train.threads", "data.cache_dir",
-)
-# Locations hashed as null (so a hash does not depend on the machine, and hashes of configs that leave them
-# unset are unchanged): data.data_dir, where the local mirror lives (the workflow sets it from its data_dir).
-HASH_AS_NULL = ("data.data_dir",)
-# Keys left out of every hash while unset (None): options added after runs were recorded, so the hashes of
-# configs that do not use them stay what they were.
-HASH_OMIT_UNSET = ("model.residual.module",)
+# --- run identity -----------------------------------------------------------------------------
+# THE exclusion table: keys of the resolved config that cannot change a run's numbers, and why.
+# Everything else is in the run identity. Pairing is derived from the same identity (PAIRING_VARIES).
+IDENTITY_EXCLUDE: dict[str, str] = {
+    "meta.name": "label (the workflow's variant label, a path component)",
+    "meta.variant": "label (model.residual.variant is in)",
+    "meta.size": "label (the resolved model shape is in)",
+    "model.preset": "label (the resolved model shape is in)",
+    "model.residual.routing_impl": "execution: every routing implementation computes the same function (the kernels "
+                                   "are tested against the eager reference); a run trained fused resumes or is "
+                                   "evaluated eager on a CPU",
+    "train.compile": "execution: the same step, compiled or not",
+    "train.cuda_graph": "execution: the same step, replayed as a CUDA graph or not",
+    "train.device": "execution: where the step runs (provenance.json records the device); an explicit train.dtype is in",
+    "train.parallel": "execution: DDP or FSDP2 over the same global batch",
+    "train.micro_batch": "execution: gradient accumulation over the same global batch (train.global_batch is in)",
+    "train.threads": "execution: CPU threads",
+    "train.log_every": "cadence of the train log lines",
+    "train.checkpoint_every": "cadence of checkpoints (a resume is bit-identical)",
+    "train.save_model_every_checkpoint": "bookkeeping",
+    "train.log_batch_hash": "bookkeeping (a digest of each batch in metrics.jsonl)",
+    "data.cache_dir": "path (token cache)",
+    "data.data_dir": "path (local data mirror)",
+}
+# What two runs may differ in and still be paired (on top of IDENTITY_EXCLUDE): the residual variant and its
+# knobs. Equal everything else means the same size, seeds (train and resolved data seed), data order (corpus,
+# tokenizer, seq_len, ...) and schedule.
+PAIRING_VARIES = ("model.residual",)
+IDENTITY_LEN = 16  # hex digits of `identity` / `pairing` in records; run paths carry the first PATH_ID_LEN
+PATH_ID_LEN = 10
+# Keys left out of the identity while unset (None): options added after runs were recorded, so the identity of
+# configs that do not use them stays what it was.
+OMIT_UNSET = ("model.residual.module",)
 
 
 def _drop(d: dict, dotted: str) -> None:
     *parents, leaf = dotted.split(".")
     for p in parents:
-        d = d.get(p, {})
+        d = d.get(p)
+        if not isinstance(d, dict):
+            return
     d.pop(leaf, None)
 
 
 def _omit_unset(d: dict) -> None:
-    for dotted in HASH_OMIT_UNSET:
+    for dotted in OMIT_UNSET:
         *parents, leaf = dotted.split(".")
         sub = d
         for part in parents:
-            sub = sub.get(part, {})
-        if leaf in sub and sub[leaf] is None:
+            sub = sub.get(part, {}) if isinstance(sub, dict) else {}
+        if isinstance(sub, dict) and leaf in sub and sub[leaf] is None:
             del sub[leaf]
 
 
-def _null_locations(d: dict) -> None:
-    for dotted in HASH_AS_NULL:
-        *parents, leaf = dotted.split(".")
-        sub = d
-        for part in parents:
-            sub = sub.get(part, {})
-        if leaf in sub:
-            sub[leaf] = None
-
-
-def run_hash(cfg: RunConfig, length: int = 10) -> str:
-    """Hash of the resolved config without variant/size/seed (the run directory's ``<hash>``)."""
+def identity_config(cfg: RunConfig) -> dict:
+    """The resolved config without :data:`IDENTITY_EXCLUDE`, ``data.seed`` resolved (null = the train seed):
+    everything that can change the run's numbers. ``run.config`` of every record."""
     d = cfg.to_dict()
-    for key in HASH_EXCLUDE:
+    d["data"]["seed"] = cfg.data_seed
+    for key in IDENTITY_EXCLUDE:
         _drop(d, key)
     _omit_unset(d)
-    _null_locations(d)
-    return config_hash(d, length)
+    return d
 
 
-def full_hash(cfg: RunConfig, length: int = 16) -> str:
-    """Hash of everything that can change a run's results (used to guard a run directory)."""
-    d = cfg.to_dict()
-    for key in ("meta.name", "train.log_every", "train.checkpoint_every", "train.save_model_every_checkpoint",
-                "train.threads", "data.cache_dir"):
+def pairing_config(identity: dict, varies: Sequence[str] = PAIRING_VARIES) -> dict:
+    """An identity config without what paired runs may differ in (:data:`PAIRING_VARIES`)."""
+    d = copy.deepcopy(identity)
+    for key in varies:
         _drop(d, key)
-    _omit_unset(d)
-    _null_locations(d)
-    return config_hash(d, length)
+    return d
 
 
-# Keys left out of identity_hash: labels, execution knobs that cannot change a result, paths.
-IDENTITY_EXCLUDE = (
+def identity_hash(cfg: RunConfig, length: int = IDENTITY_LEN) -> str:
+    """The run identity: hash of :func:`identity_config` (run paths carry its first ``PATH_ID_LEN`` digits)."""
+    return config_hash(identity_config(cfg), length)
+
+
+def pairing_hash(cfg: RunConfig, length: int = IDENTITY_LEN) -> str:
+    """Hash of the identity without the residual section: two runs pair iff their pairing hashes are equal."""
+    return config_hash(pairing_config(identity_config(cfg)), length)
+
+
+def first_difference(a: Any, b: Any, ignore: Sequence[str] = (), prefix: str = "") -> Optional[tuple[str, Any, Any]]:
+    """(dotted key, value in a, value in b) of the first difference of two config dicts (in a's key order,
+    then b's extra keys), skipping the dotted keys in ``ignore`` and what lies below them; None when equal."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return None if a == b else (prefix.rstrip(".") or "(config)", a, b)
+    for k in list(a) + [k for k in b if k not in a]:
+        key = f"{prefix}{k}"
+        if key in ignore:
+            continue
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            found = first_difference(va, vb, ignore, key + ".")
+            if found:
+                return found
+        elif va != vb:
+            return key, va, vb
+    return None
+
+
+def recorded_run_config(raw: Any) -> RunConfig:
+    """A recorded run config (a run directory's ``config.yaml``), read for its identity. An execution choice
+    the current code no longer knows (a withdrawn ``routing_impl`` name) is left out: it is not identity."""
+    if isinstance(raw, dict):
+        raw = copy.deepcopy(raw)
+        _drop(raw, "model.residual.routing_impl")
+    return run_config_from_dict(raw)
+
+
+def run_identity(cfg: RunConfig) -> dict:
+    """The ``run`` record of summary.json, provenance.json, the exported model's ``extra`` and eval results:
+    label, residual (its knobs, routing_impl left out), size, seed, data_seed, ``identity``, ``pairing``
+    and ``config`` (:func:`identity_config`, so a reader can name the first field two runs differ in)."""
+    ident = identity_config(cfg)
+    residual = {k: v for k, v in asdict(cfg.model.residual).items() if k != "routing_impl"}
+    # label: the workflow's variant label (meta.name); a hand-run config without a name: its variant
+    return {"label": cfg.meta.name if cfg.meta.name != "run" else cfg.variant, "residual": residual,
+            "size": cfg.size, "seed": cfg.seed, "data_seed": cfg.data_seed,
+            "identity": config_hash(ident, IDENTITY_LEN), "pairing": config_hash(pairing_config(ident), IDENTITY_LEN),
+            "config": ident}
+
+
+# Identity of records written before the one-identity design (identity_hash then also covered the model
+# preset, routing_impl, compile, cuda_graph, device, parallel and micro_batch): only to resume a training
+# checkpoint written under it. Nothing new is written with it.
+_LEGACY_IDENTITY_EXCLUDE = (
     "meta.name", "meta.variant", "meta.size",
     "train.log_every", "train.checkpoint_every", "train.save_model_every_checkpoint", "train.log_batch_hash",
     "train.threads", "data.cache_dir", "data.data_dir",
 )
 
 
-def identity_hash(cfg: RunConfig, length: int = 16) -> str:
-    """Hash of everything that can change a run's results (the run directory's identity).
-
-    Includes the residual config, the model preset, both seeds (``data.seed`` resolved) and every
-    numeric train knob; excludes :data:`IDENTITY_EXCLUDE`.
-    """
-    d = cfg.to_dict()
-    d["data"]["seed"] = cfg.data_seed  # null and the train seed it stands for are one identity
-    for key in IDENTITY_EXCLUDE:
+def legacy_identity_hash(recorded: dict) -> str:
+    """The identity an older checkpoint recorded (``identity_hash`` of state files written before this design),
+    computed from the run directory's recorded ``config.yaml`` as that code did (its resolved config as written)."""
+    d = copy.deepcopy(recorded) if isinstance(recorded, dict) else {}
+    data = d.setdefault("data", {}) if isinstance(d.get("data", {}), dict) else {}
+    if data.get("seed") is None:
+        data["seed"] = (d.get("train") or {}).get("seed", 0)
+    for key in _LEGACY_IDENTITY_EXCLUDE:
         _drop(d, key)
     _omit_unset(d)
-    return config_hash(d, length)
-
-
-def run_identity(cfg: RunConfig) -> dict:
-    """The ``run`` record of summary.json, the exported model's ``extra`` and eval results."""
-    # label: the workflow's variant label (meta.name); a hand-run config without a name: its variant
-    return {"label": cfg.meta.name if cfg.meta.name != "run" else cfg.variant, "residual": asdict(cfg.model.residual),
-            "size": cfg.size, "seed": cfg.seed, "data_seed": cfg.data_seed, "config_hash": run_hash(cfg),
-            "identity_hash": identity_hash(cfg)}
+    return config_hash(d, 16)

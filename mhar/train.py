@@ -59,8 +59,8 @@ from .model import Transformer
 from .optim import EMA, batch_digest, load_init_weights, param_groups
 from .provenance import collect_provenance, utc_now
 from .routing import check_kernel_env, routing_info
-from .runconfig import (RunConfig, dump_yaml, identity_hash, load_run_config, run_config_from_dict,
-                        run_hash, run_identity, yaml_error_line, yaml_load)
+from .runconfig import (RunConfig, dump_yaml, identity_hash, legacy_identity_hash, load_run_config, pairing_hash,
+                        recorded_run_config, run_identity, yaml_error_line, yaml_load)
 from .step import (StepResult, Throughput, TrainStep, autocast_for, build_optimizer, micro_forward, peak_flops,
                    plan_step)
 
@@ -200,7 +200,7 @@ class RunDir:
                                   "refusing to overwrite them. Choose another --out or delete that directory.")
             return "fresh"
         try:
-            old = run_config_from_dict(yaml_load(self.config.read_text()))
+            old = recorded_run_config(yaml_load(self.config.read_text()))  # a withdrawn routing_impl is no obstacle
         except Exception as e:  # a YAML or config error alike
             why = yaml_error_line(e) if isinstance(e, yaml.YAMLError) else str(e).replace("\n", " ")
             raise RunDirError(f"{self.config} is unreadable ({why}); refusing to overwrite the run in {self.path}") from None
@@ -311,7 +311,7 @@ def save_state(rd: RunDir, cfg: RunConfig, model: nn.Module, raw: Transformer, o
     if env.is_main:
         path = rd.state_file(prog.step)
         atomic_torch_save({
-            "format": STATE_FORMAT, "identity_hash": identity_hash(cfg), "model": model_sd, "optimizer": opt_sd,
+            "format": STATE_FORMAT, "identity": identity_hash(cfg), "model": model_sd, "optimizer": opt_sd,
             "rng": _rng_state(), "progress": prog.__dict__, "metrics_bytes": metrics_bytes,
             "metrics_log": metrics_log,
             "data": {"seed": cfg.data_seed, "samples_seen": prog.step * cfg.train.global_batch},
@@ -335,7 +335,7 @@ def _prune_checkpoints(rd: RunDir, keep: Path, older_only: bool = False) -> None
             side.unlink(missing_ok=True)
 
 
-def _load_state_file(path: Path, cfg: RunConfig) -> dict:
+def _load_state_file(path: Path, cfg: RunConfig, legacy: Optional[str] = None) -> dict:
     """One training state, checksum-verified and loaded without unpickling objects (CheckpointError why not)."""
     try:
         blob = safe_torch_load(path)
@@ -346,7 +346,8 @@ def _load_state_file(path: Path, cfg: RunConfig) -> dict:
                               f"({load_error_brief(e)})") from None
     if not isinstance(blob, dict) or blob.get("format") != STATE_FORMAT:
         raise CheckpointError(f"{path} is not a {STATE_FORMAT} file")
-    if blob.get("identity_hash") != identity_hash(cfg):
+    # "identity_hash": a checkpoint written before the one-identity design (mhar.runconfig.legacy_identity_hash)
+    if not (blob.get("identity") == identity_hash(cfg) or (legacy and blob.get("identity_hash") == legacy)):
         raise CheckpointError(f"{path} was written by a different config")
     return blob
 
@@ -355,9 +356,13 @@ def load_state(rd: RunDir, cfg: RunConfig, warn: Callable[[str], None] = lambda 
     """The newest valid training state. Newer ones that fail their checks are skipped with one ``warn``
     line saying which and why (they are replaced by the next checkpoint); CheckpointError when none is valid."""
     bad: list[tuple[Path, str]] = []
+    try:  # the identity an older checkpoint of this run directory recorded (its config.yaml is this run's)
+        legacy = legacy_identity_hash(yaml_load(rd.config.read_text()))
+    except Exception:
+        legacy = None
     for step, path in rd.checkpoints():
         try:
-            blob = _load_state_file(path, cfg)
+            blob = _load_state_file(path, cfg, legacy)
         except CheckpointError as e:
             bad.append((path, str(e)))
             continue
@@ -520,7 +525,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
         if status == "fresh":
             atomic_write_text(rd.config, dump_yaml(cfg.to_dict()))
         prov = collect_provenance(cfg.to_dict())
-        prov.update(run_hash=run_hash(cfg), identity_hash=identity_hash(cfg), run=run_identity(cfg),
+        prov.update(identity=identity_hash(cfg), pairing=pairing_hash(cfg), run=run_identity(cfg),
                     start_time=utc_now(), end_time=None,
                     world_size=env.world_size, parallel=env.parallel, device=str(env.device), routing=routing,
                     resumed_from_step=prog.step if blob is not None else None)
@@ -598,7 +603,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
 
     summary = _summary(cfg, raw, prog, env)
     summary.update(speed.summary(plan))
-    extra = {"run_hash": run_hash(cfg), "step": prog.step, "variant": cfg.variant, "size": cfg.size, "seed": t.seed,
+    extra = {"step": prog.step, "variant": cfg.variant, "size": cfg.size, "seed": t.seed,
              "run": run_identity(cfg)}
     if ema is None:
         _export_model(rd.model, model, raw, cfg, env, extra)
@@ -653,7 +658,7 @@ def _summary(cfg: RunConfig, raw: Transformer, prog: Progress, env: DistEnv) -> 
     t = cfg.train
     tail = [v for _, v in prog.val_losses[-t.tail_k:]]
     return {
-        "variant": cfg.variant, "size": cfg.size, "seed": t.seed, "config_hash": run_hash(cfg),
+        "variant": cfg.variant, "size": cfg.size, "seed": t.seed, "identity": identity_hash(cfg),
         "steps": prog.step, "tokens": prog.tokens,
         "tail_mean_val_loss": float(np.mean(tail)) if tail else None, "tail_k": t.tail_k,
         "final_val_loss": prog.val_losses[-1][1] if prog.val_losses else None,
@@ -670,12 +675,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.lr=3e-4")
     p.add_argument("--out", required=True, help="run directory (created; resumed if it holds this config)")
     p.add_argument("--stop-after", type=int, default=None, help="checkpoint and exit after this step")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and its hash, then exit")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config, its run identity and pairing hash, then exit")
     args = p.parse_args(argv)
     try:
         cfg = load_run_config(args.config, args.overrides)
         if args.print_config:
-            print(dump_yaml(cfg.to_dict()) + f"# run_hash: {run_hash(cfg)}")
+            print(dump_yaml(cfg.to_dict()) + f"# identity: {identity_hash(cfg)}\n# pairing: {pairing_hash(cfg)}")
             return 0
         train(cfg, args.out, stop_after=args.stop_after)
     except (ConfigError, DataError, RunDirError, CheckpointError, TrainingDiverged) as e:

@@ -9,25 +9,42 @@ from __future__ import annotations
 import json
 import zlib
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 CONFIG_HASH = "abc123def0"
 
 
+def run_config(variant: str, size: str, seed: int, heads: Optional[int] = None, label: Optional[str] = None,
+               overrides: Sequence[str] = ()):
+    """The resolved run config mhar.train would record for such a run (tinyshakespeare, byte, seq_len 128)."""
+    from mhar.runconfig import load_run_config
+
+    return load_run_config(None, [f"model.preset={size}", f"model.residual.variant={variant}",
+                                  f"model.residual.heads={heads if heads is not None else 1}",
+                                  f"meta.name={label or variant}", f"train.seed={seed}", "data.seq_len=128",
+                                  *overrides])
+
+
 def write_run(root: Path, variant: str, size: str, seed: int, tail: float, heads: Optional[int] = None,
               heads_in_summary: bool = True, steps: int = 200, every: int = 20, tail_k: int = 3,
               label: Optional[str] = None, config_hash: str = CONFIG_HASH, run_block: bool = False,
-              root_dir: Optional[Path] = None) -> Path:
+              root_dir: Optional[Path] = None, overrides: Sequence[str] = ()) -> Path:
     """One run dir whose validation curve ends at ``tail`` (tail-mean of the last ``tail_k`` evals).
 
-    Like mhar.train: the summary's ``variant`` is the run label (path component, e.g. ``mhar_h8``);
-    the residual variant and heads live in config.yaml (heads also in the summary if asked). With
-    ``run_block`` the summary also carries the ``run`` identity block of current mhar.train, and
-    ``root_dir`` puts the run anywhere (its path then says nothing about the run)."""
+    Like mhar.train: config.yaml is the resolved run config (``overrides`` are run-config overrides, e.g.
+    ``data.seed=7`` or ``model.residual.hyper_n=2``) and the folder is ``runs/<label>/<size>/seed<k>/<rid>``.
+    Without ``run_block`` the summary is an older one: the flat keys (``variant`` = the run label, ``config_hash``)
+    and no ``run`` block, the residual section only in config.yaml (heads also in the summary if asked). With
+    ``run_block`` it carries the ``run`` record of current mhar.train; ``root_dir`` puts the run anywhere (its
+    path then says nothing about the run)."""
+    from mhar.runconfig import dump_yaml, run_identity
+    from mhar.runs import run_relpath
+
     label = label or variant
-    d = root_dir or root / "runs" / config_hash / label / size / f"seed{seed}"
+    cfg = run_config(variant, size, seed, heads, label, overrides)
+    d = root_dir or root / run_relpath(cfg)
     d.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(zlib.crc32(f"{variant}{size}{seed}{heads}".encode()))
     evals = list(range(every, steps + 1, every))
@@ -51,13 +68,11 @@ def write_run(root: Path, variant: str, size: str, seed: int, tail: float, heads
     if heads is not None and heads_in_summary:
         summary["heads"] = heads
     if run_block:
-        summary["run"] = {"label": label, "residual": {"variant": variant, "heads": heads if heads is not None else 1},
-                          "size": size, "seed": seed, "data_seed": seed, "config_hash": config_hash,
-                          "identity_hash": f"{config_hash}-{label}-{seed}"}
+        summary["run"] = run_identity(cfg)
+        summary["identity"] = summary["run"]["identity"]
+        del summary["config_hash"]
     (d / "summary.json").write_text(json.dumps(summary))
-    (d / "config.yaml").write_text(f"model:\n  preset: {size}\n  residual:\n    variant: {variant}\n"
-                                   f"    heads: {heads if heads is not None else 1}\n"
-                                   f"data:\n  corpus: tinyshakespeare\n  tokenizer: byte\n  seq_len: 128\n")
+    (d / "config.yaml").write_text(dump_yaml(cfg.to_dict()))
     return d / "summary.json"
 
 

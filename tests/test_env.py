@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mhar import env
-from mhar.runconfig import full_hash, run_config_from_dict, run_hash
+from mhar.runconfig import identity_hash, pairing_hash, run_config_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 # where reading the environment is the module's documented job
@@ -95,6 +95,6 @@ def test_data_dir_is_a_location_not_part_of_the_hashes():
     base = {"model": {"preset": "debug"}, "data": {"corpus": "synthetic:100"}}
     plain = run_config_from_dict(base)
     moved = run_config_from_dict({**base, "data": {**base["data"], "data_dir": "/somewhere/else"}})
-    assert run_hash(plain) == run_hash(moved) and full_hash(plain) == full_hash(moved)
+    assert identity_hash(plain) == identity_hash(moved) and pairing_hash(plain) == pairing_hash(moved)
     other = run_config_from_dict({**base, "data": {"corpus": "synthetic:200"}})
-    assert run_hash(other) != run_hash(plain)
+    assert identity_hash(other) != identity_hash(plain) and pairing_hash(other) != pairing_hash(plain)

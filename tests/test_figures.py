@@ -87,7 +87,7 @@ def test_routing_heatmap_from_model(tmp_path):
 
 def test_mean_band_matches_numpy(data):
     runs = io.load_summaries(data["runs"])
-    grp = io.group_runs(runs)[("mhar", "tiny", 4)]
+    grp = io.group_runs(runs)[("mhar", "tiny", 4, ())]
     curves = [io.val_curve(r) for r in grp.values()]
     xs, m, lo, hi = figures._mean_band(curves, "flops")
     L = np.stack([c["loss"] for c in curves])

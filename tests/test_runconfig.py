@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from mhar.config import ConfigError, PRESETS
-from mhar.runconfig import (HASH_EXCLUDE, dump_yaml, full_hash, load_run_config, run_config_from_dict, run_hash,
-                            yaml_load)
+from mhar.runconfig import (IDENTITY_EXCLUDE, PAIRING_VARIES, dump_yaml, first_difference, identity_config,
+                            identity_hash, load_run_config, pairing_hash, recorded_run_config, run_config_from_dict,
+                            run_identity, yaml_load)
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "config" / "train").glob("*.yaml"))
 
@@ -27,7 +28,7 @@ def test_yaml_file_and_overrides(tmp_path):
 def test_resolved_config_round_trips(tmp_path):
     cfg = load_run_config(None, ["model.preset=debug", "model.n_layers=3", "train.lr=2e-3"])
     again = run_config_from_dict(yaml_load(dump_yaml(cfg.to_dict())))
-    assert again.to_dict() == cfg.to_dict() and full_hash(again) == full_hash(cfg)
+    assert again.to_dict() == cfg.to_dict() and identity_hash(again) == identity_hash(cfg)
 
 
 @pytest.mark.parametrize("overrides, match", [
@@ -55,18 +56,76 @@ def test_missing_or_bad_file(tmp_path):
         load_run_config(tmp_path / "bad.yaml")
 
 
-def test_run_hash_ignores_variant_size_seed_but_not_hyperparameters():
+def _set(d: dict, dotted: str, value) -> dict:
+    """``d`` with the dotted key set to ``value``."""
+    *parents, leaf = dotted.split(".")
+    node = d
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    return d
+
+
+def test_pairing_hash_sees_everything_but_the_residual_section():
+    """Paired runs differ in the residual variant and its knobs alone: same size, seeds, data order, schedule."""
     base = ["model.preset=debug"]
-    h = run_hash(load_run_config(None, base))
-    for same in (["model.residual.variant=mhar", "model.residual.heads=4"], ["train.seed=3"], ["meta.size=x"],
-                 ["meta.variant=mhar8"], ["train.log_every=1"]):
-        assert run_hash(load_run_config(None, base + same)) == h, same
+    h = pairing_hash(load_run_config(None, base))
+    for same in (["model.residual.variant=mhar", "model.residual.heads=4"], ["model.residual.variant=hyper",
+                 "model.residual.hyper_n=2"], ["meta.size=x"], ["meta.variant=mhar8"], ["train.log_every=1"],
+                 ["model.residual.routing_impl=compile"], ["train.compile=false"], ["data.seed=0"]):
+        assert pairing_hash(load_run_config(None, base + same)) == h, same
     for other in (["train.lr=1e-2"], ["data.seq_len=64"], ["data.corpus=nltk_gutenberg"], ["model.n_layers=3"],
-                  ["train.steps=7"]):
-        assert run_hash(load_run_config(None, base + other)) != h, other
-    # the full hash (run-directory guard) does see variant and seed
-    assert full_hash(load_run_config(None, base + ["train.seed=3"])) != full_hash(load_run_config(None, base))
-    assert "model.residual" in HASH_EXCLUDE
+                  ["train.steps=7"], ["train.seed=3"], ["data.seed=7"], ["data.tokenizer=gpt2"],
+                  ["train.warmup_steps=3"], ["train.global_batch=32", "train.micro_batch=16"]):
+        assert pairing_hash(load_run_config(None, base + other)) != h, other
+    assert PAIRING_VARIES == ("model.residual",)
+
+
+def test_identity_hash_sees_every_result_knob_and_nothing_else():
+    base = ["model.preset=debug", "model.residual.variant=mhar", "model.residual.heads=4"]
+    cfg = load_run_config(None, base)
+    h = identity_hash(cfg)
+    # every key of the one exclusion table changes nothing (set to another valid value)
+    other_value = {"meta.name": "relabelled", "meta.variant": "x", "meta.size": "y", "model.preset": "tiny",
+                   "model.residual.routing_impl": "compile", "train.compile": False, "train.cuda_graph": False,
+                   "train.device": "cpu", "train.parallel": "fsdp", "train.micro_batch": 8, "train.threads": 3,
+                   "train.log_every": 1, "train.checkpoint_every": 7, "train.save_model_every_checkpoint": True,
+                   "train.log_batch_hash": True, "data.cache_dir": "/elsewhere", "data.data_dir": "/mirror"}
+    assert set(other_value) == set(IDENTITY_EXCLUDE)
+    for key, value in other_value.items():
+        moved = run_config_from_dict(_set(cfg.to_dict(), key, value))  # model.preset: the resolved shape stays
+        assert identity_hash(moved) == h, key
+    assert identity_hash(load_run_config(None, base + ["data.seed=0"])) == h  # data.seed 0 = the default (seed 0)
+    for other in (["model.residual.heads=2"], ["model.residual.routing_eps=1e-5"], ["data.seed=1"], ["train.seed=1"],
+                  ["train.lr=1e-2"], ["train.z_loss=1e-4"], ["data.seq_len=64"], ["model.n_layers=3"],
+                  ["train.dtype=fp32"], ["train.warmup_steps=3"], ["train.eval_every=7"], ["train.tail_k=2"],
+                  ["train.global_batch=32", "train.micro_batch=32"], ["data.val_tokens=4096"]):
+        assert identity_hash(load_run_config(None, base + other)) != h, other
+    run = run_identity(load_run_config(None, base + ["meta.name=mhar_h4", "data.seed=5"]))
+    cfg5 = load_run_config(None, base + ["data.seed=5"])
+    assert run == {"label": "mhar_h4", "residual": run["residual"], "size": "debug", "seed": 0, "data_seed": 5,
+                   "identity": identity_hash(cfg5), "pairing": pairing_hash(cfg5), "config": identity_config(cfg5)}
+    assert run["residual"]["variant"] == "mhar" and run["residual"]["heads"] == 4
+    assert "routing_impl" not in run["residual"] and "routing_impl" not in run["config"]["model"]["residual"]
+    assert run["config"]["data"]["seed"] == 5 and "cache_dir" not in run["config"]["data"]
+
+
+def test_first_difference_names_the_first_field_in_config_order():
+    a = identity_config(load_run_config(None, ["model.preset=debug", "data.seed=0", "train.lr=1e-3"]))
+    b = identity_config(load_run_config(None, ["model.preset=debug", "data.seed=7", "train.lr=2e-3",
+                                               "model.residual.variant=mhar"]))
+    assert first_difference(a, a) is None
+    assert first_difference(a, b) == ("model.residual.variant", "baseline", "mhar")
+    assert first_difference(a, b, ignore=PAIRING_VARIES) == ("data.seed", 0, 7)  # data before train
+    assert first_difference(a, b, ignore=PAIRING_VARIES + ("data.seed",)) == ("train.lr", 1e-3, 2e-3)
+
+
+def test_a_recorded_config_with_a_withdrawn_routing_impl_keeps_its_identity():
+    cfg = load_run_config(None, ["model.preset=debug", "model.residual.variant=mhar"])
+    raw = _set(cfg.to_dict(), "model.residual.routing_impl", "fused_v7_sg8_withdrawn")
+    with pytest.raises(ConfigError, match="routing_impl"):
+        run_config_from_dict(raw)
+    assert identity_hash(recorded_run_config(raw)) == identity_hash(cfg)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
@@ -89,23 +148,3 @@ def test_non_finite_numbers_are_refused(overrides, key):
         load_run_config(None, overrides)
 
 
-def test_identity_hash_sees_every_result_knob_and_nothing_else():
-    from mhar.runconfig import IDENTITY_EXCLUDE, identity_hash, run_identity
-
-    base = ["model.preset=debug", "model.residual.variant=mhar", "model.residual.heads=4"]
-    h = identity_hash(load_run_config(None, base))
-    for same in (["train.threads=3"], ["train.log_every=1"], ["train.checkpoint_every=7"], ["meta.name=relabelled"],
-                 ["meta.variant=x"], ["meta.size=y"], ["data.cache_dir=/elsewhere"], ["data.data_dir=/mirror"],
-                 ["train.log_batch_hash=true"], ["train.save_model_every_checkpoint=true"],
-                 ["data.seed=0"]):  # data.seed 0 = the default (train.seed 0): one identity
-        assert identity_hash(load_run_config(None, base + same)) == h, same
-    for other in (["model.residual.heads=2"], ["data.seed=1"], ["train.seed=1"], ["train.lr=1e-2"],
-                  ["train.z_loss=1e-4"], ["data.seq_len=64"], ["model.n_layers=3"], ["train.dtype=fp32"],
-                  ["train.warmup_steps=3"], ["train.eval_every=7"], ["train.tail_k=2"]):
-        assert identity_hash(load_run_config(None, base + other)) != h, other
-    assert set(IDENTITY_EXCLUDE) < set(HASH_EXCLUDE) | {"data.data_dir"}
-    run = run_identity(load_run_config(None, base + ["meta.name=mhar_h4", "data.seed=5"]))
-    assert run == {"label": "mhar_h4", "residual": run["residual"], "size": "debug", "seed": 0, "data_seed": 5,
-                   "config_hash": run_hash(load_run_config(None, base)),
-                   "identity_hash": identity_hash(load_run_config(None, base + ["data.seed=5"]))}
-    assert run["residual"]["variant"] == "mhar" and run["residual"]["heads"] == 4

@@ -16,6 +16,7 @@ import torch
 import mhar.step as S
 import mhar.train as T
 from mhar.checkpoint import CheckpointError, load_model
+from mhar.config import config_hash
 from mhar.data import unigram_entropy
 from mhar.runconfig import load_run_config
 
@@ -88,7 +89,7 @@ def test_same_seed_gives_identical_metrics_and_files(corpus, tmp_path):
     assert s1["tail_mean_val_loss"] == pytest.approx(np.mean([v for _, v in s1["val_losses"][-2:]]))
     assert s1["tail_mean_val_loss"] == s2["tail_mean_val_loss"]
     # summary / provenance / exported model match the documented run-directory contract
-    for key in ("variant", "size", "seed", "config_hash", "steps", "tokens", "tail_mean_val_loss", "tail_k",
+    for key in ("variant", "size", "seed", "identity", "steps", "tokens", "tail_mean_val_loss", "tail_k",
                 "final_val_loss", "val_losses", "wall_s", "flops", "params", "tokens_per_s", "peak_mem_gb"):
         assert key in s1
     assert s1["tokens"] == 6 * 4 * 32 and m1[-1]["flops"] == s1["flops"]
@@ -101,7 +102,10 @@ def test_same_seed_gives_identical_metrics_and_files(corpus, tmp_path):
     assert a.read_bytes() == b.read_bytes()
     assert (tmp_path / "a" / "model.pt.sha256").read_text().split()[0] == hashlib.sha256(a.read_bytes()).hexdigest()
     assert s1["run"] == blob["extra"]["run"] == prov["run"] == T.run_identity(cfg)
-    assert s1["run"]["identity_hash"] == T.identity_hash(cfg) and s1["run"]["config_hash"] == s1["config_hash"]
+    assert s1["run"]["identity"] == T.identity_hash(cfg) == s1["identity"] == prov["identity"]
+    assert s1["run"]["pairing"] == T.pairing_hash(cfg) == prov["pairing"] and "config_hash" not in s1
+    # provenance.json's config_hash is the hash of the config it records (its one meaning everywhere)
+    assert prov["config_hash"] == config_hash(prov["config"]) and "run_hash" not in prov
     # a different seed changes the run
     T.train(cfg_for(corpus, tmp_path / "cache", "train.seed=1"), tmp_path / "c")
     assert read_metrics(tmp_path / "c") != m1
@@ -166,6 +170,42 @@ def test_resume_after_crash_is_bitwise_identical(corpus, tmp_path, monkeypatch):
     (tmp_path / "stop" / "metrics.jsonl").unlink()  # Snakemake deletes a job's declared outputs before a rerun
     T.train(cfg, tmp_path / "stop")
     assert read_metrics(tmp_path / "stop") == read_metrics(tmp_path / "ref")
+
+
+def test_a_run_resumes_under_other_execution_choices_and_from_older_checkpoints(corpus, tmp_path):
+    """routing_impl, compile, device and micro_batch are execution, not identity: a run started fused with compile
+    on a GPU (its config.yaml says so) resumes eager on this CPU with another micro-batch and ends where the
+    uninterrupted run ends; a checkpoint that records the older identity (key identity_hash) resumes too; a
+    changed data seed is another run and is refused."""
+    from mhar.checkpoint import atomic_torch_save, safe_torch_load
+    from mhar.runconfig import dump_yaml, legacy_identity_hash, yaml_load
+
+    cfg = cfg_for(corpus, tmp_path / "cache", "model.residual.variant=mhar", "model.residual.heads=2", "train.steps=4")
+    ref = T.train(cfg, tmp_path / "ref")
+    run = tmp_path / "run"
+    T.train(cfg, run, stop_after=2)
+    rec = yaml_load((run / "config.yaml").read_text())
+    rec["model"]["residual"]["routing_impl"], rec["train"]["compile"], rec["train"]["device"] = "fused", True, "cuda"
+    (run / "config.yaml").write_text(dump_yaml(rec))
+    state = run / "checkpoint" / "state-00000002.pt"
+    blob = safe_torch_load(state)
+    blob["identity_hash"] = legacy_identity_hash(rec)  # as written before the one-identity design
+    del blob["identity"]
+    atomic_torch_save(blob, state)
+    again = cfg_for(corpus, tmp_path / "cache", "model.residual.variant=mhar", "model.residual.heads=2",
+                    "train.steps=4", "train.micro_batch=1", "train.compile=false")
+    out = T.train(again, run)
+    assert out["steps"] == 4 and out["identity"] == ref["identity"] == T.identity_hash(cfg)
+    assert out["tail_mean_val_loss"] == pytest.approx(ref["tail_mean_val_loss"], rel=1e-5)
+    blob["identity_hash"] = "0" * 16  # an older checkpoint of another config: refused
+    T.train(cfg, tmp_path / "run2", stop_after=2)
+    (tmp_path / "run2" / "checkpoint" / "state-00000002.pt").unlink()
+    atomic_torch_save(blob, tmp_path / "run2" / "checkpoint" / "state-00000002.pt")
+    with pytest.raises(CheckpointError, match="written by a different config"):
+        T.train(cfg, tmp_path / "run2")
+    with pytest.raises(T.RunDirError, match="data.seed"):
+        T.train(cfg_for(corpus, tmp_path / "cache", "model.residual.variant=mhar", "model.residual.heads=2",
+                        "train.steps=4", "data.seed=5"), run)
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeypatch):
@@ -236,7 +276,8 @@ def test_cli_errors_are_clear(corpus, tmp_path, capsys, monkeypatch):
         monkeypatch.delenv(var)
     assert not (tmp_path / "r").exists()  # a run that failed before writing anything leaves no directory
     assert T.main([str(cfg_file), "--print-config", "--out", str(tmp_path / "r")]) == 0
-    assert "run_hash" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "# identity: " in out and "# pairing: " in out and "run_hash" not in out
 
 
 # DDP and FSDP2 on 2 processes (vs 1 process with accumulation, batch hashes, resume): tests/test_distributed.py

@@ -72,6 +72,18 @@ def expected_train_jobs(cfg, target):
             "reproduce_downstream": ds, "all": t1 | heads | ds, "report": t1 | heads | ds}.get(target, set())
 
 
+def data_of(cfg, size):
+    """What a size's tokenization depends on, read from the config file: its data section (size_overrides
+    applied; not the data-order seed, not locations) and the model's vocabulary size."""
+    from mhar.config import PRESETS
+
+    over = (cfg.get("size_overrides") or {}).get(size) or {}
+    data = {**(cfg["train"].get("data") or {}), **(over.get("data") or {})}
+    model = {**PRESETS.get(size, {}), **(cfg["train"].get("model") or {}), **(over.get("model") or {})}
+    return json.dumps({k: v for k, v in data.items() if k not in ("seed", "cache_dir", "data_dir")}, sort_keys=True), \
+        model.get("vocab_size")
+
+
 # --- dry runs ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("config_name", sorted(CONFIGS))
@@ -88,8 +100,8 @@ def test_dry_run(target, config_name, tmp_path):
     cfg = load(CONFIGS[config_name][0])
     runs = expected_train_jobs(cfg, target)
     assert counts.get("train", 0) == len(runs), counts
-    # one tokenization job per size (a size's runs share its results hash and data)
-    assert counts.get("prepare_data", 0) == len({size for _, size, _ in runs})
+    # one tokenization job per data key (mhar.runs.data_key): the sizes' data sections and vocabularies
+    assert counts.get("prepare_data", 0) == len({data_of(cfg, size) for _, size, _ in runs})
     if target == "reproduce_downstream":
         d = cfg["downstream"]
         n_tasks, n_eval = len(d["tasks"]), n_runs(d["variants"], d["sizes"], d["seeds"])
@@ -237,7 +249,7 @@ def test_ci_end_to_end(tmp_path):
         assert (reports / name).is_file(), name
 
     # the table's numbers are the runs' numbers: mean tail-mean val loss over seeds, per variant
-    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("results/runs/*/*/*/seed*/*/summary.json")]
+    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("results/runs/*/*/seed*/*/summary.json")]
     assert len(summaries) == n_runs(cfg["table1"]["variants"], cfg["sizes"], cfg["seeds"])
     rows = list(csv.DictReader((reports / "table1.csv").open()))
     assert {r["variant"] for r in rows} == {cfg["variants"][v]["variant"] for v in cfg["table1"]["variants"]}
@@ -252,23 +264,28 @@ def test_ci_end_to_end(tmp_path):
     res = snakemake(["all", "--cores", "2", *ci], tmp_path, env)
     assert res.returncode == 0 and "Nothing to be done" in res.stdout + res.stderr
 
-    # adding a seed trains only the new runs (one per Table 1 variant), in the same hash dir
-    hashes = {p.name for p in (tmp_path / "results/runs").iterdir()}
+    # the runs listing (written by the train jobs) names every run folder, finished
+    index = (tmp_path / "results/runs/INDEX.md").read_text()
+    assert index.count("| finished |") == len(summaries) and "incomplete" not in index.split("|---", 1)[1]
+
+    # adding a seed trains only the new runs (one per Table 1 variant), beside the others
+    runs = {p.parent.relative_to(tmp_path).as_posix() for p in tmp_path.glob("results/runs/*/*/seed*/*/summary.json")}
     overlay = tmp_path / "more_seeds.yaml"
     overlay.write_text(yaml.safe_dump({"seeds": cfg["seeds"] + [max(cfg["seeds"]) + 1]}))
     res = snakemake(["reproduce_table1", "-n", *configfiles("config/ci.yaml"), str(overlay)], tmp_path, env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert job_counts(res.stdout + res.stderr)["train"] == len(cfg["table1"]["variants"])
-    new_runs = re.findall(r"output: results/runs/(\w+)/[^,\s]+?/seed(\d+)/", res.stdout)
-    assert new_runs and all(h in hashes and int(k) == max(cfg["seeds"]) + 1 for h, k in new_runs)
+    new_runs = re.findall(r"output: (results/runs/(\w+)/\w+/seed(\d+)/[0-9a-f]+)/", res.stdout)
+    assert new_runs and all(label in cfg["table1"]["variants"] and int(k) == max(cfg["seeds"]) + 1
+                            and d not in runs for d, label, k in new_runs)
 
-    # a changed hyper-parameter is a new results hash: every run again, nothing overwritten
+    # a changed hyper-parameter is a new run identity: every run again, into new folders, nothing overwritten
     overlay.write_text(yaml.safe_dump({"train": {"train": {"lr": cfg["train"]["train"]["lr"] / 2}}}))
     res = snakemake(["reproduce_table1", "-n", *configfiles("config/ci.yaml"), str(overlay)], tmp_path, env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert job_counts(res.stdout + res.stderr)["train"] == len(summaries)
-    changed = set(re.findall(r"output: results/runs/(\w+)/", res.stdout))
-    assert changed and not changed & hashes
+    changed = set(re.findall(r"output: (results/runs/\w+/\w+/seed\d+/[0-9a-f]+)/", res.stdout))
+    assert len(changed) == len(summaries) and not changed & runs
 
 
 def _tree_bytes(folder: Path) -> dict:
@@ -307,7 +324,7 @@ def test_run_identity_paths_keep_finished_runs(tmp_path):
         res = snakemake(["reproduce_table1", "-n", "--until", "train", *configfiles("config/ci.yaml"), str(base),
                          str(over)], tmp_path, env)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        return re.findall(r"output: (results/runs/\S+/mhar/\S+)/summary.json", res.stdout), res.stdout + res.stderr
+        return re.findall(r"output: (results/runs/mhar/\S+)/summary.json", res.stdout), res.stdout + res.stderr
 
     (old,), _ = plan({})
     over.write_text("{}\n")
@@ -317,8 +334,11 @@ def test_run_identity_paths_keep_finished_runs(tmp_path):
     before = _tree_bytes(tmp_path / old)
     assert json.loads(before["summary.json"])["run"]["residual"]["heads"] == 4
 
-    # execution knobs: the finished run is not replanned (nor its parameters reported changed)
-    knobs = {"train": {"train": {"threads": 2, "log_every": 1, "checkpoint_every": 4}}}
+    # execution knobs: the finished run is not replanned (nor its parameters reported changed); the routing
+    # implementation is one of them (mhar.runconfig.IDENTITY_EXCLUDE)
+    knobs = {"train": {"train": {"threads": 2, "log_every": 1, "checkpoint_every": 4, "micro_batch": 2,
+                                 "compile": False}},
+             "variants": {"mhar": {"variant": "mhar", "heads": 4, "routing_impl": "compile"}}}
     runs, out = plan(knobs)
     assert old not in runs
     # (--summary, not --list-changes params: the latter lists every job's last output in Snakemake 9)

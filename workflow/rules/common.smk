@@ -1,4 +1,4 @@
-# Shared helpers: paths, run configs and their hash, target lists.
+# Shared helpers: paths, run configs and their identity, target lists.
 # Every function here is pure config -> strings; the rules stay declarative.
 
 import copy
@@ -8,14 +8,15 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-# The repository root holds the `mhar` and `eval` packages: the results hash is
+# The repository root holds the `mhar` and `eval` packages: run identities and paths are
 # computed by the library itself (jobs import them via workflow/scripts/_glue.py).
 REPO = Path(workflow.basedir).resolve()
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from mhar.config import ConfigError, config_hash  # noqa: E402
-from mhar.runconfig import identity_hash, run_config_from_dict, run_hash  # noqa: E402
+from mhar.runconfig import run_config_from_dict  # noqa: E402
+from mhar.runs import EVAL_LAYOUT, RUN_LAYOUT, data_key, run_key  # noqa: E402
 
 RESULTS = config["results_dir"].rstrip("/")
 REPORTS = config["reports_dir"].rstrip("/")
@@ -47,13 +48,14 @@ if BASELINE not in config["downstream"]["variants"]:
         f"add it to downstream.variants ({', '.join(config['downstream']['variants'])})"
     )
 
-# One run directory per (pairing hash, variant label, size, seed, run identity); see
-# docs/ARCHITECTURE.md "Run directory". The identity ({rid}) covers everything that can change
-# a result (the label's residual config, data seed, ...), so a redefined label trains into a
-# new directory and never reruns (Snakemake would delete the outputs first) a finished run.
-RUN = f"{RESULTS}/runs/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{rid}}"
-# One evaluation directory per run, evaluation-settings hash and task.
-EVAL = f"{RESULTS}/eval/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{rid}}/{{ehash}}/{{task}}"
+# One run directory per (variant label, size, seed, run identity): mhar.runs.RUN_LAYOUT, see
+# docs/ARCHITECTURE.md "Run directory". The identity ({rid}, mhar.runconfig.identity_hash) covers
+# everything that can change a result (the label's residual config, data seed, ...), so a redefined
+# label trains into a new directory and never reruns (Snakemake would delete the outputs first) a
+# finished run; execution choices (routing_impl, compile, device, threads, cadence) are not in it.
+RUN = f"{RESULTS}/{RUN_LAYOUT}"
+# One evaluation directory per run, evaluation-settings hash and task (mhar.runs.EVAL_LAYOUT).
+EVAL = f"{RESULTS}/{EVAL_LAYOUT}"
 
 
 def _deep_merge(base, over):
@@ -94,34 +96,34 @@ def run_config(label, size, seed):
 
 
 @functools.lru_cache(maxsize=None)
-def hash_of(label, size):
-    """Results hash of (label, size): mhar.runconfig.run_hash of the resolved run config."""
+def _resolved(label, size, seed):
+    """The validated RunConfig of one run (a config error names the label and size)."""
     try:
-        return run_hash(run_config_from_dict(run_config(label, size, 0)))
+        return run_config_from_dict(run_config(label, size, seed))
     except ConfigError as err:
         raise WorkflowError(
             f"invalid run config for variant {label!r}, size {size!r}: {err}"
         )
 
 
-@functools.lru_cache(maxsize=None)
 def rid_of(label, size, seed):
-    """Run-identity path component: mhar.runconfig.identity_hash (10 hex digits)."""
-    return identity_hash(run_config_from_dict(run_config(label, size, seed)), 10)
+    """Run-identity path component: the first 10 hex digits of mhar.runconfig.identity_hash."""
+    return run_key(_resolved(label, size, int(seed)))["rid"]
+
+
+def data_key_of(label, size):
+    """Key of the tokenization job of (label, size): mhar.runs.data_key (data section + vocabulary)."""
+    return data_key(_resolved(label, size, 0))
 
 
 def run_dir(label, size, seed):
     return RUN.format(
-        hash=hash_of(label, size),
-        variant=label,
-        size=size,
-        seed=seed,
-        rid=rid_of(label, size, int(seed)),
+        variant=label, size=size, seed=seed, rid=rid_of(label, size, seed)
     )
 
 
 def checked_run_config(wildcards):
-    """Run config for a train job; refuses a path whose hashes are not the config's."""
+    """Run config for a train job; refuses a path whose identity is not the config's."""
     want = run_dir(wildcards.variant, wildcards.size, wildcards.seed)
     got = RUN.format(**dict(wildcards.items()))
     if got != want:
@@ -149,11 +151,19 @@ def all_sizes():
 
 
 def data_run_config(wildcards, output):
-    """Run config whose data block the shards of results hash `wildcards.hash` are built from."""
+    """Run config whose data block the shards of data key `wildcards.dkey` are built from."""
     for size in all_sizes():
-        if hash_of(T1_LABELS[0], size) == wildcards.hash:
-            return run_config(T1_LABELS[0], size, 0)
-    raise WorkflowError(f"no configured size has results hash {wildcards.hash}")
+        for label in config["variants"]:
+            if data_key_of(label, size) == wildcards.dkey:
+                return run_config(label, size, 0)
+    raise WorkflowError(f"no configured run has data key {wildcards.dkey}")
+
+
+def train_shards(wildcards):
+    """The tokenization record a train job waits for (ancient: its age never reruns a run)."""
+    return ancient(
+        f"{RESULTS}/data/{data_key_of(wildcards.variant, wildcards.size)}/shards.json"
+    )
 
 
 def grid(labels, sizes, seeds):
@@ -202,11 +212,10 @@ def ds_grid():
 
 def eval_dir(label, size, seed, task):
     return EVAL.format(
-        hash=hash_of(label, size),
         variant=label,
         size=size,
         seed=seed,
-        rid=rid_of(label, size, int(seed)),
+        rid=rid_of(label, size, seed),
         ehash=EHASH,
         task=task,
     )
@@ -330,7 +339,7 @@ def report_inputs():
 
 # --- wildcard constraints (labels and presets never contain '/') ---------------------
 wildcard_constraints:
-    hash="[0-9a-f]+",
+    dkey="[0-9a-f]+",
     rid="[0-9a-f]+",
     ehash="[0-9a-f]+",
     seed="[0-9]+",

@@ -1,13 +1,14 @@
 # Data: tokenize the corpus once (cached token shards) before any training job starts,
-# so parallel runs never tokenize the same corpus twice. One job per results hash; its threads are
-# the tokenizer's worker processes, and a killed job resumes its partial build when rerun.
+# so parallel runs never tokenize the same corpus twice. One job per data key (mhar.runs.data_key:
+# the data section without the data-order seed, and the vocabulary size); its threads are the
+# tokenizer's worker processes, and a killed job resumes its partial build when rerun.
 
 
 rule prepare_data:
     output:
-        f"{RESULTS}/data/{{hash}}/shards.json",
+        f"{RESULTS}/data/{{dkey}}/shards.json",
     log:
-        f"{LOGS}/data/{{hash}}.log",
+        f"{LOGS}/data/{{dkey}}.log",
     conda:
         "../envs/train.yaml"
     threads: RES["threads_per_run"]  # tokenizer worker processes (mhar.data.build_shards)

@@ -9,7 +9,7 @@ rule evaluate:
         results=f"{EVAL}/results.json",
         samples=f"{EVAL}/samples.jsonl",
     log:
-        f"{LOGS}/eval/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{rid}}/{{ehash}}/{{task}}.log",
+        f"{LOGS}/eval/{{variant}}/{{size}}/seed{{seed}}/{{rid}}/{{ehash}}/{{task}}.log",
     conda:
         "../envs/eval.yaml"
     threads: RES["threads_per_run"]

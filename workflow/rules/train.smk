@@ -1,4 +1,4 @@
-# Training: one job per run; the hashes in the path are the config's (checked_run_config
+# Training: one job per run; the identity in the path is the config's (checked_run_config
 # refuses any other), so a changed definition is a new directory. The outputs are
 # protected: a finished run is never deleted by a rerun (Snakemake stops and says so;
 # not for root, for whom a forced rerun rebuilds the records from the final checkpoint).
@@ -6,13 +6,13 @@
 
 rule train:
     input:
-        shards=ancient(f"{RESULTS}/data/{{hash}}/shards.json"),
+        shards=train_shards,
     output:
         summary=protected(f"{RUN}/summary.json"),
         metrics=protected(f"{RUN}/metrics.jsonl"),
         model=protected(f"{RUN}/model.pt"),
     log:
-        f"{LOGS}/train/{{hash}}/{{variant}}/{{size}}/seed{{seed}}/{{rid}}.log",
+        f"{LOGS}/train/{{variant}}/{{size}}/seed{{seed}}/{{rid}}.log",
     conda:
         "../envs/train.yaml"
     threads: RES["threads_per_run"]

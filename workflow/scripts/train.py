@@ -25,3 +25,9 @@ for name in ("summary", "metrics", "model"):
     if not Path(sm.output[name]).is_file():
         raise RuntimeError(f"mhar.train finished but did not write {sm.output[name]}; see {sm.log[0]}")
 log.info("done: %s", sm.output.summary)
+try:  # results/runs/INDEX.md: every run folder with its label, seed, identity, status, metrics (mhar.runs)
+    from mhar.runs import write_index
+
+    log.info("index: %s", write_index(sm.config["results_dir"]))
+except OSError as err:  # the run is done; a listing that cannot be written is not a failed job
+    log.warning("could not refresh the runs index: %s", err)
