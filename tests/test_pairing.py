@@ -209,7 +209,9 @@ def _cpt_dirs(tmp_path, plain_over=(), mhar_over=(), n=400):
     u = rng.random(n)
     common = ["model.preset=debug", "train.steps=40", "train.log_batch_hash=true"]
     arms = {}
-    for arm, variant, over, p in (("plain", "baseline", plain_over, 0.3), ("mhar", "mhar_delta", mhar_over, 0.34)):
+    delta = ["model.residual.delta_block_layers=1"]  # the debug preset has 2 layers
+    for arm, variant, over, p in (("plain", "baseline", plain_over, 0.3),
+                                  ("mhar", "mhar_delta", [*delta, *mhar_over], 0.34)):
         cfg = load_run_config(None, common + [f"model.residual.variant={variant}", f"meta.name=cpt_{arm}",
                                               f"train.init_from=/r/cpt/init/{arm}/model.pt", *over])
         arms[arm] = (run_identity(cfg), (u < p).astype(float))

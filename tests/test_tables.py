@@ -196,22 +196,20 @@ def test_heads_read_from_config_yaml_when_absent_from_summary(tmp_path):
 
 
 def test_a_new_variant_needs_no_display_entry(tmp_path):
-    """A variant the display table does not know (a new or a user's own) shows its run label, and its runs
-    with different head counts stay apart (heads kept as recorded)."""
+    """A variant the display table does not know (a new or a user's own) shows its run label and is compared
+    with the baseline like a built-in one."""
     paths = []
     for seed in (0, 1):
         shock = 0.03 * seed
         paths.append(fx.write_run(tmp_path, "baseline", "tiny", seed, 4.0 + shock, run_block=True))
-        for heads, eff in ((2, -0.05), (4, -0.01)):
-            paths.append(fx.write_run(tmp_path, "toy_gated", "tiny", seed, 4.0 + shock + eff + 0.001 * seed,
-                                      heads, label=f"toy_h{heads}", run_block=True))
+        paths.append(fx.write_run(tmp_path, "toy_gated", "tiny", seed, 4.0 + shock - 0.05 + 0.001 * seed,
+                                  1, label="toy_gate", run_block=True))
     s = io.load_summary(paths[1])
-    assert (s.variant, s.heads, s.label) == ("toy_gated", 2, "toy_h2")
+    assert (s.variant, s.label) == ("toy_gated", "toy_gate")
     tables.make_table("table1", paths, tmp_path / "t1")
     df = pd.read_csv(tmp_path / "t1.csv").set_index("method")
-    assert set(df.index) == {"baseline", "toy_h2", "toy_h4"}
-    assert df.loc["toy_h2", "delta"] == pytest.approx(-0.05 + 0.0005, abs=1e-3)
-    assert df.loc["toy_h4", "delta"] == pytest.approx(-0.01 + 0.0005, abs=1e-3)
+    assert set(df.index) == {"baseline", "toy_gate"}
+    assert df.loc["toy_gate", "delta"] == pytest.approx(-0.05 + 0.0005, abs=1e-3)
 
 
 def test_bad_inputs_give_clear_errors(tmp_path, capsys):
