@@ -7,6 +7,8 @@ rule prepare_data:
         f"{RESULTS}/data/{{hash}}/shards.json",
     log:
         f"{LOGS}/data/{{hash}}.log",
+    benchmark:
+        f"{BENCHMARKS}/data/{{hash}}.tsv"
     conda:
         "../envs/train.yaml"
     resources:
