@@ -34,7 +34,7 @@ with open(Path(workflow.basedir) / "config/schema.yaml") as _f:
     SCHEMA = yaml.safe_load(_f)
 GIVEN = [Path(p) for p in workflow.overwrite_configfiles]
 # A complete config stands alone; any other --configfile (and --config) is an overlay on the defaults.
-STANDALONE = workflow.config_settings.replace_workflow_config or any(
+STANDALONE = getattr(workflow.config_settings, "replace_workflow_config", False) or any(
     set(SCHEMA["required"]) <= set(_read_yaml(p)) for p in GIVEN
 )
 if not STANDALONE:
@@ -45,7 +45,7 @@ if not STANDALONE:
 
 # --config values as YAML (Snakemake reads numbers itself but leaves list and mapping items as strings:
 # seeds=[0,1] would arrive as ['0', '1']). Applied last, so --config still wins over every file.
-CONFIG_ARGS = list(workflow.config_settings.config_args or [])
+CONFIG_ARGS = list(getattr(workflow.config_settings, "config_args", None) or [])
 for _arg in CONFIG_ARGS:
     _key, _sep, _value = str(_arg).partition("=")
     if not _sep:
@@ -69,8 +69,14 @@ except WorkflowError:
     if cause is None:
         raise
     where = ".".join(map(str, cause.absolute_path)) or "(top level)"
+    hint = ""
+    if cause.validator == "required" and not cause.absolute_path and STANDALONE:
+        hint = (
+            "; --replace-workflow-config makes the given files the whole config: drop it to apply them "
+            "on top of config/config.yaml"
+        )
     raise WorkflowError(
-        f"invalid workflow config at {where}: {cause.message} (see config/schema.yaml)"
+        f"invalid workflow config at {where}: {cause.message} (see config/schema.yaml){hint}"
     ) from None
 
 
