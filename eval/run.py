@@ -375,7 +375,6 @@ def check_task(task_name: str, source: DataSource, task_manager) -> None:
         raise KeyError(unknown_task_message(task_name, task_manager.all_tasks, source.include_paths()))
 
 
-
 def _model_file(model_path: str) -> Optional[Path]:
     """The exported model file behind ``model_path`` (``RUN_DIR`` means ``RUN_DIR/model.pt``); None for hf:."""
     from mhar.checkpoint import MODEL_FILE
