@@ -2,48 +2,31 @@
 # statistics and regenerate every table and figure.
 #
 #   snakemake --cores all reproduce_table1                         # CPU default
+#   snakemake --cores all reproduce_table1 --configfile my_seeds.yaml   # an overlay on the defaults
 #   snakemake --configfile config/paper.yaml --profile profiles/slurm all
+#   snakemake --report report.html                                  # tables, figures and REPORT.md in one file
 #
-# A --configfile replaces config/config.yaml (it is not merged into it); see docs/WORKFLOW.md.
+# Config (docs/WORKFLOW.md "Configs and overlays"): the defaults (config/config.yaml + config/cpt.yaml) load
+# first and every --configfile / --config applies on top (mappings merge, lists and scalars replace), as
+# Snakemake does; a complete config (one naming every required key of config/schema.yaml, e.g.
+# config/paper.yaml, config/ci.yaml) stands on its own instead, and so does --replace-workflow-config.
+# --config values are YAML: --config seeds=[0,1] 'stats={resamples: 999}'.
 #
 # Software: every rule names its conda environment (workflow/envs/{train,eval,analysis}.yaml),
 # used with `--sdm conda`; without it, rules run in the current Python environment
 # (`pip install -e ".[dev]"`), which is how GPU sites keep their own CUDA build of torch.
 # Each result records its package versions and hardware (provenance.json).
 
-from pathlib import Path
-
-from snakemake.exceptions import WorkflowError
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("8.0")
 
 
-# The default config applies only when no --configfile is given: a config replaces it.
-# Default (no --configfile given): the CPU config plus the CPU continued-pretraining arm.
-if not workflow.overwrite_configfiles:
-
-    configfile: f"{workflow.basedir}/config/config.yaml"
-    configfile: f"{workflow.basedir}/config/cpt.yaml"
+# Config loading (defaults + overlays, --config as YAML, schema validation, the reports folder):
+include: "workflow/rules/config.smk"
 
 
-# On a schema error snakemake prints the whole schema: name the field and the problem instead.
-try:
-    validate(config, "config/schema.yaml")
-except WorkflowError:
-    import jsonschema
-    import yaml
-
-    with open(Path(workflow.basedir) / "config/schema.yaml") as f:
-        schema = yaml.safe_load(f)
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    cause = jsonschema.exceptions.best_match(validator.iter_errors(config))
-    if cause is None:
-        raise
-    where = ".".join(map(str, cause.absolute_path)) or "(top level)"
-    raise WorkflowError(
-        f"invalid workflow config at {where}: {cause.message} (see config/schema.yaml)"
-    ) from None
+report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"

@@ -7,9 +7,13 @@
 Every flag and subcommand is lm-eval's (``lm_eval --help``; ``run`` is implied as in ``lm_eval``);
 this wrapper only (1) registers ``--model mhar`` (``eval.adapter.MharLM``; lm-eval 0.4 does not
 discover model plugins, so plain ``lm_eval --model mhar`` fails), and (2) when ``MHAR_DATA_DIR``
-is set and no ``--include_path`` is given, adds ``--include_path eval/tasks``: the local-mirror YAMLs
-then replace the stock tasks of the same names (same prompts, data from that directory). Without
-``MHAR_DATA_DIR`` the stock hub tasks run. ``--model hf`` and every other lm-eval model work as in
+is set, adds ``eval/tasks`` as an include path: lm-eval's stock tasks stay registered, and the
+local-mirror YAMLs win the five names they define (same prompts, data from that directory).
+Your own folder(s) go in ``--include_path`` (several joined by ``:``, as lm-eval's help documents;
+lm-eval 0.4.13's TaskManager does not split them, this wrapper does) and win over both: the same
+registry ``python -m eval.run --tasks-dir`` uses. ``--output_path DIR --log_samples`` writes lm-eval's
+``results_<date>.json`` / ``samples_<task>_<date>.jsonl``, the files ``eval.run`` also writes.
+Without ``MHAR_DATA_DIR`` the stock hub tasks run. ``--model hf`` and every other lm-eval model work as in
 ``lm_eval``. Bad ``mhar`` model arguments, a missing checkpoint and ``--num_fewshot N`` for a local task
 without a few-shot split (hellaswag, lambada_openai, wikitext, gpqa zero-shot; gsm8k has one) give one
 ``error:`` line, exit 2.
@@ -17,6 +21,7 @@ For per-document files in our format (samples.jsonl / results.json) use ``python
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -26,12 +31,38 @@ _SUBCOMMANDS = ("run", "ls", "validate")
 
 
 def cli_argv(argv: Sequence[str], data_dir: Optional[str]) -> list[str]:
-    """lm-eval argv with the local task folder included when a data directory is set."""
+    """lm-eval argv with the local task folder as the first include path when a data directory is set."""
     argv = list(argv)
-    if data_dir and "--include_path" not in argv and (not argv or argv[0] in ("run", "ls", "validate")
-                                                      or argv[0].startswith("-")):
-        argv += ["--include_path", str(TASKS_DIR)]
-    return argv
+    if not data_dir or not (not argv or argv[0] in _SUBCOMMANDS or argv[0].startswith("-")):
+        return argv
+    for i, a in enumerate(argv):  # the user's folders come after ours: theirs win a name
+        if a == "--include_path" and i + 1 < len(argv):
+            argv[i + 1] = os.pathsep.join([str(TASKS_DIR), argv[i + 1]])
+            return argv
+        if a.startswith("--include_path="):
+            argv[i] = "--include_path=" + os.pathsep.join([str(TASKS_DIR), a.split("=", 1)[1]])
+            return argv
+    return argv + ["--include_path", str(TASKS_DIR)]
+
+
+def split_include_paths() -> None:
+    """Make lm-eval's TaskManager read ``--include_path a:b`` as two folders (the form lm-eval's ``ls`` and
+    ``validate`` help documents; its 0.4.13 TaskManager takes the string as one path)."""
+    import lm_eval.tasks
+
+    base = lm_eval.tasks.TaskManager
+    if getattr(base, "_splits_include_path", False):
+        return
+
+    class TaskManager(base):
+        _splits_include_path = True
+
+        def __init__(self, *args, include_path=None, **kwargs):
+            if isinstance(include_path, str) and os.pathsep in include_path:
+                include_path = [p for p in include_path.split(os.pathsep) if p]
+            super().__init__(*args, include_path=include_path, **kwargs)
+
+    lm_eval.tasks.TaskManager = TaskManager
 
 
 def _flag(argv: Sequence[str], *names: str) -> Optional[str]:
@@ -48,16 +79,18 @@ def _flag(argv: Sequence[str], *names: str) -> Optional[str]:
 
 def local_fewshot_error(argv: Sequence[str]) -> Optional[str]:
     """Why ``--num_fewshot`` cannot be honoured by a requested local task (None: it can, or not asked)."""
-    from .data_local import _task_yaml, local_task_names
+    from .data_local import _local_entry, _task_yaml
 
     shots, tasks = _flag(argv, "--num_fewshot", "-f"), _flag(argv, "--tasks", "-t")
+    include = _flag(argv, "--include_path")
+    folders = [p for p in include.split(os.pathsep) if p] if include else [TASKS_DIR]
     try:
         if shots is None or int(shots) <= 0 or not tasks:
             return None
     except ValueError:
         return None  # lm-eval's parser reports it
     for task in (t.strip() for t in tasks.split(",")):
-        if task not in local_task_names():
+        if _local_entry(task, folders) is None:  # not one of our YAMLs (another folder's, or stock)
             continue
         cfg = _task_yaml(task)
         if cfg.get("output_type") == "loglikelihood_rolling" or cfg.get("num_fewshot") == 0 \
@@ -79,10 +112,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     found = _data_dir()
     data_dir = str(found) if found is not None else None
     args = cli_argv(sys.argv[1:] if argv is None else argv, data_dir)
-    err = local_fewshot_error(args) if data_dir and str(TASKS_DIR) in args else None
+    err = local_fewshot_error(args) if data_dir else None
     if err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    split_include_paths()
     old = sys.argv
     sys.argv = [old[0] if old else "mhar-lm-eval", *args]  # lm-eval's parser reads sys.argv
     try:

@@ -9,8 +9,13 @@ Python: ``evaluate_model(model_path, tasks, out_dir, subset="first:200", device=
 Outputs per task (docs/ARCHITECTURE.md "Evaluation outputs"):
   ``OUT/<task>/samples.jsonl``  one line per document: doc_id, prompt_hash / target_hash / doc_hash
                                 (lm-eval's fields and meanings), arguments_hash (sha256 of all request
-                                arguments), target, metrics, responses
+                                arguments), target, metrics, responses (what the statistics read)
   ``OUT/<task>/results.json``   aggregate metrics with standard errors, n, subset, model, provenance
+  ``OUT/<task>/lm_eval/<model>/results_<date>.json``, ``samples_<task>_<date>.jsonl``: lm-eval's own
+                                files, written by lm-eval's EvaluationTracker exactly as
+                                ``lm_eval --output_path OUT/<task>/lm_eval --log_samples`` writes them
+Tasks: lm-eval's stock registry, plus ``eval/tasks/`` (the local mirror's YAMLs, when a data directory is
+set) and ``--tasks-dir DIR`` (your own YAMLs, any file names) as include paths; a later folder wins a name.
 Data: the local mirror when ``MHAR_DATA_DIR`` (or ``data_dir``) is set, else the hub.
 Each task is a separate lm-eval run, so its results do not depend on which other tasks are listed.
 The CLI refuses (exit 2, one ``error:`` line) results of another model (other weights: the sha256 of
@@ -34,11 +39,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .data_local import STANDARD_TASKS, DataSource
+from .data_local import STANDARD_TASKS, DataSource, unknown_task_message
 
 log = logging.getLogger("eval.run")
 RESULTS_FILE = "results.json"
 SAMPLES_FILE = "samples.jsonl"
+LM_EVAL_DIR = "lm_eval"  # lm-eval's own output files (its --output_path) inside each task folder
 
 
 class HubUnavailable(RuntimeError):
@@ -262,6 +268,78 @@ def _caller_rng_kept():
             torch.cuda.set_rng_state_all(cuda)
 
 
+# --- lm-eval's own output files ------------------------------------------------------------
+def lm_eval_model(model_info: dict, model_path: str, lm: Any) -> tuple[str, dict]:
+    """``(--model, --model_args)`` of the ``lm_eval`` command that evaluates the same model."""
+    kind = model_info.get("adapter")
+    if kind == "hf":
+        return "hf", {k: model_info[k] for k in ("pretrained", "dtype", "max_length") if model_info.get(k) is not None}
+    if kind == "mhar":
+        args = {"pretrained": str(model_path)}
+        if model_info.get("max_length") is not None:
+            args["max_length"] = model_info["max_length"]
+        return "mhar", args
+    return type(lm).__name__, {"pretrained": str(model_path)}
+
+
+_STAGING_PREFIX = f".{LM_EVAL_DIR}.tmp-"
+
+
+def _lm_eval_staging(task_dir: Path) -> Path:
+    """A fresh same-folder staging directory for lm-eval's files; those of killed runs are removed first."""
+    import shutil
+
+    from mhar.checkpoint import _pid_alive
+
+    for old in task_dir.glob(_STAGING_PREFIX + "*") if task_dir.is_dir() else ():
+        pid = old.name[len(_STAGING_PREFIX):].split("-")[0]
+        if old.is_dir() and (not pid.isdigit() or not _pid_alive(int(pid))):
+            shutil.rmtree(old, ignore_errors=True)
+    return task_dir / f"{_STAGING_PREFIX}{os.getpid()}-{time.time_ns()}"
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_lm_eval_files(tracker, res: dict, task_name: str, staging: Path, dest: Path) -> dict:
+    """Write lm-eval's ``results_<date>.json`` and ``samples_<task>_<date>.jsonl`` with its own
+    EvaluationTracker (what ``lm_eval --output_path DEST --log_samples`` does after an evaluation), staged
+    and then renamed into ``dest`` (a previous ``dest`` is replaced only once the new files are complete).
+
+    lm-eval's tracker logs and swallows write errors: the files are checked here, and a missing one is an
+    OSError. Returns the two files' paths relative to ``dest``'s parent. ``res["samples"]`` is consumed
+    (lm-eval rewrites each sample's arguments and responses while saving)."""
+    import shutil
+
+    samples = res.pop("samples")
+    try:
+        tracker.save_results_aggregated(results=res, samples=samples)
+        tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
+        found = {"results": sorted(staging.glob("*/results_*.json")),
+                 "samples": sorted(staging.glob(f"*/samples_{task_name}_*.jsonl"))}
+        if any(len(v) != 1 for v in found.values()):
+            raise OSError(f"lm-eval could not write its output files into {staging} (found {found}); "
+                          "check the free space and permissions of the output folder")
+        for p in found.values():
+            _fsync(p[0])
+        old = None
+        if dest.exists():  # a rerun of the same model and subset: keep the old files until the new ones are in
+            old = dest.with_name(f"{_STAGING_PREFIX}{os.getpid()}-old")
+            os.replace(dest, old)
+        os.replace(staging, dest)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    model_dir = found["results"][0].parent.name
+    return {k: str(Path(dest.name) / model_dir / v[0].name) for k, v in found.items()}
+
+
 # --- one task ---------------------------------------------------------------------------
 def check_fewshot(task, task_name: str, num_fewshot: int, source: DataSource) -> None:
     """Refuse a ``num_fewshot`` that the task cannot honour (instead of lm-eval silently ignoring it)."""
@@ -294,8 +372,7 @@ def check_task(task_name: str, source: DataSource, task_manager) -> None:
             f"({source.describe()}); see shared/data/MANIFEST.md, or unset MHAR_DATA_DIR to use the hub"
         )
     if task_name not in task_manager.all_tasks:
-        known = STANDARD_TASKS if not source.is_local else sorted(p for p in task_manager.all_subtasks)
-        raise KeyError(f"unknown task {task_name!r} for {source.describe()}; known: {', '.join(known)}")
+        raise KeyError(unknown_task_message(task_name, task_manager.all_tasks, source.include_paths()))
 
 
 def _model_file(model_path: str) -> Optional[Path]:
@@ -343,10 +420,11 @@ def load_task(task_name: str, source: DataSource, task_manager, num_fewshot: Opt
     try:
         task = task_manager.load([task_name])["tasks"][task_name]
     except Exception as e:
-        if source.is_local:
+        if source.task_yaml(task_name) is not None:  # a local-mirror or user YAML: its own error
             raise
-        raise HubUnavailable(f"task {task_name}: could not load its Hugging Face hub dataset ({type(e).__name__}: {e}); "
-                           "offline? set MHAR_DATA_DIR to the local mirror (layout of shared/data)") from e
+        hint = (f"it is not one of the local mirror's tasks ({', '.join(STANDARD_TASKS)}), so it reads the hub"
+                if source.is_local else "offline? set MHAR_DATA_DIR to the local mirror (layout of shared/data)")
+        raise HubUnavailable(f"task {task_name}: could not load its dataset ({type(e).__name__}: {e}); {hint}") from e
     from .tasks.utils import seed_gpqa_choices
 
     seed_gpqa_choices(task)  # before any read of the docs (local tasks are seeded in their loader)
@@ -374,10 +452,20 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
         kwargs["limit"] = len(doc_ids)
     elif subset.kind == "random":
         kwargs["samples"] = {task_name: doc_ids}
+    from lm_eval.loggers import EvaluationTracker
+
+    lm_name, lm_args = lm_eval_model(model_info, model_path, lm)
+    task_dir = Path(out_dir) / task_name
+    staging = _lm_eval_staging(task_dir)
+    tracker = EvaluationTracker(output_path=str(staging))
     t0 = time.time()
-    res = simple_evaluate(model=lm, tasks=[task], log_samples=True, bootstrap_iters=bootstrap_iters,
-                          task_manager=task_manager, **kwargs)
+    res = simple_evaluate(model=lm, model_args=lm_args, tasks=[task], log_samples=True,
+                          bootstrap_iters=bootstrap_iters, task_manager=task_manager, evaluation_tracker=tracker,
+                          batch_size=model_info.get("batch_size"), device=model_info.get("device"), **kwargs)
     wall = time.time() - t0
+    # what `lm_eval --model <name> --model_args ...` records (simple_evaluate, given a built LM, records its class)
+    res["config"]["model"] = lm_name
+    tracker.general_config_tracker.model_source = lm_name
     records = sample_records(res["samples"][task_name], task.OUTPUT_TYPE)
     got = [r["doc_id"] for r in records]
     if got != doc_ids:
@@ -386,7 +474,8 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
     metrics = aggregate_metrics(res["results"][task_name])
     stderr_source = fill_missing_stderrs(metrics, res["samples"][task_name], task.aggregation(), bootstrap_iters)
 
-    task_dir = Path(out_dir) / task_name
+    # lm-eval's own files (its save functions rewrite the logged samples in place: ours are built above)
+    lm_eval_files = write_lm_eval_files(tracker, res, task_name, staging, task_dir / LM_EVAL_DIR)
     _atomic_write(task_dir / SAMPLES_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     settings = {"task": task_name, "model": model_path, "subset": str(subset), "bootstrap_iters": bootstrap_iters,
                 "data_source": source.describe(), "model_info": model_info}
@@ -413,6 +502,7 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
                     "version_of_task": _jsonable(res.get("versions", {}).get(task_name)),
                     "config": _jsonable(res.get("configs", {}).get(task_name))},
         "samples_file": SAMPLES_FILE,
+        "lm_eval_files": lm_eval_files,  # lm-eval's results_<date>.json / samples_<task>_<date>.jsonl
         "provenance": _provenance(settings),
     }
     _atomic_write(task_dir / RESULTS_FILE, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
@@ -424,7 +514,8 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
                    subset: Optional[str | Subset] = None, device: Optional[str] = None, batch_size: int = 8,
                    limit: Optional[int] = None, max_length: Optional[int] = None, dtype: Optional[str] = None,
                    bootstrap_iters: int = 100000, data_dir: Optional[str | os.PathLike] = None,
-                   lm: Any = None, overwrite: bool = False, num_fewshot: Optional[int] = None) -> dict[str, dict]:
+                   lm: Any = None, overwrite: bool = False, num_fewshot: Optional[int] = None,
+                   tasks_dir: Optional[str | os.PathLike] = None) -> dict[str, dict]:
     """Evaluate one checkpoint on ``tasks``; returns ``{task: results.json content}``.
 
     ``model_path``: an exported ``model.pt`` (or its run dir) or ``hf:<path or name>``.
@@ -434,6 +525,8 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     in-memory ``MharLM.from_model``); ``model_path`` is then only recorded.
     ``num_fewshot``: few-shot examples per prompt (None: each task's default; refused where the task
     has no few-shot split).
+    ``tasks_dir``: a folder of your own lm-eval task YAMLs (any file names; a task is found by its
+    ``task:`` name), an include path on top of the stock tasks and ``eval/tasks``.
     ``overwrite``: replace results of another model or subset already in ``out_dir`` (default: refuse
     with ``FileExistsError`` before anything runs; results of the same model and subset are redone).
     """
@@ -455,7 +548,7 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    source = DataSource.from_env(data_dir)
+    source = DataSource.from_env(data_dir, tasks_dir)
     with _caller_rng_kept():  # model building and lm-eval consume / reseed the global RNGs
         tm = source.task_manager()
         for name in task_list:  # every task name and data file is checked before anything is loaded
@@ -493,7 +586,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="RUN_DIR/model.pt or hf:<path or hub name>")
     p.add_argument("--tasks", required=True, help=f"comma-separated, e.g. {','.join(STANDARD_TASKS)}")
-    p.add_argument("--out", required=True, help="output dir; writes OUT/<task>/{results.json,samples.jsonl}")
+    p.add_argument("--out", required=True, help="output dir; writes OUT/<task>/{results.json,samples.jsonl} and "
+                   "lm-eval's own files under OUT/<task>/lm_eval/")
     sel = p.add_mutually_exclusive_group()
     sel.add_argument("--limit", type=int, help="first N documents (same as --subset first:N)")
     sel.add_argument("--subset", help="full | first:N | random:N:SEED")
@@ -505,6 +599,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="few-shot examples per prompt (default: each task's own; refused where no few-shot split)")
     p.add_argument("--bootstrap-iters", type=int, default=100000, help="lm-eval bootstrap draws for stderrs (0: none)")
     p.add_argument("--data-dir", default=None, help="local data mirror (default: $MHAR_DATA_DIR; unset: hub)")
+    p.add_argument("--tasks-dir", default=None,
+                   help="folder of your own lm-eval task YAMLs (any file names), added to the stock tasks")
     return p
 
 
@@ -559,7 +655,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results = evaluate_model(args.model, args.tasks, args.out, subset=args.subset, limit=args.limit,
                                  device=args.device, batch_size=args.batch_size, max_length=args.max_length,
                                  dtype=args.dtype, bootstrap_iters=args.bootstrap_iters, data_dir=args.data_dir,
-                                 num_fewshot=args.num_fewshot)
+                                 num_fewshot=args.num_fewshot, tasks_dir=args.tasks_dir)
     except (CheckpointError, HubUnavailable, FileNotFoundError, FileExistsError, KeyError, ValueError) as e:
         # bad input (model file, task name, data dir, subset, adapter setting, results of another model in
         # --out): one line, no traceback

@@ -296,13 +296,22 @@ def test_gpqa_text_never_written_to_disk(runs):
             written += [p for p, st in after.items() if before[str(w)].get(p) != st]
         written += [str(p) for p in runs[0].rglob("*") if p.is_file()]  # the fixture's outputs too
         assert any("gpqa_main_zeroshot" in p for p in written)
+        lm_eval_samples = []
         for p in written:
             try:
                 blob = Path(p).read_bytes()
             except OSError:
                 continue
             hits = sum(n in blob for n in needles)
+            if hits and re.search(r"/lm_eval/[^/]+/samples_gpqa_main_zeroshot_[^/]+\.jsonl$", p):
+                lm_eval_samples.append(p)  # lm-eval's own samples file carries each doc, as `lm_eval --log_samples`
+                continue
             assert not hits, f"decrypted GPQA text ({hits} question/canary strings) found in {p}"  # not echoed
+        # ... only there, and never where git could commit it: the workflow's eval outputs are git-ignored
+        ours = [p for p in lm_eval_samples if p.startswith(str(out))]
+        assert ours, "lm-eval's samples file of the GPQA run was not written"
+        ignored = __import__("subprocess").run(["git", "check-ignore", "-q", ours[0]], cwd=REPO)
+        assert ignored.returncode in (0, 128), f"{ours[0]} is not git-ignored"  # 128: not a git checkout
     finally:
         shutil.rmtree(out, ignore_errors=True)
         if not parent_existed:
@@ -348,3 +357,34 @@ def _floats(x) -> list[float]:
     if isinstance(x, (list, tuple)):
         return [v for item in x for v in _floats(item)]
     return [] if isinstance(x, bool) else [float(x)]
+
+
+# --- the task registry: stock tasks + eval/tasks + the user's tasks_dir ------------------------------
+def test_user_tasks_dir_yaml_with_any_file_name(tmp_path, capsys):
+    """A task of the user's own folder is found by its `task:` name (the file is named otherwise)."""
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"context": f"the number {i} is", "answer": str(i)}) + "\n" for i in range(4)))
+    mine = tmp_path / "my_tasks"
+    mine.mkdir()
+    (mine / "benchmark_v2.yaml").write_text(
+        "task: tiny_numbers\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {json.dumps(str(docs))}\n"
+        "output_type: loglikelihood\ntest_split: test\ndoc_to_text: '{{context}}'\ndoc_to_target: ' {{answer}}'\n"
+        "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\nmetadata:\n  version: 1.0\n")
+    torch.manual_seed(0)
+    model = save_model(tmp_path / "run" / "model.pt", Transformer(model_config("debug")), "byte")
+    with pytest.raises(KeyError, match="unknown task 'tiny_numbers'"):
+        evaluate_model(model, ["tiny_numbers"], tmp_path / "o", limit=2, device="cpu")
+    assert main(["--model", str(model), "--tasks", "tiny_numbers", "--tasks-dir", str(mine), "--out",
+                 str(tmp_path / "o"), "--limit", "3", "--device", "cpu", "--bootstrap-iters", "0"]) == 0
+    res, samples = _read(tmp_path / "o", "tiny_numbers")
+    assert res["n"] == len(samples) == 3 and res["lm_eval"]["config"]["task"] == "tiny_numbers"
+    assert res["lm_eval"]["config"]["metadata"]["config_source"] == str(mine / "benchmark_v2.yaml")
+    assert [s["target"] for s in samples] == [" 0", " 1", " 2"]
+    assert (tmp_path / "o" / "tiny_numbers" / res["lm_eval_files"]["samples"]).is_file()
+    # a misspelt name: one line naming it, with the closest registered names
+    capsys.readouterr()
+    assert main(["--model", str(model), "--tasks", "tiny_numbrs", "--tasks-dir", str(mine), "--out",
+                 str(tmp_path / "o2"), "--limit", "1", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: unknown task 'tiny_numbrs'") and "tiny_numbers" in err[0]

@@ -2,10 +2,14 @@
 
 * dry runs of every target with the default and the paper configs (no data, no GPU needed),
   with job counts checked against the config files themselves;
+* Snakemake's conventions: a `--configfile` overlay applies on top of the defaults, `--config` values
+  are YAML, each config has its own reports folder, every compute rule has `benchmark:`, tables /
+  figures / REPORT.md are `report()` outputs (the `--report` HTML carries them); an unknown task name
+  stops the dry run with one `error:` line;
 * `snakemake --lint` is clean; every rule names a conda env that covers its dependencies;
-* the CI-sized end-to-end run (config/ci.yaml) into a temporary directory, then: a second
-  invocation has nothing to do, an added seed trains only the new runs, and a changed
-  hyper-parameter trains into a new results hash instead of overwriting.
+* the CI-sized end-to-end run (config/ci.yaml) into a temporary directory, then: nothing in reports/,
+  benchmarks and lm-eval's files present, the HTML report, a second invocation has nothing to do, an
+  added seed trains only the new runs, and a changed hyper-parameter trains into a new results hash.
 
 Every workflow invocation runs in a temporary working directory (`-d`), never in the repo.
 """
@@ -36,6 +40,14 @@ def snakemake(args, workdir, env_extra=None, timeout=300):
     env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO), **(env_extra or {}))
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def bench_standins(workdir):
+    """Stand-ins for the committed GPU records of the cost table (cost.bench_files lists them)."""
+    bench = workdir / "results" / "bench"
+    bench.mkdir(parents=True, exist_ok=True)
+    (bench / "training.csv").write_text("size,provider,tokens_per_s\n")
+    (bench / "inference.csv").write_text("size,variant,routing_impl,prefill_tok_s,decode_ms_per_token,peak_mem_gib\n")
 
 
 def configfiles(*names):
@@ -89,10 +101,7 @@ def data_of(cfg, size):
 @pytest.mark.parametrize("config_name", sorted(CONFIGS))
 def test_dry_run(target, config_name, tmp_path):
     files = CONFIGS[config_name] + ([CPT_OVERLAY[config_name]] if target == "reproduce_cpt" else [])
-    bench = tmp_path / "results" / "bench"  # stands for the committed GPU records of the cost table
-    bench.mkdir(parents=True)
-    (bench / "training.csv").write_text("size,provider,tokens_per_s\n")  # cost.bench_files lists them
-    (bench / "inference.csv").write_text("size,variant,routing_impl,prefill_tok_s,decode_ms_per_token,peak_mem_gib\n")
+    bench_standins(tmp_path)
     res = snakemake([target, "-n", *configfiles(*files)], tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = res.stdout + res.stderr
@@ -243,10 +252,33 @@ def test_ci_end_to_end(tmp_path):
 
     res = snakemake(["all", "--cores", "2", *ci], tmp_path, env, timeout=600)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    reports = tmp_path / "reports"
+    reports = tmp_path / cfg["reports_dir"]
     for name in ("table1.md", "table1.csv", "seeds.md", "heads.md", "downstream.md", "REPORT.md",
                  "figures/loss_curves.png", "figures/loss_curves.pdf"):
         assert (reports / name).is_file(), name
+    # a CI run never writes the committed reports/ (run in the repository, `git status reports/` stays clean)
+    assert cfg["reports_dir"].startswith("results/") and not (tmp_path / "reports").exists()
+    # Snakemake's benchmark: records of every job that ran, under the results dir
+    bench = tmp_path / "results" / "benchmarks"
+    n_train = n_runs(cfg["table1"]["variants"], cfg["sizes"], cfg["seeds"])
+    assert len(list(bench.glob("train/**/*.tsv"))) == n_train
+    d = cfg["downstream"]
+    n_eval = n_runs(d["variants"], d["sizes"], d["seeds"]) * len(d["tasks"])
+    assert len(list(bench.glob("eval/**/*.tsv"))) == n_eval
+    assert all((bench / "reports" / f"{n}.tsv").is_file() for n in ("table1", "downstream", "report"))
+    assert "s\th:m:s\tmax_rss" in next(bench.glob("train/**/*.tsv")).read_text()
+    # every evaluation wrote lm-eval's own files beside what the statistics read
+    for res_json in tmp_path.glob("results/eval/**/results.json"):
+        rec = json.loads(res_json.read_text())
+        lm = json.loads((res_json.parent / rec["lm_eval_files"]["results"]).read_text())
+        assert lm["n-samples"][rec["task"]]["effective"] == rec["n"] and lm["config"]["model"] == "mhar"
+        assert len((res_json.parent / rec["lm_eval_files"]["samples"]).read_text().splitlines()) == rec["n"]
+    assert len(list(tmp_path.glob("results/eval/**/results.json"))) == n_eval
+    # `snakemake --report`: one HTML with the tables, figures and REPORT.md of this run
+    res = snakemake(["--report", "report.html", *ci], tmp_path, env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    html = (tmp_path / "report.html").read_text(errors="replace")
+    assert all(n in html for n in ("table1.md", "downstream.csv", "loss_curves.png", "REPORT.md"))
 
     # the table's numbers are the runs' numbers: mean tail-mean val loss over seeds, per variant
     summaries = [json.loads(p.read_text()) for p in tmp_path.glob("results/runs/*/*/seed*/*/summary.json")]
@@ -286,6 +318,145 @@ def test_ci_end_to_end(tmp_path):
     assert job_counts(res.stdout + res.stderr)["train"] == len(summaries)
     changed = set(re.findall(r"output: (results/runs/\w+/\w+/seed\d+/[0-9a-f]+)/", res.stdout))
     assert len(changed) == len(summaries) and not changed & runs
+
+
+# --- config overlays, --config as YAML, reports folders, task names (dry runs) ----------------------
+def planned_outputs(out: str, rule: str) -> list[str]:
+    """The output files of every planned job of `rule` in a dry run's listing."""
+    return [f for m in re.finditer(rf"^rule {rule}:\n((?:    .*\n)+)", out, re.M)
+            for line in re.findall(r"^    output: (.*)$", m.group(1), re.M) for f in line.split(", ")]
+
+
+def test_seeds_overlay_applies_on_top_of_the_defaults(tmp_path):
+    """`--configfile my_seeds.yaml` (one line) is an overlay on config/config.yaml: with the default runs
+    finished, it plans only the new seed's training runs (and writes its tables outside reports/)."""
+    res = snakemake(["reproduce_table1", "-n", "--until", "train"], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    default = res.stdout + res.stderr
+    cfg = load("config/config.yaml")
+    finished = planned_outputs(default, "prepare_data") + planned_outputs(default, "train")
+    assert len(planned_outputs(default, "train")) == 3 * len(cfg["table1"]["variants"]) * len(cfg["seeds"])
+    for rel in finished:  # stand-ins for the finished default runs (data first: inputs older than outputs)
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("{}")
+    overlay = tmp_path / "my_seeds.yaml"
+    overlay.write_text("seeds: [0, 1, 2, 3]\n")
+    res = snakemake(["reproduce_table1", "-n", "--configfile", str(overlay)], tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    trains = planned_outputs(out, "train")
+    assert len(trains) == 3 * len(cfg["table1"]["variants"])  # summary, metrics, model of each new run
+    assert all("/seed3/" in f for f in trains)
+    assert "prepare_data" not in job_counts(out)
+    # the committed reports/ belong to config/config.yaml: the overlay's tables go to results/reports/<hash>
+    tables = planned_outputs(out, "table1")
+    assert tables and all(re.fullmatch(r"results/reports/[0-9a-f]{8}/table1\.(md|csv|tex)", f) for f in tables)
+
+
+def test_config_values_are_yaml(tmp_path):
+    """`--config seeds=[0]` and `--config 'stats={resamples: N}'` arrive as numbers (Snakemake 9 alone gives
+    the items as strings, which the schema refuses)."""
+    ci = configfiles("config/ci.yaml")
+    res = snakemake(["reproduce_table1", "-n", *ci, "--config", "seeds=[0]", "stats={resamples: 999}"], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = res.stdout + res.stderr
+    assert job_counts(out)["train"] == len(load("config/ci.yaml")["table1"]["variants"])
+    assert all("/seed0/" in f for f in planned_outputs(out, "train"))
+    res = snakemake(["reproduce_table1", "-n", *ci, "--config", "stats={resamples: 98}"], tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "98 is less than the minimum of 99" in out  # a number, checked as one
+    res = snakemake(["reproduce_table1", "-n", *ci, "--config", "seeds=[0, 1"], tmp_path)
+    errors = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("error:")]
+    assert res.returncode != 0 and len(errors) == 1 and "--config seeds=[0, 1" in errors[0]
+
+
+@pytest.mark.parametrize("name,reports", [("config/ci.yaml", "results/ci/reports"),
+                                          ("config/gpu_small.yaml", "reports/gpu_small"),
+                                          ("config/paper.yaml", "reports/paper")])
+def test_each_config_writes_its_own_reports_folder(name, reports, tmp_path):
+    bench_standins(tmp_path)
+    res = snakemake(["report", "-n", *configfiles(name)], tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    written = [f for rule in ("report", "table1", "figure") for f in planned_outputs(out, rule)]
+    assert f"{reports}/REPORT.md" in written and all(f.startswith(reports + "/") for f in written)
+
+
+def test_unknown_task_stops_the_dry_run_in_one_line(tmp_path):
+    ci = configfiles("config/ci.yaml")
+    res = snakemake(["reproduce_downstream", "-n", *ci, "--config", "downstream={tasks: [lambada_openai, hellaswg]}"],
+                    tmp_path)
+    lines = (res.stdout + res.stderr).strip().splitlines()
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert res.returncode != 0 and len(errors) == 1, lines[-20:]
+    assert "downstream.tasks: unknown task 'hellaswg'" in errors[0] and "hellaswag" in errors[0]
+    assert "Job stats" not in res.stdout + res.stderr and not (tmp_path / "results").exists()  # nothing planned
+    # a task of the user's own folder (any file name) is known through tasks_dir
+    mine = tmp_path / "my_tasks"
+    mine.mkdir()
+    (mine / "anything.yaml").write_text("task: hellaswg\ndataset_path: json\noutput_type: loglikelihood\n"
+                                        "test_split: test\ndoc_to_text: '{{text}}'\ndoc_to_target: ' x'\n")
+    res = snakemake(["reproduce_downstream", "-n", *ci, "--config", "downstream={tasks: [lambada_openai, hellaswg]}",
+                     f"tasks_dir={mine}"], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert job_counts(res.stdout + res.stderr)["evaluate"] == 2 * 2  # 2 variants x 2 tasks (seed 0)
+
+
+def test_compute_rules_have_benchmarks_and_outputs_are_report_items():
+    """Snakemake's conventions: every rule that runs something records a `benchmark:` under the results
+    dir; tables, figures and REPORT.md are report() outputs with a category and a caption file."""
+    n = 0
+    for smk in sorted((REPO / "workflow" / "rules").glob("*.smk")):
+        for block in re.split(r"^(?=rule |checkpoint )", smk.read_text(), flags=re.M)[1:]:
+            name = re.match(r"(?:rule|checkpoint) (\w+):", block).group(1)
+            if not re.search(r"^    (script|shell|run|wrapper):", block, re.M):
+                continue
+            n += 1
+            m = re.search(r"^    benchmark:\n\s+f\"\{(CPT_)?BENCHMARKS\}/([^\"]+)\.tsv\"", block, re.M)
+            assert m, f"rule {name} ({smk.name}) has no benchmark: under BENCHMARKS"
+            if name in ("table1", "table_seeds", "table_heads", "table_downstream", "table_cost", "cpt_table"):
+                assert "table_report(" in block, name
+            if name in ("figure", "report"):
+                rep = re.search(r"report\(\n(.*?)\n        \)", block, re.S)
+                assert rep and "category=" in rep.group(1) and "caption=" in rep.group(1), name
+                cap = re.search(r'caption="([^"]+)"', rep.group(1)).group(1)
+                assert (smk.parent / cap).is_file()
+    assert n >= 19
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    assert 'BENCHMARKS = f"{RESULTS}/benchmarks"' in common
+    assert (REPO / "workflow" / "report" / "table.rst").is_file()
+
+
+def _png() -> bytes:
+    import base64
+
+    return base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+
+
+def test_html_report_of_the_default_config_carries_tables_figures_and_report(tmp_path):
+    """`snakemake --report report.html` (default config) on a prepared results dir: every output present
+    (stand-ins), the HTML embeds table1, every figure and REPORT.md."""
+    bench_standins(tmp_path)
+    res = snakemake(["all", "-n"], tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    outputs = {f for rule in set(re.findall(r"^rule (\w+):", out, re.M)) for f in planned_outputs(out, rule)}
+    figures = sorted(f for f in outputs if f.startswith("reports/figures/"))
+    assert {"reports/table1.md", "reports/REPORT.md", "reports/figures/loss_curves.png"} <= outputs
+    for rel in sorted(outputs):
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(_png() if rel.endswith(".png") else f"stand-in {rel}\n".encode())
+    (tmp_path / "reports" / "REPORT.md").write_text("# REPORT-MARKER-7f3a\n")
+    res = snakemake(["--report", "report.html"], tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    html = (tmp_path / "report.html").read_text(errors="replace")
+    for name in ["table1.md", "table1.csv", "REPORT.md", *[Path(f).name for f in figures]]:
+        assert name in html, name
+    assert len(figures) >= 8  # loss_curves, loss_vs_compute, head_sweep, forest, cost, routing_heatmap (png + pdf)
+    import base64
+
+    assert "REPORT-MARKER-7f3a" in html or base64.b64encode(b"# REPORT-MARKER-7f3a\n").decode() in html
 
 
 def _tree_bytes(folder: Path) -> dict:

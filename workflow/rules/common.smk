@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 
 # The repository root holds the `mhar` and `eval` packages: run identities and paths are
 # computed by the library itself (jobs import them via workflow/scripts/_glue.py).
@@ -21,6 +22,7 @@ from mhar.runs import EVAL_LAYOUT, RUN_LAYOUT, data_key, run_key  # noqa: E402
 RESULTS = config["results_dir"].rstrip("/")
 REPORTS = config["reports_dir"].rstrip("/")
 LOGS = f"{RESULTS}/logs"
+BENCHMARKS = f"{RESULTS}/benchmarks"  # each job's `benchmark:` record (wall time, memory, I/O), per rule
 RES = config["resources"]
 if config.get("data_dir") and not Path(config["data_dir"]).expanduser().is_dir():
     raise WorkflowError(
@@ -221,6 +223,42 @@ def eval_dir(label, size, seed, task):
     )
 
 
+# --- task names: lm-eval's registry (stock tasks + eval/tasks + tasks_dir), checked when the DAG is built
+TASKS_DIR = config.get("tasks_dir") or None
+
+
+def check_task_names(names, where):
+    """Stop with one `error:` line when lm-eval's registry does not know a task name (nothing runs)."""
+    if TASKS_DIR and not Path(TASKS_DIR).expanduser().is_dir():
+        print(
+            f"error: tasks_dir {TASKS_DIR!r} is not a directory; point it at a folder of lm-eval task YAMLs",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    # (without lm-eval where Snakemake runs, the evaluation jobs check the names)
+    try:
+        from eval.data_local import (
+            registered_names,
+            unknown_task_message,
+            unknown_tasks,
+        )
+    except ImportError as err:
+        logger.warning(f"task names of {where} not checked here ({err})")
+        return
+    tasks_dir = TASKS_DIR and Path(TASKS_DIR).expanduser()
+    unknown = unknown_tasks(names, tasks_dir)
+    if unknown:
+        folders = ["eval/tasks"] + ([TASKS_DIR] if TASKS_DIR else [])
+        msg = unknown_task_message(
+            unknown[0], registered_names(tasks_dir), folders, where
+        )
+        print(f"error: {msg}", file=sys.stderr)
+        sys.exit(1)
+
+
+check_task_names(DS["tasks"], "downstream.tasks")
+
+
 def downstream_results():
     return [
         f"{eval_dir(v, s, k, t)}/results.json"
@@ -271,6 +309,17 @@ def probe_model(wildcards):
 # --- target lists ----------------------------------------------------------------------
 def table_files(name):
     return [f"{REPORTS}/{name}.{ext}" for ext in ("md", "csv", "tex")]
+
+
+def table_report(name):
+    """A table's .md/.csv/.tex outputs, flagged for `snakemake --report` (category Tables)."""
+    return report(
+        multiext(f"{REPORTS}/{name}", ".md", ".csv", ".tex"),
+        category="Tables",
+        subcategory=name,
+        caption="../report/table.rst",
+        labels={"table": name},
+    )
 
 
 def figure_files(name):

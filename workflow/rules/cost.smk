@@ -7,6 +7,8 @@ rule bench_throughput:
         BENCH_CSV,
     log:
         f"{LOGS}/bench/{COST_HASH}/training.log",
+    benchmark:
+        f"{BENCHMARKS}/bench/{COST_HASH}/training.tsv"
     conda:
         "../envs/train.yaml"
     resources:
@@ -24,9 +26,11 @@ rule table_cost:
     input:
         csvs=bench_csvs(),
     output:
-        multiext(f"{REPORTS}/cost", ".md", ".csv", ".tex"),
+        table_report("cost"),
     log:
         f"{LOGS}/reports/cost.log",
+    benchmark:
+        f"{BENCHMARKS}/reports/cost.tsv"
     conda:
         "../envs/analysis.yaml"
     params:

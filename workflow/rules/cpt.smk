@@ -14,6 +14,8 @@ rule cpt_pretrain_base:
         model=f"{CPT_ROOT}/base/run/model.pt",
     log:
         f"{CPT_LOGS}/pretrain_base.log",
+    benchmark:
+        f"{CPT_BENCHMARKS}/pretrain_base.tsv"
     conda:
         "../envs/train.yaml"
     threads: RES["threads_per_run"]
@@ -35,6 +37,8 @@ rule cpt_export_base:
         config=f"{CPT_ROOT}/base/hf/config.json",
     log:
         f"{CPT_LOGS}/export_base.log",
+    benchmark:
+        f"{CPT_BENCHMARKS}/export_base.tsv"
     conda:
         "../envs/train.yaml"
     script:
@@ -49,6 +53,8 @@ rule cpt_convert:
         report=f"{CPT_ROOT}/init/{{arm}}/conversion.json",
     log:
         f"{CPT_LOGS}/convert_{{arm}}.log",
+    benchmark:
+        f"{CPT_BENCHMARKS}/convert_{{arm}}.tsv"
     conda:
         "../envs/train.yaml"
     threads: RES["threads_per_run"]
@@ -70,6 +76,8 @@ rule cpt_train:
         model=f"{CPT_ROOT}/runs/{{arm}}/model.pt",
     log:
         f"{CPT_LOGS}/train_{{arm}}.log",
+    benchmark:
+        f"{CPT_BENCHMARKS}/train_{{arm}}.tsv"
     conda:
         "../envs/train.yaml"
     threads: RES["threads_per_run"]
@@ -91,6 +99,8 @@ rule cpt_check_batches:
         f"{CPT_ROOT}/batch_check.json",
     log:
         f"{CPT_LOGS}/check_batches.log",
+    benchmark:
+        f"{CPT_BENCHMARKS}/check_batches.tsv"
     conda:
         "../envs/train.yaml"
     script:
@@ -103,8 +113,11 @@ rule cpt_evaluate:
     output:
         results=f"{CPT_ROOT}/eval/{{cpt_model}}/{{task}}/results.json",
         samples=f"{CPT_ROOT}/eval/{{cpt_model}}/{{task}}/samples.jsonl",
+        lm_eval=directory(f"{CPT_ROOT}/eval/{{cpt_model}}/{{task}}/lm_eval"),
     log:
         f"{CPT_LOGS}/eval_{{cpt_model}}_{{task}}.log",
+    benchmark:
+        f"{CPT_BENCHMARKS}/eval_{{cpt_model}}_{{task}}.tsv"
     conda:
         "../envs/eval.yaml"
     threads: RES["threads_per_run"]
@@ -125,9 +138,11 @@ rule cpt_table:
         ),
         batch_check=f"{CPT_ROOT}/batch_check.json",
     output:
-        multiext(f"{REPORTS}/cpt", ".md", ".csv", ".tex"),
+        table_report("cpt"),
     log:
         f"{LOGS}/reports/cpt.log",
+    benchmark:
+        f"{BENCHMARKS}/reports/cpt.tsv"
     conda:
         "../envs/analysis.yaml"
     params:

@@ -8,8 +8,11 @@ try:
 except ConfigError as err:
     raise WorkflowError(f"invalid cpt block: {err}")
 
+check_task_names(CPT.eval.tasks, "cpt.eval.tasks")
+
 CPT_ROOT = f"{RESULTS}/cpt/{config_hash(config['cpt'], 10)}"
 CPT_LOGS = f"{LOGS}/cpt/{config_hash(config['cpt'], 10)}"
+CPT_BENCHMARKS = f"{BENCHMARKS}/cpt/{config_hash(config['cpt'], 10)}"
 CPT_EVAL_MODEL = {"base": "init/plain", "plain": "runs/plain", "mhar": "runs/mhar"}
 
 

@@ -9,6 +9,8 @@ rule prepare_data:
         f"{RESULTS}/data/{{dkey}}/shards.json",
     log:
         f"{LOGS}/data/{{dkey}}.log",
+    benchmark:
+        f"{BENCHMARKS}/data/{{dkey}}.tsv"
     conda:
         "../envs/train.yaml"
     threads: RES["threads_per_run"]  # tokenizer worker processes (mhar.data.build_shards)

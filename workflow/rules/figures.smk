@@ -5,9 +5,16 @@ rule figure:
     input:
         figure_inputs,
     output:
-        multiext(f"{REPORTS}/figures/{{figure}}", ".png", ".pdf"),
+        report(
+            multiext(f"{REPORTS}/figures/{{figure}}", ".png", ".pdf"),
+            category="Figures",
+            caption="../report/figure.rst",
+            labels={"figure": "{figure}"},
+        ),
     log:
         f"{LOGS}/reports/figure_{{figure}}.log",
+    benchmark:
+        f"{BENCHMARKS}/reports/figure_{{figure}}.tsv"
     conda:
         "../envs/analysis.yaml"
     script:
@@ -23,6 +30,8 @@ rule probe:
         f"{REPORTS}/probe/{{size}}/{{variant}}.json",
     log:
         f"{LOGS}/reports/probe_{{size}}_{{variant}}.log",
+    benchmark:
+        f"{BENCHMARKS}/reports/probe_{{size}}_{{variant}}.tsv"
     conda:
         "../envs/eval.yaml"
     params:

@@ -5,9 +5,16 @@ rule report:
     input:
         report_inputs(),
     output:
-        f"{REPORTS}/REPORT.md",
+        report(
+            f"{REPORTS}/REPORT.md",
+            category="Report",
+            caption="../report/report.rst",
+            labels={"file": "REPORT.md"},
+        ),
     log:
         f"{LOGS}/reports/report.log",
+    benchmark:
+        f"{BENCHMARKS}/reports/report.tsv"
     conda:
         "../envs/analysis.yaml"
     script:

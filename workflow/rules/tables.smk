@@ -8,9 +8,11 @@ rule table1:
     input:
         summaries=table1_summaries(),
     output:
-        multiext(f"{REPORTS}/table1", ".md", ".csv", ".tex"),
+        table_report("table1"),
     log:
         f"{LOGS}/reports/table1.log",
+    benchmark:
+        f"{BENCHMARKS}/reports/table1.tsv"
     conda:
         "../envs/analysis.yaml"
     params:
@@ -24,9 +26,11 @@ rule table_seeds:
     input:
         summaries=table1_summaries(),
     output:
-        multiext(f"{REPORTS}/seeds", ".md", ".csv", ".tex"),
+        table_report("seeds"),
     log:
         f"{LOGS}/reports/seeds.log",
+    benchmark:
+        f"{BENCHMARKS}/reports/seeds.tsv"
     conda:
         "../envs/analysis.yaml"
     params:
@@ -40,9 +44,11 @@ rule table_heads:
     input:
         summaries=heads_summaries(),
     output:
-        multiext(f"{REPORTS}/heads", ".md", ".csv", ".tex"),
+        table_report("heads"),
     log:
         f"{LOGS}/reports/heads.log",
+    benchmark:
+        f"{BENCHMARKS}/reports/heads.tsv"
     conda:
         "../envs/analysis.yaml"
     params:
@@ -56,9 +62,11 @@ rule table_downstream:
     input:
         results=downstream_results(),
     output:
-        multiext(f"{REPORTS}/downstream", ".md", ".csv", ".tex"),
+        table_report("downstream"),
     log:
         f"{LOGS}/reports/downstream.log",
+    benchmark:
+        f"{BENCHMARKS}/reports/downstream.tsv"
     conda:
         "../envs/analysis.yaml"
     params:

@@ -13,6 +13,8 @@ rule train:
         model=protected(f"{RUN}/model.pt"),
     log:
         f"{LOGS}/train/{{variant}}/{{size}}/seed{{seed}}/{{rid}}.log",
+    benchmark:
+        f"{BENCHMARKS}/train/{{variant}}/{{size}}/seed{{seed}}/{{rid}}.tsv"
     conda:
         "../envs/train.yaml"
     threads: RES["threads_per_run"]

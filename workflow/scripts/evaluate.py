@@ -12,11 +12,13 @@ sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)
 
 p = sm.params
-out = Path(sm.output.results).parent.parent  # eval.run writes <out>/<task>/{results.json,samples.jsonl}
+out = Path(sm.output.results).parent.parent  # eval.run writes <out>/<task>/{results.json,samples.jsonl,lm_eval/}
 cmd = [sys.executable, "-m", "eval.run", "--model", sm.input.model, "--tasks", sm.wildcards.task,
        "--out", out, "--subset", p.subset, "--batch-size", p.batch_size, "--bootstrap-iters", p.bootstrap_iters]
 if data_dir(sm):
     cmd += ["--data-dir", data_dir(sm)]
+if p.tasks_dir:
+    cmd += ["--tasks-dir", Path(p.tasks_dir).expanduser().resolve()]
 if p.device != "auto":
     cmd += ["--device", p.device]
 log.info("evaluate %s on %s (%s)", sm.input.model, sm.wildcards.task, p.subset)

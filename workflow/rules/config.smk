@@ -1,0 +1,113 @@
+# Workflow config: the defaults, your overlays, --config values as YAML, the schema, the reports folder.
+# (Included first by the Snakefile; functions only, no rules: `snakemake --lint`.)
+#
+# Snakemake's convention: the workflow's defaults (config/config.yaml + config/cpt.yaml) load first and
+# every --configfile, then --config, applies on top (mappings merge key by key; lists and scalars replace).
+# A complete config - one naming every required key of config/schema.yaml (config/paper.yaml,
+# config/gpu_small.yaml, config/ci.yaml) - stands on its own instead of merging into the defaults, and so
+# does any config with --replace-workflow-config (Snakemake's flag for exactly that).
+
+import sys
+from pathlib import Path
+
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
+from snakemake.utils import update_config, validate
+
+
+def _config_error(msg):
+    """One `error:` line and exit 1 (a WorkflowError would add Snakemake's file/line trace)."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _read_yaml(path):
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as err:
+        _config_error(f"cannot read config file {path}: {err}")
+
+
+with open(Path(workflow.basedir) / "config/schema.yaml") as _f:
+    SCHEMA = yaml.safe_load(_f)
+GIVEN = [Path(p) for p in workflow.overwrite_configfiles]
+# A complete config stands alone; any other --configfile (and --config) is an overlay on the defaults.
+STANDALONE = getattr(workflow.config_settings, "replace_workflow_config", False) or any(
+    set(SCHEMA["required"]) <= set(_read_yaml(p)) for p in GIVEN
+)
+if not STANDALONE:
+
+    configfile: f"{workflow.basedir}/config/config.yaml"
+    configfile: f"{workflow.basedir}/config/cpt.yaml"
+
+
+# --config values as YAML (Snakemake reads numbers itself but leaves list and mapping items as strings:
+# seeds=[0,1] would arrive as ['0', '1']). Applied last, so --config still wins over every file.
+CONFIG_ARGS = list(getattr(workflow.config_settings, "config_args", None) or [])
+for _arg in CONFIG_ARGS:
+    _key, _sep, _value = str(_arg).partition("=")
+    if not _sep:
+        continue
+    try:
+        update_config(config, {_key: yaml.safe_load(_value) if _value != "" else None})
+    except yaml.YAMLError as err:
+        _config_error(
+            f"--config {_arg}: the value is not valid YAML ({str(err).splitlines()[0]})"
+        )
+
+
+# On a schema error snakemake prints the whole schema: name the field and the problem instead.
+try:
+    validate(config, f"{workflow.basedir}/config/schema.yaml")
+except WorkflowError:
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(SCHEMA)(SCHEMA)
+    cause = jsonschema.exceptions.best_match(validator.iter_errors(config))
+    if cause is None:
+        raise
+    where = ".".join(map(str, cause.absolute_path)) or "(top level)"
+    hint = ""
+    if cause.validator == "required" and not cause.absolute_path and STANDALONE:
+        hint = (
+            "; --replace-workflow-config makes the given files the whole config: drop it to apply them "
+            "on top of config/config.yaml"
+        )
+    raise WorkflowError(
+        f"invalid workflow config at {where}: {cause.message} (see config/schema.yaml){hint}"
+    ) from None
+
+
+# The committed reports/ folders belong to the config files under config/ that name them (reports/ to
+# the defaults): a run with anything of yours on top (an overlay file outside config/, or --config) that
+# does not set reports_dir itself writes its tables to <results_dir>/reports/<config hash> instead.
+# (Where the jobs run and on what - data_dir, resources, results_dir - changes no table.)
+EXECUTION_KEYS = ("data_dir", "resources", "results_dir")
+
+
+def _own_reports_dir():
+    config_dir = (Path(workflow.basedir) / "config").resolve()
+    keys = set()
+    for p in GIVEN:
+        if p.resolve().parent != config_dir:
+            keys |= set(_read_yaml(p))
+    keys |= {str(a).partition("=")[0] for a in CONFIG_ARGS}
+    if "reports_dir" in keys or keys <= set(EXECUTION_KEYS):
+        return None
+    sys.path.insert(0, str(Path(workflow.basedir).resolve()))
+    from mhar.config import config_hash
+
+    study = {
+        k: v for k, v in config.items() if k not in (*EXECUTION_KEYS, "reports_dir")
+    }
+    return f"{config['results_dir'].rstrip('/')}/reports/{config_hash(study, 8)}"
+
+
+_reports = _own_reports_dir()
+if _reports:
+    logger.info(
+        f"reports of this config (an overlay on {config['reports_dir']}): {_reports}"
+    )
+    config["reports_dir"] = _reports
