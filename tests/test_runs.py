@@ -261,7 +261,8 @@ def test_workflow_plans_no_training_after_migrating_the_older_layout(tmp_path):
     (dkey,) = [p.name for p in (results / "data").iterdir()]
     os.rename(results / "data" / dkey, results / "data" / "a1b2c3d4e5")
     # Snakemake's records name the new paths; without reports the table job needs every summary
-    subprocess.run(["rm", "-rf", str(tmp_path / ".snakemake"), str(tmp_path / "reports")], check=True)
+    reports = cfg.get("reports_dir", "reports")
+    subprocess.run(["rm", "-rf", str(tmp_path / ".snakemake"), str(tmp_path / reports)], check=True)
     plan = _snakemake([*args, "-n"], tmp_path, env)
     assert re.search(r"^train\s+2$", plan.stdout, re.M), plan.stdout[-2000:]  # before: both runs look missing
     res = subprocess.run([sys.executable, "-m", "mhar.runs", "migrate", "--results", str(results)],
