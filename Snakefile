@@ -60,6 +60,7 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/cost.smk"
+include: "workflow/rules/export.smk"
 
 
 # The continued-pretraining arm lives in its own rule file (and config block).
