@@ -48,4 +48,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (CPTConversionError, ExportError, ConfigError, CheckpointError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # disk full, read-only or forbidden --out
+        from ..atomic import os_error_line
+
+        print("error: " + os_error_line(err, a.cmd), file=sys.stderr)
+        return 2
     return 0
