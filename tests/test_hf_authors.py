@@ -32,7 +32,7 @@ V, D, NH, NKV, HD, FF, EPS, THETA = 101, 64, 4, 2, 16, 96, 1e-6, 10000.0
 # --- their checkpoint, built from the documented names and shapes ---------------------------------------
 def authors_checkpoint(folder: Path, mode: str, layers: int = 4, heads: int = 4, num_blocks: int = 2,
                        tie: bool = False, seed: int = 0, extra_config: dict | None = None,
-                       drop: tuple = (), add: dict | None = None) -> tuple[Path, dict, dict]:
+                       drop: tuple = (), add: dict | None = None, vocab: int = V) -> tuple[Path, dict, dict]:
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, scale=0.08):
@@ -41,9 +41,9 @@ def authors_checkpoint(folder: Path, mode: str, layers: int = 4, heads: int = 4,
     def norm_w(n):
         return 1.0 + rnd(n, scale=0.1)
 
-    t = {"model.embed_tokens.weight": rnd(V, D, scale=1.0), "model.norm.weight": norm_w(D)}
+    t = {"model.embed_tokens.weight": rnd(vocab, D, scale=1.0), "model.norm.weight": norm_w(D)}
     if not tie:
-        t["lm_head.weight"] = rnd(V, D)
+        t["lm_head.weight"] = rnd(vocab, D)
     groups = NKV if mode == "full_hw" else 1
     for i in range(layers):
         p = f"model.layers.{i}."
@@ -61,7 +61,7 @@ def authors_checkpoint(folder: Path, mode: str, layers: int = 4, heads: int = 4,
     for k in drop:
         t.pop(k)
     t.update(add or {})
-    cfg = {"architectures": ["Qwen3AttnResForCausalLM"], "model_type": "qwen3_attnres", "vocab_size": V,
+    cfg = {"architectures": ["Qwen3AttnResForCausalLM"], "model_type": "qwen3_attnres", "vocab_size": vocab,
            "hidden_size": D, "intermediate_size": FF, "num_hidden_layers": layers, "num_attention_heads": NH,
            "num_key_value_heads": NKV, "head_dim": HD, "hidden_act": "silu", "max_position_embeddings": 128,
            "rms_norm_eps": EPS, "rope_theta": THETA, "tie_word_embeddings": tie, "attention_bias": False,

@@ -146,7 +146,7 @@ def model_card(cfg: ModelConfig, report: dict) -> str:
                 "it uses the `mhar` package's fused kernels on a GPU when `mhar` is installed)."), "",
              "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
              f"model = AutoModelForCausalLM.from_pretrained(PATH{', trust_remote_code=True' if remote else ''})",
-             "tok = AutoTokenizer.from_pretrained(PATH)",
+             f"tok = AutoTokenizer.from_pretrained(PATH{', trust_remote_code=True' if remote else ''})",
              "out = model.generate(**tok(\"The cat\", return_tensors=\"pt\"), max_new_tokens=20, do_sample=False)",
              "```", "",
              "lm-eval: `lm_eval --model hf --model_args pretrained=PATH"

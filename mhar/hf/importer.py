@@ -233,8 +233,12 @@ def convert_folder(folder: Path, routing_impl: str = "eager") -> tuple[Transform
 
 
 def import_hf(src: Union[str, Path], out: Union[str, Path], *, tokenizer: Optional[str] = None, check: bool = True,
-              revision: Optional[str] = None) -> dict:
-    """Convert ``src`` (directory or hub name) into ``out`` (a ``.pt`` path, or a folder for ``model.pt``)."""
+              revision: Optional[str] = None, run: Optional[dict] = None) -> dict:
+    """Convert ``src`` (directory or hub name) into ``out`` (a ``.pt`` path, or a folder for ``model.pt``).
+
+    ``run``: the ``extra.run`` block to store (label, residual, size, seed, config_hash: how evaluations of the
+    model are identified; the workflow's released arms set it; ``residual: None`` is filled with the imported
+    model's variant and heads); default: the export's own, if any."""
     from ..provenance import collect_provenance
 
     t0 = time.time()
@@ -252,8 +256,10 @@ def import_hf(src: Union[str, Path], out: Union[str, Path], *, tokenizer: Option
     meta = hf.get("mhar") if isinstance(hf.get("mhar"), dict) else {}
     # plain JSON types only: model.pt loads with torch.load(weights_only=True)
     extra = {"import_hf": json.loads(json.dumps(report, default=str))}
-    if meta.get("run"):
-        extra["run"] = meta["run"]
+    if run is not None and run.get("residual") is None:
+        run = {**run, "residual": {"variant": model.cfg.residual.variant, "heads": model.cfg.residual.heads}}
+    if run is not None or meta.get("run"):
+        extra["run"] = run if run is not None else meta["run"]
     path.parent.mkdir(parents=True, exist_ok=True)
     save_model(path, model, spec, extra=extra)
     report["out"] = str(path)

@@ -5,7 +5,7 @@ plain pre-norm baseline (those load as stock ``Qwen3ForCausalLM`` / ``LlamaForCa
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
-    tok = AutoTokenizer.from_pretrained(DIR)
+    tok = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)  # (it reads config.json, which names this file)
     out = model.generate(**tok("The cat", return_tensors="pt"), max_new_tokens=20, do_sample=False)
 
 It is self-contained: PyTorch and ``transformers`` only, so it runs where the ``mhar`` package is

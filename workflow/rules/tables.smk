@@ -54,7 +54,7 @@ rule table_heads:
 
 rule table_downstream:
     input:
-        results=downstream_results(),
+        results=downstream_results() + RELEASED_RESULTS,
     output:
         multiext(f"{REPORTS}/downstream", ".md", ".csv", ".tex"),
     log:
