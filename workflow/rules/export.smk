@@ -44,3 +44,6 @@ rule export_hf_run:
 rule export_hf:
     input:
         EXPORT_HF_TARGETS,
+    localrule: True
+    conda:
+        "../envs/eval.yaml"
