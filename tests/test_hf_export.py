@@ -73,8 +73,9 @@ def fake_run(folder: Path, label: str, model: Transformer, seed: int) -> Path:
     save_model(folder / "model.pt", model, "byte", extra={"run": run, "step": 7})
     (folder / "summary.json").write_text(json.dumps({"run": run, "variant": label, "steps": 7, "tokens": 7168,
                                                      "tail_mean_val_loss": 2.345678, "final_val_loss": 2.3}))
-    (folder / "config.yaml").write_text(yaml.safe_dump({"data": {"corpus": "tinyshakespeare", "tokenizer": "byte",
-                                                                  "seq_len": 128}, "train": {"seed": seed, "lr": 2e-3}}))
+    run_cfg = {"data": {"corpus": "tinyshakespeare", "tokenizer": "byte", "seq_len": 128},
+               "train": {"seed": seed, "lr": 2e-3}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(run_cfg))
     return folder
 
 
@@ -172,7 +173,8 @@ def test_every_variant_loads_without_mhar_with_the_harness_logits(exports, loade
 def test_baseline_is_stock_transformers_and_routed_variants_use_the_shipped_file(exports, loaded):
     _, ex = exports
     res, _ = loaded
-    assert res["baseline"]["class"] == "Qwen3ForCausalLM" and res["baseline"]["module"].startswith("transformers.models")
+    assert res["baseline"]["class"] == "Qwen3ForCausalLM"
+    assert res["baseline"]["module"].startswith("transformers.models")
     assert res["baseline_llama"]["class"] == "LlamaForCausalLM"
     assert not (ex["baseline"]["hf"] / "modeling_mhar.py").exists()
     for label in VARIANTS:
@@ -271,12 +273,14 @@ def test_export_check_catches_a_wrong_export(exports, tmp_path, monkeypatch):
 
 def test_mhar_command_table(capsys, monkeypatch):
     assert cli.COMMANDS["runs"] == "mhar.runs:main"
-    assert cli.COMMANDS["export-hf"] == "mhar.hf.cli:export_main" and cli.COMMANDS["import-hf"] == "mhar.hf.cli:import_main"
+    assert cli.COMMANDS["export-hf"] == "mhar.hf.cli:export_main"
+    assert cli.COMMANDS["import-hf"] == "mhar.hf.cli:import_main"
     assert cli.main(["nope"]) == 2 and "unknown subcommand 'nope'" in capsys.readouterr().err
     monkeypatch.setitem(cli.COMMANDS, "ghost", "mhar.no_such_module:main")
     assert cli.main(["ghost"]) == 2
     assert "needs module mhar.no_such_module" in capsys.readouterr().err
-    res = subprocess.run([sys.executable, "-m", "mhar", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-m", "mhar", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
     assert res.returncode == 0 and "export-hf" in res.stdout and "runs" in res.stdout
 
 
@@ -323,3 +327,19 @@ def test_modeling_file_uses_the_mhar_kernels_when_importable(exports, tmp_path):
     """, tmp_path)
     assert blocked.returncode == 0, blocked.stderr[-3000:]
     assert "routing_impl='fused' needs the mhar package" in blocked.stdout
+
+
+def test_a_gpu_trained_routing_impl_survives_the_round_trip_on_the_cpu(tmp_path):
+    """A model trained with the fused kernels exports (checked on the CPU with PyTorch routing), records the
+    trained implementation (what modeling_mhar's 'auto' uses on a GPU) and imports back with it."""
+    pytest.importorskip("triton")
+    model = trained_like(dict(residual={"variant": "mhar", "heads": 2}), seed=3)
+    model.cfg.residual.routing_impl = "fused_v7_sg8"  # as mhar.train saves a GPU run's config
+    run = fake_run(tmp_path / "run", "mhar_h2", model, seed=3)
+    rep = export_hf(run, tmp_path / "hf")
+    assert rep["check"]["max_abs_diff"] == 0.0
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert cfg["routing_impl"] == "auto" and cfg["mhar_routing_impl"] == "fused_v7_sg8"
+    import_hf(tmp_path / "hf", tmp_path / "back.pt")
+    a, b = read_checkpoint(run / "model.pt"), read_checkpoint(tmp_path / "back.pt")
+    assert b["model_config"] == a["model_config"] and b["model_config"]["residual"]["routing_impl"] == "fused_v7_sg8"

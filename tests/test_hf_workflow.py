@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_workflow import REPO, configfiles, job_counts, load, snakemake  # noqa: E402
+from test_workflow import configfiles, job_counts, load, snakemake  # noqa: E402
 
 
 def distinct_runs(cfg: dict) -> int:
@@ -91,9 +91,10 @@ def test_released_checkpoints_enter_the_downstream_table(tmp_path):
     from test_hf_authors import authors_checkpoint
 
     torch.manual_seed(0)
-    Qwen3ForCausalLM(Qwen3Config(vocab_size=257, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                 max_position_embeddings=256, tie_word_embeddings=True)).save_pretrained(tmp_path / "base")
+    base = Qwen3ForCausalLM(Qwen3Config(vocab_size=257, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                        max_position_embeddings=256, tie_word_embeddings=True))
+    base.save_pretrained(tmp_path / "base")
     authors_checkpoint(tmp_path / "mhar", "full_mh", layers=2, heads=4, vocab=257,
                        extra_config={"max_position_embeddings": 256})
     overlay = released_overlay(tmp_path, str(tmp_path / "base"), str(tmp_path / "mhar"))

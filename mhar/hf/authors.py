@@ -72,7 +72,8 @@ def block_size(n_layers: int, num_blocks: int) -> int:
     return max(1, -(-n_layers // num_blocks))
 
 
-def authors_model_config(hf: dict, tensors: dict[str, Tensor], routing_impl: str = "eager") -> tuple[ModelConfig, list[str]]:
+def authors_model_config(hf: dict, tensors: dict[str, Tensor],
+                         routing_impl: str = "eager") -> tuple[ModelConfig, list[str]]:
     """Our ModelConfig for an authors' ``config.json`` (+ its tensors, for shapes); (config, notes)."""
     if hf.get("model_type") != MODEL_TYPE:
         raise AuthorsFormatError(f"model_type {hf.get('model_type')!r} is not {MODEL_TYPE!r}")

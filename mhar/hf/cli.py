@@ -40,7 +40,8 @@ def import_main(argv: Optional[Sequence[str]] = None) -> int:
         prog="mhar import-hf", description="Import a Hugging Face model (our exports, stock Qwen3/Llama, the "
         "authors' Qwen3-AttnRes checkpoints) as a harness model.pt.")
     p.add_argument("src", help="a local Hugging Face model directory, or a hub name org/name")
-    p.add_argument("--out", required=True, help="output model.pt path (or a folder to hold model.pt); never overwritten")
+    p.add_argument("--out", required=True,
+                   help="output model.pt path (or a folder to hold model.pt); never overwritten")
     p.add_argument("--tokenizer", default=None, help="tokenizer spec to store (default: from the directory)")
     p.add_argument("--revision", default=None, help="hub revision (hub names only)")
     p.add_argument("--no-check", action="store_true", help="skip the logits comparison with transformers' model")

@@ -184,7 +184,8 @@ def model_card(cfg: ModelConfig, report: dict) -> str:
               f"| training commit | {_fmt(git.get('commit'))}{' (dirty)' if git.get('dirty') else ''} |",
               f"| export commit | {_fmt((report['exporter'].get('git') or {}).get('commit'))} |",
               f"| exported | {report['exporter'].get('time_utc')} with transformers "
-              f"{report['exporter']['packages'].get('transformers')}, torch {report['exporter']['packages'].get('torch')} |"]
+              f"{report['exporter']['packages'].get('transformers')}, "
+              f"torch {report['exporter']['packages'].get('torch')} |"]
     chk = report.get("check")
     lines += ["", "## Export check", ""]
     if chk:

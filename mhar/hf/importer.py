@@ -14,9 +14,9 @@
 
 Check (on by default): ``qwen3`` / ``llama`` are loaded with transformers' own classes and ``mhar`` with
 this package's ``modeling_mhar`` (never the directory's copy), and their fp32 logits on a fixed token
-batch are compared with the imported model's (more than ``CHECK_TOL`` x max(1, max |logit|) apart is an error). The authors'
-format has no reference to run here (their code is not executed); its conversion is tested against an
-independent implementation of their formulas (tests/test_hf_authors.py).
+batch are compared with the imported model's (more than ``CHECK_TOL`` x max(1, max |logit|) apart is an
+error). The authors' format has no reference to run here (their code is not executed); its conversion is
+tested against an independent implementation of their formulas (tests/test_hf_authors.py).
 
 Weights are read from ``*.safetensors`` (single or sharded with ``model.safetensors.index.json``) or, for
 older checkpoints, ``pytorch_model*.bin`` with ``torch.load(weights_only=True)`` (tensors only).
@@ -109,7 +109,8 @@ def read_tensors(folder: Path) -> dict[str, Tensor]:
         try:
             out.update(torch.load(f, map_location="cpu", weights_only=True))
         except Exception as e:
-            raise ImportHFError(f"{f} is not a plain tensor file ({type(e).__name__}); convert it to safetensors") from e
+            raise ImportHFError(f"{f} is not a plain tensor file ({type(e).__name__}); "
+                                "convert it to safetensors") from e
     return out
 
 
@@ -141,7 +142,8 @@ def stock_model_config(folder: Path, model_type: str, tensors: dict[str, Tensor]
         return model_config(
             vocab_size=hf.vocab_size, d_model=d, n_layers=hf.num_hidden_layers, n_heads=nh,
             n_kv_heads=getattr(hf, "num_key_value_heads", None) or nh, d_ff=hf.intermediate_size,
-            head_dim=None if (getattr(hf, "head_dim", None) or d // nh) == d // nh else hf.head_dim, max_seq_len=hf.max_position_embeddings,
+            head_dim=None if (getattr(hf, "head_dim", None) or d // nh) == d // nh else hf.head_dim,
+            max_seq_len=hf.max_position_embeddings,
             rope_theta=theta, rope_scaling=scaling, norm_eps=float(hf.rms_norm_eps),
             init_std=float(getattr(hf, "initializer_range", 0.02)), tie_embeddings=tied, qk_norm=True,
             residual={"variant": "baseline"})
@@ -224,7 +226,10 @@ def convert_folder(folder: Path, routing_impl: str = "eager") -> tuple[Transform
                 raise ImportHFError(f"tensors with no place in a {cfg.residual.variant} model: {unknown[:5]}")
     except (AuthorsFormatError, ConfigError, KeyError) as e:
         raise ImportHFError(f"{folder}: {e}") from e
+    trained_impl = cfg.residual.routing_impl
+    cfg.residual.routing_impl = "eager"  # the check runs here, on the CPU; the stored config keeps the trained one
     model = Transformer(cfg)
+    cfg.residual.routing_impl = trained_impl
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ImportHFError(f"{folder}: weights do not match the config (missing {missing[:5]}, "
