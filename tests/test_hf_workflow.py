@@ -28,31 +28,6 @@ def test_export_hf_dry_run_exports_every_trained_run(config_name, tmp_path):
     assert counts["export_hf_run"] == distinct_runs(load(config_name)) == counts["train"]
 
 
-@pytest.mark.slow
-def test_export_hf_end_to_end(tmp_path):
-    data = os.environ.get("MHAR_DATA_DIR")
-    if not data or not Path(data, "tinyshakespeare").is_dir():
-        pytest.skip("needs the local data mirror (MHAR_DATA_DIR with tinyshakespeare/)")
-    env = {"MHAR_DATA_DIR": str(Path(data).resolve())}
-    ci = configfiles("config/ci.yaml")
-    res = snakemake(["export_hf", "--cores", "2", *ci], tmp_path, env, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    runs = sorted(tmp_path.glob("results/runs/*/*/*/seed*/*/model.pt"))
-    exports = sorted(tmp_path.glob("results/hf/*/*/*/seed*/*"))
-    assert len(runs) == len(exports) == distinct_runs(load("config/ci.yaml"))
-    for folder in exports:
-        rep = json.loads((folder / "mhar_export.json").read_text())
-        label = folder.parts[-4]
-        assert rep["architecture"] == ("Qwen3ForCausalLM" if label == "baseline" else "MharForCausalLM")
-        assert rep["check"]["max_abs_diff"] <= 1e-5 and rep["run"]["label"] == label
-        assert "tail_mean_val_loss" in (folder / "README.md").read_text()
-        assert {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json"} <= {
-            p.name for p in folder.iterdir()}
-    assert list(tmp_path.glob("results/logs/export_hf/**/*.benchmark.tsv"))
-    res = snakemake(["export_hf", "--cores", "2", *ci], tmp_path, env)
-    assert res.returncode == 0 and "Nothing to be done" in res.stdout + res.stderr
-
-
 # --- released checkpoints as downstream arms --------------------------------------------------------------
 def released_overlay(tmp_path: Path, base: str, mhar: str) -> Path:
     overlay = tmp_path / "released.yaml"
@@ -77,9 +52,10 @@ def test_released_arms_are_imported_and_evaluated_in_the_dry_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_released_checkpoints_enter_the_downstream_table(tmp_path):
-    """A stock Qwen3 baseline and an authors' full_mh checkpoint (same size label and group) are imported,
-    evaluated and compared in reports/downstream.csv beside the trained runs."""
+def test_export_hf_and_released_arms_end_to_end(tmp_path):
+    """config/ci.yaml + two released checkpoints, one invocation of `export_hf reproduce_downstream`: every trained
+    run is exported (and loads as it should); a stock Qwen3 baseline and an authors' full_mh checkpoint (same size
+    label and group) are imported, evaluated and compared in reports/downstream.csv beside the trained runs."""
     data = os.environ.get("MHAR_DATA_DIR")
     if not data or not Path(data, "lambada_openai").is_dir():
         pytest.skip("needs the local data mirror (MHAR_DATA_DIR with tinyshakespeare/, lambada_openai/)")
@@ -99,12 +75,26 @@ def test_released_checkpoints_enter_the_downstream_table(tmp_path):
                        extra_config={"max_position_embeddings": 256})
     overlay = released_overlay(tmp_path, str(tmp_path / "base"), str(tmp_path / "mhar"))
     env = {"MHAR_DATA_DIR": str(Path(data).resolve())}
-    res = snakemake(["reproduce_downstream", "--cores", "2", *configfiles("config/ci.yaml"), str(overlay)],
-                    tmp_path, env, timeout=900)
+    cfgs = [*configfiles("config/ci.yaml"), str(overlay)]
+    res = snakemake(["export_hf", "reproduce_downstream", "--cores", "2", *cfgs], tmp_path, env, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = sorted(tmp_path.glob("results/runs/*/*/*/seed*/*/model.pt"))
+    exports = sorted(tmp_path.glob("results/hf/*/*/*/seed*/*"))
+    assert len(runs) == len(exports) == distinct_runs(load("config/ci.yaml"))
+    for folder in exports:
+        rep = json.loads((folder / "mhar_export.json").read_text())
+        label = folder.parts[-4]
+        assert rep["architecture"] == ("Qwen3ForCausalLM" if label == "baseline" else "MharForCausalLM")
+        assert rep["check"]["max_abs_diff"] <= 1e-5 and rep["run"]["label"] == label
+        assert "tail_mean_val_loss" in (folder / "README.md").read_text()
+        assert {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json"} <= {
+            p.name for p in folder.iterdir()}
+    assert list(tmp_path.glob("results/logs/export_hf/**/*.benchmark.tsv"))
     rows = list(csv.DictReader((tmp_path / "reports" / "downstream.csv").open()))
     rel = [r for r in rows if r["size"] == "debug-rel"]
     assert rel and all(r["variant"] == "mhar" and int(r["n"]) > 0 for r in rel), rows
     assert any(r["size"] == "debug" for r in rows)  # the trained runs' comparison is still there
     rec = json.loads(next((tmp_path / "results/eval/released/rel_mhar").glob("*/*/results.json")).read_text())
     assert rec["run"]["label"] == "rel_mhar" and rec["run"]["config_hash"] == "released-g"
+    res = snakemake(["export_hf", "reproduce_downstream", "--cores", "2", *cfgs], tmp_path, env)
+    assert res.returncode == 0 and "Nothing to be done" in res.stdout + res.stderr
