@@ -157,7 +157,7 @@ def model_card(cfg: ModelConfig, report: dict) -> str:
                  ("layers", cfg.n_layers), ("heads / KV heads", f"{cfg.n_heads} / {cfg.n_kv_heads}"),
                  ("head_dim", cfg.resolved_head_dim), ("d_ff", cfg.d_ff), ("vocab", cfg.vocab_size),
                  ("context (max_position_embeddings)", cfg.max_seq_len), ("RoPE theta", cfg.rope_theta),
-                 ("RoPE scaling", cfg.rope_scaling), ("qk_norm", cfg.qk_norm), ("tied embeddings", cfg.tie_embeddings),
+                 ("RoPE scaling", cfg.rope_scaling or "none"), ("qk_norm", cfg.qk_norm), ("tied embeddings", cfg.tie_embeddings),
                  ("parameters", report["params"]), ("tokenizer", report["tokenizer"]["spec"])]
     lines += [f"| {k} | {_fmt(v)} |" for k, v in arch_rows]
     lines += ["", "## Training run", "", "| field | value |", "|---|---|"]
