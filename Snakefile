@@ -40,9 +40,11 @@ rule all:
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/released.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/cost.smk"
+include: "workflow/rules/export.smk"
 
 
 # The continued-pretraining arm lives in its own rule file (and config block).

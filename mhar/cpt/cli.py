@@ -8,7 +8,8 @@ from typing import Optional
 
 from ..checkpoint import CheckpointError
 from ..config import ConfigError
-from .convert import CPTConversionError, convert_hf_llama, export_hf_llama, save_converted
+from ..hf.export import ExportError
+from .convert import CPTConversionError, convert_hf_llama, save_converted
 from .batches import compare_batch_logs
 
 
@@ -24,8 +25,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     c.add_argument("--tokenizer", default=None, help="tokenizer spec to store (default: hf:<src>)")
     c.add_argument("--revision", default=None)
     c.add_argument("--device", default="cpu", help="device of the fp32 exactness check")
-    e = sub.add_parser("export-hf", help="baseline Llama-shaped model.pt -> transformers directory")
-    e.add_argument("--model", required=True)
+    e = sub.add_parser("export-hf", help="model.pt -> Hugging Face directory (= python -m mhar export-hf)")
+    e.add_argument("--model", required=True, help="model.pt or run directory")
     e.add_argument("--out", required=True)
     b = sub.add_parser("check-batches", help="verify two CPT arms saw byte-identical batches")
     b.add_argument("run_a")
@@ -38,13 +39,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             path = save_converted(model, report, a.out, a.tokenizer or f"hf:{a.src}")
             print(f"exact conversion (max |diff| = {report.max_abs_diff}) -> {path}")
         elif a.cmd == "export-hf":
-            from ..checkpoint import load_model
+            from ..hf.export import export_hf
 
-            model, _, _ = load_model(a.model)
-            print(export_hf_llama(model, a.out))
+            rep = export_hf(a.model, a.out)
+            print(f"exported {rep['variant']} as {rep['architecture']} -> {a.out}")
         else:
             print(json.dumps(compare_batch_logs(a.run_a, a.run_b), indent=1))
-    except (CPTConversionError, ConfigError, CheckpointError, ValueError, FileNotFoundError) as err:
+    except (CPTConversionError, ExportError, ConfigError, CheckpointError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # disk full, read-only or forbidden --out

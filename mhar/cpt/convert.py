@@ -4,7 +4,8 @@
 onto ``Transformer`` (``qk_norm=False``, the checkpoint's tying / RoPE incl. Llama-3 scaling /
 RMSNorm epsilon) in the ``mhar_delta`` or ``baseline`` form, then compares fp32 logits on a fixed
 token batch and raises :class:`CPTConversionError` unless the maximum absolute difference is 0.
-``export_hf_llama`` writes a Llama-shaped baseline model as a transformers directory.
+``export_hf_llama`` writes a Llama-shaped baseline model as a transformers directory (through
+``mhar.hf.export_model``, which exports every variant).
 """
 from __future__ import annotations
 
@@ -262,28 +263,20 @@ def save_converted(model: Transformer, report: ConversionReport, out: str | Path
 
 
 # --- export (tiny CPU base) -------------------------------------------------------------------
-def export_hf_llama(model: Transformer, out: str | Path, tokenizer_json: Optional[str | Path] = None) -> Path:
-    """Write a baseline Llama-shaped model as a transformers ``LlamaForCausalLM`` directory."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def export_hf_llama(model: Transformer, out: str | Path, tokenizer_json: Optional[str | Path] = None,
+                    tokenizer: Optional[str] = None) -> Path:
+    """Write a Llama-shaped baseline model as a transformers ``LlamaForCausalLM`` directory.
+
+    Delegates to :func:`mhar.hf.export_model` (safetensors, config, generation config, tokenizer files,
+    model card, reload check); ``tokenizer`` is a harness tokenizer spec, ``tokenizer_json`` a tokenizer.json
+    path (either one writes the tokenizer files). Any other model: ``python -m mhar export-hf``."""
+    from ..hf.export import export_model
 
     cfg = model.cfg
     if cfg.residual.variant != "baseline" or cfg.qk_norm:
         raise CPTConversionError(
             f"export_hf_llama needs a Llama-shaped baseline model (residual baseline, qk_norm false); got "
-            f"variant={cfg.residual.variant!r}, qk_norm={cfg.qk_norm}")
-    # legacy keywords (rope_theta / rope_scaling): understood by transformers 4.x and 5.x alike
-    scaling = {"rope_type": "llama3", **cfg.rope_scaling} if cfg.rope_scaling else None
-    hf_cfg = LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.resolved_head_dim, max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
-        rope_theta=cfg.rope_theta, rope_scaling=scaling, tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_std,
-        hidden_act="silu", attention_bias=False, mlp_bias=False,
-    )
-    hf = LlamaForCausalLM(hf_cfg)
-    hf.load_state_dict(hf_state_dict_from_model(model), strict=not cfg.tie_embeddings)
-    out = Path(out)
-    hf.save_pretrained(out)
-    if tokenizer_json is not None:
-        (out / "tokenizer.json").write_bytes(Path(tokenizer_json).read_bytes())
-    return out
+            f"variant={cfg.residual.variant!r}, qk_norm={cfg.qk_norm} (python -m mhar export-hf exports any model)")
+    export_model(model, out, tokenizer if tokenizer is not None else
+                 (str(tokenizer_json) if tokenizer_json is not None else None))
+    return Path(out)

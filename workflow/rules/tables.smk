@@ -60,7 +60,7 @@ rule table_heads:
 
 rule table_downstream:
     input:
-        results=downstream_results(),
+        results=downstream_results() + RELEASED_RESULTS,
     output:
         table_report("downstream"),
     log:

@@ -1,0 +1,271 @@
+"""Import a Hugging Face model directory (or hub name) as a harness ``model.pt``.
+
+    python -m mhar import-hf HF_DIR_OR_HUB_NAME --out MODEL_PT [--tokenizer SPEC] [--no-check]
+    from mhar.hf import import_hf; report = import_hf("HF_DIR", "out/model.pt")
+
+``config.json``'s ``model_type`` decides (the directory's own Python files are never executed):
+
+* ``mhar``: our own exports; the weights come back identical (and ``extra.run`` with them).
+* ``qwen3`` / ``llama``: stock checkpoints (e.g. the CPT arm's base model) as the ``baseline`` variant
+  (``qk_norm`` on for Qwen3, off for Llama; tying, RoPE incl. Llama-3 scaling, RMSNorm epsilon as stored).
+* ``qwen3_attnres``: the MHAR / AttnRes authors' checkpoints, converted by :mod:`mhar.hf.authors`
+  (``full_mh`` -> ``mhar`` with H heads, ``full`` -> ``attnres``, ``block`` -> ``block_attnres`` where the
+  blocks match, ``full_hw`` -> ``mhar_hw`` with one head); anything else is refused naming the field.
+
+Check (on by default): ``qwen3`` / ``llama`` are loaded with transformers' own classes and ``mhar`` with
+this package's ``modeling_mhar`` (never the directory's copy), and their fp32 logits on a fixed token
+batch are compared with the imported model's (more than ``CHECK_TOL`` x max(1, max |logit|) apart is an
+error). The authors' format has no reference to run here (their code is not executed); its conversion is
+tested against an independent implementation of their formulas (tests/test_hf_authors.py).
+
+Weights are read from ``*.safetensors`` (single or sharded with ``model.safetensors.index.json``) or, for
+older checkpoints, ``pytorch_model*.bin`` with ``torch.load(weights_only=True)`` (tensors only).
+The tokenizer spec stored in ``model.pt``: ``--tokenizer``, else ``byte`` for our byte-tokenizer exports,
+``hf:<name>`` for a hub download, the directory itself when it holds ``tokenizer.json``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from ..checkpoint import MODEL_FILE, file_sha256, save_model
+from ..config import ConfigError, ModelConfig, model_config
+from ..model import Transformer
+from .authors import MODEL_TYPE as AUTHORS_TYPE
+from .authors import AuthorsFormatError, convert_authors
+from .export import CHECK_TOL
+from .names import from_hf_state_dict, model_config_from_mhar_fields
+
+SUPPORTED = ("mhar", "qwen3", "llama", AUTHORS_TYPE)
+
+
+class ImportHFError(RuntimeError):
+    """The directory cannot be imported (missing / corrupt files, an unsupported model); names the cause."""
+
+
+# --- reading ------------------------------------------------------------------------------------------
+def resolve_source(src: Union[str, Path], revision: Optional[str] = None) -> tuple[Path, Optional[str]]:
+    """(local folder, hub name or None): a directory as is, else a hub snapshot (config, weights, tokenizer)."""
+    p = Path(src)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ImportHFError(f"{p} has no config.json: not a Hugging Face model directory")
+        return p, None
+    if p.exists() or str(src).startswith((".", "/")) or str(src).count("/") != 1:
+        raise ImportHFError(f"{src}: no such model directory (a hub name looks like 'org/name')")
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(str(src), revision=revision, allow_patterns=[
+            "*.json", "*.safetensors", "*.model", "tokenizer*", "merges.txt", "vocab.*"])
+    except Exception as e:  # network, auth, missing repo
+        raise ImportHFError(f"could not download {src!r} from the Hugging Face hub ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}); download it and give the directory") from e
+    return Path(folder), str(src)
+
+
+def read_config(folder: Path) -> dict:
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ImportHFError(f"{folder / 'config.json'} is unreadable or not JSON ({e})") from e
+    if not isinstance(cfg, dict):
+        raise ImportHFError(f"{folder / 'config.json'} is not a JSON object")
+    return cfg
+
+
+def read_tensors(folder: Path) -> dict[str, Tensor]:
+    """Every tensor of the checkpoint (safetensors preferred; sharded via the index)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    files: list[Path]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ImportHFError(f"{index} is unreadable ({e})") from e
+        files = [folder / f for f in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    out: dict[str, Tensor] = {}
+    if files:
+        for f in files:
+            try:
+                out.update(load_file(str(f)))
+            except (SafetensorError, OSError, ValueError) as e:
+                raise ImportHFError(f"{f} is unreadable or corrupt ({e}); download it again") from e
+        return out
+    bins = sorted(folder.glob("pytorch_model*.bin"))
+    if not bins:
+        raise ImportHFError(f"{folder} holds no weights (*.safetensors or pytorch_model*.bin)")
+    for f in bins:
+        try:
+            out.update(torch.load(f, map_location="cpu", weights_only=True))
+        except Exception as e:
+            raise ImportHFError(f"{f} is not a plain tensor file ({type(e).__name__}); "
+                                "convert it to safetensors") from e
+    return out
+
+
+# --- stock Qwen3 / Llama --------------------------------------------------------------------------------
+def stock_model_config(folder: Path, model_type: str, tensors: dict[str, Tensor]) -> ModelConfig:
+    """ModelConfig of a stock ``qwen3`` / ``llama`` checkpoint (transformers' config class parses it)."""
+    from transformers import AutoConfig
+
+    from ..cpt.convert import CPTConversionError, _hf_rope, llama_model_config
+
+    hf = AutoConfig.from_pretrained(str(folder))  # a registered model_type: no remote code
+    tied = "lm_head.weight" not in tensors or bool(getattr(hf, "tie_word_embeddings", False))
+    try:
+        if model_type == "llama":
+            cfg = llama_model_config(hf, variant="baseline", heads=1)
+            cfg.tie_embeddings = tied
+            if cfg.head_dim == cfg.d_model // cfg.n_heads:
+                cfg.head_dim = None  # the default, as the harness writes it
+            return cfg
+        bad = {"hidden_act": getattr(hf, "hidden_act", "silu") != "silu",
+               "attention_bias": bool(getattr(hf, "attention_bias", False)),
+               "use_sliding_window": bool(getattr(hf, "use_sliding_window", False)),
+               "layer_types": any(t != "full_attention" for t in (getattr(hf, "layer_types", None) or []))}
+        if any(bad.values()):
+            raise ImportHFError(f"Qwen3 features without an equivalent here: {[k for k, v in bad.items() if v]} "
+                                "(need silu MLP, no attention bias, no sliding window)")
+        theta, scaling = _hf_rope(hf)
+        d, nh = hf.hidden_size, hf.num_attention_heads
+        return model_config(
+            vocab_size=hf.vocab_size, d_model=d, n_layers=hf.num_hidden_layers, n_heads=nh,
+            n_kv_heads=getattr(hf, "num_key_value_heads", None) or nh, d_ff=hf.intermediate_size,
+            head_dim=None if (getattr(hf, "head_dim", None) or d // nh) == d // nh else hf.head_dim,
+            max_seq_len=hf.max_position_embeddings,
+            rope_theta=theta, rope_scaling=scaling, norm_eps=float(hf.rms_norm_eps),
+            init_std=float(getattr(hf, "initializer_range", 0.02)), tie_embeddings=tied, qk_norm=True,
+            residual={"variant": "baseline"})
+    except (CPTConversionError, ConfigError) as e:
+        raise ImportHFError(str(e)) from e
+
+
+# --- check ----------------------------------------------------------------------------------------------
+@torch.no_grad()
+def check_import(model: Transformer, folder: Path, model_type: str, seed: int = 0) -> Optional[dict]:
+    """Max |logits| difference against the directory loaded by a trusted implementation (None: none exists)."""
+    if model_type == AUTHORS_TYPE:
+        return None
+    from transformers.utils import logging as hf_logging
+
+    if model_type == "mhar":
+        from .modeling_mhar import MharForCausalLM as loader
+        name = "mhar.hf.modeling_mhar.MharForCausalLM"
+    else:
+        from transformers import AutoModelForCausalLM as loader
+        name = f"transformers AutoModelForCausalLM ({model_type})"
+    hf_logging.disable_progress_bar()
+    try:
+        hf = loader.from_pretrained(str(folder), dtype=torch.float32).eval()
+    finally:
+        hf_logging.enable_progress_bar()
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (2, min(32, cfg.max_seq_len)), generator=g)
+    ref = hf(input_ids=ids).logits.float()
+    diff = float((ref - model(ids).logits.float()).abs().max())
+    scale = max(1.0, float(ref.abs().max()))
+    if not diff <= CHECK_TOL * scale:
+        raise ImportHFError(f"the imported model's logits differ from {name}'s by {diff:.3g} (> {CHECK_TOL} x "
+                            f"{scale:.3g}); nothing was written")
+    return {"reference": name, "max_abs_diff": diff, "batch": list(ids.shape), "seed": seed, "dtype": "float32"}
+
+
+# --- the import -----------------------------------------------------------------------------------------
+def _out_path(out: Union[str, Path]) -> Path:
+    out = Path(out)
+    path = out if out.suffix == ".pt" else out / MODEL_FILE
+    if path.exists():
+        raise ImportHFError(f"{path} already exists; choose a new --out (an import never overwrites)")
+    return path
+
+
+def _tokenizer_spec(hf: dict, folder: Path, hub: Optional[str], given: Optional[str]) -> str:
+    if given:
+        return given
+    meta = hf.get("mhar") if isinstance(hf.get("mhar"), dict) else {}
+    if meta.get("tokenizer") == "byte":
+        return "byte"
+    if hub is not None:
+        return f"hf:{hub}"
+    if (folder / "tokenizer.json").is_file():
+        return str(folder.resolve())
+    raise ImportHFError(f"{folder} has no tokenizer.json; name the tokenizer with --tokenizer (byte, a "
+                        "tokenizer.json path or hf:<name>)")
+
+
+def convert_folder(folder: Path, routing_impl: str = "eager") -> tuple[Transformer, dict, dict]:
+    """(model, config.json, report fields) of a local Hugging Face directory."""
+    hf = read_config(folder)
+    mtype = hf.get("model_type")
+    if mtype not in SUPPORTED:
+        raise ImportHFError(f"model_type {mtype!r} is not supported (supported: {', '.join(SUPPORTED)})")
+    tensors = read_tensors(folder)
+    notes: list[str] = []
+    try:
+        if mtype == AUTHORS_TYPE:
+            cfg, state, notes = convert_authors(hf, tensors, routing_impl)
+        else:
+            if mtype == "mhar":
+                cfg = model_config_from_mhar_fields(hf)
+            else:
+                cfg = stock_model_config(folder, mtype, tensors)
+            state, unknown = from_hf_state_dict(tensors, cfg.tie_embeddings)
+            if unknown:
+                raise ImportHFError(f"tensors with no place in a {cfg.residual.variant} model: {unknown[:5]}")
+    except (AuthorsFormatError, ConfigError, KeyError) as e:
+        raise ImportHFError(f"{folder}: {e}") from e
+    trained_impl = cfg.residual.routing_impl
+    cfg.residual.routing_impl = "eager"  # the check runs here, on the CPU; the stored config keeps the trained one
+    model = Transformer(cfg)
+    cfg.residual.routing_impl = trained_impl
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ImportHFError(f"{folder}: weights do not match the config (missing {missing[:5]}, "
+                            f"unexpected {unexpected[:5]})")
+    return model.eval(), hf, {"model_type": mtype, "attnres_mode": hf.get("attnres_mode"), "notes": notes}
+
+
+def import_hf(src: Union[str, Path], out: Union[str, Path], *, tokenizer: Optional[str] = None, check: bool = True,
+              revision: Optional[str] = None, run: Optional[dict] = None) -> dict:
+    """Convert ``src`` (directory or hub name) into ``out`` (a ``.pt`` path, or a folder for ``model.pt``).
+
+    ``run``: the ``extra.run`` block to store (label, residual, size, seed, pairing, identity: how evaluations of the
+    model are identified; the workflow's released arms set it; ``residual: None`` is filled with the imported
+    model's variant and heads); default: the export's own, if any."""
+    from ..provenance import collect_provenance
+
+    t0 = time.time()
+    path = _out_path(out)
+    folder, hub = resolve_source(src, revision)
+    model, hf, fields = convert_folder(folder)
+    spec = _tokenizer_spec(hf, folder, hub, tokenizer)
+    weights = sorted(p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin"))
+    report = {"source": str(src), "folder": str(folder.resolve()), "revision": revision, **fields,
+              "variant": model.cfg.residual.variant, "heads": model.cfg.residual.heads,
+              "weights": {name: file_sha256(folder / name) for name in weights},
+              "check": check_import(model, folder, fields["model_type"]) if check else None,
+              "tokenizer": spec, "importer": collect_provenance(), "seconds": None}
+    report["seconds"] = round(time.time() - t0, 3)
+    meta = hf.get("mhar") if isinstance(hf.get("mhar"), dict) else {}
+    # plain JSON types only: model.pt loads with torch.load(weights_only=True)
+    extra = {"import_hf": json.loads(json.dumps(report, default=str))}
+    if run is not None and run.get("residual") is None:
+        run = {**run, "residual": {"variant": model.cfg.residual.variant, "heads": model.cfg.residual.heads}}
+    if run is not None or meta.get("run"):
+        extra["run"] = run if run is not None else meta["run"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_model(path, model, spec, extra=extra)
+    report["out"] = str(path)
+    return report
