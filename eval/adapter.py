@@ -33,8 +33,8 @@ output head, in chunks, so long windows with a large vocabulary stay in memory.
 Scoring runs through ``mhar.inference.Scorer``: on CUDA the model's hidden states are
 ``torch.compile``'d (shape buckets: one graph per batch-size bucket, the length dynamic)
 and the log-softmax / gather / greedy check is one fused pass over the logits.
-``compile=false`` (model arg) runs all of it eagerly; ``cuda_graphs=false`` decodes
-without CUDA graphs.
+``compile=false`` (model arg) runs all of it eagerly (``regional`` / ``whole``: see
+``mhar.inference``); ``cuda_graphs=false`` decodes without CUDA graphs.
 """
 from __future__ import annotations
 
@@ -142,7 +142,8 @@ class MharLM(TemplateLM):
         self.custom_prefix_token_id = None if prefix_token_id is None else _as_int("prefix_token_id", prefix_token_id)
         if self.rolling_context > self._max_length:
             raise ValueError(f"MharLM: rolling_context={self.rolling_context} exceeds max_length={self._max_length}")
-        self.compile = "auto" if compile in (None, "auto") else _as_bool("compile", compile)
+        mode = str(compile).strip().lower() if compile is not None else "auto"
+        self.compile = mode if mode in ("auto", "regional", "whole", "none") else _as_bool("compile", compile)
         self.cuda_graphs = "auto" if cuda_graphs in (None, "auto") else _as_bool("cuda_graphs", cuda_graphs)
         self.scorer = None
         if self._split_head:
@@ -188,7 +189,7 @@ class MharLM(TemplateLM):
                 "dtype": str(next(self.model.parameters()).dtype), "device": str(self.device),
                 "tokenizer": self.tokenizer_name, "eot_id": self.eot_token_id,
                 "prefix_token_id": self.prefix_token_id, "add_bos_token": self.add_bos_token,
-                "kv_cache": self.use_cache, "compile": self.scorer.compiled() if self.scorer else False,
+                "kv_cache": self.use_cache, "compile": self.scorer.mode() if self.scorer else "none",
                 "routing_impl": getattr(getattr(self.model.cfg, "residual", None), "routing_impl", None)}
 
     # --- tokenization ----------------------------------------------------------------

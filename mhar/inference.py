@@ -72,50 +72,102 @@ def _raise_dynamo_limits() -> None:
 
 
 # --- depth routing of a few positions --------------------------------------------------------------------
+def _append_impl(buf: Tensor, ms: Tensor, src: Tensor, n: Tensor) -> None:
+    """Write source ``src`` (B, T, D), or a broadcast (D,) one, into slot ``n`` (0-dim long tensor) of ``buf``
+    (cap, B, T, D), and its mean square over D (fp32) into ``ms`` (cap, B, T, 1)."""
+    src = src.expand(buf.shape[1:])
+    idx = n.view(1)
+    buf.index_copy_(0, idx, src.to(buf.dtype).unsqueeze(0))
+    ms.index_copy_(0, idx, src.float().pow(2).mean(-1, keepdim=True).unsqueeze(0))
+
+
+def _read_impl(buf: Tensor, ms: Tensor, n: Tensor, q: Tensor, g: Tensor, H: int, eps: float,
+               extra: Optional[Tensor], pw: Optional[Tensor], peps: float) -> tuple[Tensor, Tensor]:
+    """The routed read over the first ``n`` slots of ``buf`` (+ ``extra``): every slot is scored (a fixed shape
+    for every read, so one compiled graph serves all of a model's reads); slots >= n get weight exactly 0.
+    ``pw``: the sublayer's RMSNorm weight when the read returns the normed mix (``read_normed``)."""
+    cap, B, T, D = buf.shape
+    S = buf.float().view(cap, B, T, H, D // H)
+    gq = (g.float() * q.float()).view(H, D // H)
+    scores = (S * gq).sum(-1) * torch.rsqrt(ms + eps)  # (cap, B, T, H)
+    scores = scores.masked_fill((torch.arange(cap, device=buf.device) >= n).view(cap, 1, 1, 1), float("-inf"))
+    if extra is not None:
+        E = extra.float().view(1, B, T, H, D // H)
+        es = (E * gq).sum(-1) * torch.rsqrt(extra.float().pow(2).mean(-1, keepdim=True) + eps)
+        S, scores = torch.cat([S, E]), torch.cat([scores, es])
+    w = torch.softmax(scores, dim=0)
+    out = (w.unsqueeze(-1) * S).sum(0).reshape(B, T, D).to(buf.dtype)
+    if pw is not None:  # mhar.model.RMSNorm, same operations
+        x32 = out.float()
+        out = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + peps) * pw.float()).to(out.dtype)
+    return out, w
+
+
+class _Sources:
+    """InferenceRouter state: a fixed-capacity source buffer, the mean squares, the slots written (host int)."""
+
+    __slots__ = ("buf", "ms", "n")
+
+    def __init__(self, buf: Tensor, ms: Tensor, n: int):
+        self.buf, self.ms, self.n = buf, ms, n
+
+
 class InferenceRouter(Router):
     """The routing of ``mhar.routing.reference`` for inference on a few positions (a decode step): plain
-    PyTorch that dynamo traces, so a compiled decode step is one graph for every routed variant.
+    PyTorch that dynamo traces, so a compiled decode step has no graph break for any routed variant.
 
-    State: the sources (each (B, T, D), a (D,) null source broadcast) and each one's mean square over D in
-    fp32, computed once at its append (the reference recomputes it at every read). A read is
-    ``softmax_n(rsqrt(ms_n + eps) * <s_n[h], (g q)[h]>)`` per head, mixed over the sources in fp32: the same
-    function as ``route_reference`` (the product's order differs: equal to rounding)."""
+    State: one (capacity, B, T, D) buffer of this position's sources, written once per source, and each
+    source's mean square over D in fp32, computed once at its append (the reference recomputes it at every
+    read): a read costs O(N d) per token. A read is ``softmax_n(rsqrt(ms_n + eps) * <s_n[h], (g q)[h]>)`` per
+    head, mixed over the sources in fp32: ``route_reference``'s function (the product's order differs: equal to
+    rounding). ``prenorm``: a read can return the sublayer's RMSNorm of the mix (``Residual.read_normed``).
+    ``compile_fn`` (e.g. ``torch.compile``) compiles the append and the read once each: every read of a model
+    has the same shapes (all slots scored, the unwritten ones masked), so the graphs are shared by all of them.
+    """
 
     name = "inference"
     traceable = True
+    prenorm = True
 
-    @staticmethod
-    def _ms(src: Tensor) -> Tensor:
-        return src.float().pow(2).mean(-1, keepdim=True)  # (..., 1) fp32
+    def __init__(self, compile_fn: Optional[Callable[[Callable], Callable]] = None):
+        self._append, self._read = _append_impl, _read_impl
+        if compile_fn is not None:
+            self._append, self._read = compile_fn(_append_impl), compile_fn(_read_impl)
+        self._slots: dict[torch.device, list[Tensor]] = {}
 
-    def init(self, first: Tensor, capacity: int):
-        return ((first,), (self._ms(first),))
+    def _slot(self, n: int, device: torch.device) -> Tensor:
+        """A 0-dim long tensor holding n (one per value: a graph input, never a specialised constant)."""
+        slots = self._slots.setdefault(device, [])
+        while len(slots) <= n:
+            slots.append(torch.tensor(len(slots), dtype=torch.long, device=device))
+        return slots[n]
 
-    def append(self, state, src: Tensor):
-        srcs, ms = state
-        return (srcs + (src,), ms + (self._ms(src),))
+    def init(self, first: Tensor, capacity: int) -> _Sources:
+        shape = first.shape if first.dim() == 3 else None
+        if shape is None:
+            raise ValueError("InferenceRouter.init: the first source must be (B, T, D) (expand a (D,) null source)")
+        buf = torch.zeros((capacity, *shape), dtype=first.dtype, device=first.device)
+        ms = torch.zeros((capacity, *shape[:2], 1), dtype=torch.float32, device=first.device)
+        return self.append(_Sources(buf, ms, 0), first)
 
-    def num_sources(self, state) -> int:
-        return len(state[0])
+    def append(self, state: _Sources, src: Tensor) -> _Sources:
+        if state.n >= state.buf.shape[0]:
+            raise ValueError(f"InferenceRouter: capacity {state.buf.shape[0]} sources exceeded")
+        self._append(state.buf, state.ms, src, self._slot(state.n, src.device))
+        return _Sources(state.buf, state.ms, state.n + 1)
 
-    def read(self, state, query: Tensor, norm_weight: Tensor, num_heads: int, eps: float = 1e-6, *,
+    def num_sources(self, state: _Sources) -> int:
+        return state.n
+
+    def read(self, state: _Sources, query: Tensor, norm_weight: Tensor, num_heads: int, eps: float = 1e-6, *,
              extra: Optional[Tensor] = None, return_weights: bool = False, lookahead=None, prenorm=None):
-        srcs, ms = state
-        if extra is not None:
-            srcs, ms = srcs + (extra,), ms + (self._ms(extra),)
-        shape = torch.broadcast_shapes(*(s.shape for s in srcs))  # a learnable null source broadcasts
-        B, T, D = shape
-        H, N = num_heads, len(srcs)
-        S = torch.stack([s.expand(shape) for s in srcs]).float().view(N, B, T, H, D // H)
-        M = torch.stack([m.expand(B, T, 1) for m in ms])  # (N, B, T, 1)
-        gq = (norm_weight.float() * query.float()).view(H, D // H)
-        scores = (S * gq).sum(-1) * torch.rsqrt(M + eps)  # (N, B, T, H)
-        w = torch.softmax(scores, dim=0)
-        out = (w.unsqueeze(-1) * S).sum(0).reshape(B, T, D).to(srcs[-1].dtype if extra is None else extra.dtype)
-        if prenorm is not None:
-            out = prenorm(out)
+        pw, peps = (None, 0.0) if prenorm is None else (prenorm.weight, float(prenorm.eps))
+        out, w = self._read(state.buf, state.ms, self._slot(state.n, state.buf.device), query, norm_weight,
+                            int(num_heads), float(eps), extra, pw, peps)
         if return_weights:
-            return out, w.permute(1, 2, 3, 0).contiguous()
+            cap = state.buf.shape[0]
+            keep = list(range(state.n)) + ([cap] if extra is not None else [])
+            return out, w[keep].permute(1, 2, 3, 0).contiguous()  # (B, T, H, N)
         return out
 
 
@@ -165,17 +217,71 @@ class _EagerReplay:
         self.ids.copy_(self.out[:, None])
 
 
+def _compile_mode(value: Any, device: torch.device) -> str:
+    """``compile`` setting -> "none" | "regional" | "whole" (``auto`` / true: regional on CUDA / always)."""
+    if isinstance(value, str) and value.strip().lower() in ("regional", "whole", "none"):
+        return value.strip().lower()
+    on = _auto(value, device.type == "cuda", "compile")
+    return "regional" if on else "none"
+
+
+_SUBLAYERS = ("attn_sublayer", "mlp_sublayer", "attn_normed", "mlp_normed")
+_MISSING = object()
+
+
+class _Regional:
+    """Regional compilation: each sublayer kind (``Block.attn_sublayer`` ...) and the final norm compiled once,
+    one graph shared by every layer (the parameters are graph inputs), applied to a model's blocks only while
+    ``applied(model)`` is open (the model is not changed for other callers). Compiles in seconds where the
+    whole unrolled model takes minutes; the residual's reads / writes between them run as they are (the
+    decoder's InferenceRouter compiles its own append and read)."""
+
+    def __init__(self, compile_fn: Callable[[Callable], Callable]):
+        from .model import Block, RMSNorm
+
+        self.fns = {name: compile_fn(getattr(Block, name)) for name in _SUBLAYERS}
+        self.norm = compile_fn(RMSNorm.forward)
+
+    @contextlib.contextmanager
+    def applied(self, model):
+        saved = []
+        targets = [(blk, name, fn) for blk in model.layers for name, fn in self.fns.items()]
+        targets.append((model.final_norm, "forward", self.norm))
+        for mod, name, fn in targets:
+            saved.append((mod, name, mod.__dict__.get(name, _MISSING)))
+            mod.__dict__[name] = _bind(fn, mod)
+        try:
+            yield
+        finally:
+            for mod, name, old in reversed(saved):
+                if old is _MISSING:
+                    mod.__dict__.pop(name, None)
+                else:
+                    mod.__dict__[name] = old
+
+
+def _bind(fn: Callable, mod) -> Callable:
+    def bound(*args, **kwargs):
+        return fn(mod, *args, **kwargs)
+    return bound
+
+
 class Decoder:
     """Greedy decoding of a ``mhar.model.Transformer`` (see the module docstring).
 
-    ``compile``: compile the decode step (``auto``: on CUDA); ``cuda_graphs``: capture it (``auto``: on CUDA);
-    ``backend``: the ``torch.compile`` backend (``inductor``; tests use ``aot_eager``)."""
+    ``compile``: how the decode step is compiled: ``regional`` (each sublayer kind, the router's append and
+    read, the head: a few small graphs shared by all layers), ``whole`` (the whole step as one graph: more
+    fusion, a much longer first compile), ``none``; ``auto`` / true = regional on CUDA, none on CPU.
+    ``cuda_graphs``: capture the step (``auto``: on CUDA); ``backend``: the ``torch.compile`` backend
+    (``inductor``; CPU tests use ``aot_eager``)."""
 
     def __init__(self, model, compile: Any = "auto", cuda_graphs: Any = "auto", backend: str = "inductor"):
         self.model = model
         self.compile_opt, self.graphs_opt, self.backend = compile, cuda_graphs, backend
-        self.router = InferenceRouter()
+        self._router: Optional[InferenceRouter] = None
         self._compiled: Optional[Callable] = None
+        self._regional: Optional[_Regional] = None
+        self._head: Optional[Callable] = None
         self._caches: dict[int, KVCache] = {}  # batch bucket -> pooled static cache (CUDA graphs)
         self._graphs: dict[tuple[int, int], _Captured] = {}
         self.captures = 0  # CUDA graphs captured so far (tests, logs)
@@ -184,8 +290,11 @@ class Decoder:
     def _device(self) -> torch.device:
         return self.model.embed.weight.device
 
+    def mode(self) -> str:
+        return _compile_mode(self.compile_opt, self._device())
+
     def compiled(self) -> bool:
-        return _auto(self.compile_opt, self._device().type == "cuda", "compile")
+        return self.mode() != "none"
 
     def graphs(self) -> bool:
         """Whether decode steps run as captured graphs (``emulate``: the same bookkeeping on any device, each
@@ -202,22 +311,45 @@ class Decoder:
         self._caches.clear()
         self._graphs.clear()
 
+    def _compile_fn(self, fn: Callable) -> Callable:
+        _raise_dynamo_limits()
+        return torch.compile(fn, backend=self.backend)
+
+    @property
+    def router(self) -> InferenceRouter:
+        if self._router is None:
+            self._router = InferenceRouter(self._compile_fn if self.mode() == "regional" else None)
+        return self._router
+
     # the step: one token per row through the whole model, depth routing by InferenceRouter
     def _step(self, ids: Tensor, cache: KVCache) -> Tensor:
         h = self.model.hidden(ids, cache)  # (B, 1, D)
-        return self.model.lm_head(h[:, -1]).float().argmax(-1)  # (B,)
+        return self._argmax(h[:, -1])
 
-    def step_fn(self) -> Callable[[Tensor, KVCache], Tensor]:
-        if not self.compiled():
-            return self._step
-        if self._compiled is None:
-            _raise_dynamo_limits()
-            self._compiled = torch.compile(self._step, fullgraph=True, dynamic=False, backend=self.backend)
-        return self._compiled
+    def _argmax_impl(self, h: Tensor) -> Tensor:
+        return self.model.lm_head(h).float().argmax(-1)  # (B,)
+
+    def _argmax(self, h: Tensor) -> Tensor:
+        if self.mode() != "regional":
+            return self._argmax_impl(h)
+        if self._head is None:
+            self._head = self._compile_fn(self._argmax_impl)
+        return self._head(h)
 
     def run_step(self, ids: Tensor, cache: KVCache) -> Tensor:
+        mode = self.mode()
         with use_router(self.model, self.router):
-            return self.step_fn()(ids, cache)
+            if mode == "none":
+                return self._step(ids, cache)
+            if mode == "whole":
+                if self._compiled is None:
+                    _raise_dynamo_limits()
+                    self._compiled = torch.compile(self._step, fullgraph=True, backend=self.backend)
+                return self._compiled(ids, cache)
+            if self._regional is None:
+                self._regional = _Regional(self._compile_fn)
+            with self._regional.applied(self.model):
+                return self._step(ids, cache)
 
     def _pooled_cache(self, B: int, need: int, device: torch.device, dtype: torch.dtype) -> KVCache:
         cfg = self.model.cfg
@@ -363,20 +495,33 @@ def _head_logprobs(model, h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
 class Scorer:
     """Hidden states and target log-probabilities for log-likelihood scoring (see the module docstring).
 
-    ``compile``: ``auto`` = on CUDA; ``backend``: the ``torch.compile`` backend."""
+    ``compile``: ``regional`` (each sublayer kind and the final norm compiled once, shared by all layers; the
+    routing runs the model's own router between them), ``whole`` (``Transformer.hidden`` as one graph; routers
+    that dynamo cannot trace fall back to regional), ``none``; ``auto`` / true = regional on CUDA, none on CPU.
+    ``backend``: the ``torch.compile`` backend."""
 
     def __init__(self, model, compile: Any = "auto", backend: str = "inductor"):
         self.model = model
         self.compile_opt, self.backend = compile, backend
         self._hidden_c: Optional[Callable] = None
+        self._regional: Optional[_Regional] = None
         self._head_c: Optional[Callable] = None
 
+    def mode(self) -> str:
+        mode = _compile_mode(self.compile_opt, self.model.embed.weight.device)
+        return "regional" if mode == "whole" and not traceable_router(self.model) else mode
+
     def compiled(self) -> bool:
-        return _auto(self.compile_opt, self.model.embed.weight.device.type == "cuda", "compile")
+        return self.mode() != "none"
+
+    def _compile_fn(self, fn: Callable) -> Callable:
+        _raise_dynamo_limits()
+        return torch.compile(fn, backend=self.backend)
 
     def hidden(self, ids: Tensor) -> Tensor:
         """Final-normed states (B, T, D) of right-padded ids (B, T) (the padding only follows the read ones)."""
-        if not (self.compiled() and traceable_router(self.model)):
+        mode = self.mode()
+        if mode == "none":
             return self.model.hidden(ids)
         B, T = ids.shape
         Bp, Tp = batch_bucket(B), max(T_MULTIPLE, _round_up(T, T_MULTIPLE))
@@ -384,9 +529,13 @@ class Scorer:
             padded = ids.new_zeros(Bp, Tp)
             padded[:B, :T] = ids
             ids = padded
+        if mode == "regional":
+            if self._regional is None:
+                self._regional = _Regional(self._compile_fn)
+            with self._regional.applied(self.model):
+                return self.model.hidden(ids)[:B, :T]
         if self._hidden_c is None:
-            _raise_dynamo_limits()
-            self._hidden_c = torch.compile(self.model.hidden, backend=self.backend)
+            self._hidden_c = self._compile_fn(self.model.hidden)
         torch._dynamo.mark_dynamic(ids, 1)
         return self._hidden_c(ids)[:B, :T]
 
@@ -395,8 +544,7 @@ class Scorer:
         fn = lambda x, t: _head_logprobs(self.model, x, t)  # noqa: E731
         if self.compiled():
             if self._head_c is None:
-                _raise_dynamo_limits()
-                self._head_c = torch.compile(_head_logprobs, backend=self.backend)
+                self._head_c = self._compile_fn(_head_logprobs)
             fn = lambda x, t: self._head_c(self.model, x, t)  # noqa: E731
         lps, greedy = [], []
         for s in range(0, h.shape[0], HEAD_CHUNK):

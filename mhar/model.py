@@ -154,19 +154,9 @@ class KVCache:
                 grown[:, :, :cap] = t
                 buf[i] = grown
 
-    def write_prefix(self, layer: int, k: Tensor, v: Tensor) -> None:
-        """The prefill's k/v (B, n_kv, T, hd) into slots [0, T)."""
-        T = k.shape[2]
-        self.k[layer][:, :, :T] = k
-        self.v[layer][:, :, :T] = v
-
-    def write(self, layer: int, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """A step's k/v (B, n_kv, T, hd) at each row's ``positions`` (B, T); returns the layer's whole cache."""
-        B, kv, T, hd = k.shape
-        idx = positions[:, None, :, None].expand(B, kv, T, hd)
-        self.k[layer].scatter_(2, idx, k)
-        self.v[layer].scatter_(2, idx, v)
-        return self.k[layer], self.v[layer]
+    def layer(self, layer: int, positions: Optional[Tensor]) -> "AttnStep":
+        """What layer ``layer``'s attention needs: its buffers and the new positions (None: the prefill)."""
+        return AttnStep(self.k[layer], self.v[layer], positions)
 
     def keep_rows(self, rows: Tensor) -> None:
         """Drop finished rows (``rows``: indices of the rows to keep, in the new order)."""
@@ -178,10 +168,24 @@ class KVCache:
 
 @dataclass
 class AttnStep:
-    """What attention needs besides its input for one cached call."""
+    """One layer's share of a cached call: its cache buffers (B, n_kv, capacity, hd), written in place, and the
+    positions (B, T) of the new tokens (None: the prefill, slots [0, T), plain causal attention). No layer
+    index: a compiled attention sublayer is one graph for every layer."""
 
-    cache: KVCache
-    positions: Optional[Tensor]  # (B, T) positions of the new tokens; None: the prefill (plain causal)
+    k: Tensor
+    v: Tensor
+    positions: Optional[Tensor]
+
+    def write(self, k: Tensor, v: Tensor) -> None:
+        if self.positions is None:
+            T = k.shape[2]
+            self.k[:, :, :T] = k
+            self.v[:, :, :T] = v
+            return
+        B, kv, T, hd = k.shape
+        idx = self.positions[:, None, :, None].expand(B, kv, T, hd)
+        self.k.scatter_(2, idx, k)
+        self.v.scatter_(2, idx, v)
 
 
 def cached_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor) -> Tensor:
@@ -234,9 +238,8 @@ class Attention(nn.Module):
         w = lin.weight.view(G, -1, x.shape[-1])
         return torch.einsum("btgd,god->btgo", x, w).flatten(2)  # (B, T, out)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None,
-                layer: int = 0) -> Tensor:
-        """``step``: KV cache of an incremental call (``layer`` indexes it); None = full causal forward."""
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None) -> Tensor:
+        """``step``: this layer's KV cache of an incremental call; None = full causal forward."""
         if x.dim() == 4:
             B, T = x.shape[:2]
             q, k, v = (self._grouped_proj(x, p) for p in (self.q_proj, self.k_proj, self.v_proj))
@@ -247,12 +250,11 @@ class Attention(nn.Module):
         k = self.k_norm(k.view(B, T, self.n_kv, self.hd)).transpose(1, 2)  # (B, kv, T, hd)
         v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, kv, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if step is not None:
+            step.write(k, v)
         if step is not None and step.positions is not None:  # a cached step: attend over the static cache
-            kc, vc = step.cache.write(layer, k, v, step.positions)
-            y = cached_attention(q, kc, vc, step.positions)  # (B, h, T, hd)
+            y = cached_attention(q, step.k, step.v, step.positions)  # (B, h, T, hd)
             return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))
-        if step is not None:  # the prefill: keep k/v, attend causally over the new positions
-            step.cache.write_prefix(layer, k, v)
         if self.n_kv != self.n_heads:
             rep = self.n_heads // self.n_kv
             k = k.repeat_interleave(rep, dim=1)
@@ -284,17 +286,15 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def attn_sublayer(self, h: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None,
-                      layer: int = 0) -> Tensor:
-        return self.attn(self.attn_norm(h), cos, sin, step, layer)
+    def attn_sublayer(self, h: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None) -> Tensor:
+        return self.attn(self.attn_norm(h), cos, sin, step)
 
     def mlp_sublayer(self, h: Tensor) -> Tensor:
         return self.mlp(self.mlp_norm(h))
 
     # The same sublayers on an input already normed by the residual (``Residual.read_normed``)
-    def attn_normed(self, x: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None,
-                    layer: int = 0) -> Tensor:
-        return self.attn(x, cos, sin, step, layer)
+    def attn_normed(self, x: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None) -> Tensor:
+        return self.attn(x, cos, sin, step)
 
     def mlp_normed(self, x: Tensor) -> Tensor:
         return self.mlp(x)
@@ -334,13 +334,13 @@ class Transformer(nn.Module):
 
     def sublayer(self, i: int, h: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None,
                  normed: bool = False) -> Tensor:
-        """Sublayer i on its read h (``normed``: on h already normed by the residual's ``read_normed``)."""
+        """Sublayer i on its read h (``normed``: on h already normed by the residual's ``read_normed``);
+        ``step``: layer i // 2's share of a cached call."""
         block = self.layers[i // 2]
         if i % 2:
             return block.mlp_normed(h) if normed else block.mlp_sublayer(h)
-        # training passes no layer index: a compiled attn_sublayer then has one graph for all layers
         attn = block.attn_normed if normed else block.attn_sublayer
-        return attn(h, cos, sin) if step is None else attn(h, cos, sin, step, i // 2)
+        return attn(h, cos, sin) if step is None else attn(h, cos, sin, step)
 
     def hidden(self, input_ids: Tensor, cache: Optional[KVCache] = None,
                lengths: Optional[Tensor] = None) -> Tensor:
@@ -353,7 +353,7 @@ class Transformer(nn.Module):
         """
         B, T = input_ids.shape
         dev = input_ids.device
-        step = None
+        positions = None  # (B, T) positions of the new tokens of a cached step (None: no cache or the prefill)
         if cache is None:
             cos, sin = self.rotary(T, dev)
         elif cache.empty:  # the prefill: causal (padding only follows the positions that are read)
@@ -365,7 +365,6 @@ class Transformer(nn.Module):
                 cache.allocate(B, cfg.n_kv_heads, cfg.resolved_head_dim, cap, dev, kv_dtype)
                 cache.filled = T
             cos, sin = self.rotary(T, dev)
-            step = AttnStep(cache, None)
             cache.pos.copy_(torch.full((B,), T, device=dev) if lengths is None else lengths.to(dev))
             cache.empty = False
         else:
@@ -373,15 +372,15 @@ class Transformer(nn.Module):
                 cache.reserve(T)
             positions = cache.pos[:, None] + torch.arange(T, device=dev)  # (B, T)
             cos, sin = self.rotary.at(positions)
-            step = AttnStep(cache, positions)
             cache.pos.add_(T)
         res = self.residual
         state = res.init(self.embed(input_ids))  # (B, T, D)
         for i in range(self.cfg.n_sublayers):
             block = self.layers[i // 2]
             x = res.read_normed(state, i, block.mlp_norm if i % 2 else block.attn_norm)
-            out = (self.sublayer(i, res.read(state, i), cos, sin, step) if x is None
-                   else self.sublayer(i, x, cos, sin, step, normed=True))
+            lstep = None if cache is None or i % 2 else cache.layer(i // 2, positions)
+            out = (self.sublayer(i, res.read(state, i), cos, sin, lstep) if x is None
+                   else self.sublayer(i, x, cos, sin, lstep, normed=True))
             state = res.write(state, i, out)
         return self.final_norm(res.readout(state))
 
