@@ -33,8 +33,9 @@ output head, in chunks, so long windows with a large vocabulary stay in memory.
 Scoring runs through ``mhar.inference.Scorer``: on CUDA the model's hidden states are
 ``torch.compile``'d (shape buckets: one graph per batch-size bucket, the length dynamic)
 and the log-softmax / gather / greedy check is one fused pass over the logits.
+On CUDA each (batch, length) bucket's forward is also replayed as a CUDA graph.
 ``compile=false`` (model arg) runs all of it eagerly (``regional`` / ``whole``: see
-``mhar.inference``); ``cuda_graphs=false`` decodes without CUDA graphs.
+``mhar.inference``); ``cuda_graphs=false`` scores and decodes without CUDA graphs.
 """
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ class MharLM(TemplateLM):
         if self._split_head:
             from mhar.inference import decoder_for, scorer_for
 
-            self.scorer = scorer_for(self.model, compile=self.compile)
+            self.scorer = scorer_for(self.model, compile=self.compile, cuda_graphs=self.cuda_graphs)
             decoder_for(self.model, compile=self.compile, cuda_graphs=self.cuda_graphs)
 
     @classmethod

@@ -34,12 +34,11 @@ from torch import Tensor
 from .model import KVCache
 from .routing import Router
 
-__all__ = ["InferenceRouter", "Decoder", "Scorer", "decoder_for", "scorer_for", "batch_bucket", "T_MULTIPLE",
-           "CACHE_MULTIPLE", "HEAD_CHUNK", "use_router", "traceable_router"]
+__all__ = ["InferenceRouter", "Decoder", "Scorer", "decoder_for", "scorer_for", "batch_bucket",
+           "CACHE_MULTIPLE", "HEAD_CHUNK", "score_length_bucket", "use_router", "traceable_router"]
 
-T_MULTIPLE = 64  # compiled scoring pads the sequence length to a multiple of this (one dynamic-T graph)
-CACHE_MULTIPLE = 256  # decode cache capacity granularity (one CUDA graph per batch bucket and capacity)
-HEAD_CHUNK = 2048  # scored positions per output-head call: bounds the (positions, vocabulary) logits block
+CACHE_MULTIPLE = 128  # decode cache capacity granularity (one CUDA graph per batch bucket and capacity)
+HEAD_CHUNK = 1024  # scored positions per output-head call: bounds the (positions, vocabulary) logits block
 
 
 def batch_bucket(n: int) -> int:
@@ -64,6 +63,15 @@ def _auto(value: Any, default: bool, name: str) -> bool:
     raise ValueError(f"{name}: expected auto, true or false, got {value!r}")
 
 
+def _compile(fn: Callable, backend: str, **kwargs: Any) -> Callable:
+    """``torch.compile`` for inference: inductor keeps eager's 16-bit roundings between fused operations
+    (``emulate_precision_casts``), so compiled bf16 results follow the eager path's (tests: per-sample sums)."""
+    _raise_dynamo_limits()
+    if backend == "inductor":
+        kwargs["options"] = {"emulate_precision_casts": True}
+    return torch.compile(fn, backend=backend, **kwargs)
+
+
 def _raise_dynamo_limits() -> None:
     # one graph per batch bucket / cache capacity is expected: dynamo's default of 8 would fall back to eager
     for name, val in (("cache_size_limit", 256), ("recompile_limit", 256)):
@@ -73,7 +81,7 @@ def _raise_dynamo_limits() -> None:
 
 # --- depth routing of a few positions --------------------------------------------------------------------
 def _append_impl(buf: Tensor, ms: Tensor, src: Tensor, n: Tensor) -> None:
-    """Write source ``src`` (B, T, D), or a broadcast (D,) one, into slot ``n`` (0-dim long tensor) of ``buf``
+    """Write source ``src`` (B, T, D), or a broadcast one, into slot ``n`` (0-dim long tensor) of ``buf``
     (cap, B, T, D), and its mean square over D (fp32) into ``ms`` (cap, B, T, 1)."""
     src = src.expand(buf.shape[1:])
     idx = n.view(1)
@@ -82,10 +90,15 @@ def _append_impl(buf: Tensor, ms: Tensor, src: Tensor, n: Tensor) -> None:
 
 
 def _read_impl(buf: Tensor, ms: Tensor, n: Tensor, q: Tensor, g: Tensor, H: int, eps: float,
-               extra: Optional[Tensor], pw: Optional[Tensor], peps: float) -> tuple[Tensor, Tensor]:
-    """The routed read over the first ``n`` slots of ``buf`` (+ ``extra``): every slot is scored (a fixed shape
-    for every read, so one compiled graph serves all of a model's reads); slots >= n get weight exactly 0.
-    ``pw``: the sublayer's RMSNorm weight when the read returns the normed mix (``read_normed``)."""
+               extra: Optional[Tensor], pw: Optional[Tensor], peps: float,
+               pending: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """The routed read over the first ``n`` slots of ``buf`` (+ ``pending``, written to slot n first, + ``extra``):
+    every slot is scored (a fixed shape for every read, so one compiled graph serves all of a model's reads);
+    unwritten slots get weight exactly 0. ``pw``: the sublayer's RMSNorm weight when the read returns the normed
+    mix (``read_normed``)."""
+    if pending is not None:
+        _append_impl(buf, ms, pending, n)
+        n = n + 1
     cap, B, T, D = buf.shape
     S = buf.float().view(cap, B, T, H, D // H)
     gq = (g.float() * q.float()).view(H, D // H)
@@ -104,36 +117,53 @@ def _read_impl(buf: Tensor, ms: Tensor, n: Tensor, q: Tensor, g: Tensor, H: int,
 
 
 class _Sources:
-    """InferenceRouter state: a fixed-capacity source buffer, the mean squares, the slots written (host int)."""
+    """InferenceRouter state: a fixed-capacity source buffer, the mean squares, the slots written (host int)
+    and the newest source, appended but not yet written (the next read writes it)."""
 
-    __slots__ = ("buf", "ms", "n")
+    __slots__ = ("buf", "ms", "n", "pending")
 
-    def __init__(self, buf: Tensor, ms: Tensor, n: int):
-        self.buf, self.ms, self.n = buf, ms, n
+    def __init__(self, buf: Tensor, ms: Tensor, n: int, pending: Optional[Tensor] = None):
+        self.buf, self.ms, self.n, self.pending = buf, ms, n, pending
 
 
 class InferenceRouter(Router):
-    """The routing of ``mhar.routing.reference`` for inference on a few positions (a decode step): plain
-    PyTorch that dynamo traces, so a compiled decode step has no graph break for any routed variant.
+    """The routing of ``mhar.routing.reference`` for inference on a few positions (a decode step).
 
-    State: one (capacity, B, T, D) buffer of this position's sources, written once per source, and each
-    source's mean square over D in fp32, computed once at its append (the reference recomputes it at every
-    read): a read costs O(N d) per token. A read is ``softmax_n(rsqrt(ms_n + eps) * <s_n[h], (g q)[h]>)`` per
-    head, mixed over the sources in fp32: ``route_reference``'s function (the product's order differs: equal to
-    rounding). ``prenorm``: a read can return the sublayer's RMSNorm of the mix (``Residual.read_normed``).
-    ``compile_fn`` (e.g. ``torch.compile``) compiles the append and the read once each: every read of a model
-    has the same shapes (all slots scored, the unwritten ones masked), so the graphs are shared by all of them.
+    State: one (capacity, B, T, D) buffer of this position's sources, each written once, and each source's
+    mean square over D in fp32, computed once when it is written (the reference recomputes it at every read):
+    a read costs O(N d) per token. An append only records the source; the next read writes it (a decode step
+    has no launch per append). A read is ``softmax_n(rsqrt(ms_n + eps) * <s_n[h], (g q)[h]>)`` per head, mixed
+    over the sources in fp32: ``route_reference``'s function (the products' order differs: equal to rounding).
+
+    Two implementations of the read: ``kernel=True`` (default on CUDA with Triton): one launch of
+    ``mhar.routing.decode.decode_read`` (the custom op ``mhar::decode_read``); else the PyTorch expression
+    ``_read_impl`` (plain operations dynamo traces; ``compile_fn``, e.g. ``torch.compile``, compiles it once,
+    every read having the same shapes), which can also return the sublayer's RMSNorm of the mix (``prenorm``,
+    ``Residual.read_normed``).
     """
 
     name = "inference"
     traceable = True
-    prenorm = True
 
-    def __init__(self, compile_fn: Optional[Callable[[Callable], Callable]] = None):
+    def __init__(self, compile_fn: Optional[Callable[[Callable], Callable]] = None, kernel: Optional[bool] = None):
+        self._compile_fn = compile_fn
         self._append, self._read = _append_impl, _read_impl
         if compile_fn is not None:
             self._append, self._read = compile_fn(_append_impl), compile_fn(_read_impl)
+        self.kernel = kernel
         self._slots: dict[torch.device, list[Tensor]] = {}
+
+    @property
+    def prenorm(self) -> bool:
+        return not self.kernel  # the kernel returns the mix; the sublayer's compiled graph norms it
+
+    def resolve(self, device: torch.device) -> "InferenceRouter":
+        """Fix ``kernel`` for ``device`` (None: the kernel where it runs, i.e. CUDA with Triton)."""
+        if self.kernel is None:
+            from .routing.decode import available
+
+            self.kernel = available(device) and device.type == "cuda"
+        return self
 
     def _slot(self, n: int, device: torch.device) -> Tensor:
         """A 0-dim long tensor holding n (one per value: a graph input, never a specialised constant)."""
@@ -142,28 +172,42 @@ class InferenceRouter(Router):
             slots.append(torch.tensor(len(slots), dtype=torch.long, device=device))
         return slots[n]
 
+    def _flush(self, state: _Sources) -> None:
+        if state.pending is not None:
+            self._append(state.buf, state.ms, state.pending, self._slot(state.n, state.buf.device))
+            state.n, state.pending = state.n + 1, None
+
     def init(self, first: Tensor, capacity: int) -> _Sources:
-        shape = first.shape if first.dim() == 3 else None
-        if shape is None:
+        if first.dim() != 3:
             raise ValueError("InferenceRouter.init: the first source must be (B, T, D) (expand a (D,) null source)")
-        buf = torch.zeros((capacity, *shape), dtype=first.dtype, device=first.device)
-        ms = torch.zeros((capacity, *shape[:2], 1), dtype=torch.float32, device=first.device)
-        return self.append(_Sources(buf, ms, 0), first)
+        buf = torch.zeros((capacity, *first.shape), dtype=first.dtype, device=first.device)
+        ms = torch.zeros((capacity, *first.shape[:2], 1), dtype=torch.float32, device=first.device)
+        return _Sources(buf, ms, 0, first)
 
     def append(self, state: _Sources, src: Tensor) -> _Sources:
+        self._flush(state)  # two appends without a read between them: write the older one now
         if state.n >= state.buf.shape[0]:
             raise ValueError(f"InferenceRouter: capacity {state.buf.shape[0]} sources exceeded")
-        self._append(state.buf, state.ms, src, self._slot(state.n, src.device))
-        return _Sources(state.buf, state.ms, state.n + 1)
+        return _Sources(state.buf, state.ms, state.n, src)
 
     def num_sources(self, state: _Sources) -> int:
-        return state.n
+        return state.n + (state.pending is not None)
 
     def read(self, state: _Sources, query: Tensor, norm_weight: Tensor, num_heads: int, eps: float = 1e-6, *,
              extra: Optional[Tensor] = None, return_weights: bool = False, lookahead=None, prenorm=None):
+        if self.kernel and not return_weights and prenorm is None:
+            from .routing.decode import decode_read
+
+            out = decode_read(state.buf, state.ms.view(state.ms.shape[:-1]), state.n, query, norm_weight,
+                              int(num_heads), float(eps), pending=state.pending, extra=extra)
+            if state.pending is not None:
+                state.n, state.pending = state.n + 1, None
+            return out
         pw, peps = (None, 0.0) if prenorm is None else (prenorm.weight, float(prenorm.eps))
         out, w = self._read(state.buf, state.ms, self._slot(state.n, state.buf.device), query, norm_weight,
-                            int(num_heads), float(eps), extra, pw, peps)
+                            int(num_heads), float(eps), extra, pw, peps, state.pending)
+        if state.pending is not None:
+            state.n, state.pending = state.n + 1, None
         if return_weights:
             cap = state.buf.shape[0]
             keep = list(range(state.n)) + ([cap] if extra is not None else [])
@@ -273,11 +317,13 @@ class Decoder:
     read, the head: a few small graphs shared by all layers), ``whole`` (the whole step as one graph: more
     fusion, a much longer first compile), ``none``; ``auto`` / true = regional on CUDA, none on CPU.
     ``cuda_graphs``: capture the step (``auto``: on CUDA); ``backend``: the ``torch.compile`` backend
-    (``inductor``; CPU tests use ``aot_eager``)."""
+    (``inductor``; CPU tests use ``aot_eager``); ``kernel``: the routed reads by the Triton decode kernel
+    (``None``: on CUDA; see ``InferenceRouter``)."""
 
-    def __init__(self, model, compile: Any = "auto", cuda_graphs: Any = "auto", backend: str = "inductor"):
+    def __init__(self, model, compile: Any = "auto", cuda_graphs: Any = "auto", backend: str = "inductor",
+                 kernel: Optional[bool] = None):
         self.model = model
-        self.compile_opt, self.graphs_opt, self.backend = compile, cuda_graphs, backend
+        self.compile_opt, self.graphs_opt, self.backend, self.kernel = compile, cuda_graphs, backend, kernel
         self._router: Optional[InferenceRouter] = None
         self._compiled: Optional[Callable] = None
         self._regional: Optional[_Regional] = None
@@ -312,13 +358,13 @@ class Decoder:
         self._graphs.clear()
 
     def _compile_fn(self, fn: Callable) -> Callable:
-        _raise_dynamo_limits()
-        return torch.compile(fn, backend=self.backend)
+        return _compile(fn, self.backend)
 
     @property
     def router(self) -> InferenceRouter:
         if self._router is None:
-            self._router = InferenceRouter(self._compile_fn if self.mode() == "regional" else None)
+            self._router = InferenceRouter(self._compile_fn if self.mode() == "regional" else None,
+                                           kernel=self.kernel).resolve(self._device())
         return self._router
 
     # the step: one token per row through the whole model, depth routing by InferenceRouter
@@ -343,8 +389,7 @@ class Decoder:
                 return self._step(ids, cache)
             if mode == "whole":
                 if self._compiled is None:
-                    _raise_dynamo_limits()
-                    self._compiled = torch.compile(self._step, fullgraph=True, backend=self.backend)
+                    self._compiled = _compile(self._step, self.backend, fullgraph=True)
                 return self._compiled(ids, cache)
             if self._regional is None:
                 self._regional = _Regional(self._compile_fn)
@@ -492,52 +537,130 @@ def _head_logprobs(model, h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     return lp.gather(-1, targets[:, None]).squeeze(-1), lp.argmax(-1) == targets
 
 
+def score_length_bucket(T: int) -> int:
+    """The padded length of a scored batch: a multiple of 64 up to 512, of 128 up to 1024, of 256 beyond (few
+    shapes to capture, at most 25% padding for short inputs and 12.5% at the longest)."""
+    for limit, step in ((512, 64), (1024, 128)):
+        if T <= limit:
+            return max(step, _round_up(T, step))
+    return _round_up(T, 256)
+
+
+class _ScoreGraph:
+    """The captured forward of one (batch bucket, length bucket): static ids in, static hidden states out."""
+
+    def __init__(self, scorer: "Scorer", ids: Tensor):
+        self.scorer, self.ids = scorer, ids
+        self.graph: Any = None
+        self.out: Optional[Tensor] = None
+
+    def replay(self) -> None:
+        if self.graph is None:  # emulation off CUDA: the same bookkeeping, an eager forward per replay
+            self.out = self.scorer._forward(self.ids)
+        else:
+            self.graph.replay()
+
+
 class Scorer:
     """Hidden states and target log-probabilities for log-likelihood scoring (see the module docstring).
 
     ``compile``: ``regional`` (each sublayer kind and the final norm compiled once, shared by all layers; the
     routing runs the model's own router between them), ``whole`` (``Transformer.hidden`` as one graph; routers
     that dynamo cannot trace fall back to regional), ``none``; ``auto`` / true = regional on CUDA, none on CPU.
-    ``backend``: the ``torch.compile`` backend."""
+    ``cuda_graphs``: replay each (batch bucket, length bucket)'s forward as a CUDA graph (``auto``: on CUDA):
+    no host work per sublayer or routing call, so short inputs run at the GPU's speed; the graphs share one
+    memory pool (they run one at a time; each call's states are copied out). ``backend``: the
+    ``torch.compile`` backend."""
 
-    def __init__(self, model, compile: Any = "auto", backend: str = "inductor"):
+    def __init__(self, model, compile: Any = "auto", cuda_graphs: Any = "auto", backend: str = "inductor"):
         self.model = model
-        self.compile_opt, self.backend = compile, backend
+        self.compile_opt, self.graphs_opt, self.backend = compile, cuda_graphs, backend
         self._hidden_c: Optional[Callable] = None
         self._regional: Optional[_Regional] = None
         self._head_c: Optional[Callable] = None
+        self._graphs: dict[tuple[int, int], _ScoreGraph] = {}
+        self._pool: Any = None
+        self.captures = 0
+
+    def _device(self) -> torch.device:
+        return self.model.embed.weight.device
 
     def mode(self) -> str:
-        mode = _compile_mode(self.compile_opt, self.model.embed.weight.device)
+        mode = _compile_mode(self.compile_opt, self._device())
         return "regional" if mode == "whole" and not traceable_router(self.model) else mode
 
     def compiled(self) -> bool:
         return self.mode() != "none"
 
-    def _compile_fn(self, fn: Callable) -> Callable:
-        _raise_dynamo_limits()
-        return torch.compile(fn, backend=self.backend)
+    def graphs(self) -> bool:
+        """Whether forwards replay CUDA graphs (``emulate``: the bucket bookkeeping on any device, for tests)."""
+        if self.graphs_opt == "emulate":
+            return True
+        want = _auto(self.graphs_opt, self._device().type == "cuda", "cuda_graphs")
+        if want and self._device().type != "cuda":
+            raise ValueError("cuda_graphs=true needs the model on a CUDA device")
+        return want
 
-    def hidden(self, ids: Tensor) -> Tensor:
-        """Final-normed states (B, T, D) of right-padded ids (B, T) (the padding only follows the read ones)."""
+    def clear(self) -> None:
+        """Free the captured graphs and their memory pool."""
+        self._graphs.clear()
+        self._pool = None
+
+    def _compile_fn(self, fn: Callable) -> Callable:
+        return _compile(fn, self.backend)
+
+    def _forward(self, ids: Tensor) -> Tensor:
+        """``Transformer.hidden`` of padded ids as the compile mode says."""
         mode = self.mode()
-        if mode == "none":
-            return self.model.hidden(ids)
-        B, T = ids.shape
-        Bp, Tp = batch_bucket(B), max(T_MULTIPLE, _round_up(T, T_MULTIPLE))
-        if (Bp, Tp) != (B, T):
-            padded = ids.new_zeros(Bp, Tp)
-            padded[:B, :T] = ids
-            ids = padded
         if mode == "regional":
             if self._regional is None:
                 self._regional = _Regional(self._compile_fn)
             with self._regional.applied(self.model):
-                return self.model.hidden(ids)[:B, :T]
-        if self._hidden_c is None:
-            self._hidden_c = self._compile_fn(self.model.hidden)
-        torch._dynamo.mark_dynamic(ids, 1)
-        return self._hidden_c(ids)[:B, :T]
+                return self.model.hidden(ids)
+        if mode == "whole":
+            if self._hidden_c is None:
+                self._hidden_c = self._compile_fn(self.model.hidden)
+            torch._dynamo.mark_dynamic(ids, 1)
+            return self._hidden_c(ids)
+        return self.model.hidden(ids)
+
+    def _capture(self, Bp: int, Tp: int) -> _ScoreGraph:
+        g = self._graphs.get((Bp, Tp))
+        if g is not None:
+            return g
+        dev = self._device()
+        g = _ScoreGraph(self, torch.zeros(Bp, Tp, dtype=torch.long, device=dev))
+        if dev.type == "cuda":
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):  # warm-up: compilation, autotuning, allocator
+                self._forward(g.ids)
+            torch.cuda.current_stream(dev).wait_stream(side)
+            g.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g.graph, pool=self._pool):
+                g.out = self._forward(g.ids)
+            self._pool = g.graph.pool()
+            self.captures += 1
+        self._graphs[(Bp, Tp)] = g
+        return g
+
+    def hidden(self, ids: Tensor) -> Tensor:
+        """Final-normed states (B, T, D) of right-padded ids (B, T) (the padding only follows the read ones)."""
+        graphs = self.graphs()
+        if self.mode() == "none" and not graphs:
+            return self.model.hidden(ids)
+        B, T = ids.shape
+        Bp, Tp = batch_bucket(B), score_length_bucket(T)
+        if (Bp, Tp) != (B, T):
+            padded = ids.new_zeros(Bp, Tp)
+            padded[:B, :T] = ids
+            ids = padded
+        if not graphs:
+            return self._forward(ids)[:B, :T]
+        g = self._capture(Bp, Tp)
+        g.ids.copy_(ids)
+        g.replay()
+        return g.out[:B, :T].clone()  # the pool's memory is the next replay's
 
     def token_logprobs(self, h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         """(log-probabilities fp32 (N,), greedy flags (N,)) of ``targets`` (N,) after states ``h`` (N, D)."""
@@ -577,7 +700,7 @@ def decoder_for(model, **settings) -> Decoder:
     dec = getattr(model, "_mhar_decoder", None)
     if dec is None or settings:
         old = {} if dec is None else {"compile": dec.compile_opt, "cuda_graphs": dec.graphs_opt,
-                                      "backend": dec.backend}
+                                      "backend": dec.backend, "kernel": dec.kernel}
         dec = Decoder(model, **{**old, **settings})
         object.__setattr__(model, "_mhar_decoder", dec)
     return dec
@@ -587,7 +710,7 @@ def scorer_for(model, **settings) -> Scorer:
     """The model's scorer (created on first use; ``settings`` replace the current ones)."""
     sc = getattr(model, "_mhar_scorer", None)
     if sc is None or settings:
-        old = {} if sc is None else {"compile": sc.compile_opt, "backend": sc.backend}
+        old = {} if sc is None else {"compile": sc.compile_opt, "cuda_graphs": sc.graphs_opt, "backend": sc.backend}
         sc = Scorer(model, **{**old, **settings})
         object.__setattr__(model, "_mhar_scorer", sc)
     return sc

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mhar.config import model_config
-from mhar.inference import (Decoder, InferenceRouter, Scorer, batch_bucket, traceable_router, use_router)
+from mhar.inference import (Decoder, InferenceRouter, Scorer, batch_bucket, score_length_bucket, traceable_router,
+                            use_router)
 from mhar.model import KVCache, build_model
 from mhar.residuals import RESIDUALS
 from mhar.routing import route_reference
@@ -47,16 +48,23 @@ def test_inference_router_equals_reference(H, null, extra, dtype):
         srcs[0] = torch.randn(D, generator=g).to(dtype).expand(B, T, D)
     ex = torch.randn(B, T, D, generator=g).to(dtype) if extra else None
     q, w = torch.randn(D, generator=g), torch.rand(D, generator=g) + 0.5
-    r = InferenceRouter()
-    st = r.init(srcs[0], capacity=N)
-    for s in srcs[1:]:
-        st = r.append(st, s)
-    out, weights = r.read(st, q, w, H, 1e-6, extra=ex, return_weights=True)
     ref, ref_w = route_reference(torch.stack(srcs + ([ex] if extra else [])), q, w, H, 1e-6, return_weights=True)
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(out, ref, **tol)
-    torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
-    assert out.dtype == dtype and r.num_sources(st) == N
+    for kernel in (False, True):  # the PyTorch expression; the Triton decode kernel (interpreter on CPU)
+        r = InferenceRouter(kernel=kernel)
+        st = r.init(srcs[0], capacity=N + 2)
+        for s in srcs[1:]:
+            st = r.append(st, s)
+        assert r.num_sources(st) == N and st.pending is srcs[-1]  # the newest is written by the next read
+        out = r.read(st, q, w, H, 1e-6, extra=ex)
+        assert st.n == N and st.pending is None
+        torch.testing.assert_close(out, ref, **tol)
+        torch.testing.assert_close(r.read(st, q, w, H, 1e-6, extra=ex), out, **tol)  # written once, read again
+        out_w, weights = r.read(st, q, w, H, 1e-6, extra=ex, return_weights=True)
+        torch.testing.assert_close(out_w, ref, **tol)
+        torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(st.ms[:N, ..., 0], torch.stack(srcs).float().pow(2).mean(-1), rtol=1e-6, atol=0)
+        assert out.dtype == dtype
 
 
 # --- static cache + decode state -------------------------------------------------------------------------
@@ -123,6 +131,20 @@ def test_greedy_generation_every_path_equals_recompute(variant):
     assert ref[0] == alone[0] and ref[2:] == alone[2:] and ref[1] == alone[1][:3]
 
 
+@pytest.mark.parametrize("variant", ["mhar", "block_attnres", "mhar_delta", "mhar_hw"])
+def test_decode_kernel_generation_equals_recompute(variant):
+    """The Triton decode read (one launch per read, the pending source written by it; the interpreter on CPU),
+    eagerly and inside a whole-step compiled graph (the custom op mhar::decode_read: no graph break), gives the
+    recompute reference's tokens: single- and multi-head reads, Block AttnRes' extra source, the delta
+    variant's broadcast null source, MHAR-HW's several reads of one state."""
+    model = _model(variant)
+    contexts = _contexts(21, (4, 9, 2))
+    ref = model.generate(contexts, 5, use_cache=False)
+    assert Decoder(model, compile=False, cuda_graphs=False, kernel=True).generate(contexts, 5) == ref
+    dec = Decoder(model, compile="whole", cuda_graphs="emulate", backend="aot_eager", kernel=True)
+    assert dec.generate(contexts, 5) == ref and dec.router.kernel and not dec.router.prenorm
+
+
 def test_graph_path_reuses_its_cache_and_stops():
     model = _model("mhar")
     dec = Decoder(model, compile=False, cuda_graphs="emulate")
@@ -137,6 +159,8 @@ def test_graph_path_reuses_its_cache_and_stops():
     with pytest.raises(ValueError, match="at least one token"):
         dec.generate([[1], []], 3)
     assert [batch_bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
+    assert [score_length_bucket(t) for t in (1, 64, 65, 500, 513, 1024, 1025, 2048, 2049)] == \
+        [64, 64, 128, 512, 640, 1024, 1280, 2048, 2304]
 
 
 def test_generate_uses_the_decoder_and_its_settings():
@@ -163,8 +187,9 @@ def _reference_logprobs(model, ids, lengths):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_scoring_compiled_equals_eager(variant):
-    """Per-sample log-likelihoods of right-padded rows: eager Scorer == compiled Scorer (batch bucket 4 for 3
-    rows, length padded to 64, dynamic) == log_softmax of model(ids).logits; the greedy flags agree."""
+    """Per-sample log-likelihoods of right-padded rows: eager Scorer == compiled Scorer (regional / whole; batch
+    bucket 4 for 3 rows, length bucket 64) == the graph path's bucket bookkeeping (one captured forward per
+    bucket, reused) == log_softmax of model(ids).logits; the greedy flags agree."""
     model = _model(variant)
     g = torch.Generator().manual_seed(8)
     ids = torch.randint(0, VOCAB, (3, 37), generator=g)
@@ -179,6 +204,13 @@ def test_scoring_compiled_equals_eager(variant):
         torch.testing.assert_close(comp.sequence_logprobs(ids, lengths), ref, rtol=1e-5, atol=1e-4)
         got2 = comp.sequence_logprobs(ids[:2, :30], torch.tensor([30, 20]))  # another batch bucket and length
         torch.testing.assert_close(got2, ref2, rtol=1e-5, atol=1e-4)
+    graphed = Scorer(model, compile="regional", cuda_graphs="emulate", backend="aot_eager")
+    torch.testing.assert_close(graphed.sequence_logprobs(ids, lengths), ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(graphed.sequence_logprobs(ids[:2, :30], torch.tensor([30, 20])), ref2,
+                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(graphed.sequence_logprobs(ids[:, :33], torch.tensor([33, 20, 29])),
+                               _reference_logprobs(model, ids[:, :33], torch.tensor([33, 20, 29])), rtol=1e-5, atol=1e-4)
+    assert set(graphed._graphs) == {(4, 64), (2, 64)}  # (3, 37) and (3, 33) share the bucket (4, 64)
     h = model.hidden(ids).detach()[0]
     tgt = torch.cat([ids[0, 1:], ids[0, :1]])
     lp_e, gr_e = Scorer(model, compile=False).token_logprobs(h, tgt)
