@@ -114,7 +114,7 @@ class Runner:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=f, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             if kill:
-                killed = self._kill_after_checkpoint(proc, run / "checkpoint" / "state.pt")
+                killed = self._kill_after_checkpoint(proc, run / "checkpoint")
                 if not killed or (run / "summary.json").is_file():
                     raise CheckError(f"{name}: the run ended before the kill (see {log}); give it more --steps "
                                      "or a shorter --kill-delay")
@@ -138,12 +138,12 @@ class Runner:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         return keep
 
-    def _kill_after_checkpoint(self, proc: subprocess.Popen, state: Path) -> bool:
+    def _kill_after_checkpoint(self, proc: subprocess.Popen, ckpt_dir: Path) -> bool:
         """SIGKILL the launcher and its workers ``--kill-delay`` s after the first training checkpoint
         appears (metrics are flushed only at checkpoints, so the checkpoint file is the signal);
         False if the process ended first."""
         while proc.poll() is None:
-            if state.is_file():
+            if any(ckpt_dir.glob("state-*.pt.sha256")):  # a complete checkpoint (mhar.train.save_state)
                 time.sleep(self.args.kill_delay)
                 if proc.poll() is not None:
                     return False

@@ -147,8 +147,8 @@ def loss_vs_compute(summaries: Sequence[str | Path], out: str | Path) -> list[Pa
 def _routing_input(path: Path) -> tuple[str, dict[str, np.ndarray]]:
     """(title, {site: (H, N) mean routing weights}) from a probe JSON or an exported model."""
     if path.suffix == ".json":
-        d = json.loads(path.read_text())
-        if "routing_mean" not in d:
+        d = io._read_json(path)
+        if not isinstance(d, dict) or "routing_mean" not in d:
             raise io.AnalysisInputError(f"{path}: no 'routing_mean' (write it with `python -m eval.probe`)")
         return d.get("model") or path.stem, {k: np.asarray(v) for k, v in d["routing_mean"].items()}
     import torch
@@ -158,7 +158,7 @@ def _routing_input(path: Path) -> tuple[str, dict[str, np.ndarray]]:
     from .probe import probe_tokens
 
     try:
-        model, tok, _ = load_model(path, routing_impl="eager")
+        model, tok, _ = load_model(path, routing_impl="eager")  # refuses a model without its checksum
     except CheckpointError as e:
         raise io.AnalysisInputError(str(e)) from e
     ids, _ = probe_tokens(tok, model.cfg.vocab_size, 2, min(128, model.cfg.max_seq_len))

@@ -217,8 +217,11 @@ def run_probe(model_path: str | Path, out: str | Path, slices: int = 4, batch: i
 
     from .results_io import provenance
 
+    from mhar.atomic import check_writable
+
+    check_writable(Path(out).parent)  # a read-only or full output folder fails now, not after the probe
     torch.manual_seed(seed)
-    model, tok, _ = load_model(model_path, routing_impl="eager")
+    model, tok, _ = load_model(model_path, routing_impl="eager")  # refuses a model without its checksum
     seq_len = min(seq_len, model.cfg.max_seq_len)
     ids, src = probe_tokens(tok, model.cfg.vocab_size, batch, seq_len, text, seed, data_dir)
     d = probe_model(model, ids, slices, null_draws, seed, str(model_path), src).to_dict()
@@ -244,6 +247,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         d = run_probe(a.model, a.out, a.slices, a.batch, a.seq_len, a.text, a.null_draws, a.seed, a.data_dir)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # disk full, read-only or forbidden --out
+        from mhar.atomic import os_error_line
+
+        print("error: " + os_error_line(e, "probe"), file=sys.stderr)
         return 2
     except Exception as e:  # CheckpointError and friends carry their own message
         if type(e).__name__ == "CheckpointError":

@@ -83,16 +83,29 @@ def _read_json(path: Path) -> Any:
                                  "(or check that this is the right file)") from None
 
 
+def read_yaml(path: str | os.PathLike) -> Any:
+    """A YAML (or JSON) file, safely: a tag that would build a Python object (``!!python/...``) is refused,
+    never executed; malformed YAML is one AnalysisInputError line naming the file and the place."""
+    import yaml
+
+    from mhar.runconfig import yaml_error_line
+
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise AnalysisInputError(f"{path}: file not found") from None
+    except UnicodeDecodeError as e:
+        raise AnalysisInputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except yaml.YAMLError as e:
+        raise AnalysisInputError(f"{path}: not valid YAML: {yaml_error_line(e)}") from None
+
+
 def _yaml(path: Path) -> dict:
     """A YAML mapping ({} when the file is absent); malformed YAML is an AnalysisInputError."""
     if not path.is_file():
         return {}
-    import yaml
-
-    try:
-        d = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise AnalysisInputError(f"{path}: not valid YAML ({e})") from None
+    d = read_yaml(path) or {}
     return d if isinstance(d, dict) else {}
 
 
@@ -164,6 +177,14 @@ def run_identity(record: dict, where: Path, run_dir: Optional[Path] = None) -> d
             "config_hash": str(run.get("config_hash") or record.get("config_hash") or "")}
 
 
+def is_finite_number(v: Any) -> bool:
+    """A real, finite number (not a string such as "NaN", not None, not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+_SUMMARY_NUMBERS = ("steps", "tokens", "wall_s", "flops", "params", "tokens_per_s", "peak_mem_gb", "tail_k")
+
+
 def load_summary(path: str | os.PathLike) -> RunSummary:
     """Read ``summary.json`` (a file or a run directory holding one).
 
@@ -180,13 +201,14 @@ def load_summary(path: str | os.PathLike) -> RunSummary:
         raise AnalysisInputError(f"{p}: expected a JSON object")
     if d.get("tail_mean_val_loss") is None:
         raise AnalysisInputError(f"{p}: missing field 'tail_mean_val_loss' (see docs/ARCHITECTURE.md 'Run directory')")
-    bad = [k for k in ("tail_mean_val_loss", "final_val_loss") if isinstance(d.get(k), (int, float))
-           and not math.isfinite(d[k])]
-    bad += [f"val_losses[{i}]" for i, v in enumerate(d.get("val_losses") or [])
-            if isinstance(v, (list, tuple)) and len(v) == 2 and isinstance(v[1], (int, float)) and not math.isfinite(v[1])]
+    bad = [f"{k}={d[k]!r}" for k in ("tail_mean_val_loss", "final_val_loss") if d.get(k) is not None
+           and not is_finite_number(d[k])]
+    bad += [f"val_losses[{i}]={v!r}" for i, v in enumerate(d.get("val_losses") or [])
+            if isinstance(v, (list, tuple)) and len(v) == 2 and not is_finite_number(v[1])]
+    bad += [f"{k}={d[k]!r}" for k in _SUMMARY_NUMBERS if d.get(k) is not None and not is_finite_number(d[k])]
     if bad:
-        raise AnalysisInputError(f"{p}: non-finite {', '.join(bad[:3])} (a diverged run); a table cannot compare it: "
-                                 "retrain it or leave it out of the inputs")
+        raise AnalysisInputError(f"{p}: non-finite {', '.join(bad[:3])} (not a finite number: a diverged or damaged "
+                                 "run); a table cannot compare it: retrain it or leave it out of the inputs")
     ident = run_identity(d, p, p.parent)
     try:
         vl = [(int(s), float(v)) for s, v in d.get("val_losses") or []]
@@ -241,14 +263,25 @@ def _jsonl_rows(path: Path) -> Iterable[tuple[int, Any]]:
             raise AnalysisInputError(f"{path}:{i}: not valid JSON ({e})") from None
 
 
+_METRIC_NUMBERS = {"val": ("step", "val_loss", "tokens", "wall_s", "flops"), "train": ("step", "loss", "tokens")}
+
+
 def load_metrics(run_dir: str | os.PathLike) -> tuple[list[dict], list[dict]]:
-    """(train lines, val lines) of ``metrics.jsonl``; empty lists if the file is absent."""
+    """(train lines, val lines) of ``metrics.jsonl``; empty lists if the file is absent. A loss, step or
+    counter that is not a finite number (``NaN``, ``"NaN"``) is an AnalysisInputError naming the line."""
     p = Path(run_dir) / "metrics.jsonl"
     if not p.is_file():
         return [], []
     train, val = [], []
-    for _, d in _jsonl_rows(p):
-        (val if d.get("split") == "val" else train).append(d)
+    for i, d in _jsonl_rows(p):
+        if not isinstance(d, dict):
+            raise AnalysisInputError(f"{p}:{i}: expected a JSON object per line")
+        split = "val" if d.get("split") == "val" else "train"
+        for k in _METRIC_NUMBERS[split]:
+            if k in d and not is_finite_number(d[k]):
+                raise AnalysisInputError(f"{p}:{i}: {k}={d[k]!r} is not a finite number (a diverged or damaged "
+                                         "run); retrain it or leave it out of the inputs")
+        (val if split == "val" else train).append(d)
     return train, val
 
 
@@ -307,30 +340,103 @@ def eval_tasks(eval_dir: str | os.PathLike) -> list[str]:
     return sorted(p.parent.name for p in root.glob("*/samples.jsonl"))
 
 
+def _bad_metric(v: Any) -> Optional[str]:
+    """Why a per-document metric value is unusable (None when it is a finite number or [loglik, weight])."""
+    if isinstance(v, (list, tuple)):
+        if not v:
+            return "an empty list"
+        for x in v:
+            why = _bad_metric(x)
+            if why:
+                return why
+        return None
+    if isinstance(v, bool):
+        return None  # 0/1 scores stored as booleans
+    if isinstance(v, (int, float)):
+        return None if math.isfinite(v) else "not finite"
+    return "not a number"
+
+
+def _expected_docs(results: dict, rp: Path) -> tuple[Optional[list], Optional[int], str]:
+    """(the recorded doc ids, or None; the recorded count, or None; where it was read) of a results.json."""
+    ids = results.get("doc_ids")
+    if isinstance(ids, list):
+        return ids, len(ids), f"{rp} doc_ids"
+    n = results.get("n")
+    if isinstance(n, int) and not isinstance(n, bool):
+        return None, n, f"{rp} n"
+    total, sub = results.get("n_docs_total"), results.get("subset")
+    spec = sub.get("spec") if isinstance(sub, dict) else sub
+    if isinstance(total, int) and spec in (None, "full"):
+        return None, total, f"{rp} n_docs_total"
+    return None, None, ""
+
+
 def load_eval_task(eval_dir: str | os.PathLike, task: str) -> EvalTask:
+    """One task's per-document records, validated before any use: each doc_id once, every metric a finite
+    number, and the documents those that ``results.json`` records (``doc_ids``; else its count ``n``, the
+    subset / ``--limit`` it was run with). Anything else is one AnalysisInputError naming the file and the
+    first bad record."""
     d = Path(eval_dir) / task
     sp = d / "samples.jsonl"
     if not sp.is_file():
         raise AnalysisInputError(f"{sp}: missing; evaluate task {task!r} into {eval_dir} first")
+    redo = f"re-run the evaluation of {task!r} (python -m eval.run ... --out {eval_dir})"
     docs: dict[Any, dict] = {}
+    lines: dict[Any, int] = {}
     for i, rec in _jsonl_rows(sp):
-        if "doc_id" not in rec or not isinstance(rec.get("metrics"), dict):
+        if not isinstance(rec, dict) or "doc_id" not in rec or not isinstance(rec.get("metrics"), dict):
             raise AnalysisInputError(f"{sp}:{i}: each line needs 'doc_id' and a 'metrics' object")
+        doc_id = rec["doc_id"]
+        if not isinstance(doc_id, (int, str)) or isinstance(doc_id, bool):
+            raise AnalysisInputError(f"{sp}:{i}: doc_id {doc_id!r} is not an integer or string; {redo}")
+        if doc_id in lines:
+            raise AnalysisInputError(f"{sp}:{i}: doc_id {doc_id!r} appears again (first on line {lines[doc_id]}); "
+                                     f"each document is recorded once, so the file is damaged: {redo}")
+        lines[doc_id] = i
+        for name, v in rec["metrics"].items():
+            why = _bad_metric(v)
+            if why:
+                raise AnalysisInputError(f"{sp}:{i}: doc_id {doc_id!r} metric {name!r} = {v!r} is {why}; a "
+                                         f"damaged or failed evaluation cannot be compared: {redo}")
         group = rec.get("group", rec.get("cluster"))
         if group is None and task in CLUSTER_FIELDS and isinstance(rec.get("doc"), dict):
             group = rec["doc"].get(CLUSTER_FIELDS[task])
         # the all-arguments hash (``arguments_hash``; older files stored it as ``prompt_hash``)
-        docs[rec["doc_id"]] = {"prompt_hash": rec.get("arguments_hash", rec.get("prompt_hash")),
-                               "metrics": rec["metrics"], "group": group}
-    results = _read_json(d / "results.json") if (d / "results.json").is_file() else {}
+        docs[doc_id] = {"prompt_hash": rec.get("arguments_hash", rec.get("prompt_hash")),
+                        "metrics": rec["metrics"], "group": group}
+    rp = d / "results.json"
+    results = _read_json(rp) if rp.is_file() else {}
+    if not isinstance(results, dict):
+        raise AnalysisInputError(f"{rp}: expected a JSON object")
+    want_ids, want_n, src = _expected_docs(results, rp)
+    if want_ids is not None and set(want_ids) != set(docs):
+        missing = [k for k in want_ids if k not in docs]
+        extra = [k for k in docs if k not in set(want_ids)]
+        what = (f"{len(missing)} recorded document(s) are missing (first: doc_id {missing[0]!r})" if missing else
+                f"{len(extra)} document(s) are not in the recorded selection (first: doc_id {extra[0]!r}, line "
+                f"{lines[extra[0]]})")
+        raise AnalysisInputError(f"{sp}: {what}; {src} lists {len(want_ids)}, the file holds {len(docs)}: {redo}")
+    if want_n is not None and want_n != len(docs):
+        raise AnalysisInputError(f"{sp}: holds {len(docs)} documents, {src} records {want_n}: the file is incomplete "
+                                 f"or damaged: {redo}")
     return EvalTask(task=task, path=sp, docs=docs, results=results)
 
 
 def align(a: EvalTask, b: EvalTask) -> list:
-    """doc_ids present in both, in a's order; prompt hashes must agree where both are recorded."""
+    """The doc_ids of a pair, in a's order: both sides must hold the same documents (a pair is never
+    reduced to the documents they happen to share) and agree on the prompt hash where both record it."""
     common = [k for k in a.docs if k in b.docs]
     if not common:
         raise AnalysisInputError(f"{a.path} and {b.path} share no doc_id; were they evaluated on the same subset?")
+    only_a = [k for k in a.docs if k not in b.docs]
+    only_b = [k for k in b.docs if k not in a.docs]
+    if only_a or only_b:
+        side, k = (a.path, only_a[0]) if only_a else (b.path, only_b[0])
+        raise AnalysisInputError(
+            f"{a.path} vs {b.path}: the pair holds different documents ({len(only_a)} only in the first, {len(only_b)} "
+            f"only in the second; first: doc_id {k!r} in {side}); evaluate both on the same subset (--limit / "
+            "--subset) and re-run the incomplete one")
     bad = [k for k in common if a.docs[k]["prompt_hash"] and b.docs[k]["prompt_hash"]
            and a.docs[k]["prompt_hash"] != b.docs[k]["prompt_hash"]]
     if bad:

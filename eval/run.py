@@ -13,8 +13,11 @@ Outputs per task (docs/ARCHITECTURE.md "Evaluation outputs"):
   ``OUT/<task>/results.json``   aggregate metrics with standard errors, n, subset, model, provenance
 Data: the local mirror when ``MHAR_DATA_DIR`` (or ``data_dir``) is set, else the hub.
 Each task is a separate lm-eval run, so its results do not depend on which other tasks are listed.
-The CLI refuses (exit 2, one ``error:`` line) results of another model or subset already in OUT, and
-bad input (missing / corrupt checkpoint, unknown task, bad subset, missing data files).
+The CLI refuses (exit 2, one ``error:`` line) results of another model (other weights: the sha256 of
+the model file is compared, not its path) or subset already in OUT, and bad input (missing / corrupt
+checkpoint or one without its ``.sha256``, a model whose vocabulary is smaller than its tokenizer's,
+unknown task, bad subset, missing data files); the output folders are checked writable before the model
+is loaded, and an OSError while writing (disk full, read-only) is one line too.
 """
 from __future__ import annotations
 
@@ -295,16 +298,43 @@ def check_task(task_name: str, source: DataSource, task_manager) -> None:
         raise KeyError(f"unknown task {task_name!r} for {source.describe()}; known: {', '.join(known)}")
 
 
-def model_identity(model_path: str, lm: Any) -> dict:
-    """``run`` (the exported model's run identity) and ``weights_sha256`` of an exported model."""
-    from mhar.checkpoint import MODEL_FILE, verify_sha256
+def _model_file(model_path: str) -> Optional[Path]:
+    """The exported model file behind ``model_path`` (``RUN_DIR`` means ``RUN_DIR/model.pt``); None for hf:."""
+    from mhar.checkpoint import MODEL_FILE
 
     if str(model_path).startswith("hf:"):
-        return {"run": None, "weights_sha256": None}
+        return None
     path = Path(model_path)
-    path = path / MODEL_FILE if path.is_dir() else path
+    return path / MODEL_FILE if path.is_dir() else path
+
+
+def weights_sha256(model_path: str) -> Optional[str]:
+    """sha256 of an exported model file, checked against its ``.sha256`` (CheckpointError when it fails or
+    is missing: such a file is never evaluated); None for ``hf:`` models and paths that are not a file."""
+    from mhar.checkpoint import verify_sha256
+
+    path = _model_file(model_path)
+    return verify_sha256(path) if path is not None and path.is_file() else None
+
+
+def model_identity(model_path: str, lm: Any, sha: Optional[str] = None) -> dict:
+    """``run`` (the exported model's run identity) and ``weights_sha256`` of an exported model."""
+    if str(model_path).startswith("hf:"):
+        return {"run": None, "weights_sha256": None}
     extra = (getattr(lm, "blob", None) or {}).get("extra") or {}
-    return {"run": extra.get("run"), "weights_sha256": verify_sha256(path, required=False) if path.is_file() else None}
+    return {"run": extra.get("run"), "weights_sha256": sha if sha is not None else weights_sha256(model_path)}
+
+
+def check_vocab(lm: Any, model_path: str) -> None:
+    """ValueError when the model's vocabulary is smaller than its tokenizer's (ids past the embedding would
+    fail in the middle of an evaluation): checked once, before any document is evaluated."""
+    cfg = getattr(getattr(lm, "model", None), "cfg", None)
+    tok = getattr(lm, "tokenizer", None)
+    mv, tv = getattr(cfg, "vocab_size", None), getattr(tok, "vocab_size", None)
+    if isinstance(mv, int) and isinstance(tv, int) and mv < tv:
+        raise ValueError(f"--model {model_path}: the model's vocabulary ({mv} ids) is smaller than its tokenizer's "
+                         f"({getattr(tok, 'name', '?')}: {tv} ids), so some tokens have no embedding; evaluate it "
+                         "with the tokenizer it was trained with (the one stored in the export), or re-export it")
 
 
 def load_task(task_name: str, source: DataSource, task_manager, num_fewshot: Optional[int] = None):
@@ -413,9 +443,14 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     task_list = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
     if not task_list:
         raise ValueError("no tasks given (e.g. --tasks wikitext,lambada_openai)")
-    conflict = None if overwrite else existing_results_conflict(out_dir, ",".join(task_list), str(model_path), sub)
+    path_file = _model_file(str(model_path))
+    sha = weights_sha256(str(model_path))  # refuses a model without (or failing) its checksum, before anything
+    conflict = None if overwrite else existing_results_conflict(out_dir, ",".join(task_list), str(model_path), sub,
+                                                                 sha)
     if conflict:
         raise FileExistsError(conflict)
+    if lm is None and path_file is not None and not path_file.is_file():
+        raise FileNotFoundError(f"--model {model_path}: no such checkpoint (expected RUN_DIR/model.pt or hf:<name>)")
     if device is None:
         import torch
 
@@ -425,13 +460,27 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
         tm = source.task_manager()
         for name in task_list:  # every task name and data file is checked before anything is loaded
             check_task(name, source, tm)
-        if lm is None:
-            lm, info = ModelSpec(str(model_path), device, batch_size, max_length, dtype).load()
-        else:
-            info = lm.describe() if hasattr(lm, "describe") else {"adapter": type(lm).__name__}
-        identity = model_identity(str(model_path), lm)
-        # every task is loaded (few-shot settings checked) before any result is written
-        tasks = {name: load_task(name, source, tm, num_fewshot) for name in task_list}
+        from mhar.atomic import check_writable
+
+        created: list[Path] = []
+        try:
+            for name in task_list:  # a read-only or full output location fails now, not after the evaluation
+                created += check_writable(Path(out_dir) / name) or []
+            if lm is None:
+                lm, info = ModelSpec(str(model_path), device, batch_size, max_length, dtype).load()
+            else:
+                info = lm.describe() if hasattr(lm, "describe") else {"adapter": type(lm).__name__}
+            check_vocab(lm, str(model_path))
+            identity = model_identity(str(model_path), lm, sha)
+            # every task is loaded (few-shot settings checked) before any result is written
+            tasks = {name: load_task(name, source, tm, num_fewshot) for name in task_list}
+        except BaseException:
+            for c in sorted(created, key=lambda c: -len(c.parts)):  # refused: leave no empty folders behind
+                try:
+                    c.rmdir()
+                except OSError:
+                    pass
+            raise
         out = {}
         for name in task_list:
             log.info("evaluating %s on %s (%s, %s)", model_path, name, sub, source.describe())
@@ -468,15 +517,30 @@ def _same_model(a: str, b: str) -> bool:
     return pa.resolve() == pb.resolve()
 
 
-def existing_results_conflict(out_dir: str | os.PathLike, tasks: str, model: str, subset: Subset) -> Optional[str]:
-    """Why writing into ``out_dir`` would replace results of another model or subset (None: it would not)."""
+def existing_results_conflict(out_dir: str | os.PathLike, tasks: str, model: str, subset: Subset,
+                              sha: Optional[str] = None) -> Optional[str]:
+    """Why writing into ``out_dir`` would replace results of another model or subset (None: it would not).
+
+    An exported model is identified by its weights (``sha``, the model file's sha256, against the recorded
+    ``weights_sha256``), not by its path: a model retrained at the same path is another model, and a copy of
+    the same file elsewhere is the same one. Records without a hash fall back to the path."""
     for name in (t.strip() for t in tasks.split(",") if t.strip()):
         path = Path(out_dir) / name / RESULTS_FILE
         if not path.is_file():
             continue
         try:
             old = json.loads(path.read_text())
-            same = _same_model(old.get("model", ""), model) and old.get("subset", {}).get("spec") == str(subset)
+            old_sha = old.get("weights_sha256")
+            old_spec = old.get("subset", {}).get("spec")
+            if old_sha and sha:
+                same_model = old_sha == sha
+                if not same_model and _same_model(old.get("model", ""), model):
+                    return (f"{path} holds results of {model} with other weights (sha256 {old_sha[:12]}... then, "
+                            f"{sha[:12]}... now: the model was retrained or replaced); refusing to overwrite them. "
+                            "Evaluate into another --out (or move the old results aside first).")
+            else:
+                same_model = _same_model(old.get("model", ""), model)
+            same = same_model and old_spec == str(subset)
         except (OSError, ValueError, AttributeError):
             same = False
         if not same:
@@ -488,6 +552,7 @@ def existing_results_conflict(out_dir: str | os.PathLike, tasks: str, model: str
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from mhar.atomic import os_error_line
     from mhar.checkpoint import CheckpointError
 
     try:
@@ -498,8 +563,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (CheckpointError, HubUnavailable, FileNotFoundError, FileExistsError, KeyError, ValueError) as e:
         # bad input (model file, task name, data dir, subset, adapter setting, results of another model in
         # --out): one line, no traceback
+        if isinstance(e, OSError) and e.errno is not None:  # raised by the OS, not by our checks
+            print("error: " + os_error_line(e, "evaluation"), file=sys.stderr)
+            return 2
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {msg}", file=sys.stderr)
+        return 2
+    except OSError as e:  # disk full, read-only or forbidden output: results already written stay as they are
+        print("error: " + os_error_line(e, "evaluation", f"results already complete in {args.out} are kept"),
+              file=sys.stderr)
         return 2
     for name, summary in results.items():
         shown = ", ".join(f"{k}={v:.4g}" for k, v in summary["metrics"].items()

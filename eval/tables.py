@@ -564,11 +564,9 @@ def _cpt_inputs(inputs: Sequence[str | Path]) -> tuple[Path, Path, Path, Optiona
     if len(inputs) == 3:
         return Path(inputs[0]), Path(inputs[1]), Path(inputs[2]), None, None
     if len(inputs) == 1 and Path(inputs[0]).is_file():
-        import yaml
-
-        m = yaml.safe_load(Path(inputs[0]).read_text()) or {}
+        m = io.read_yaml(inputs[0]) or {}  # safe: a python tag is refused, never executed
         for k in ("base", "plain", "mhar"):
-            if k not in m:
+            if not isinstance(m, dict) or k not in m:
                 raise io.AnalysisInputError(f"{inputs[0]}: CPT manifest needs keys base, plain, mhar (eval dirs)")
         root = Path(inputs[0]).parent
         rel = lambda p: Path(p) if Path(p).is_absolute() else root / p  # noqa: E731

@@ -4,10 +4,14 @@
 ``load_model`` rebuilds the model from it. A run directory's exported model
 lives at ``<run_dir>/model.pt``; the full training state (optimizer, RNG,
 data position) is the trainer's business (``mhar.train``).
-Writes are atomic (temp file in the same folder + fsync + rename): a crash never leaves a
-half-written file, and a killed write leaves only a ``.<name>.<pid>.tmp`` file that
-:func:`clean_stale_temps` removes at the next start. Every saved tensor file gets a
-``<file>.sha256`` beside it (``sha256sum -c`` format), checked by every load
+
+Integrity at every instant of a kill (:func:`atomic_torch_save`): the file is written to a same-folder
+temp file while being hashed (no second read), fsynced; its ``<file>.sha256`` (``sha256sum -c`` format)
+is written and fsynced as a pending ``.<file>.sha256.<pid>.tmp`` *before* the file is renamed into
+place; then the checksum is renamed beside it. A kill before the first rename leaves the old pair
+untouched; between the two renames it leaves the new file with its complete checksum pending, which
+:func:`verify_sha256` and :func:`clean_stale_temps` finish (other temp files of killed writes are
+removed at the next start). Every load checks the checksum first and refuses a file without one
 (:func:`verify_sha256`); loads never unpickle objects (``torch.load(weights_only=True)``).
 The bytes of a saved file depend only on its content (the archive's inner name is fixed),
 so identical runs export byte-identical ``model.pt`` files.
@@ -116,36 +120,90 @@ def verify_sha256(path: str | os.PathLike, required: bool = True) -> Optional[st
     """The file's sha256 after checking it against ``<file>.sha256``; CheckpointError on a mismatch.
 
     A write killed between renaming the file and its checksum leaves the new checksum as a
-    ``.<file>.sha256.<pid>.tmp``; a matching one completes that write. ``required=False``
-    accepts a file without a checksum (older exports) and returns its hash.
+    ``.<file>.sha256.<pid>.tmp``; a matching one completes that write. A file without a checksum
+    is refused (it may be half-written or replaced: it is never loaded); ``required=False`` (only
+    for hashing a file that is not loaded) returns its hash instead.
     """
     path = Path(path)
     side = sha256_path(path)
     actual = file_sha256(path)
-    if not side.is_file():
+    pending = sorted(path.parent.glob(f".{side.name}.*.tmp"))
+    if not side.is_file() and not pending:
         if required:
-            raise CheckpointError(f"{path} has no checksum file {side.name}; it was not written completely "
-                                  "by this version, so it is not trusted")
+            raise CheckpointError(f"{path} has no checksum file {side.name}, so it is never loaded (it may be "
+                                  "incomplete or replaced); re-create it with the step that wrote it (train or "
+                                  "convert again), or restore both files from where they came from")
         return actual
-    if _recorded(side) == actual:
+    if side.is_file() and _recorded(side) == actual:
         return actual
-    for pending in sorted(path.parent.glob(f".{side.name}.*.tmp")):
-        if _pending_checksum_matches(path, pending):
-            os.replace(pending, side)
+    for tmp in pending:
+        if _recorded(tmp) == actual:
+            try:
+                os.replace(tmp, side)
+            except OSError:  # its writer (or another reader) completed it just now, or a read-only copy
+                pass
             return actual
+    if not side.is_file():
+        raise CheckpointError(f"{path} has no checksum file {side.name} (only a pending one that does not "
+                              "match it), so it is never loaded; re-create it with the step that wrote it")
     raise CheckpointError(f"{path} fails its sha256 check (recorded in {side.name}: {_recorded(side)}, "
                           f"file: {actual}); the file is corrupt or was modified, refusing to load it")
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
-    """``torch.save`` atomically, with a ``.sha256`` beside it; returns the digest.
+class _HashingWriter:
+    """A binary file that hashes what is written through it (torch.save writes its archive sequentially)."""
 
-    Saving through a file object fixes the archive's inner name ("archive"), so equal
-    objects give equal bytes (a path would name it after the random temp file).
+    def __init__(self, f):
+        self._f, self.sha = f, hashlib.sha256()
+
+    def write(self, b) -> int:
+        self.sha.update(b)
+        return self._f.write(b)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def _write_synced(path: Path, write) -> None:
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
+    """``torch.save`` atomically, with its ``.sha256`` beside it at every instant; returns the digest.
+
+    Sequence (module docstring): temp file hashed while written + fsync; pending checksum + fsync;
+    rename the file; rename the checksum; fsync the folder. Saving through a file object fixes the
+    archive's inner name ("archive"), so equal objects give equal bytes.
     """
     path = Path(path)
-    atomic_write_bytes(path, lambda f: torch.save(obj, f))
-    return write_sha256(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    side = sha256_path(path)
+    tmp, side_tmp = _tmp_of(path), _tmp_of(side)
+    try:
+        holder: dict = {}
+
+        def write(f):
+            holder["w"] = w = _HashingWriter(f)
+            torch.save(obj, w)
+
+        _write_synced(tmp, write)
+        digest = holder["w"].sha.hexdigest()
+        _write_synced(side_tmp, lambda f: f.write(f"{digest}  {path.name}\n".encode()))
+        os.replace(tmp, path)  # from here on the new file is valid: its checksum is complete beside it
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        side_tmp.unlink(missing_ok=True)
+        raise
+    try:
+        os.replace(side_tmp, side)
+    except FileNotFoundError:  # a reader's verify_sha256 completed it first
+        if _recorded(side) != digest:
+            raise
+    _fsync_dir(path.parent)
+    return digest
 
 
 def safe_torch_load(path: str | os.PathLike, required_checksum: bool = True) -> Any:
@@ -190,7 +248,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
         path = path / MODEL_FILE
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path} (train the run first, or check the path)")
-    verify_sha256(path, required=False)
+    verify_sha256(path)  # a model without its checksum is never loaded
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:

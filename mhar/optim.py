@@ -117,9 +117,16 @@ def load_init_weights(model: Transformer, path: str | Path) -> dict:
     Returns the checkpoint's ``extra`` dict (e.g. the conversion report). Raises ConfigError
     naming every model field that differs, so a CPT run never silently trains another shape.
     """
-    from .checkpoint import FORMAT
+    from .checkpoint import FORMAT, verify_sha256
 
     path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"train.init_from={path}: no such file; convert the base first (python -m mhar.cpt "
+                              "convert) or give the path of an exported model.pt")
+    try:  # the checksum first: a model without one (or failing it) is never loaded
+        verify_sha256(path)
+    except CheckpointError as e:
+        raise CheckpointError(f"train.init_from: {e}") from None
     try:  # memory-mapped: under torchrun every rank reads the same pages (8B: no 8 x 32 GB copies)
         blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:

@@ -41,7 +41,7 @@ from .config import ConfigError, ModelConfig, config_hash, from_dict, model_conf
 __all__ = [
     "MetaConfig", "DataConfig", "TrainConfig", "RunConfig", "load_run_config", "run_config_from_dict",
     "parse_overrides", "apply_overrides", "run_hash", "full_hash", "identity_hash", "run_identity",
-    "HASH_EXCLUDE", "IDENTITY_EXCLUDE", "yaml_load", "dump_yaml",
+    "HASH_EXCLUDE", "IDENTITY_EXCLUDE", "yaml_load", "yaml_error_line", "dump_yaml",
 ]
 
 
@@ -199,7 +199,20 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123
 
 
 def yaml_load(text: str) -> Any:
+    """Safe YAML (no tag builds an object: ``!!python/...`` is refused, never executed), YAML-1.2 floats."""
     return yaml.load(text, Loader=_Loader)
+
+
+def yaml_error_line(e: "yaml.YAMLError") -> str:
+    """One line for a YAML error: the problem and where; a tag that would build an object says it is refused."""
+    problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    mark = getattr(e, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    if "could not determine a constructor for the tag" in problem:
+        tag = problem.split("tag", 1)[1].strip()
+        return (f"YAML tag {tag}{where} is refused: tags that construct objects are never executed; "
+                "give a plain value (number, string, list or mapping)")
+    return f"{problem}{where}".replace("\n", " ")
 
 
 def dump_yaml(obj: Any) -> str:
@@ -217,7 +230,11 @@ def parse_overrides(items: Sequence[str]) -> list[tuple[list[str], Any]]:
         parts = key.strip().split(".")
         if not all(parts):
             raise ConfigError(f"override {item!r}: empty component in key {key!r}")
-        out.append((parts, yaml_load(value) if value.strip() else None))
+        try:
+            parsed = yaml_load(value) if value.strip() else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {key.strip()}: {yaml_error_line(e)}") from None
+        out.append((parts, parsed))
     return out
 
 
@@ -274,7 +291,7 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
         try:
             raw = yaml_load(path.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML ({e})") from e
+            raise ConfigError(f"{path}: not valid YAML: {yaml_error_line(e)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at top level, got {type(raw).__name__}")
     return run_config_from_dict(apply_overrides(raw, list(overrides)))

@@ -12,8 +12,10 @@ cross-entropy), keep an EMA of the weights (``model.pt`` = EMA, ``model_raw.pt``
 and log a sha256 of every step's batch. Their defaults leave from-scratch training unchanged.
 
 Run directory (docs/ARCHITECTURE.md "Run directory"): ``config.yaml``, ``metrics.jsonl``,
-``summary.json``, ``provenance.json``, ``model.pt``, ``checkpoint/state.pt`` (each tensor file with
-a ``.sha256`` beside it). Re-running into a directory that holds the same run identity
+``summary.json``, ``provenance.json``, ``model.pt``, ``checkpoint/state-<step>.pt`` (each tensor file with
+a ``.sha256`` beside it). A new checkpoint is complete (file and checksum) before the previous one is
+removed, and a resume takes the newest checkpoint that passes its checks, saying on stderr when it
+had to fall back to an older one and why. Re-running into a directory that holds the same run identity
 (:func:`mhar.runconfig.identity_hash`) resumes (or does nothing if finished); another identity is
 refused. One trainer at a time holds a directory (``.lock``); records are written atomically and
 checkpoints are loaded without unpickling objects. A non-finite loss, validation loss or weight
@@ -33,6 +35,7 @@ import json
 import math
 import os
 import random
+import re
 import resource
 import sys
 import time
@@ -42,10 +45,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
+import yaml
 from torch import Tensor, nn
 
+from .atomic import check_writable, os_error_line
 from .checkpoint import (CheckpointError, atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text,
-                         clean_stale_temps, load_error_brief, safe_torch_load, save_model)
+                         clean_stale_temps, load_error_brief, safe_torch_load, save_model, sha256_path)
 from .config import ConfigError
 from .data import DataError, TrainData, load_data
 from .distributed import (DistEnv, all_reduce_mean, all_reduce_sum, barrier, even_batches, gather_batches, init_distributed,
@@ -55,13 +60,14 @@ from .optim import EMA, batch_digest, load_init_weights, param_groups
 from .provenance import collect_provenance, utc_now
 from .routing import check_kernel_env
 from .runconfig import (RunConfig, dump_yaml, identity_hash, load_run_config, run_config_from_dict,
-                        run_hash, run_identity, yaml_load)
+                        run_hash, run_identity, yaml_error_line, yaml_load)
 from .step import (StepResult, Throughput, TrainStep, autocast_for, build_optimizer, micro_forward, peak_flops,
                    plan_step)
 
 __all__ = ["train", "main", "lr_at", "flops_per_token", "TrainingDiverged", "RunDirError", "STATE_FORMAT"]
 
 STATE_FORMAT = "mhar-train-state-v2"  # v2: loadable with weights_only=True, sha256 beside it
+_STATE_RE = re.compile(r"^state-(?P<step>\d+)\.pt$")
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "provenance.json", "model.pt", "checkpoint")
 
 
@@ -127,7 +133,7 @@ class RunDir:
     summary = property(lambda self: self.path / "summary.json")
     provenance = property(lambda self: self.path / "provenance.json")
     model = property(lambda self: self.path / "model.pt")
-    state = property(lambda self: self.path / "checkpoint" / "state.pt")
+    checkpoint_dir = property(lambda self: self.path / "checkpoint")
     diverged = property(lambda self: self.path / "diverged.json")
     lockfile = property(lambda self: self.path / ".lock")
     _lock_fd: Optional[int] = None
@@ -139,11 +145,10 @@ class RunDir:
         trainer never blocks the next one. Then stale temp files of killed writes are removed.
         """
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            check_writable(self.path)  # creates it; read-only, full or forbidden: found now, before data and model
             fd = os.open(self.lockfile, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise RunDirError(f"--out {self.path} is not a usable run directory ({e.strerror or e}); "
-                              "choose a writable directory path") from e
+            raise RunDirError(f"--out {self.path} is not a usable run directory: {os_error_line(e)}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -154,8 +159,24 @@ class RunDir:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
-        for folder in (self.path, self.state.parent):
+        for folder in (self.path, self.checkpoint_dir):
             clean_stale_temps(folder)
+
+    def state_file(self, step: int) -> Path:
+        return self.checkpoint_dir / f"state-{step:08d}.pt"
+
+    def checkpoints(self) -> list[tuple[Optional[int], Path]]:
+        """Training states on disk, newest first: ``state-<step>.pt``, then a ``state.pt`` of older versions."""
+        if not self.checkpoint_dir.is_dir():
+            return []
+        found = []
+        for p in self.checkpoint_dir.iterdir():
+            m = _STATE_RE.match(p.name)
+            if m and p.is_file():
+                found.append((int(m["step"]), p))
+        found.sort(key=lambda sp: -sp[0])
+        legacy = self.checkpoint_dir / "state.pt"
+        return found + ([(None, legacy)] if legacy.is_file() else [])
 
     def release(self) -> None:
         """Unlock; a directory that holds nothing but the lock (a run that failed early) is removed."""
@@ -181,7 +202,8 @@ class RunDir:
         try:
             old = run_config_from_dict(yaml_load(self.config.read_text()))
         except Exception as e:  # a YAML or config error alike
-            raise RunDirError(f"{self.config} is unreadable ({e}); refusing to overwrite the run in {self.path}") from e
+            why = yaml_error_line(e) if isinstance(e, yaml.YAMLError) else str(e).replace("\n", " ")
+            raise RunDirError(f"{self.config} is unreadable ({why}); refusing to overwrite the run in {self.path}") from None
         if identity_hash(old) != identity_hash(cfg):
             diff = _dict_diff(old.to_dict(), cfg.to_dict())
             raise RunDirError(f"{self.path} holds a run of a different config (differs in: {', '.join(diff[:8])}); "
@@ -192,10 +214,10 @@ class RunDir:
                 json.loads(self.summary.read_text())
                 return "done"
             except (ValueError, UnicodeDecodeError):  # cut short by an older, non-atomic writer
-                if not self.state.is_file():
+                if not self.checkpoints():
                     raise RunDirError(f"{self.summary} is unreadable and there is no checkpoint to rebuild it "
                                       f"from; move {self.path} aside and train again") from None
-        return "resume" if self.state.is_file() else "fresh"
+        return "resume" if self.checkpoints() else "fresh"
 
 
 def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -282,34 +304,73 @@ def _model_and_optim_state(model: nn.Module, raw: Transformer, opt: torch.optim.
 def save_state(rd: RunDir, cfg: RunConfig, model: nn.Module, raw: Transformer, opt, prog: Progress,
                metrics_bytes: int, env: DistEnv, ema: Optional[EMA] = None,
                metrics_log: Optional[bytes] = None) -> None:
+    """Write ``checkpoint/state-<step>.pt`` (+ ``.sha256``, :func:`mhar.checkpoint.atomic_torch_save`), then
+    remove the older checkpoints: a valid one is on disk at every instant."""
     model_sd, opt_sd = _model_and_optim_state(model, raw, opt, env)
     ema_sd = ema.state_dict() if ema is not None else None  # collective under FSDP
     if env.is_main:
+        path = rd.state_file(prog.step)
         atomic_torch_save({
             "format": STATE_FORMAT, "identity_hash": identity_hash(cfg), "model": model_sd, "optimizer": opt_sd,
             "rng": _rng_state(), "progress": prog.__dict__, "metrics_bytes": metrics_bytes,
             "metrics_log": metrics_log,
             "data": {"seed": cfg.data_seed, "samples_seen": prog.step * cfg.train.global_batch},
             **({"ema": ema_sd} if ema_sd is not None else {}),
-        }, rd.state)
+        }, path)
+        _prune_checkpoints(rd, keep=path)
     barrier(env)
 
 
-def load_state(rd: RunDir, cfg: RunConfig) -> dict:
-    """The training state, checksum-verified and loaded without unpickling objects."""
-    restart = f"nothing was overwritten; delete {rd.state.parent} to restart the run from step 0"
+def _prune_checkpoints(rd: RunDir, keep: Path, older_only: bool = False) -> None:
+    """Remove every training state but ``keep`` (or only those older than it), the file before its
+    checksum (a checksum without its file is ignored), and checksums whose file is gone."""
+    paths = [p for _, p in rd.checkpoints()]  # newest first
+    older = paths[paths.index(keep) + 1:] if keep in paths else []
+    for p in paths:
+        if p != keep and (not older_only or p in older):
+            p.unlink(missing_ok=True)
+            sha256_path(p).unlink(missing_ok=True)
+    for side in rd.checkpoint_dir.glob("state*.pt.sha256"):
+        if not side.with_name(side.name[: -len(".sha256")]).exists():
+            side.unlink(missing_ok=True)
+
+
+def _load_state_file(path: Path, cfg: RunConfig) -> dict:
+    """One training state, checksum-verified and loaded without unpickling objects (CheckpointError why not)."""
     try:
-        blob = safe_torch_load(rd.state)
-    except CheckpointError as e:
-        raise CheckpointError(f"training checkpoint: {e}; {restart}") from None
+        blob = safe_torch_load(path)
+    except CheckpointError:
+        raise
     except Exception as e:
-        raise CheckpointError(f"training checkpoint {rd.state} is unreadable, corrupt or not a {STATE_FORMAT} "
-                              f"file ({load_error_brief(e)}); {restart}") from None
+        raise CheckpointError(f"{path} is unreadable, corrupt or not a {STATE_FORMAT} file "
+                              f"({load_error_brief(e)})") from None
     if not isinstance(blob, dict) or blob.get("format") != STATE_FORMAT:
-        raise CheckpointError(f"{rd.state} is not a {STATE_FORMAT} file; {restart}")
+        raise CheckpointError(f"{path} is not a {STATE_FORMAT} file")
     if blob.get("identity_hash") != identity_hash(cfg):
-        raise CheckpointError(f"{rd.state} was written by a different config; delete {rd.state.parent} to restart")
+        raise CheckpointError(f"{path} was written by a different config")
     return blob
+
+
+def load_state(rd: RunDir, cfg: RunConfig, warn: Callable[[str], None] = lambda m: None) -> dict:
+    """The newest valid training state. Newer ones that fail their checks are skipped with one ``warn``
+    line saying which and why (they are replaced by the next checkpoint); CheckpointError when none is valid."""
+    bad: list[tuple[Path, str]] = []
+    for step, path in rd.checkpoints():
+        try:
+            blob = _load_state_file(path, cfg)
+        except CheckpointError as e:
+            bad.append((path, str(e)))
+            continue
+        if bad:
+            newer = ", ".join(p.name for p, _ in bad)
+            warn(f"warning: skipping the newer training checkpoint(s) {newer} ({bad[0][1]}); resuming from the "
+                 f"newest valid one, {path.name} (step {blob['progress']['step']}); the steps after it are redone "
+                 "exactly")
+        blob["_path"] = path
+        return blob
+    more = f" (and {len(bad) - 1} older checkpoint(s) fail too)" if len(bad) > 1 else ""
+    raise CheckpointError(f"training checkpoint: {bad[0][1]}{more}; no valid checkpoint to resume from, nothing "
+                          f"was overwritten; delete {rd.checkpoint_dir} to restart the run from step 0")
 
 
 def restore(blob: dict, model: nn.Module, raw: Transformer, opt, env: DistEnv) -> Progress:
@@ -396,6 +457,9 @@ def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[in
         check_kernel_env()
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if cfg.train.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device=cuda but no CUDA device is visible to this process; use train.device=cpu "
+                          "(or auto), or run where a GPU is available (check CUDA_VISIBLE_DEVICES)")
     env = init_distributed(cfg.train.device, cfg.train.parallel)
     rd = RunDir(Path(out_dir))
     try:
@@ -413,7 +477,8 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
     if status == "done":
         log(f"{rd.path} already holds the finished run of this config; nothing to do")
         return json.loads(rd.summary.read_text())
-    blob = load_state(rd, cfg) if status == "resume" else None
+    warn = (lambda m: print(m, file=sys.stderr, flush=True)) if env.is_main else (lambda m: None)
+    blob = load_state(rd, cfg, warn) if status == "resume" else None
     accum = t.global_batch // (t.micro_batch * env.world_size)
     if accum * t.micro_batch * env.world_size != t.global_batch:
         raise ConfigError(f"train.global_batch={t.global_batch} is not divisible by micro_batch*world_size="
@@ -438,6 +503,8 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
                           t.eps, plan, env.device)
     prog = Progress()
     if blob is not None:
+        if env.is_main:  # a kill between a new checkpoint and the removal of its predecessor left both
+            _prune_checkpoints(rd, blob["_path"], older_only=True)
         prog = restore(blob, model, raw, opt, env)
         log(f"resuming {rd.path} from step {prog.step}")
     ema = EMA(model, t.ema_decay) if t.ema_decay > 0 else None
@@ -557,7 +624,7 @@ def _weights_finite(model: nn.Module, env: DistEnv) -> bool:
 
 def _diverged(rd: RunDir, prog: Progress, env: DistEnv, what: str, step: int, **values) -> TrainingDiverged:
     """The exception to raise for a non-finite ``what``, after recording it in ``diverged.json``."""
-    where = (f"the last good checkpoint (step {prog.last_ckpt_step}) is kept in {rd.state}"
+    where = (f"the last good checkpoint (step {prog.last_ckpt_step}) is kept in {rd.state_file(prog.last_ckpt_step)}"
              if prog.last_ckpt_step is not None else "no checkpoint had been written yet")
     values = {k: v if not isinstance(v, float) or math.isfinite(v) else str(v) for k, v in values.items()}
     shown = ", ".join(f"{k}={v}" for k, v in values.items())
@@ -610,6 +677,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         train(cfg, args.out, stop_after=args.stop_after)
     except (ConfigError, DataError, RunDirError, CheckpointError, TrainingDiverged) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # disk full, read-only, no permission: records are atomic, so nothing complete is lost
+        print("error: " + os_error_line(e, "training", f"completed checkpoints and records in {args.out} are kept; "
+                                        "fix that, then run the same command again to resume"), file=sys.stderr)
         return 2
     return 0
 

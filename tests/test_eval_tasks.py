@@ -31,7 +31,7 @@ pytest.importorskip("lm_eval")
 from eval.adapter import MharLM  # noqa: E402
 from eval.data_local import DataSource  # noqa: E402
 from eval.run import Subset, arguments_hash, evaluate_model, main  # noqa: E402
-from mhar.checkpoint import save_model  # noqa: E402
+from mhar.checkpoint import save_model, sha256_path, write_sha256  # noqa: E402
 from mhar.config import model_config  # noqa: E402
 from mhar.model import Transformer  # noqa: E402
 
@@ -228,9 +228,12 @@ def test_missing_local_file_and_unknown_task_are_clear_errors(tmp_path):
 def test_cli_bad_input_is_one_line_error_and_never_overwrites(tmp_path, capsys):
     good = save_model(tmp_path / "run" / "model.pt", Transformer(model_config("debug")), "byte")
     torch.save({"rng": np.random.get_state()}, tmp_path / "state.pt")  # pickled objects
+    write_sha256(tmp_path / "state.pt")  # even with its checksum it is refused (not an export, never unpickled)
     (tmp_path / "trunc.pt").write_bytes(good.read_bytes()[:500])
+    (tmp_path / "trunc.pt.sha256").write_text(sha256_path(good).read_text())  # cut short in transfer
+    (tmp_path / "bare.pt").write_bytes(good.read_bytes())  # copied without its checksum: never loaded
     for model, says in ((tmp_path / "trunc.pt", "corrupt"), (tmp_path / "state.pt", "pass RUN_DIR/model.pt"),
-                        (tmp_path / "nope.pt", "no such checkpoint")):
+                        (tmp_path / "nope.pt", "no such checkpoint"), (tmp_path / "bare.pt", "no checksum file")):
         assert main(["--model", str(model), "--tasks", "wikitext", "--out", str(tmp_path / "o"), "--limit", "2"]) == 2
         err = capsys.readouterr().err
         assert says in err and "Traceback" not in err and len(err.splitlines()) == 1

@@ -77,3 +77,154 @@ def test_eval_checks_every_task_first_and_records_the_weights(tmp_path, capsys):
     res = json.loads((out / "lambada_openai" / "results.json").read_text())
     assert res["weights_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
     assert res["run"] == read_checkpoint(model)["extra"]["run"] and res["run"]["label"] == "tiny"
+
+
+# --- issue 44: a model without its checksum is never loaded, anywhere -----------------------------------
+def _one_error_line(err: str, *needles: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]  # (lm-eval's progress bars go to stderr too)
+    errors = [ln for ln in lines if ln.startswith("error")]
+    assert len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in err, err
+    for n in needles:
+        assert n in errors[0], (n, errors[0])
+
+
+def _bare_model(tmp_path: Path, variant: str = "mhar") -> Path:
+    """An export whose .sha256 was deleted (as the README says: such a file is never loaded)."""
+    torch.manual_seed(0)
+    cfg = model_config("debug", max_seq_len=64)
+    cfg = type(cfg)(**{**cfg.__dict__, "residual": type(cfg.residual)(**{**cfg.residual.__dict__,
+                                                                        "variant": variant, "heads": 2,
+                                                                        "routing_impl": "eager"})})
+    path = save_model(tmp_path / "bare" / "model.pt", Transformer(cfg), "byte")
+    sha256_path(path).unlink()
+    return path
+
+
+def test_model_without_checksum_is_refused_by_every_loader(tmp_path, capsys, monkeypatch):
+    import mhar.train as T
+    from eval import figures, probe
+    from mhar.cpt.cli import main as cpt_main
+
+    model = _bare_model(tmp_path)
+    capsys.readouterr()
+    # figures routing_heatmap, probe, cpt export-hf, the Python loader
+    assert figures.main(["routing_heatmap", "--inputs", str(model), "--out", str(tmp_path / "fig")]) == 2
+    _one_error_line(capsys.readouterr().err, "no checksum file model.pt.sha256", "never loaded")
+    assert probe.main(["--model", str(model), "--out", str(tmp_path / "probe.json"), "--seq-len", "16"]) == 2
+    _one_error_line(capsys.readouterr().err, "no checksum file")
+    assert cpt_main(["export-hf", "--model", str(model), "--out", str(tmp_path / "hf")]) == 2
+    _one_error_line(capsys.readouterr().err, "no checksum file")
+    with pytest.raises(CheckpointError, match="no checksum file"):
+        load_model(model)
+    assert not any((tmp_path / n).exists() for n in ("fig.png", "probe.json", "hf"))
+    # train.init_from (continued pretraining) checks the checksum before loading the weights
+    cfg = tmp_path / "c.yaml"
+    base = load_run_config(None, ["model.preset=debug", "model.residual.variant=mhar", "model.residual.heads=2",
+                                  "data.corpus=synthetic:5000", "data.seq_len=32", "train.steps=1",
+                                  "train.global_batch=2", "train.micro_batch=2", "train.device=cpu",
+                                  f"data.cache_dir={tmp_path / 'cache'}", f"train.init_from={model}"])
+    cfg.write_text(T.dump_yaml(base.to_dict()))
+    assert T.main([str(cfg), "--out", str(tmp_path / "run")]) == 2
+    _one_error_line(capsys.readouterr().err, "train.init_from", "no checksum file")
+
+
+# --- evaluation: results keyed by weights, checks before the long work ----------------------------------
+def _tiny_data(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    (data / "lambada_openai").mkdir(parents=True)
+    lines = ["the cat sat on the mat", "a dog ran in the park", "one more line of text"]
+    (data / "lambada_openai" / "lambada_test.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
+                                                                        for t in lines))
+    return data
+
+
+def _eval_args(model: Path, out: Path, data: Path) -> list[str]:
+    return ["--model", str(model), "--tasks", "lambada_openai", "--out", str(out), "--limit", "2", "--device", "cpu",
+            "--bootstrap-iters", "0", "--data-dir", str(data)]
+
+
+def test_retrained_model_at_the_same_path_never_overwrites_its_results(tmp_path, capsys):
+    pytest.importorskip("lm_eval")
+    from eval.run import main
+
+    data = _tiny_data(tmp_path)
+    model, out = _export(tmp_path / "run" / "model.pt", seed=0), tmp_path / "eval"
+    assert main(_eval_args(model, out, data)) == 0
+    res = out / "lambada_openai" / "results.json"
+    before = {p.name: p.read_bytes() for p in res.parent.iterdir()}
+    copy = tmp_path / "copy" / "model.pt"  # the same weights elsewhere are the same model: redone, allowed
+    copy.parent.mkdir()
+    copy.write_bytes(model.read_bytes())
+    sha256_path(copy).write_bytes(sha256_path(model).read_bytes())
+    assert main(_eval_args(copy, out, data)) == 0
+    assert json.loads(res.read_text())["weights_sha256"] == json.loads(before["results.json"])["weights_sha256"]
+    assert main(_eval_args(model, out, data)) == 0  # and back
+    _export(tmp_path / "run" / "model.pt", seed=1)  # retrained into the same path
+    before = {p.name: p.read_bytes() for p in res.parent.iterdir()}
+    capsys.readouterr()
+    assert main(_eval_args(model, out, data)) == 2
+    _one_error_line(capsys.readouterr().err, "with other weights", "retrained", "another --out")
+    assert {p.name: p.read_bytes() for p in res.parent.iterdir()} == before
+
+
+def test_vocabulary_smaller_than_the_tokenizer_is_refused_before_evaluating(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("lm_eval")
+    import lm_eval.evaluator
+    from eval.run import main
+
+    model = save_model(tmp_path / "small" / "model.pt", Transformer(model_config("debug", vocab_size=200,
+                                                                                  max_seq_len=64)), "byte")
+    monkeypatch.setattr(lm_eval.evaluator, "simple_evaluate", lambda *a, **k: pytest.fail("evaluation started"))
+    assert main(_eval_args(model, tmp_path / "eval", _tiny_data(tmp_path))) == 2
+    _one_error_line(capsys.readouterr().err, "vocabulary (200 ids) is smaller than its tokenizer's (byte: 257 ids)")
+    assert not (tmp_path / "eval").exists()
+
+
+def _refusing_writes(monkeypatch, under: Path, code: int, only: str = ""):
+    """Writes through mhar.atomic (every record and the writability probe) under ``under`` fail with ``code``:
+    a read-only or full file system, simulated (root ignores file modes)."""
+    import builtins
+
+    import mhar.atomic as A
+
+    def fake_open(path, mode="r", *a, **k):
+        p = Path(path)
+        if "w" in mode and under in p.parents and only in p.name:
+            raise OSError(code, os.strerror(code), str(p))
+        return builtins.open(path, mode, *a, **k)
+
+    monkeypatch.setattr(A, "open", fake_open, raising=False)
+
+
+def test_read_only_eval_output_is_found_before_evaluating(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("lm_eval")
+    import errno
+
+    import lm_eval.evaluator
+    from eval.run import main
+
+    model, out = _export(tmp_path / "run" / "model.pt"), tmp_path / "eval"
+    monkeypatch.setattr(lm_eval.evaluator, "simple_evaluate", lambda *a, **k: pytest.fail("evaluation started"))
+    _refusing_writes(monkeypatch, out, errno.EROFS)
+    assert main(_eval_args(model, out, _tiny_data(tmp_path))) == 2
+    _one_error_line(capsys.readouterr().err, "Read-only file system (EROFS)", "choose a writable location")
+    assert not out.exists()  # nothing left behind
+
+
+def test_disk_full_while_writing_evaluation_results_keeps_the_old_ones(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("lm_eval")
+    import errno
+
+    from eval.run import main
+
+    data = _tiny_data(tmp_path)
+    model, out = _export(tmp_path / "run" / "model.pt"), tmp_path / "eval"
+    assert main(_eval_args(model, out, data)) == 0
+    before = {p.name: p.read_bytes() for p in (out / "lambada_openai").iterdir()}
+    _refusing_writes(monkeypatch, out, errno.ENOSPC, only="results.json")
+    capsys.readouterr()
+    assert main(_eval_args(model, out, data)) == 2  # the same model again: redone, then the disk is full
+    _one_error_line(capsys.readouterr().err, "No space left on device (ENOSPC)", "the disk is full")
+    assert {p.name: p.read_bytes() for p in (out / "lambada_openai").iterdir() if p.name != "samples.jsonl"} == \
+        {k: v for k, v in before.items() if k != "samples.jsonl"}
+    assert not list((out / "lambada_openai").glob(".*.tmp"))

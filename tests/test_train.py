@@ -183,7 +183,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeyp
     monkeypatch.setattr(S, "micro_forward", poisoned)
     with pytest.raises(T.TrainingDiverged, match=r"step 5.*checkpoint \(step 4\)"):
         T.train(cfg, tmp_path / "run")
-    state = torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=False)
+    state = torch.load(tmp_path / "run" / "checkpoint" / "state-00000004.pt", weights_only=False)
     assert state["progress"]["step"] == 4
     assert all(math.isfinite(p.abs().sum().item()) for p in state["model"].values())
     assert not (tmp_path / "run" / "summary.json").exists()
@@ -209,7 +209,7 @@ def test_run_dir_guards(corpus, tmp_path):
     assert _snapshot(run) == before
     # corrupt checkpoint of an unfinished run: clear error, files untouched
     (run / "summary.json").unlink()
-    (run / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
+    (run / "checkpoint" / "state-00000002.pt").write_bytes(b"not a checkpoint")
     before = _snapshot(run)
     with pytest.raises(CheckpointError, match="corrupt"):
         T.train(cfg, run)
@@ -289,10 +289,10 @@ def test_planted_pickle_checkpoint_is_refused_and_runs_nothing(corpus, tmp_path,
     cfg_file.write_text(T.dump_yaml(cfg_for(corpus, tmp_path / "cache").to_dict()))
     assert T.main(args + ["--stop-after", "3"]) == 0
     marker = tmp_path / "pwned"
-    state = run / "checkpoint" / "state.pt"
+    state = run / "checkpoint" / "state-00000003.pt"
     torch.save({"format": T.STATE_FORMAT, "progress": _Payload(marker)}, state)
     if checksum == "none":
-        (run / "checkpoint" / "state.pt.sha256").unlink()
+        (run / "checkpoint" / "state-00000003.pt.sha256").unlink()
     elif checksum == "forged":  # whoever plants a file can plant its checksum too: weights_only refuses it
         write_sha256(state)
     before = _snapshot(run)
@@ -308,7 +308,7 @@ def test_flipped_byte_in_checkpoint_or_model_is_refused(corpus, tmp_path, capsys
     cfg = cfg_for(corpus, tmp_path / "cache", "train.steps=3")
     run = tmp_path / "run"
     T.train(cfg, run, stop_after=2)
-    state = run / "checkpoint" / "state.pt"
+    state = run / "checkpoint" / "state-00000002.pt"
     raw = bytearray(state.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     state.write_bytes(bytes(raw))

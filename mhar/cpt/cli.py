@@ -47,4 +47,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (CPTConversionError, ConfigError, CheckpointError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # disk full, read-only or forbidden --out
+        from ..atomic import os_error_line
+
+        print("error: " + os_error_line(err, a.cmd), file=sys.stderr)
+        return 2
     return 0
