@@ -34,6 +34,8 @@ Scoring runs through ``mhar.inference.Scorer``: on CUDA the model's hidden state
 ``torch.compile``'d (shape buckets: one graph per batch-size bucket, the length dynamic)
 and the log-softmax / gather / greedy check is one fused pass over the logits.
 On CUDA each (batch, length) bucket's forward is also replayed as a CUDA graph.
+Compiled kernels and autotuning results persist in ``compile_cache`` (model arg, default
+``results/cache/compile``; ``none``: torch's defaults; see ``mhar.env.use_compile_cache``).
 ``compile=false`` (model arg) runs all of it eagerly (``regional`` / ``whole``: see
 ``mhar.inference``); ``cuda_graphs=false`` scores and decodes without CUDA graphs.
 """
@@ -96,6 +98,7 @@ class MharLM(TemplateLM):
         use_cache: bool | str = True,
         compile: bool | str = "auto",
         cuda_graphs: bool | str = "auto",
+        compile_cache: Optional[str] = "results/cache/compile",
         **kwargs: Any,
     ) -> None:
         super().__init__()
@@ -109,6 +112,10 @@ class MharLM(TemplateLM):
             logging.getLogger(__name__).warning("MharLM: device %s is not available; using cpu", device)
             device = "cpu"  # lm-eval's CLI defaults to cuda:0; its hf model falls back the same way
         self._device = torch.device(device)
+        if self._device.type == "cuda" and str(compile_cache).lower() not in ("none", ""):
+            from mhar.env import use_compile_cache
+
+            use_compile_cache(compile_cache)  # persistent compile / autotuning caches (unless the user set them)
         if (pretrained is None) == (model is None):
             raise ValueError("MharLM: give exactly one of pretrained=<path to model.pt> or model=<Transformer>")
         self.blob: dict = {}

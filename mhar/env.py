@@ -6,6 +6,14 @@
     workflow sets it from its ``data_dir:``), ``--data-dir`` of ``python -m eval.run`` and
     ``python -m eval.probe``, ``data_dir=`` of the Python functions. Unset: the Hugging Face hub.
 
+``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``TRITON_CACHE_AUTOTUNING``
+    Where ``torch.compile`` (inductor: FX graphs, generated kernels, autotuning results) and Triton (compiled
+    kernels; with ``TRITON_CACHE_AUTOTUNING=1`` also the autotuner's choices, the fused routing's included)
+    keep their caches across processes. ``use_compile_cache(root)`` (called by ``mhar.train`` and the
+    lm-eval adapter) sets them to ``root/inductor``, ``root/triton`` and ``1`` unless the user had set them
+    when this module was imported: a second run of the same shapes starts warm (no compilation, no
+    autotuning). Default root: ``results/cache/compile`` (the trainer: beside ``data.cache_dir``).
+
 The fused-routing kernel knobs (``MHAR_ROUTING_*``) belong to ``mhar.routing`` (docs/ARCHITECTURE.md);
 ``torchrun``'s ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` to ``mhar.distributed``.
 """
@@ -15,9 +23,13 @@ import os
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["DATA_DIR_ENV", "data_dir"]
+__all__ = ["DATA_DIR_ENV", "data_dir", "COMPILE_CACHE_ENV", "DEFAULT_COMPILE_CACHE", "use_compile_cache"]
 
 DATA_DIR_ENV = "MHAR_DATA_DIR"
+COMPILE_CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING")
+DEFAULT_COMPILE_CACHE = "results/cache/compile"
+# the user's settings (torch writes its default TORCHINDUCTOR_CACHE_DIR into the environment on first use)
+_USER_COMPILE_ENV = {k: os.environ.get(k) for k in COMPILE_CACHE_ENV}
 
 
 def data_dir(explicit: Optional[str | os.PathLike] = None) -> Optional[Path]:
@@ -27,3 +39,22 @@ def data_dir(explicit: Optional[str | os.PathLike] = None) -> Optional[Path]:
     """
     d = explicit if explicit not in (None, "") else os.environ.get(DATA_DIR_ENV, "").strip()
     return Path(d).expanduser() if d else None
+
+
+def use_compile_cache(root: Optional[str | os.PathLike] = DEFAULT_COMPILE_CACHE) -> dict:
+    """Put the persistent compile / autotuning caches under ``root`` (see the module docstring; variables the
+    user set win; ``root=None`` changes nothing). Returns the settings in force and whether a cache directory
+    already held files (``warm``: the next compile of known shapes is a cache hit), for the run's records."""
+    if root is not None:
+        root = Path(root).expanduser().resolve()
+        want = {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
+                "TRITON_CACHE_AUTOTUNING": "1"}
+        for key, value in want.items():
+            if _USER_COMPILE_ENV.get(key) is None:
+                os.environ[key] = value
+    settings = {k: os.environ.get(k) for k in COMPILE_CACHE_ENV}
+    warm = False
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        d = Path(settings[key]) if settings[key] else None
+        warm = warm or bool(d is not None and d.is_dir() and any(d.iterdir()))
+    return {"env": settings, "warm": warm}
