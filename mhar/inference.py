@@ -25,6 +25,7 @@ and greedy generations for every residual variant; fp32 on CPU, bf16 on the GPU 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -90,12 +91,10 @@ def _append_impl(buf: Tensor, ms: Tensor, src: Tensor, n: Tensor) -> None:
 
 
 def _read_impl(buf: Tensor, ms: Tensor, n: Tensor, q: Tensor, g: Tensor, H: int, eps: float,
-               extra: Optional[Tensor], pw: Optional[Tensor], peps: float,
-               pending: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+               extra: Optional[Tensor], pending: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """The routed read over the first ``n`` slots of ``buf`` (+ ``pending``, written to slot n first, + ``extra``):
     every slot is scored (a fixed shape for every read, so one compiled graph serves all of a model's reads);
-    unwritten slots get weight exactly 0. ``pw``: the sublayer's RMSNorm weight when the read returns the normed
-    mix (``read_normed``)."""
+    unwritten slots get weight exactly 0."""
     if pending is not None:
         _append_impl(buf, ms, pending, n)
         n = n + 1
@@ -110,9 +109,6 @@ def _read_impl(buf: Tensor, ms: Tensor, n: Tensor, q: Tensor, g: Tensor, H: int,
         S, scores = torch.cat([S, E]), torch.cat([scores, es])
     w = torch.softmax(scores, dim=0)
     out = (w.unsqueeze(-1) * S).sum(0).reshape(B, T, D).to(buf.dtype)
-    if pw is not None:  # mhar.model.RMSNorm, same operations
-        x32 = out.float()
-        out = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + peps) * pw.float()).to(out.dtype)
     return out, w
 
 
@@ -138,8 +134,7 @@ class InferenceRouter(Router):
     Two implementations of the read: ``kernel=True`` (default on CUDA with Triton): one launch of
     ``mhar.routing.decode.decode_read`` (the custom op ``mhar::decode_read``); else the PyTorch expression
     ``_read_impl`` (plain operations dynamo traces; ``compile_fn``, e.g. ``torch.compile``, compiles it once,
-    every read having the same shapes), which can also return the sublayer's RMSNorm of the mix (``prenorm``,
-    ``Residual.read_normed``).
+    every read having the same shapes).
     """
 
     name = "inference"
@@ -152,10 +147,6 @@ class InferenceRouter(Router):
             self._append, self._read = compile_fn(_append_impl), compile_fn(_read_impl)
         self.kernel = kernel
         self._slots: dict[torch.device, list[Tensor]] = {}
-
-    @property
-    def prenorm(self) -> bool:
-        return not self.kernel  # the kernel returns the mix; the sublayer's compiled graph norms it
 
     def resolve(self, device: torch.device) -> "InferenceRouter":
         """Fix ``kernel`` for ``device`` (None: the kernel where it runs, i.e. CUDA with Triton)."""
@@ -194,8 +185,8 @@ class InferenceRouter(Router):
         return state.n + (state.pending is not None)
 
     def read(self, state: _Sources, query: Tensor, norm_weight: Tensor, num_heads: int, eps: float = 1e-6, *,
-             extra: Optional[Tensor] = None, return_weights: bool = False, lookahead=None, prenorm=None):
-        if self.kernel and not return_weights and prenorm is None:
+             extra: Optional[Tensor] = None, return_weights: bool = False, lookahead=None):
+        if self.kernel and not return_weights:
             from .routing.decode import decode_read
 
             out = decode_read(state.buf, state.ms.view(state.ms.shape[:-1]), state.n, query, norm_weight,
@@ -203,9 +194,8 @@ class InferenceRouter(Router):
             if state.pending is not None:
                 state.n, state.pending = state.n + 1, None
             return out
-        pw, peps = (None, 0.0) if prenorm is None else (prenorm.weight, float(prenorm.eps))
         out, w = self._read(state.buf, state.ms, self._slot(state.n, state.buf.device), query, norm_weight,
-                            int(num_heads), float(eps), extra, pw, peps, state.pending)
+                            int(num_heads), float(eps), extra, state.pending)
         if state.pending is not None:
             state.n, state.pending = state.n + 1, None
         if return_weights:
@@ -269,7 +259,7 @@ def _compile_mode(value: Any, device: torch.device) -> str:
     return "regional" if on else "none"
 
 
-_SUBLAYERS = ("attn_sublayer", "mlp_sublayer", "attn_normed", "mlp_normed")
+_SUBLAYERS = ("attn_sublayer", "mlp_sublayer")
 _MISSING = object()
 
 
@@ -636,10 +626,19 @@ class Scorer:
             with torch.cuda.stream(side):  # warm-up: compilation, autotuning, allocator
                 self._forward(g.ids)
             torch.cuda.current_stream(dev).wait_stream(side)
-            g.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g.graph, pool=self._pool):
-                g.out = self._forward(g.ids)
-            self._pool = g.graph.pool()
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=self._pool):
+                    g.out = self._forward(g.ids)
+            except RuntimeError as e:  # a router that cannot be captured (a host sync): score without graphs
+                warnings.warn(f"mhar.inference.Scorer: the forward could not be captured as a CUDA graph ({e}); "
+                              "scoring without CUDA graphs")
+                torch.cuda.synchronize(dev)
+                self.graphs_opt = False
+                g.out = None
+                return g
+            g.graph = graph
+            self._pool = graph.pool()
             self.captures += 1
         self._graphs[(Bp, Tp)] = g
         return g
@@ -658,6 +657,8 @@ class Scorer:
         if not graphs:
             return self._forward(ids)[:B, :T]
         g = self._capture(Bp, Tp)
+        if not self.graphs():  # the capture failed
+            return self._forward(ids)[:B, :T]
         g.ids.copy_(ids)
         g.replay()
         return g.out[:B, :T].clone()  # the pool's memory is the next replay's

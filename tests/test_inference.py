@@ -142,7 +142,7 @@ def test_decode_kernel_generation_equals_recompute(variant):
     ref = model.generate(contexts, 5, use_cache=False)
     assert Decoder(model, compile=False, cuda_graphs=False, kernel=True).generate(contexts, 5) == ref
     dec = Decoder(model, compile="whole", cuda_graphs="emulate", backend="aot_eager", kernel=True)
-    assert dec.generate(contexts, 5) == ref and dec.router.kernel and not dec.router.prenorm
+    assert dec.generate(contexts, 5) == ref and dec.router.kernel
 
 
 def test_graph_path_reuses_its_cache_and_stops():
@@ -265,6 +265,25 @@ def test_gpu_graph_decoding_equals_eager(variant):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_gpu_graph_scoring_equals_eager(variant):
+    """fp32 on CUDA: the default scorer (regional compile, one CUDA graph per (batch, length) bucket, shared
+    pool) gives the eager per-sample log-likelihoods; a second shape in the same bucket replays its graph."""
+    model = _model(variant, device="cuda")
+    ids = torch.randint(0, VOCAB, (3, 90), generator=torch.Generator().manual_seed(17)).cuda()
+    lengths = torch.tensor([90, 61, 77])
+    sc = Scorer(model)
+    assert sc.compiled() and sc.graphs()
+    ref = Scorer(model, compile=False, cuda_graphs=False).sequence_logprobs(ids, lengths)
+    torch.testing.assert_close(sc.sequence_logprobs(ids, lengths), ref, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(sc.sequence_logprobs(ids[:, :70], torch.tensor([70, 61, 70])),
+                               Scorer(model, compile=False, cuda_graphs=False).sequence_logprobs(
+                                   ids[:, :70], torch.tensor([70, 61, 70])), rtol=1e-4, atol=1e-3)
+    assert sc.captures == 1 and set(sc._graphs) == {(4, 128)}  # lengths 90 and 70: one bucket
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_gpu_bf16_scoring_and_decoding_within_tolerance(variant):
     """bf16 on CUDA (the benchmark's setting): per-sample log-likelihood sums of the compiled scorer within
     1e-2 (absolute) of the eager scorer's; the decode path's first-step logits argmax agrees with the
@@ -272,9 +291,11 @@ def test_gpu_bf16_scoring_and_decoding_within_tolerance(variant):
     model = _model(variant, device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, VOCAB, (4, 70), generator=torch.Generator().manual_seed(14)).cuda()
     lengths = torch.tensor([70, 50, 64, 33])
-    eager = Scorer(model, compile=False).sequence_logprobs(ids, lengths)
-    comp = Scorer(model, compile=True).sequence_logprobs(ids, lengths)
-    assert (comp - eager).abs().max().item() <= 1e-2, (comp, eager)
+    eager = Scorer(model, compile=False, cuda_graphs=False).sequence_logprobs(ids, lengths)
+    comp = Scorer(model).sequence_logprobs(ids, lengths)  # compiled + CUDA graphs
+    diff = (comp - eager).abs().max().item()
+    print(f"bf16 {variant}: per-sample sums {eager.tolist()}, max |compiled - eager| {diff:.2e}")
+    assert diff <= 1e-2, (comp, eager)
     contexts = _contexts(15)
     out = Decoder(model).generate(contexts, 1 + 4)
     assert [o[0] for o in out] == [t[0] for t in model.generate(contexts, 1, use_cache=False)]
