@@ -129,16 +129,17 @@ def _measure(score: Callable, forward: Optional[Callable], gen: Callable[[int], 
 
 
 def bench_ours(size: str, variant: str, routing_impl: str, heads: int, batch: int, T: int, prompt: int, new: int,
-               repeats: int, device: torch.device, dtype: torch.dtype, compile: str, cuda_graphs: str) -> dict:
+               repeats: int, device: torch.device, dtype: torch.dtype, compile: str, cuda_graphs: str,
+               decode_kernel: Optional[bool] = None) -> dict:
     model, contexts = build_inference_model(size, variant, routing_impl, heads, batch, prompt, device, dtype)
     ids = torch.randint(0, model.cfg.vocab_size, (batch, T), generator=torch.Generator().manual_seed(1)).to(device)
-    scorer = scorer_for(model, compile=compile)
-    dec = decoder_for(model, compile=compile, cuda_graphs=cuda_graphs)
+    scorer = scorer_for(model, compile=compile, cuda_graphs=cuda_graphs)
+    dec = decoder_for(model, compile=compile, cuda_graphs=cuda_graphs, kernel=decode_kernel)
     with torch.no_grad():
         row = _measure(lambda: scorer.sequence_logprobs(ids), lambda: model(ids).logits,
                        lambda k: model.generate(contexts, k), batch, T, prompt, new, repeats, device)
     row.update(params=model.num_params(), compile=scorer.mode(), decode_compile=dec.mode(),
-               cuda_graphs=dec.graphs(), kv_cache_gib=round(sum(t.numel() * t.element_size() for c in dec._caches.values()
+               cuda_graphs=dec.graphs(), decode_kernel=bool(dec.router.kernel), score_captures=scorer.captures, kv_cache_gib=round(sum(t.numel() * t.element_size() for c in dec._caches.values()
                                                                 for t in c.k + c.v) / 2**30, 4))
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_step = 2 * model.cfg.n_layers * batch * model.cfg.n_kv_heads * (prompt + new) * model.cfg.resolved_head_dim \
@@ -194,7 +195,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' Qwen3 (no baseline_vs_hf_* ratios)")
     ap.add_argument("--compile", default="auto", help="scoring / decoding compile mode: auto|regional|whole|none")
-    ap.add_argument("--cuda-graphs", default="auto", help="decode steps as CUDA graphs: auto|true|false")
+    ap.add_argument("--cuda-graphs", default="auto", help="scoring / decode steps as CUDA graphs: auto|true|false")
+    ap.add_argument("--decode-kernel", default="auto", choices=["auto", "0", "1"],
+                    help="routed decode reads by the Triton decode kernel (auto: on CUDA) or the PyTorch expression")
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float32"], help="default: bf16 on cuda, fp32 on cpu")
     add_out_args(ap, "results/bench/inference.csv")
@@ -220,7 +223,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     r = bench_hf(size, batch, T, prompt, a.new, a.repeats, device, dtype)
                 else:
                     r = bench_ours(size, variant, impl, a.heads, batch, T, prompt, a.new, a.repeats, device, dtype,
-                                   a.compile, a.cuda_graphs)
+                                   a.compile, a.cuda_graphs,
+                                   None if a.decode_kernel == "auto" else a.decode_kernel == "1")
                 _free(device)
                 got[variant] = r
                 r.update(size=size, variant=variant, routing_impl=impl if variant not in ("hf", "baseline") else "",
