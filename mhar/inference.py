@@ -555,8 +555,10 @@ class Scorer:
     """Hidden states and target log-probabilities for log-likelihood scoring (see the module docstring).
 
     ``compile``: ``regional`` (each sublayer kind and the final norm compiled once, shared by all layers; the
-    routing runs the model's own router between them), ``whole`` (``Transformer.hidden`` as one graph; routers
-    that dynamo cannot trace fall back to regional), ``none``; ``auto`` / true = regional on CUDA, none on CPU.
+    routing runs the model's own router between them), ``whole`` (``Transformer.hidden`` as one graph, fullgraph:
+    the fused router, whose Python glue dynamo cannot trace, is replaced for the call by ``InferenceRouter`` with
+    the custom op ``mhar::decode_read``: same function, inference only), ``none``; ``auto`` / true = regional on
+    CUDA, none on CPU.
     ``cuda_graphs``: replay each (batch bucket, length bucket)'s forward as a CUDA graph (``auto``: on CUDA):
     no host work per sublayer or routing call, so short inputs run at the GPU's speed; the graphs share one
     memory pool (they run one at a time; each call's states are copied out). ``backend``: the
@@ -576,8 +578,19 @@ class Scorer:
         return self.model.embed.weight.device
 
     def mode(self) -> str:
-        mode = _compile_mode(self.compile_opt, self._device())
-        return "regional" if mode == "whole" and not traceable_router(self.model) else mode
+        return _compile_mode(self.compile_opt, self._device())
+
+    def _whole_router(self) -> Optional[InferenceRouter]:
+        """``whole`` mode: a router dynamo traces in place of one it cannot (the fused kernels' Python state
+        machine): InferenceRouter with the custom op ``mhar::decode_read`` where Triton runs, else its PyTorch
+        expression. None when the model's own routing traces."""
+        if traceable_router(self.model):
+            return None
+        if getattr(self, "_wrouter", None) is None:
+            from .routing.decode import available
+
+            self._wrouter = InferenceRouter(kernel=available(self._device()))
+        return self._wrouter
 
     def compiled(self) -> bool:
         return self.mode() != "none"
@@ -609,9 +622,10 @@ class Scorer:
                 return self.model.hidden(ids)
         if mode == "whole":
             if self._hidden_c is None:
-                self._hidden_c = self._compile_fn(self.model.hidden)
+                self._hidden_c = _compile(self.model.hidden, self.backend, fullgraph=True)
             torch._dynamo.mark_dynamic(ids, 1)
-            return self._hidden_c(ids)
+            with use_router(self.model, self._whole_router()):
+                return self._hidden_c(ids)
         return self.model.hidden(ids)
 
     def _capture(self, Bp: int, Tp: int) -> _ScoreGraph:

@@ -231,6 +231,22 @@ def test_whole_model_traces_without_graph_breaks(variant):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("variant", ["mhar", "block_attnres", "mhar_delta"])
+def test_whole_model_scoring_with_the_fused_router_traces_through_the_custom_op(variant, monkeypatch):
+    """A router dynamo cannot trace (the fused one; here a stand-in that fails when traced) is replaced in a
+    `whole` compile by InferenceRouter with the custom op mhar::decode_read (Triton interpreter on CPU):
+    fullgraph (no graph break), the eager per-sample log-likelihoods."""
+    import mhar.inference as inf
+    model = _model(variant)
+    ids = torch.randint(0, VOCAB, (2, 21), generator=torch.Generator().manual_seed(23))
+    ref = Scorer(model, compile=False).sequence_logprobs(ids)
+    monkeypatch.setattr(inf, "traceable_router", lambda m: False)  # as for routing_impl fused
+    monkeypatch.setattr(inf, "_kernel_available", lambda dev: True, raising=False)
+    sc = Scorer(model, compile="whole", backend="aot_eager")
+    assert sc._whole_router() is not None
+    torch.testing.assert_close(sc.sequence_logprobs(ids), ref, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.slow
 def test_inductor_cpu_decode_and_scoring_equal_eager():
     """The default backend (inductor, C++ on CPU) on a routed variant: same tokens, same log-likelihoods."""
