@@ -6,6 +6,8 @@
     PYTHONPATH=. python -m benchmarks.profile_step train 100M mhar_fused  # (variants: bench_training.VARIANTS)
     PYTHONPATH=. python -m benchmarks.profile_step generate 350M mhar     # Transformer.generate as bench_inference
                                                                           # times it (8 x 512 prompt + 8 tokens)
+    PYTHONPATH=. python -m benchmarks.profile_step forward 1B baseline hf # eager model(ids) (B x T = 1 x 2048,
+                                                                         # --shape B:T) beside transformers' Qwen3
     PYTHONPATH=. python -m benchmarks.profile_step train 1B baseline mhar_fused --json $OUT/prof.json
                                      # several in one process: kernel time by category side by side, with the
                                      # difference to the first (where MHAR's extra step time goes)
@@ -79,6 +81,30 @@ def _generate_fn(size: str, variant: str, new: int = 8):
 
     model, contexts = build_inference_model(size, variant, "fused", 8, 8, 512, torch.device("cuda"), torch.bfloat16)
     return lambda: model.generate(contexts, 1 + new)
+
+
+_FORWARD_SHAPE = (1, 2048)
+
+
+def _forward_fn(size: str, what: str):
+    """Eager ``model(ids).logits`` under no_grad of our model (``baseline`` / ``mhar``: H=8, the paper configs'
+    routing) or transformers' Qwen3ForCausalLM (``hf``), bf16, at ``_FORWARD_SHAPE``."""
+    from benchmarks.bench_inference import build_hf_model, build_inference_model, default_mhar_impl
+
+    B, T = _FORWARD_SHAPE
+    dev = torch.device("cuda")
+    if what == "hf":
+        model = build_hf_model(size, dev, torch.bfloat16)
+        kw = {"use_cache": False}
+    else:
+        model, _ = build_inference_model(size, what, default_mhar_impl(dev), 8, 1, 1, dev, torch.bfloat16)
+        kw = {}
+    ids = torch.randint(0, 1000, (B, T), device=dev)
+
+    def fn():
+        with torch.no_grad():
+            return model(ids, **kw).logits
+    return fn
 
 
 # kernel categories, first match wins (substrings of the lower-cased CUDA kernel name)
@@ -158,7 +184,7 @@ def launch_sites(events, pattern: str, iters: int = 1, depth: int = 8) -> list[t
 
 
 def _profile(kind: str, size: str, what: str, iters: int = 3, stack: str | None = None) -> dict:
-    fn = {"op": _op_fn, "train": _train_fn, "generate": _generate_fn}[kind](size, what)
+    fn = {"op": _op_fn, "train": _train_fn, "generate": _generate_fn, "forward": _forward_fn}[kind](size, what)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -174,6 +200,10 @@ def _profile(kind: str, size: str, what: str, iters: int = 3, stack: str | None 
         fn()
     torch.cuda.synchronize()
     wall_noprof = (time.perf_counter() - t0) * 1e3 / iters
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2**30
     per = defaultdict(lambda: [0.0, 0])
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
@@ -184,14 +214,14 @@ def _profile(kind: str, size: str, what: str, iters: int = 3, stack: str | None 
     total = sum(v[0] for v in per.values())
     n = sum(v[1] for v in per.values())
     print(f"PROFILE {kind} {size} {what}: wall {wall_noprof:.2f} ms/iter (profiled {wall:.2f}), "
-          f"CUDA kernels {total:.2f} ms/iter, {n:.0f} kernels/iter")
+          f"CUDA kernels {total:.2f} ms/iter, {n:.0f} kernels/iter, peak {peak:.2f} GiB allocated")
     for name, (ms, cnt) in sorted(per.items(), key=lambda kv: -kv[1][0])[:14]:
         print(f"  {ms:8.3f} ms  x{cnt:5.0f}  {name[:110]}")
-    if kind == "generate":  # where the host time goes
+    if kind in ("generate", "forward"):  # where the host time goes
         print("  top CPU operators (self time):")
         for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]:
             print(f"  {e.self_cpu_time_total / 1e3 / iters:8.3f} ms  x{e.count / iters:6.0f}  {e.key[:100]}")
-    out = {"wall_ms": wall_noprof, "wall_profiled_ms": wall, "kernels": {k: list(v) for k, v in per.items()}}
+    out = {"wall_ms": wall_noprof, "wall_profiled_ms": wall, "peak_gib": peak, "kernels": {k: list(v) for k, v in per.items()}}
     if stack is not None:  # who launches the kernels matching --stack
         rows = launch_sites(prof.events(), stack, iters)
         print(f"  launch sites of kernels matching {stack!r} (per iteration):")
@@ -219,9 +249,11 @@ def _ncu(size: str, impl: str) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("kind", choices=["op", "train", "generate", "ncu"])
+    ap.add_argument("kind", choices=["op", "train", "generate", "forward", "ncu"])
+    ap.add_argument("--shape", default="1:2048", help="forward: BATCH:T")
     ap.add_argument("size")
-    ap.add_argument("targets", nargs="+", help="router impls (op) or bench_training variants (train, generate)")
+    ap.add_argument("targets", nargs="+", help="router impls (op) or bench_training variants (train, generate), "
+                    "baseline / mhar / hf (forward)")
     ap.add_argument("--json", help="write every kernel's ms / calls per iteration for each target here")
     ap.add_argument("--stack", metavar="REGEX", help="also print the operator, input shapes and Python stack that "
                     "launch each kernel whose name matches REGEX (profiles with stacks and shapes: slower)")
@@ -232,6 +264,8 @@ def main(argv=None) -> None:
         for what in args.targets:
             _ncu(args.size, what)
         return
+    global _FORWARD_SHAPE
+    _FORWARD_SHAPE = tuple(int(x) for x in args.shape.split(":"))
     results = {}
     for what in args.targets:
         results[what] = _profile(args.kind, args.size, what, stack=args.stack)

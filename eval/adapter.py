@@ -19,7 +19,8 @@ Everything follows lm-eval's ``hf`` model (``HFLM``) so numbers are comparable:
   * ``loglikelihood_rolling``: lm-eval's rolling windows of ``max_length`` tokens
     (default: the model's training context ``cfg.max_seq_len``), first window
     prefixed with the prefix token; each token is predicted exactly once.
-  * ``generate_until``: greedy decoding with the model's KV cache (``Transformer.generate``);
+  * ``generate_until``: greedy decoding with the model's static KV cache (``Transformer.generate`` ->
+    ``mhar.inference.Decoder``: on CUDA each step compiled and replayed as a CUDA graph);
     stops at the end-of-text token, at any ``until`` string or the end-of-text text (the
     output is cut before it) or after ``max_gen_toks`` tokens (aliases ``max_new_tokens``,
     ... as lm-eval's ``normalize_gen_kwargs``). A context longer than
@@ -29,6 +30,14 @@ Requests are sorted by length (longest first) and batched; sequences are
 right-padded, which is exact for a causal model (padding only follows the
 positions that are read). Only the positions that are scored go through the
 output head, in chunks, so long windows with a large vocabulary stay in memory.
+Scoring runs through ``mhar.inference.Scorer``: on CUDA the model's hidden states are
+``torch.compile``'d (shape buckets: one graph per batch-size bucket, the length dynamic)
+and the log-softmax / gather / greedy check is one fused pass over the logits.
+On CUDA each (batch, length) bucket's forward is also replayed as a CUDA graph.
+Compiled kernels and autotuning results persist in ``compile_cache`` (model arg, default
+``results/cache/compile``; ``none``: torch's defaults; see ``mhar.env.use_compile_cache``).
+``compile=false`` (model arg) runs all of it eagerly (``regional`` / ``whole``: see
+``mhar.inference``); ``cuda_graphs=false`` scores and decodes without CUDA graphs.
 """
 from __future__ import annotations
 
@@ -44,7 +53,7 @@ from tqdm import tqdm
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-# Scored positions per output-head call: bounds the (positions, vocab) fp32 block.
+# Scored positions per output-head call of a model without ``hidden`` (logits given): bounds the fp32 block.
 _HEAD_CHUNK = 4096
 
 
@@ -87,6 +96,9 @@ class MharLM(TemplateLM):
         add_bos_token: Optional[bool | str] = None,
         prefix_token_id: Optional[int | str] = None,
         use_cache: bool | str = True,
+        compile: bool | str = "auto",
+        cuda_graphs: bool | str = "auto",
+        compile_cache: Optional[str] = "results/cache/compile",
         **kwargs: Any,
     ) -> None:
         super().__init__()
@@ -100,6 +112,10 @@ class MharLM(TemplateLM):
             logging.getLogger(__name__).warning("MharLM: device %s is not available; using cpu", device)
             device = "cpu"  # lm-eval's CLI defaults to cuda:0; its hf model falls back the same way
         self._device = torch.device(device)
+        if self._device.type == "cuda" and str(compile_cache).lower() not in ("none", ""):
+            from mhar.env import use_compile_cache
+
+            use_compile_cache(compile_cache)  # persistent compile / autotuning caches (unless the user set them)
         if (pretrained is None) == (model is None):
             raise ValueError("MharLM: give exactly one of pretrained=<path to model.pt> or model=<Transformer>")
         self.blob: dict = {}
@@ -134,6 +150,15 @@ class MharLM(TemplateLM):
         self.custom_prefix_token_id = None if prefix_token_id is None else _as_int("prefix_token_id", prefix_token_id)
         if self.rolling_context > self._max_length:
             raise ValueError(f"MharLM: rolling_context={self.rolling_context} exceeds max_length={self._max_length}")
+        mode = str(compile).strip().lower() if compile is not None else "auto"
+        self.compile = mode if mode in ("auto", "regional", "whole", "none") else _as_bool("compile", compile)
+        self.cuda_graphs = "auto" if cuda_graphs in (None, "auto") else _as_bool("cuda_graphs", cuda_graphs)
+        self.scorer = None
+        if self._split_head:
+            from mhar.inference import decoder_for, scorer_for
+
+            self.scorer = scorer_for(self.model, compile=self.compile, cuda_graphs=self.cuda_graphs)
+            decoder_for(self.model, compile=self.compile, cuda_graphs=self.cuda_graphs)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer: Any, **kwargs: Any) -> "MharLM":
@@ -172,7 +197,7 @@ class MharLM(TemplateLM):
                 "dtype": str(next(self.model.parameters()).dtype), "device": str(self.device),
                 "tokenizer": self.tokenizer_name, "eot_id": self.eot_token_id,
                 "prefix_token_id": self.prefix_token_id, "add_bos_token": self.add_bos_token,
-                "kv_cache": self.use_cache,
+                "kv_cache": self.use_cache, "compile": self.scorer.mode() if self.scorer else "none",
                 "routing_impl": getattr(getattr(self.model.cfg, "residual", None), "routing_impl", None)}
 
     # --- tokenization ----------------------------------------------------------------
@@ -206,13 +231,20 @@ class MharLM(TemplateLM):
     def _hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
         """States before the output head (B, T, D); logits (B, T, V) for models without ``hidden``."""
         if self._split_head:
-            return self.model.hidden(input_ids)
+            return self.scorer.hidden(input_ids)
         return self.model(input_ids).logits
 
-    def _log_probs(self, h: torch.Tensor) -> torch.Tensor:
-        """(N, D) selected states -> (N, V) fp32 log-probabilities."""
-        logits = self.model.lm_head(h) if self._split_head else h
-        return F.log_softmax(logits.float(), dim=-1)
+    def _token_logprobs(self, h: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, D) selected states (or logits) -> fp32 log p(tgt) (N,) and whether tgt is the argmax (N,)."""
+        if self._split_head:
+            return self.scorer.token_logprobs(h, tgt)
+        lp_tok, greedy = [], []
+        for s in range(0, h.shape[0], _HEAD_CHUNK):
+            lp = F.log_softmax(h[s: s + _HEAD_CHUNK].float(), dim=-1)  # (n, V)
+            t = tgt[s: s + _HEAD_CHUNK]
+            lp_tok.append(lp.gather(-1, t[:, None]).squeeze(-1))
+            greedy.append(lp.argmax(-1) == t)
+        return torch.cat(lp_tok), torch.cat(greedy)
 
     @torch.no_grad()
     def _score(self, inputs: list[list[int]], conts: list[list[int]]) -> list[tuple[float, bool]]:
@@ -225,16 +257,11 @@ class MharLM(TemplateLM):
         sel = [h[i, len(inp) - len(cont): len(inp)] for i, (inp, cont) in enumerate(zip(inputs, conts))]
         sel_h = torch.cat(sel)  # (N, D): every scored position of the batch
         tgt = torch.as_tensor([t for cont in conts for t in cont], dtype=torch.long, device=self.device)  # (N,)
-        lp_tok, greedy = [], []
-        for s in range(0, sel_h.shape[0], _HEAD_CHUNK):
-            lp = self._log_probs(sel_h[s: s + _HEAD_CHUNK])  # (n, V)
-            t = tgt[s: s + _HEAD_CHUNK]
-            lp_tok.append(lp.gather(-1, t[:, None]).squeeze(-1))
-            greedy.append(lp.argmax(-1) == t)
+        lp_tok, greedy = self._token_logprobs(sel_h, tgt)
         sizes = [len(cont) for cont in conts]
         # fp32 sums per row, as hf sums its gathered fp32 log-probs: equal totals to the last bit
-        lp_rows = torch.cat(lp_tok).cpu().split(sizes)
-        greedy_rows = torch.cat(greedy).cpu().split(sizes)
+        lp_rows = lp_tok.cpu().split(sizes)
+        greedy_rows = greedy.cpu().split(sizes)
         return [(float(lp.contiguous().sum()), bool(g.all())) for lp, g in zip(lp_rows, greedy_rows)]
 
     def score_windows(self, ctx: list[int], cont: list[int]) -> list[tuple[list[int], list[int]]]:

@@ -703,8 +703,10 @@ def _is_inference(df) -> bool:
 
 def load_inference(paths: Iterable[str | os.PathLike]):
     """The inference records (``benchmarks/bench_inference.py`` CSVs) among ``paths``, one DataFrame with
-    columns size, provider (baseline / the routing implementation), prefill_tok_s, decode_ms_per_token,
-    peak_mem_gb, source; empty when none is listed. A listed inference CSV without these columns is an error."""
+    columns size, provider (baseline / hf = transformers' Qwen3 / the routing implementation), batch,
+    score_tok_s (NaN in records older than the scoring column), prefill_tok_s, decode_ms_per_token, peak_mem_gb,
+    source; empty when none is listed. A listed inference CSV without the core columns is an error."""
+    import numpy as np
     import pandas as pd
 
     frames = []
@@ -716,16 +718,23 @@ def load_inference(paths: Iterable[str | os.PathLike]):
         if missing:
             raise AnalysisInputError(f"{p}: inference record without columns {missing}: not a "
                                      "benchmarks/bench_inference.py CSV")
+
+        def num(col: str):
+            return pd.to_numeric(df[col], errors="coerce") if col in df.columns else pd.Series(np.nan, index=df.index)
+
         out = pd.DataFrame({
             "size": df["size"].astype(str),
-            "provider": ["baseline" if str(v) == "baseline" else provider_name(i)
+            "provider": [str(v) if str(v) in ("baseline", "hf") else provider_name(i)
                          for v, i in zip(df["variant"], df["routing_impl"])],
-            "prefill_tok_s": pd.to_numeric(df["prefill_tok_s"], errors="coerce"),
-            "decode_ms_per_token": pd.to_numeric(df["decode_ms_per_token"], errors="coerce"),
-            "peak_mem_gb": pd.to_numeric(df["peak_mem_gib"], errors="coerce"),
+            "batch": num("batch"),
+            "score_tok_s": num("score_tok_s"),
+            "prefill_tok_s": num("prefill_tok_s"),
+            "decode_ms_per_token": num("decode_ms_per_token"),
+            "peak_mem_gb": num("peak_mem_gib"),
             "source": str(p)})
         frames.append(out)
-    cols = ["size", "provider", "prefill_tok_s", "decode_ms_per_token", "peak_mem_gb", "source"]
+    cols = ["size", "provider", "batch", "score_tok_s", "prefill_tok_s", "decode_ms_per_token", "peak_mem_gb",
+            "source"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
 
 

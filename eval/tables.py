@@ -720,7 +720,7 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
     """Throughput (ratio to baseline) and peak memory per routing implementation and size."""
     pub = io.load_published() if published is None else published
     df = io.load_bench(bench_csvs)
-    inf = io.load_inference(bench_csvs)
+    inf = _table_inference_rows(io.load_inference(bench_csvs))
     inf_base = {size: sub for size, sub in inf[inf["provider"] == "baseline"].groupby("size")}
     prov_order = {p: i for i, p in enumerate(("baseline", "eager", "compile", "fused"))}
     base_tps = {size: _mean_se(sub.loc[sub["provider"] == "baseline", "tokens_per_s"])
@@ -769,6 +769,10 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
             Column("paper ratio", lambda r: f_num(r["published_ratio"], 2)),
             Column("paper GB", lambda r: f_num(r["published_mem_gb"], 1)),
             Column("verdict", lambda r: r["verdict"] or "-")]
+    scored = bool(len(inf)) and bool(inf["score_tok_s"].notna().any())
+    if scored:
+        cols[-1:-1] = [Column("score tok/s (ratio)", lambda r: f"{f_num(r['score_tok_s'], 0)} "
+                              f"({f_num(r['score_ratio'], 2)})" if _ok(r.get("score_tok_s")) else "-")]
     if len(inf):
         cols[-1:-1] = [Column("prefill tok/s (ratio)", lambda r: f"{f_num(r['prefill_tok_s'], 0)} "
                               f"({f_num(r['prefill_ratio'], 2)})" if _ok(r.get("prefill_tok_s")) else "-"),
@@ -783,13 +787,46 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
              "Paper: cost table (single H100); eager 1B was OOM (>80 GB).",
              "Verdicts: eval/verdict.py COST_RULE (quoted once at the top of REPORT.md): two-sided tolerance 0.10 "
              "plus 2 SE of the repeats."] + \
-        (["Inference (benchmarks/bench_inference.py, Transformer.generate with the KV cache; "
-          "not in the paper, no verdict): prefill tok/s and its ratio to the baseline, decode ms per generated "
-          "token (whole batch) and its ratio to the baseline (> 1 = slower), peak memory of the decode call."]
+        (["Inference (benchmarks/bench_inference.py at batch 8; not in the paper, no verdict): "
+          + ("scoring tok/s (the lm-eval adapter's path, mhar.inference.Scorer) and its ratio to the baseline, "
+             if scored else "") +
+          "prefill tok/s and its ratio to the baseline, decode ms per generated token (Transformer.generate, "
+          "whole batch) and its ratio to the baseline (> 1 = slower), inference peak memory."]
          if len(inf) else []) + \
+        _hf_notes(inf) + \
         [f"skipped: {s}" for s in df.attrs.get("skipped", [])]
     return Table("cost", "Cost: throughput and memory by routing implementation", rows, cols, notes,
                  io.provenance(bench_csvs))
+
+
+def _table_inference_rows(inf):
+    """The inference rows the cost table shows: batch 8 (the table's shape; records without a batch column
+    count as 8), and per size only the newest record format (rows with the scoring column) when it exists, so
+    figures of two versions of the benchmark are never averaged."""
+    if not len(inf):
+        return inf
+    inf = inf[inf["batch"].fillna(8) == 8]
+    keep = []
+    for _, sub in inf.groupby("size"):
+        keep.append(sub[sub["score_tok_s"].notna()] if sub["score_tok_s"].notna().any() else sub)
+    import pandas as pd
+    return pd.concat(keep, ignore_index=True) if keep else inf
+
+
+def _hf_notes(inf) -> list[str]:
+    """One note per size with transformers' Qwen3 measured beside the baseline (same run, same shapes)."""
+    out = []
+    for size, sub in inf.groupby("size"):
+        hf, base = sub[sub["provider"] == "hf"], sub[sub["provider"] == "baseline"]
+        if not len(hf) or not len(base):
+            continue
+        sc = (f"scoring {f_num(base['score_tok_s'].mean(), 0)} vs {f_num(hf['score_tok_s'].mean(), 0)} tok/s, "
+              if base["score_tok_s"].notna().any() else "")
+        out.append(f"{size}: baseline vs transformers' Qwen3ForCausalLM (SDPA, eager generate) at the same shapes: "
+                   f"{sc}decode {f_num(base['decode_ms_per_token'].mean(), 2)} vs "
+                   f"{f_num(hf['decode_ms_per_token'].mean(), 2)} ms/token, peak "
+                   f"{f_num(base['peak_mem_gb'].mean(), 2)} vs {f_num(hf['peak_mem_gb'].mean(), 2)} GB.")
+    return out
 
 
 def _inference_cols(inf, inf_base: dict, size: str, provider: str) -> dict:
@@ -797,13 +834,16 @@ def _inference_cols(inf, inf_base: dict, size: str, provider: str) -> dict:
     sub = inf[(inf["size"] == size) & (inf["provider"] == provider)]
     if not len(sub):
         return {}
+    score = float(sub["score_tok_s"].mean()) if sub["score_tok_s"].notna().any() else None
     out = {"prefill_tok_s": float(sub["prefill_tok_s"].mean()), "decode_ms": float(sub["decode_ms_per_token"].mean()),
            "infer_peak_gb": float(sub["peak_mem_gb"].mean()) if sub["peak_mem_gb"].notna().any() else None,
-           "prefill_ratio": None, "decode_ratio": None}
+           "score_tok_s": score, "prefill_ratio": None, "decode_ratio": None, "score_ratio": None}
     base = inf_base.get(size)
     if base is not None:
         out["prefill_ratio"] = out["prefill_tok_s"] / float(base["prefill_tok_s"].mean())
         out["decode_ratio"] = out["decode_ms"] / float(base["decode_ms_per_token"].mean())
+        if score is not None and base["score_tok_s"].notna().any():
+            out["score_ratio"] = score / float(base["score_tok_s"].mean())
     return out
 
 

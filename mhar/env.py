@@ -9,6 +9,13 @@
 ``MHAR_TOKENIZE_WORKERS``
     Processes that tokenize a corpus into token shards (``mhar.data.build_shards``); unset or 0:
     every core this process may use. The shards are the same for any value.
+``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``TRITON_CACHE_AUTOTUNING``
+    Where ``torch.compile`` (inductor: FX graphs, generated kernels, autotuning results) and Triton (compiled
+    kernels; with ``TRITON_CACHE_AUTOTUNING=1`` also the autotuner's choices, the fused routing's included)
+    keep their caches across processes. ``use_compile_cache(root)`` (called by ``mhar.train`` and the
+    lm-eval adapter) sets them to ``root/inductor``, ``root/triton`` and ``1`` unless the user had set them
+    when this module was imported: a second run of the same shapes starts warm (no compilation, no
+    autotuning). Default root: ``results/cache/compile`` (the trainer: beside ``data.cache_dir``).
 
 The fused-routing kernel knobs (``MHAR_ROUTING_*``) belong to ``mhar.routing`` (docs/ARCHITECTURE.md);
 ``torchrun``'s ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` to ``mhar.distributed``.
@@ -19,10 +26,15 @@ import os
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["DATA_DIR_ENV", "TOKENIZE_WORKERS_ENV", "data_dir", "tokenize_workers", "tokenizers_single_threaded"]
+__all__ = ["DATA_DIR_ENV", "TOKENIZE_WORKERS_ENV", "data_dir", "tokenize_workers", "tokenizers_single_threaded",
+           "COMPILE_CACHE_ENV", "DEFAULT_COMPILE_CACHE", "use_compile_cache"]
 
 DATA_DIR_ENV = "MHAR_DATA_DIR"
 TOKENIZE_WORKERS_ENV = "MHAR_TOKENIZE_WORKERS"
+COMPILE_CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING")
+DEFAULT_COMPILE_CACHE = "results/cache/compile"
+# the user's settings (torch writes its default TORCHINDUCTOR_CACHE_DIR into the environment on first use)
+_USER_COMPILE_ENV = {k: os.environ.get(k) for k in COMPILE_CACHE_ENV}
 
 
 def data_dir(explicit: Optional[str | os.PathLike] = None) -> Optional[Path]:
@@ -52,3 +64,22 @@ def tokenizers_single_threaded() -> None:
     """Set ``TOKENIZERS_PARALLELISM=false`` in this process (a tokenizer worker process of
     ``mhar.data``: one core each, and no warning about parallelism before a fork)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def use_compile_cache(root: Optional[str | os.PathLike] = DEFAULT_COMPILE_CACHE) -> dict:
+    """Put the persistent compile / autotuning caches under ``root`` (see the module docstring; variables the
+    user set win; ``root=None`` changes nothing). Returns the settings in force and whether a cache directory
+    already held files (``warm``: the next compile of known shapes is a cache hit), for the run's records."""
+    if root is not None:
+        root = Path(root).expanduser().resolve()
+        want = {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
+                "TRITON_CACHE_AUTOTUNING": "1"}
+        for key, value in want.items():
+            if _USER_COMPILE_ENV.get(key) is None:
+                os.environ[key] = value
+    settings = {k: os.environ.get(k) for k in COMPILE_CACHE_ENV}
+    warm = False
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        d = Path(settings[key]) if settings[key] else None
+        warm = warm or bool(d is not None and d.is_dir() and any(d.iterdir()))
+    return {"env": settings, "warm": warm}

@@ -9,10 +9,13 @@ The decoder loop never branches on the residual variant: see
 ``mhar.residuals.base.Residual``.
 
 Incremental decoding (``KVCache``, ``Transformer.generate``): attention keeps the
-keys/values of the positions already processed; every residual variant mixes
-only across depth, per token, so a step builds the residual state (and, for the
-routed variants, the depth sources) of the new positions only. A cached step
-computes exactly what the full forward computes at those positions.
+keys/values of the positions already processed in a static, pre-allocated cache
+(per layer (B, n_kv, capacity, hd), written in place at each row's next position);
+every residual variant mixes only across depth, per token, so a step builds the
+residual state (and, for the routed variants, the depth sources) of the new
+positions only: a token's routed reads cost O(N d), nothing of the prompt's sources
+is kept or re-read. A cached step computes what the full forward computes at those
+positions. ``mhar.inference`` runs the decode steps compiled and CUDA-graph captured.
 """
 from __future__ import annotations
 
@@ -72,6 +75,14 @@ class Rotary(nn.Module):
         self.cfg = cfg
         self.register_buffer("inv_freq", rope_frequencies(cfg), persistent=False)
 
+    def _apply(self, fn, *args, **kwargs):
+        # model.to(bf16) casts buffers too: keep the frequencies in fp32 on the new device (computed once here,
+        # not on the host at every forward, which cost a blocking host-to-device copy per call)
+        super()._apply(fn, *args, **kwargs)
+        if self.inv_freq.dtype != torch.float32:
+            self.inv_freq = rope_frequencies(self.cfg).to(self.inv_freq.device)
+        return self
+
     def forward(self, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
         """cos/sin (T, hd) for positions 0..T-1."""
         return self.at(torch.arange(T, device=device))
@@ -89,47 +100,111 @@ class Rotary(nn.Module):
 
 
 class KVCache:
-    """Keys/values of the positions already processed, for incremental decoding.
+    """Static keys/values of the positions already processed, for incremental decoding.
 
-    Rows may have different lengths: the first (prefill) call takes right-padded
-    input ids and each row's true length; padded slots stay in the cache but are
-    masked out, and each row's next position continues from its own length.
-    ``k[l]``/``v[l]``: (B, n_kv, T_cached, hd) after RoPE, before GQA repetition.
+    ``k[l]`` / ``v[l]``: (B, n_kv, capacity, hd) per layer, after RoPE, before GQA repetition, allocated once
+    (zeros) at the prefill and written in place: the prefill fills slots [0, T) of every row, a later step
+    writes row b's new positions at ``pos[b], pos[b] + 1, ...``. Rows may have different lengths: the prefill
+    takes right-padded input ids and each row's true length; a row's padded slots are masked until its own
+    next tokens overwrite them. ``pos`` (B,) long: the next position of each row (= its filled slots).
+    The capacity is ``capacity`` (default: the model's ``max_seq_len``, at least the prompt); an eager call that
+    would pass it grows the buffers (a copy). ``mhar.inference`` pre-allocates and reuses one per batch size,
+    so its CUDA graphs see fixed addresses.
     """
 
-    def __init__(self, n_layers: int):
-        self.k: list[Optional[Tensor]] = [None] * n_layers
-        self.v: list[Optional[Tensor]] = [None] * n_layers
-        self.valid: Optional[Tensor] = None  # (B, T_cached) bool: slots a later query may attend to
-        self.next_pos: Optional[Tensor] = None  # (B,) position id of the next token of each row
+    def __init__(self, n_layers: int, capacity: Optional[int] = None):
+        self.n_layers = n_layers
+        self.capacity = capacity
+        self.k: list[Tensor] = []
+        self.v: list[Tensor] = []
+        self.pos: Optional[Tensor] = None
+        self.empty = True  # the next call is the prefill
+        self.filled = 0  # host-side bound on the filled slots of any row (eager calls only)
+        self.managed = False  # True: the caller (mhar.inference) sized the buffers; no host bookkeeping
 
     @property
-    def empty(self) -> bool:
-        return self.valid is None
+    def batch(self) -> int:
+        return self.k[0].shape[0] if self.k else 0
 
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append this step's k/v (B, n_kv, T, hd) of ``layer``; return all cached k/v."""
-        if self.k[layer] is not None:
-            k = torch.cat([self.k[layer], k], dim=2)
-            v = torch.cat([self.v[layer], v], dim=2)
-        self.k[layer], self.v[layer] = k, v
-        return k, v
+    def reset(self) -> None:
+        """Forget the cached positions (the buffers are kept for the next prefill)."""
+        self.empty = True
+        self.filled = 0
+
+    def allocate(self, batch: int, n_kv: int, head_dim: int, capacity: int, device, dtype) -> None:
+        """(Re)allocate zeroed buffers unless the present ones have this shape, device and dtype."""
+        shape = (batch, n_kv, capacity, head_dim)
+        if self.k and self.k[0].shape == shape and self.k[0].device == torch.device(device) \
+                and self.k[0].dtype == dtype:
+            return
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(self.n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(self.n_layers)]
+        self.pos = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def reserve(self, t_new: int) -> None:
+        """Eager calls: make room for ``t_new`` more positions per row (grow by copying when needed)."""
+        self.filled += t_new
+        cap = self.k[0].shape[2]
+        if self.filled <= cap:
+            return
+        new_cap = max(self.filled, 2 * cap)
+        for buf in (self.k, self.v):
+            for i, t in enumerate(buf):
+                grown = t.new_zeros(*t.shape[:2], new_cap, t.shape[3])
+                grown[:, :, :cap] = t
+                buf[i] = grown
+
+    def layer(self, layer: int, positions: Optional[Tensor]) -> "AttnStep":
+        """What layer ``layer``'s attention needs: its buffers and the new positions (None: the prefill)."""
+        return AttnStep(self.k[layer], self.v[layer], positions)
 
     def keep_rows(self, rows: Tensor) -> None:
         """Drop finished rows (``rows``: indices of the rows to keep, in the new order)."""
-        self.k = [None if t is None else t.index_select(0, rows) for t in self.k]
-        self.v = [None if t is None else t.index_select(0, rows) for t in self.v]
-        if self.valid is not None:
-            self.valid = self.valid.index_select(0, rows)
-            self.next_pos = self.next_pos.index_select(0, rows)
+        self.k = [t.index_select(0, rows) for t in self.k]
+        self.v = [t.index_select(0, rows) for t in self.v]
+        if self.pos is not None:
+            self.pos = self.pos.index_select(0, rows)
 
 
 @dataclass
 class AttnStep:
-    """What attention needs besides its input for one cached call."""
+    """One layer's share of a cached call: its cache buffers (B, n_kv, capacity, hd), written in place, and the
+    positions (B, T) of the new tokens (None: the prefill, slots [0, T), plain causal attention). No layer
+    index: a compiled attention sublayer is one graph for every layer."""
 
-    cache: KVCache
-    mask: Optional[Tensor]  # (B, 1, T, T_cached + T) bool, None: plain causal over the new positions
+    k: Tensor
+    v: Tensor
+    positions: Optional[Tensor]
+
+    def write(self, k: Tensor, v: Tensor) -> None:
+        if self.positions is None:
+            T = k.shape[2]
+            self.k[:, :, :T] = k
+            self.v[:, :, :T] = v
+            return
+        B, kv, T, hd = k.shape
+        idx = self.positions[:, None, :, None].expand(B, kv, T, hd)
+        self.k.scatter_(2, idx, k)
+        self.v.scatter_(2, idx, v)
+
+
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor) -> Tensor:
+    """Attention of new queries over a static cache: q (B, h, T, hd); k/v (B, n_kv, S, hd) (all slots);
+    slot s is visible to the query at position p when s <= p (a row's slots past its length are masked).
+
+    Written as fp32 products and sums (no matmul): scores and the weighted sum accumulate in fp32 from the
+    16-bit cache, no GQA copy of the cache (the query heads of a KV head are a second axis), and under
+    ``torch.compile`` each becomes one reduction kernel that reads the cache once (decode: T = 1)."""
+    B, h, T, hd = q.shape
+    kv, S = k.shape[1], k.shape[2]
+    rep = h // kv
+    qg = q.float().reshape(B, kv, rep * T, 1, hd) * (1.0 / math.sqrt(hd))  # head g*rep + r -> (g, r*T + t)
+    scores = (qg * k.float()[:, :, None]).sum(-1)  # (B, kv, rep*T, S)
+    visible = torch.arange(S, device=q.device)[None, None, :] <= positions[:, :, None]  # (B, T, S)
+    visible = visible[:, None, None].expand(B, 1, rep, T, S).reshape(B, 1, rep * T, S)
+    p = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    y = (p[..., None] * v.float()[:, :, None]).sum(-2)  # (B, kv, rep*T, hd)
+    return y.reshape(B, h, T, hd).to(q.dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -163,9 +238,8 @@ class Attention(nn.Module):
         w = lin.weight.view(G, -1, x.shape[-1])
         return torch.einsum("btgd,god->btgo", x, w).flatten(2)  # (B, T, out)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None,
-                layer: int = 0) -> Tensor:
-        """``step``: KV cache of an incremental call (``layer`` indexes it); None = full causal forward."""
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None) -> Tensor:
+        """``step``: this layer's KV cache of an incremental call; None = full causal forward."""
         if x.dim() == 4:
             B, T = x.shape[:2]
             q, k, v = (self._grouped_proj(x, p) for p in (self.q_proj, self.k_proj, self.v_proj))
@@ -176,18 +250,16 @@ class Attention(nn.Module):
         k = self.k_norm(k.view(B, T, self.n_kv, self.hd)).transpose(1, 2)  # (B, kv, T, hd)
         v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, kv, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        mask = None
         if step is not None:
-            k, v = step.cache.update(layer, k, v)  # (B, kv, T_all, hd)
-            mask = step.mask
+            step.write(k, v)
+        if step is not None and step.positions is not None:  # a cached step: attend over the static cache
+            y = cached_attention(q, step.k, step.v, step.positions)  # (B, h, T, hd)
+            return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))
         if self.n_kv != self.n_heads:
             rep = self.n_heads // self.n_kv
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, h, T, hd)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, h, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))
 
 
@@ -214,9 +286,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def attn_sublayer(self, h: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None,
-                      layer: int = 0) -> Tensor:
-        return self.attn(self.attn_norm(h), cos, sin, step, layer)
+    def attn_sublayer(self, h: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None) -> Tensor:
+        return self.attn(self.attn_norm(h), cos, sin, step)
 
     def mlp_sublayer(self, h: Tensor) -> Tensor:
         return self.mlp(self.mlp_norm(h))
@@ -255,12 +326,11 @@ class Transformer(nn.Module):
         self.residual.reset_parameters()
 
     def sublayer(self, i: int, h: Tensor, cos: Tensor, sin: Tensor, step: Optional[AttnStep] = None) -> Tensor:
-        """Sublayer i on its read h."""
+        """Sublayer i on its read h; ``step``: layer i // 2's share of a cached call."""
         block = self.layers[i // 2]
         if i % 2:
             return block.mlp_sublayer(h)
-        # training passes no layer index: a compiled attn_sublayer then has one graph for all layers
-        return block.attn_sublayer(h, cos, sin) if step is None else block.attn_sublayer(h, cos, sin, step, i // 2)
+        return block.attn_sublayer(h, cos, sin) if step is None else block.attn_sublayer(h, cos, sin, step)
 
     def hidden(self, input_ids: Tensor, cache: Optional[KVCache] = None,
                lengths: Optional[Tensor] = None) -> Tensor:
@@ -273,27 +343,31 @@ class Transformer(nn.Module):
         """
         B, T = input_ids.shape
         dev = input_ids.device
-        step = None
+        positions = None  # (B, T) positions of the new tokens of a cached step (None: no cache or the prefill)
         if cache is None:
             cos, sin = self.rotary(T, dev)
-        elif cache.empty:
-            lengths = torch.full((B,), T, device=dev) if lengths is None else lengths.to(dev)
+        elif cache.empty:  # the prefill: causal (padding only follows the positions that are read)
+            if not cache.managed:
+                cfg = self.cfg
+                cap = max(T, cache.capacity or cfg.max_seq_len)
+                kv_dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) \
+                    else self.embed.weight.dtype
+                cache.allocate(B, cfg.n_kv_heads, cfg.resolved_head_dim, cap, dev, kv_dtype)
+                cache.filled = T
             cos, sin = self.rotary(T, dev)
-            step = AttnStep(cache, None)  # causal: padding only follows the positions that are read
-            cache.valid = torch.arange(T, device=dev)[None, :] < lengths[:, None]  # (B, T)
-            cache.next_pos = lengths.clone()
+            cache.pos.copy_(torch.full((B,), T, device=dev) if lengths is None else lengths.to(dev))
+            cache.empty = False
         else:
-            pos = cache.next_pos[:, None] + torch.arange(T, device=dev)  # (B, T)
-            cos, sin = self.rotary.at(pos)
-            causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()  # among the new positions
-            mask = torch.cat([cache.valid[:, None, :].expand(B, T, -1), causal.expand(B, T, T)], dim=-1)
-            step = AttnStep(cache, mask[:, None])  # (B, 1, T, T_cached + T)
-            cache.valid = torch.cat([cache.valid, torch.ones(B, T, dtype=torch.bool, device=dev)], dim=1)
-            cache.next_pos = cache.next_pos + T
+            if not cache.managed and not torch.compiler.is_compiling():
+                cache.reserve(T)
+            positions = cache.pos[:, None] + torch.arange(T, device=dev)  # (B, T)
+            cos, sin = self.rotary.at(positions)
+            cache.pos.add_(T)
         res = self.residual
         state = res.init(self.embed(input_ids))  # (B, T, D)
         for i in range(self.cfg.n_sublayers):
-            state = res.write(state, i, self.sublayer(i, res.read(state, i), cos, sin, step))
+            lstep = None if cache is None or i % 2 else cache.layer(i // 2, positions)
+            state = res.write(state, i, self.sublayer(i, res.read(state, i), cos, sin, lstep))
         return self.final_norm(res.readout(state))
 
     def head_loss(self, h: Tensor, labels: Tensor, z_weight: float = 0.0) -> tuple[Tensor, Tensor]:
@@ -317,51 +391,45 @@ class Transformer(nn.Module):
 
         A row stops at a token in ``stop_ids`` (not included), when ``should_stop(row,
         generated)`` is true (the token that made it true is kept), or after
-        ``max_new_tokens``. ``use_cache=False`` recomputes the whole sequence every step
-        (the reference path; then ``max_length`` left-truncates each step's input).
+        ``max_new_tokens``. With the cache (default) the decoding runs in ``mhar.inference.Decoder``
+        (static KV cache; on CUDA each step compiled and replayed as a CUDA graph; settings:
+        ``mhar.inference.decoder_for(model, compile=..., cuda_graphs=...)``). ``use_cache=False``
+        recomputes the whole sequence every step (the reference path; then ``max_length``
+        left-truncates each step's input).
         """
-        dev = self.embed.weight.device
-        gen: list[list[int]] = [[] for _ in contexts]
         if any(not c for c in contexts):
             raise ValueError("generate: every context needs at least one token")
+        if use_cache:
+            from .inference import decoder_for
+
+            return decoder_for(self).generate(contexts, max_new_tokens, stop_ids, should_stop)
+        dev = self.embed.weight.device
+        gen: list[list[int]] = [[] for _ in contexts]
         active = list(range(len(contexts)))
         stop = set(int(t) for t in stop_ids)
-        cache = KVCache(self.cfg.n_layers) if use_cache else None
-        nxt = None
         for _ in range(max_new_tokens):
             if not active:
                 break
-            if not use_cache:
-                seqs = [(contexts[i] + gen[i])[-max_length:] if max_length else contexts[i] + gen[i] for i in active]
-                last = self._last_states(seqs, dev)
-            elif cache.empty:
-                last = self._last_states([contexts[i] for i in active], dev, cache)
-            else:
-                last = self.hidden(nxt[:, None], cache)[:, -1]  # (B, D)
-            nxt = self.lm_head(last).float().argmax(-1)  # (B,)
-            keep, still = [], []
-            for j, (i, tok) in enumerate(zip(active, nxt.tolist())):
+            seqs = [(contexts[i] + gen[i])[-max_length:] if max_length else contexts[i] + gen[i] for i in active]
+            nxt = self.lm_head(self._last_states(seqs, dev)).float().argmax(-1)  # (B,)
+            still = []
+            for i, tok in zip(active, nxt.tolist()):
                 if tok in stop:
                     continue
                 gen[i].append(tok)
                 if should_stop is not None and should_stop(i, gen[i]):
                     continue
-                keep.append(j)
                 still.append(i)
-            if use_cache and len(keep) != len(active):
-                rows = torch.as_tensor(keep, dtype=torch.long, device=dev)
-                cache.keep_rows(rows)
-                nxt = nxt.index_select(0, rows)
             active = still
         return gen
 
-    def _last_states(self, seqs: list[list[int]], dev: torch.device, cache: Optional[KVCache] = None) -> Tensor:
+    def _last_states(self, seqs: list[list[int]], dev: torch.device) -> Tensor:
         """Hidden state (B, D) at the last token of each (right-padded) sequence."""
         lengths = torch.as_tensor([len(s) for s in seqs], dtype=torch.long, device=dev)
         ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
         for r, s in enumerate(seqs):
             ids[r, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-        h = self.hidden(ids.to(dev), cache, lengths if cache is not None else None)  # (B, T, D)
+        h = self.hidden(ids.to(dev))  # (B, T, D)
         return h[torch.arange(len(seqs), device=dev), lengths - 1]
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, *,

@@ -29,6 +29,10 @@ matmul parameter: all parameters except the input embedding table, plus the outp
 """
 from __future__ import annotations
 
+import time
+
+_IMPORT_TIME = time.time()  # `python -m mhar.train`: the startup report counts from here
+
 import argparse
 import fcntl
 import json
@@ -38,21 +42,21 @@ import random
 import re
 import resource
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 import yaml
-from torch import Tensor, nn
+from torch import nn
 
 from .atomic import check_writable, os_error_line
 from .checkpoint import (CheckpointError, atomic_torch_save, atomic_write_bytes, atomic_write_json, atomic_write_text,
                          clean_stale_temps, load_error_brief, safe_torch_load, save_model, sha256_path)
 from .config import ConfigError
 from .data import DataError, TrainData, load_data
+from .env import use_compile_cache
 from .distributed import (DistEnv, all_reduce_mean, all_reduce_sum, barrier, even_batches, gather_batches, init_distributed,
                           no_grad_sync, shutdown, wrap_model)
 from .model import Transformer
@@ -451,11 +455,17 @@ def _log(env: DistEnv) -> Callable[[str], None]:
     return (lambda msg: print(f"[mhar.train] {msg}", flush=True)) if env.is_main else (lambda msg: None)
 
 
-def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[int] = None) -> Optional[dict]:
+def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[int] = None,
+          started: Optional[float] = None) -> Optional[dict]:
     """Train (or resume, or skip if finished) the run in ``out_dir``; returns the summary dict.
 
     ``stop_after=k`` checkpoints after step k and returns None (as if the job were killed there).
+    ``started``: the wall time the startup report counts from (default: now; the CLI: its import).
     """
+    started = time.time() if started is None else started
+    # persistent torch.compile / Triton caches (autotuning results included) beside the data cache: a second
+    # run of the same shapes starts without compiling or autotuning (mhar.env.use_compile_cache)
+    cache = use_compile_cache(Path(cfg.data.cache_dir).parent / "compile")
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     try:  # the fused kernels' choice knobs (MHAR_ROUTING_*), before any work
@@ -470,13 +480,13 @@ def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[in
     try:
         if env.is_main:  # before any data is loaded: an unusable --out fails in a second
             rd.acquire()
-        return _train(cfg, rd, env, stop_after)
+        return _train(cfg, rd, env, stop_after, {"started": started, "compile_cache": cache})
     finally:
         rd.release()
         shutdown(env)
 
 
-def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) -> Optional[dict]:
+def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int], boot: dict) -> Optional[dict]:
     log, t = _log(env), cfg.train
     status = rd.status(cfg)
     if status == "done":
@@ -551,6 +561,10 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
            if routing["resolved"] else ""))
     seg_start, wall0 = time.time(), prog.wall_s
     speed = Throughput(tokens_per_step, fpt, peak, env.world_size)
+    startup = {"first_step_s": None, "first_timed_step_s": None,
+               "compile_cache": boot["compile_cache"]["env"]["TORCHINDUCTOR_CACHE_DIR"],
+               "compile_cache_warm": boot["compile_cache"]["warm"]}
+    seg_steps = 0
     model.train()
     try:
         while prog.step < t.steps:
@@ -564,6 +578,14 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
             if ema is not None:
                 ema.update()
             step_s = time.perf_counter() - t_step
+            seg_steps += 1
+            if seg_steps == 1:  # the cold start: data, model, compilation, autotuning of the first step
+                startup["first_step_s"] = round(time.time() - boot["started"], 3)
+            if seg_steps == speed.skip:  # the steps Throughput times start here (after warm-up and capture)
+                startup["first_timed_step_s"] = round(time.time() - boot["started"], 3)
+                log(f"startup: first step done {startup['first_step_s']} s after the start, timed steps from "
+                    f"{startup['first_timed_step_s']} s (compile cache {startup['compile_cache']}: "
+                    f"{'warm' if startup['compile_cache_warm'] else 'cold'})")
             prog.step += 1
             prog.tokens += tokens_per_step
             prog.flops += fpt * tokens_per_step
@@ -603,6 +625,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int]) 
 
     summary = _summary(cfg, raw, prog, env)
     summary.update(speed.summary(plan))
+    summary["startup"] = startup
     extra = {"step": prog.step, "variant": cfg.variant, "size": cfg.size, "seed": t.seed,
              "run": run_identity(cfg)}
     if ema is None:
@@ -683,7 +706,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.print_config:
             print(dump_yaml(cfg.to_dict()) + f"# identity: {identity_hash(cfg)}\n# pairing: {pairing_hash(cfg)}")
             return 0
-        train(cfg, args.out, stop_after=args.stop_after)
+        train(cfg, args.out, stop_after=args.stop_after, started=_IMPORT_TIME)
     except (ConfigError, DataError, RunDirError, CheckpointError, TrainingDiverged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

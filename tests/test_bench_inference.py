@@ -10,28 +10,42 @@ from benchmarks import bench_inference
 
 
 def test_cpu_smoke_writes_rows_with_provenance(tmp_path, monkeypatch):
-    calls = []
+    """The benchmark times the library's user paths (the adapter's Scorer, Transformer.generate with the cache)
+    beside transformers' Qwen3 of the same shapes, and writes the issue's columns with their ratios."""
+    calls, scored = [], []
     real = bench_inference.build_model
 
-    def spy(cfg):  # the benchmark must go through the library's generate (KV cache) path
+    def spy(cfg):
         model = real(cfg)
         orig = model.generate
         model.generate = lambda *a, **k: calls.append(k.get("use_cache", True)) or orig(*a, **k)
         return model
 
+    import mhar.inference as inf
+    orig_score = inf.Scorer.sequence_logprobs
+    monkeypatch.setattr(inf.Scorer, "sequence_logprobs", lambda self, *a, **k: scored.append(1) or orig_score(self, *a, **k))
     monkeypatch.setattr(bench_inference, "build_model", spy)
     out = tmp_path / "inference.csv"
     torch.set_num_threads(1)
-    assert bench_inference.main(["--sizes", "debug", "--device", "cpu", "--mhar-impl", "eager", "--batch", "2",
-                                 "--prompt", "16", "--new", "3", "--repeats", "1", "--out", str(out)]) == 0
+    assert bench_inference.main(["--sizes", "debug", "--device", "cpu", "--shapes", "2:24:16", "--new", "3",
+                                 "--repeats", "1", "--out", str(out)]) == 0
     rows = list(csv.DictReader(out.open()))
-    assert [(r["size"], r["variant"]) for r in rows] == [("debug", "baseline"), ("debug", "mhar")]
+    assert [(r["size"], r["variant"], r["batch"]) for r in rows] == [("debug", "hf", "2"), ("debug", "baseline", "2"),
+                                                                     ("debug", "mhar", "2")]
+    cols = ("score_tok_s", "score_vs_baseline", "decode_ms_per_token", "decode_vs_baseline", "baseline_vs_hf_score",
+            "baseline_vs_hf_decode", "peak_mem_gib")
+    assert all(c in rows[0] for c in cols)
     for r in rows:
-        assert float(r["prefill_tok_s"]) > 0 and float(r["decode_ms_per_token"]) >= 0
+        assert float(r["score_tok_s"]) > 0 and float(r["decode_ms_per_token"]) >= 0 and float(r["prefill_tok_s"]) > 0
         assert r["command"].startswith("PYTHONPATH=. python") and r["git_commit"] is not None and r["torch"]
-    assert rows[1]["routing_impl"] == "eager" and float(rows[1]["prefill_vs_baseline"]) > 0
-    assert calls and all(calls)  # 2 variants x (warm-up + timed) calls, all with the cache
-    assert len(calls) == 2 * 4  # per variant: two warm-up calls, then one timed prefill and one timed decode
+    hf, base, mhar = rows
+    assert float(base["baseline_vs_hf_score"]) == pytest.approx(float(base["score_tok_s"]) / float(hf["score_tok_s"]),
+                                                                rel=1e-3)
+    assert float(mhar["score_vs_baseline"]) == pytest.approx(float(mhar["score_tok_s"]) / float(base["score_tok_s"]),
+                                                             rel=1e-3)
+    assert mhar["routing_impl"] == "eager" and mhar["heads"] == "8" and hf["score_vs_baseline"] == ""
+    assert calls and all(calls) and len(calls) == 2 * 4  # per variant: 2 first calls + 2 timed generate calls
+    assert len(scored) == 2 * 2  # per variant: the first call + one timed repeat
 
 
 @pytest.mark.gpu

@@ -197,14 +197,15 @@ def test_debug_step_is_fast():
 
 
 def test_rope_keeps_fp32_frequencies_after_bf16_cast():
-    """model.to(bf16) casts buffers; RoPE angles must still come from fp32 frequencies."""
+    """model.to(bf16) casts buffers; RoPE angles must still come from fp32 frequencies, kept as a fp32 buffer on
+    the model's device (not recomputed on the host at every forward)."""
     from mhar.model import Rotary, rope_frequencies
 
     cfg = model_config("debug")
     rot = Rotary(cfg)
     ref_cos, ref_sin = rot(300, torch.device("cpu"))
     rot = rot.to(torch.bfloat16)
-    assert rot.inv_freq.dtype == torch.bfloat16
+    assert rot.inv_freq.dtype == torch.float32  # restored by Rotary._apply
     cos, sin = rot(300, torch.device("cpu"))
     assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin)
     assert torch.equal(rope_frequencies(cfg), Rotary(cfg).inv_freq)

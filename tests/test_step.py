@@ -10,7 +10,7 @@ import torch
 
 from mhar.config import model_config
 from mhar.model import build_model
-from mhar.step import (GRAPH_WARMUP, Throughput, TrainStep, build_optimizer, micro_forward, peak_flops,
+from mhar.step import (GRAPH_WARMUP, Throughput, TrainStep, build_optimizer, peak_flops,
                        plan_step)
 
 CUDA = torch.cuda.is_available()

@@ -379,6 +379,34 @@ def test_cost_table_adds_inference_records(tmp_path):
         io.load_bench([inf])  # inference records alone make no cost table
 
 
+def test_cost_table_reads_scoring_records_beside_older_ones(tmp_path):
+    """bench_inference.py's scoring record (score_tok_s, transformers' rows, batch 8 and 1): the table shows the
+    batch-8 scoring / decode figures with their ratios to the baseline, a note with transformers' figures, and
+    ignores an older-format row of the same size (two benchmark versions are never averaged)."""
+    bench = fx.write_bench_training(tmp_path / "training.csv")
+    new = tmp_path / "inference.csv"
+    new.write_text("size,variant,routing_impl,heads,batch,score_tokens,score_tok_s,prefill_tok_s,decode_ms_per_token,"
+                   "peak_mem_gib\n"
+                   "1B,hf,,,8,1024,131000,120000,26.7,4.38\n"
+                   "1B,baseline,,,8,1024,212000,110000,4.0,2.80\n"
+                   "1B,mhar,fused,8,8,1024,191000,50000,4.2,5.17\n"
+                   "1B,baseline,,,1,2048,130000,76000,3.6,2.66\n"
+                   "1B,mhar,fused,8,1,2048,49000,36000,4.2,3.15\n")
+    old = tmp_path / "old.csv"
+    old.write_text("size,variant,routing_impl,heads,params,dtype,batch,prompt_tokens,new_tokens,repeats,prefill_s,"
+                   "prefill_tok_s,decode_ms_per_token,peak_mem_gib,routing_autotune\n"
+                   "1B,mhar,fused,8,1,torch.bfloat16,8,512,32,3,0.08,45000.0,80.0,3.25,1\n")
+    rows = {r["provider"]: r for r in tables.cost_table([bench, new, old]).rows}
+    assert rows["fused"]["score_ratio"] == pytest.approx(191000 / 212000)
+    assert rows["fused"]["decode_ratio"] == pytest.approx(4.2 / 4.0)  # batch 8 only, the old row left out
+    assert rows["fused"]["infer_peak_gb"] == pytest.approx(5.17) and "hf" not in rows
+    t = tables.cost_table([bench, new, old])
+    md = tables.to_markdown(t)
+    assert "score tok/s (ratio)" in md and "| 191000 (0.90) |" in md
+    assert any("Qwen3ForCausalLM" in n and "212000 vs 131000 tok/s" in n and "4.00 vs 26.70 ms/token" in n
+               for n in t.notes)
+
+
 def test_identify_eval_with_relative_model_path(tmp_path):
     """Like the workflow: eval dir results/eval/<hash>/<label>/<size>/seed<k>/<ehash>, model path relative."""
     run = fx.write_run(tmp_path / "results", "mhar", "tiny", 1, 3.0, heads=8, heads_in_summary=False,
