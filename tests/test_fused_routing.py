@@ -135,6 +135,7 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
     launches = dict(fused_mod.LAUNCHES)
     loss, g, p = run(router_f)
     assert fused_mod._Read.calls - calls == n_reads  # the fused path ran, once per read
+    table = table and D // H <= fused_mod.TABLE_MAX_HEAD  # wider heads: no table
     ran = {k: fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("route_bwd", "stash", "source_bwd")}
     n_groups = fused_mod.LAUNCHES["source_group_bwd"] - launches.get("source_group_bwd", 0)
     n_extra = sum(1 for i in range(n_reads) if with_extra and i % 2 == 1)
@@ -235,6 +236,14 @@ def test_fused_router_as_registered(with_null, with_extra, dtype):
     4, 4, 4, 1; source groups of 8 and 5), with a null source (no table) or transient extra sources."""
     _check_router(1, 5, 48, 2, n_reads=13, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=14,
                   impl="fused")
+
+
+def test_fused_router_wide_heads_score_without_the_table():
+    """A head wider than TABLE_MAX_HEAD (H = 1 at D = 320; on the GPU the scoring tile of a 1024-column head does
+    not launch): get_router("fused") scores in the forward kernels (no table launch, prefix6 groups) and still
+    gives the reference's outputs and gradients (fp32; bf16 at wide heads: the GPU model tests)."""
+    assert 320 > fused_mod.TABLE_MAX_HEAD
+    _check_router(1, 5, 320, 1, n_reads=6, dtype=torch.float32, with_null=False, with_extra=False, seed=3, impl="fused")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

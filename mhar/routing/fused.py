@@ -11,7 +11,7 @@ Forward. The first read announces the reads to come (``lookahead``: the model's 
 order). Each buffered source is then scored once for all announced reads (the score table, ``score_sources``),
 every announced read mixes its sources with the table's scores (``route_fwd7``), and groups of ``V7_GROUP``
 consecutive announced reads share one pass over their common prefix (``prefix7_fwd``). Reads the table does not
-serve (a broadcast null source, a transient ``extra`` source, ``return_weights``, a read nobody announced) score
+serve (heads wider than ``TABLE_MAX_HEAD`` columns, a broadcast null source, a transient ``extra`` source, ``return_weights``, a read nobody announced) score
 their sources themselves (``route_fwd``; a group's shared prefix ``prefix6_fwd``).
 
 Backward, source-major: an announced read's backward keeps its dout (``stash``), and the backward of the first
@@ -36,10 +36,10 @@ from torch import Tensor
 
 from ._kernels import (LAUNCHES, append_source, dW_all, prefix6_fwd, prefix7_fwd, route_bwd, route_fwd, route_fwd7,
                        score_sources, source_bwd, source_group_bwd, split_weights, stash)
-from .names import SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, V7_GROUP
+from .names import SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, TABLE_MAX_HEAD, V7_GROUP
 from .routers import Router
 
-__all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES", "SOURCE_GROUP_MAX_HEAD"]
+__all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES", "SOURCE_GROUP_MAX_HEAD", "TABLE_MAX_HEAD"]
 
 
 def _check_device(t: Tensor) -> None:
@@ -448,7 +448,8 @@ class FusedRouter(Router):
                 ptrs += [(Qr[i].data_ptr(), Gr[i].data_ptr()) for i in range(Qr.shape[0])]
             lse = torch.empty((len(ptrs), B * T, H), device=query.device, dtype=torch.float32)
             v = st.reads = _Reads(K=len(ptrs), ptrs=ptrs, W=W.contiguous(), lse=lse, H=H, eps=eps)
-            if self.table and st.null is None:  # every buffered source's scores for all announced reads
+            if self.table and st.null is None and query.shape[-1] // H <= TABLE_MAX_HEAD:
+                # every buffered source's scores for all announced reads (heads up to TABLE_MAX_HEAD columns)
                 v.S = torch.empty((max(st.capacity, 1), v.K, B * T, H), device=query.device, dtype=torch.float32)
         else:
             Qr = Gr = None

@@ -16,6 +16,11 @@ SOURCE_GROUP = 8  # consecutive sources whose gradients share one pass over the 
 # sources per token, which up to 160 (H = 8 at the 1B width) compiles without register spills for sm_90; wider
 # heads (H = 4 at 350M / 1B, H = 1) would spill, so they take one pass over the later reads' douts per source.
 SOURCE_GROUP_MAX_HEAD = 160
+# Widest head that takes the score table: the scoring kernel holds a token block's head columns and the reads'
+# weights for them in one tile; at 1024 columns (H = 1 at D = 1024) that tile needs 320 KiB of shared memory and
+# does not launch on the H200, at 256 (H = 4) it runs (GPU tests). Wider heads score their sources in the
+# forward kernels (one pass per read, or per group of reads over their common prefix), as before the table.
+TABLE_MAX_HEAD = 256
 
 # The fused kernels' settings (documented in docs/ARCHITECTURE.md, "Routing"; provenance records them). Each
 # maps to its accepted values; the first is what an unset variable means. They change speed, never results.
