@@ -38,6 +38,8 @@ Compiled kernels and autotuning results persist in ``compile_cache`` (model arg,
 ``results/cache/compile``; ``none``: torch's defaults; see ``mhar.env.use_compile_cache``).
 ``compile=false`` (model arg) runs all of it eagerly (``regional`` / ``whole``: see
 ``mhar.inference``); ``cuda_graphs=false`` scores and decodes without CUDA graphs.
+Refused when the model is built (ValueError ``MharLM: ...``, before any request): a CUDA ``device`` where
+no GPU is visible, and a model whose vocabulary is smaller than its tokenizer's.
 """
 from __future__ import annotations
 
@@ -106,11 +108,13 @@ class MharLM(TemplateLM):
             raise ValueError(f"MharLM: unknown argument(s) {sorted(kwargs)}; see eval/adapter.py for the valid ones")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        elif str(device).startswith("cuda") and not torch.cuda.is_available():
-            import logging
+        from mhar.distributed import cuda_missing
 
-            logging.getLogger(__name__).warning("MharLM: device %s is not available; using cpu", device)
-            device = "cpu"  # lm-eval's CLI defaults to cuda:0; its hf model falls back the same way
+        # a GPU asked for and not there is refused, not run on the CPU (mhar-lm-eval passes --device cpu when
+        # no --device is given and no GPU is visible: lm-eval's own default is cuda:0)
+        missing = cuda_missing(device, f"device={device}", "device=cpu (or leave it out)")
+        if missing:
+            raise ValueError(f"MharLM: {missing}")
         self._device = torch.device(device)
         if self._device.type == "cuda" and str(compile_cache).lower() not in ("none", ""):
             from mhar.env import use_compile_cache
@@ -134,6 +138,11 @@ class MharLM(TemplateLM):
                 raise ValueError(f"MharLM: dtype {dtype!r} not one of {', '.join(_DTYPES)}")
             self.model.to(_DTYPES[dtype])
         self.tokenizer = tokenizer
+        from .run import check_vocab
+
+        # token ids past the embedding table would fail in the middle of an evaluation: refused now
+        check_vocab(self.model, tokenizer, f"MharLM: pretrained={pretrained}" if pretrained is not None
+                    else f"MharLM: model={type(self.model).__name__}")
         # Run the output head only on scored positions when the model exposes its parts.
         self._split_head = hasattr(self.model, "hidden") and hasattr(self.model, "lm_head")
         if str(batch_size).startswith("auto"):

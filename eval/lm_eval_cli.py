@@ -14,9 +14,10 @@ lm-eval 0.4.13's TaskManager does not split them, this wrapper does) and win ove
 registry ``python -m eval.run --tasks-dir`` uses. ``--output_path DIR --log_samples`` writes lm-eval's
 ``results_<date>.json`` / ``samples_<task>_<date>.jsonl``, the files ``eval.run`` also writes.
 Without ``MHAR_DATA_DIR`` the stock hub tasks run. ``--model hf`` and every other lm-eval model work as in
-``lm_eval``. Bad ``mhar`` model arguments, a missing checkpoint and ``--num_fewshot N`` for a local task
-without a few-shot split (hellaswag, lambada_openai, wikitext, gpqa zero-shot; gsm8k has one) give one
-``error:`` line, exit 2.
+``lm_eval``. Bad ``mhar`` model arguments, a missing checkpoint, a model whose vocabulary is smaller than its
+tokenizer's, ``--device cuda`` where no GPU is visible (without ``--device`` the ``mhar`` model runs on the
+GPU when one is visible, else on the CPU) and ``--num_fewshot N`` for a local task without a few-shot split
+(hellaswag, lambada_openai, wikitext, gpqa zero-shot; gsm8k has one) give one ``error:`` line, exit 2.
 For per-document files in our format (samples.jsonl / results.json) use ``python -m eval.run``.
 """
 from __future__ import annotations
@@ -77,6 +78,25 @@ def _flag(argv: Sequence[str], *names: str) -> Optional[str]:
     return value
 
 
+def mhar_device_argv(argv: Sequence[str]) -> tuple[list[str], Optional[str]]:
+    """``--model mhar`` where no GPU is visible: (argv, None) with ``--device cpu`` added when no device is given
+    (lm-eval's default ``cuda:0`` names a device that is not there), or (argv, the error line) for an explicit
+    ``--device cuda...``: a GPU run asked for is refused, never run on the CPU."""
+    from mhar.distributed import cuda_missing
+
+    argv = list(argv)
+    if _flag(argv, "--model", "-M") != "mhar":
+        return argv, None
+    device = _flag(argv, "--device")
+    if device is None:
+        import torch
+
+        if _flag(argv, "--config", "-C") is None and not torch.cuda.is_available():  # a --config file may name one
+            argv += ["--device", "cpu"]
+        return argv, None
+    return argv, cuda_missing(device, f"--device {device}", "--device cpu (or leave --device out)")
+
+
 def local_fewshot_error(argv: Sequence[str]) -> Optional[str]:
     """Why ``--num_fewshot`` cannot be honoured by a requested local task (None: it can, or not asked)."""
     from .data_local import _local_entry, _task_yaml
@@ -112,7 +132,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     found = _data_dir()
     data_dir = str(found) if found is not None else None
     args = cli_argv(sys.argv[1:] if argv is None else argv, data_dir)
-    err = local_fewshot_error(args) if data_dir else None
+    args, err = mhar_device_argv(args)
+    err = err or (local_fewshot_error(args) if data_dir else None)
     if err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -34,8 +34,6 @@ from torch import Tensor
 from mhar import env
 from mhar.atomic import atomic_write_text
 
-ROUTED_VARIANTS = ("attnres", "mhar")
-
 
 # --- pure tensor functions -------------------------------------------------------------------------
 def _keys(sources: Tensor, norm_weight: Tensor, eps: float) -> Tensor:
@@ -115,12 +113,16 @@ def collect_sources(model, input_ids: Tensor) -> list[Tensor]:
     """Re-run the residual loop and return all 2L+1 sources [(B, T, D), ...] in order.
 
     Site i (sublayer i) reads sources[: i + 1]; the final read reads all of them.
-    Needs an attnres/mhar model on the eager router (``load_model(..., routing_impl="eager")``).
+    Needs a model of a routed variant (``mhar.residuals.routed_variants()``: attnres, mhar, ...) on the
+    eager router (``load_model(..., routing_impl="eager")``).
     """
+    from mhar.residuals import routed_variants
+
     res = model.residual
     variant = model.cfg.residual.variant
-    if variant not in ROUTED_VARIANTS:
-        raise ValueError(f"the probe needs an attnres/mhar model, got residual variant {variant!r}")
+    if not getattr(res, "routes_full_depth", False):
+        raise ValueError(f"the probe needs a model whose residual routes over every sublayer output with one "
+                         f"query per site ({', '.join(routed_variants())}), got residual variant {variant!r}")
     cos, sin = model.rotary(input_ids.shape[1], input_ids.device)
     state = res.init(model.embed(input_ids))
     if not isinstance(state, list):
@@ -216,12 +218,14 @@ def run_probe(model_path: str | Path, out: str | Path, slices: int = 4, batch: i
     from mhar.checkpoint import load_model
 
     from .results_io import provenance
+    from .run import check_vocab
 
     from mhar.atomic import check_writable
 
     check_writable(Path(out).parent)  # a read-only or full output folder fails now, not after the probe
     torch.manual_seed(seed)
     model, tok, _ = load_model(model_path, routing_impl="eager")  # refuses a model without its checksum
+    check_vocab(model, tok, f"--model {model_path}")  # text token ids past the embedding: refused, not an IndexError
     seq_len = min(seq_len, model.cfg.max_seq_len)
     ids, src = probe_tokens(tok, model.cfg.vocab_size, batch, seq_len, text, seed, data_dir)
     d = probe_model(model, ids, slices, null_draws, seed, str(model_path), src).to_dict()

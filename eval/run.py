@@ -21,7 +21,7 @@ Each task is a separate lm-eval run, so its results do not depend on which other
 The CLI refuses (exit 2, one ``error:`` line) results of another model (other weights: the sha256 of
 the model file is compared, not its path) or subset already in OUT, and bad input (missing / corrupt
 checkpoint or one without its ``.sha256``, a model whose vocabulary is smaller than its tokenizer's,
-unknown task, bad subset, missing data files); the output folders are checked writable before the model
+``--device cuda`` where no GPU is visible, unknown task, bad subset, missing data files); the output folders are checked writable before the model
 is loaded, and an OSError while writing (disk full, read-only) is one line too.
 """
 from __future__ import annotations
@@ -402,14 +402,15 @@ def model_identity(model_path: str, lm: Any, sha: Optional[str] = None) -> dict:
     return {"run": extra.get("run"), "weights_sha256": sha if sha is not None else weights_sha256(model_path)}
 
 
-def check_vocab(lm: Any, model_path: str) -> None:
-    """ValueError when the model's vocabulary is smaller than its tokenizer's (ids past the embedding would
-    fail in the middle of an evaluation): checked once, before any document is evaluated."""
-    cfg = getattr(getattr(lm, "model", None), "cfg", None)
-    tok = getattr(lm, "tokenizer", None)
+def check_vocab(model: Any, tok: Any, label: str) -> None:
+    """ValueError when ``model``'s vocabulary is smaller than ``tok``'s (ids past the embedding would fail in
+    the middle of an evaluation): checked once, before any document is evaluated. ``label`` names the model
+    as the user gave it (``--model PATH``); models without ``cfg.vocab_size`` (Hugging Face) are not checked
+    here. The one check of eval.run, the ``mhar`` adapter and eval.probe."""
+    cfg = getattr(model, "cfg", None)
     mv, tv = getattr(cfg, "vocab_size", None), getattr(tok, "vocab_size", None)
     if isinstance(mv, int) and isinstance(tv, int) and mv < tv:
-        raise ValueError(f"--model {model_path}: the model's vocabulary ({mv} ids) is smaller than its tokenizer's "
+        raise ValueError(f"{label}: the model's vocabulary ({mv} ids) is smaller than its tokenizer's "
                          f"({getattr(tok, 'name', '?')}: {tv} ids), so some tokens have no embedding; evaluate it "
                          "with the tokenizer it was trained with (the one stored in the export), or re-export it")
 
@@ -536,6 +537,11 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     task_list = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
     if not task_list:
         raise ValueError("no tasks given (e.g. --tasks wikitext,lambada_openai)")
+    from mhar.distributed import cuda_missing
+
+    missing = cuda_missing(device, f"--device {device}", "--device cpu (or leave --device out)")
+    if missing:  # not a silent fall-back to the CPU: a GPU run was asked for
+        raise ValueError(missing)
     path_file = _model_file(str(model_path))
     sha = weights_sha256(str(model_path))  # refuses a model without (or failing) its checksum, before anything
     conflict = None if overwrite else existing_results_conflict(out_dir, ",".join(task_list), str(model_path), sub,
@@ -563,7 +569,7 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
                 lm, info = ModelSpec(str(model_path), device, batch_size, max_length, dtype).load()
             else:
                 info = lm.describe() if hasattr(lm, "describe") else {"adapter": type(lm).__name__}
-            check_vocab(lm, str(model_path))
+            check_vocab(getattr(lm, "model", None), getattr(lm, "tokenizer", None), f"--model {model_path}")
             identity = model_identity(str(model_path), lm, sha)
             # every task is loaded (few-shot settings checked) before any result is written
             tasks = {name: load_task(name, source, tm, num_fewshot) for name in task_list}

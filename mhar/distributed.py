@@ -10,14 +10,14 @@ import contextlib
 import gc
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 __all__ = ["DistEnv", "init_distributed", "shutdown", "barrier", "all_reduce_mean", "all_reduce_sum",
-           "wrap_model", "no_grad_sync", "resolve_device", "gather_batches", "even_batches"]
+           "wrap_model", "no_grad_sync", "cuda_missing", "resolve_device", "gather_batches", "even_batches"]
 
 
 @dataclass
@@ -37,10 +37,21 @@ class DistEnv:
         return self.world_size > 1
 
 
+def cuda_missing(device: Optional[str], asked: str, instead: str) -> Optional[str]:
+    """The error line when ``device`` names a CUDA device and none is visible to this process (None: one is,
+    or ``device`` is not CUDA): one wording for training and evaluation. ``asked`` is the setting as the user
+    spelt it (``train.device=cuda``, ``--device cuda``), ``instead`` what to set (``train.device=cpu``)."""
+    if device is None or not str(device).startswith("cuda") or torch.cuda.is_available():
+        return None
+    return (f"{asked} but no CUDA device is visible to this process; use {instead}, or run where a GPU is "
+            "available (check CUDA_VISIBLE_DEVICES)")
+
+
 def resolve_device(pref: str, local_rank: int = 0) -> torch.device:
     if pref == "cuda" or (pref == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise RuntimeError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
+        missing = cuda_missing("cuda", "train.device=cuda", "train.device=cpu (or auto)")
+        if missing:
+            raise RuntimeError(missing)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 

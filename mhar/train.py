@@ -57,8 +57,8 @@ from .checkpoint import (CheckpointError, atomic_torch_save, atomic_write_bytes,
 from .config import ConfigError
 from .data import DataError, TrainData, load_data
 from .env import use_compile_cache
-from .distributed import (DistEnv, all_reduce_mean, all_reduce_sum, barrier, even_batches, gather_batches, init_distributed,
-                          no_grad_sync, shutdown, wrap_model)
+from .distributed import (DistEnv, all_reduce_mean, all_reduce_sum, barrier, cuda_missing, even_batches, gather_batches,
+                          init_distributed, no_grad_sync, shutdown, wrap_model)
 from .model import Transformer
 from .optim import EMA, batch_digest, load_init_weights, param_groups
 from .provenance import collect_provenance, utc_now
@@ -472,9 +472,9 @@ def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[in
         check_kernel_env()
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if cfg.train.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device=cuda but no CUDA device is visible to this process; use train.device=cpu "
-                          "(or auto), or run where a GPU is available (check CUDA_VISIBLE_DEVICES)")
+    missing = cuda_missing(cfg.train.device, f"train.device={cfg.train.device}", "train.device=cpu (or auto)")
+    if missing:
+        raise ConfigError(missing)
     env = init_distributed(cfg.train.device, cfg.train.parallel)
     rd = RunDir(Path(out_dir))
     try:

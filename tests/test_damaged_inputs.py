@@ -123,6 +123,39 @@ def test_cuda_device_without_a_gpu_is_a_config_error(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_eval_device_cuda_without_a_gpu_is_refused_not_run_on_the_cpu(tmp_path, capsys, monkeypatch):
+    """``eval.run --device cuda`` and ``mhar-lm-eval --model mhar --device cuda``: the trainer's error line (exit 2)
+    before anything is loaded or written; no ``--device`` still runs on the CPU."""
+    pytest.importorskip("lm_eval")
+    from eval import lm_eval_cli, run
+    from eval.adapter import MharLM
+    from mhar.checkpoint import save_model
+    from mhar.config import model_config
+    from mhar.model import Transformer
+
+    model = save_model(tmp_path / "m" / "model.pt", Transformer(model_config("debug", max_seq_len=64)), "byte")
+    monkeypatch.setattr(MharLM, "_loglikelihood_tokens", lambda *a, **k: pytest.fail("evaluation started"))
+    out = tmp_path / "eval"
+    _refused(capsys, ["--model", str(model), "--tasks", "lambada_openai", "--out", str(out), "--limit", "2",
+                      "--device", "cuda"],
+             "--device cuda but no CUDA device is visible to this process; use --device cpu", main=run.main)
+    assert not out.exists()
+    capsys.readouterr()
+    assert lm_eval_cli.main(["--model", "mhar", "--model_args", f"pretrained={model}", "--tasks", "lambada_openai",
+                             "--limit", "2", "--device", "cuda:0", "--output_path", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cuda:0 but no CUDA device is visible to this process" in err, err
+    assert not out.exists()
+    with pytest.raises(ValueError, match="MharLM: device=cuda but no CUDA device is visible"):
+        MharLM(pretrained=str(model), device="cuda")
+    # lm-eval's own default (cuda:0 when --device is not given) is not the user's choice: cpu here
+    argv = ["--model", "mhar", "--tasks", "x"]
+    assert lm_eval_cli.mhar_device_argv(argv) == (argv + ["--device", "cpu"], None)
+    assert lm_eval_cli.mhar_device_argv(["--model", "hf", "--device", "cuda"]) == (["--model", "hf", "--device",
+                                                                                     "cuda"], None)
+
+
 def test_clean_records_still_load(tmp_path):
     dirs, truth = fx.make_downstream(tmp_path, n=25)
     a, b = (io.load_eval_task(d, "lambada_openai") for d in dirs)

@@ -19,6 +19,16 @@ from mhar.runconfig import load_run_config, run_identity
 DATA_DIR = os.environ.get("MHAR_DATA_DIR")
 
 
+@pytest.fixture(autouse=True)
+def _own_root_log_handlers(monkeypatch):
+    """eval.run's CLI (logging.basicConfig) binds the root logger to the stderr of the first test that calls it,
+    captured and closed after that test: each test starts without root handlers, so its own call logs to its
+    own stderr and the one-error-line checks see no "Logging error" of a closed stream."""
+    import logging
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+
+
 def _export(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = Transformer(model_config("debug", max_seq_len=64))
@@ -151,7 +161,7 @@ def test_retrained_model_at_the_same_path_never_overwrites_its_results(tmp_path,
     model, out = _export(tmp_path / "run" / "model.pt", seed=0), tmp_path / "eval"
     assert main(_eval_args(model, out, data)) == 0
     res = out / "lambada_openai" / "results.json"
-    before = {p.name: p.read_bytes() for p in res.parent.iterdir()}
+    before = {p.name: p.read_bytes() for p in res.parent.iterdir() if p.is_file()}
     copy = tmp_path / "copy" / "model.pt"  # the same weights elsewhere are the same model: redone, allowed
     copy.parent.mkdir()
     copy.write_bytes(model.read_bytes())
@@ -160,11 +170,11 @@ def test_retrained_model_at_the_same_path_never_overwrites_its_results(tmp_path,
     assert json.loads(res.read_text())["weights_sha256"] == json.loads(before["results.json"])["weights_sha256"]
     assert main(_eval_args(model, out, data)) == 0  # and back
     _export(tmp_path / "run" / "model.pt", seed=1)  # retrained into the same path
-    before = {p.name: p.read_bytes() for p in res.parent.iterdir()}
+    before = {p.name: p.read_bytes() for p in res.parent.iterdir() if p.is_file()}
     capsys.readouterr()
     assert main(_eval_args(model, out, data)) == 2
     _one_error_line(capsys.readouterr().err, "with other weights", "retrained", "another --out")
-    assert {p.name: p.read_bytes() for p in res.parent.iterdir()} == before
+    assert {p.name: p.read_bytes() for p in res.parent.iterdir() if p.is_file()} == before
 
 
 def test_vocabulary_smaller_than_the_tokenizer_is_refused_before_evaluating(tmp_path, capsys, monkeypatch):
@@ -178,6 +188,36 @@ def test_vocabulary_smaller_than_the_tokenizer_is_refused_before_evaluating(tmp_
     assert main(_eval_args(model, tmp_path / "eval", _tiny_data(tmp_path))) == 2
     _one_error_line(capsys.readouterr().err, "vocabulary (200 ids) is smaller than its tokenizer's (byte: 257 ids)")
     assert not (tmp_path / "eval").exists()
+
+
+def test_vocabulary_smaller_than_the_tokenizer_is_refused_by_the_lm_eval_adapter(tmp_path, capsys, monkeypatch):
+    """``mhar-lm-eval --model mhar`` (and ``MharLM`` in Python, in-memory models too): the same check as
+    eval.run, before any request is scored, one error line naming the model and both sizes."""
+    pytest.importorskip("lm_eval")
+    from eval.adapter import MharLM
+    from eval.lm_eval_cli import main
+    from mhar.tokenizer import get_tokenizer
+
+    small = Transformer(model_config("debug", vocab_size=200, max_seq_len=64))
+    model = save_model(tmp_path / "small" / "model.pt", small, "byte")
+    monkeypatch.setattr(MharLM, "_loglikelihood_tokens", lambda *a, **k: pytest.fail("evaluation started"))
+    monkeypatch.setenv("MHAR_DATA_DIR", str(_tiny_data(tmp_path)))
+    import logging
+
+    import lm_eval.utils
+
+    lm_log = logging.getLogger("lm_eval")  # lm-eval's CLI binds a handler to this test's captured stderr: undone
+    for obj, name in ((lm_eval.utils, "_LOGGING_CONFIGURED"), (lm_log, "handlers"), (lm_log, "propagate")):
+        value = getattr(obj, name)
+        monkeypatch.setattr(obj, name, list(value) if isinstance(value, list) else value)
+    out = tmp_path / "lm_eval_out"
+    assert main(["--model", "mhar", "--model_args", f"pretrained={model}", "--tasks", "lambada_openai",
+                 "--limit", "2", "--device", "cpu", "--output_path", str(out), "--log_samples"]) == 2
+    _one_error_line(capsys.readouterr().err, f"error: MharLM: pretrained={model}: ",
+                    "vocabulary (200 ids) is smaller than its tokenizer's (byte: 257 ids)", "re-export")
+    assert not out.exists()
+    with pytest.raises(ValueError, match=r"MharLM: model=Transformer: the model's vocabulary \(200 ids\)"):
+        MharLM.from_model(small, get_tokenizer("byte"), device="cpu")
 
 
 def _refusing_writes(monkeypatch, under: Path, code: int, only: str = ""):
@@ -220,11 +260,12 @@ def test_disk_full_while_writing_evaluation_results_keeps_the_old_ones(tmp_path,
     data = _tiny_data(tmp_path)
     model, out = _export(tmp_path / "run" / "model.pt"), tmp_path / "eval"
     assert main(_eval_args(model, out, data)) == 0
-    before = {p.name: p.read_bytes() for p in (out / "lambada_openai").iterdir()}
+    before = {p.name: p.read_bytes() for p in (out / "lambada_openai").iterdir() if p.is_file()}
     _refusing_writes(monkeypatch, out, errno.ENOSPC, only="results.json")
     capsys.readouterr()
     assert main(_eval_args(model, out, data)) == 2  # the same model again: redone, then the disk is full
     _one_error_line(capsys.readouterr().err, "No space left on device (ENOSPC)", "the disk is full")
-    assert {p.name: p.read_bytes() for p in (out / "lambada_openai").iterdir() if p.name != "samples.jsonl"} == \
+    assert {p.name: p.read_bytes() for p in (out / "lambada_openai").iterdir()
+            if p.is_file() and p.name != "samples.jsonl"} == \
         {k: v for k, v in before.items() if k != "samples.jsonl"}
     assert not list((out / "lambada_openai").glob(".*.tmp"))

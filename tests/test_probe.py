@@ -13,6 +13,7 @@ from eval import probe
 from mhar.checkpoint import save_model
 from mhar.config import model_config
 from mhar.model import build_model
+from mhar.residuals import RESIDUALS, routed_variants
 from mhar.routing.reference import route_reference
 
 torch.set_num_threads(1)
@@ -21,7 +22,7 @@ torch.set_num_threads(1)
 def _model(variant: str, heads: int = 1, seed: int = 0):
     torch.manual_seed(seed)
     m = build_model(model_config("debug", residual={"variant": variant, "heads": heads}))
-    if variant in probe.ROUTED_VARIANTS:
+    if variant in routed_variants():
         with torch.no_grad():  # stand-in for trained queries (zero-init queries give uniform routing)
             m.residual.queries.normal_(0, 0.5)
             m.residual.key_norms.uniform_(0.5, 1.5)
@@ -100,9 +101,18 @@ def test_routing_deviation_properties():
         probe.routing_deviation(w, "median")
 
 
-@pytest.mark.parametrize("variant,heads", [("attnres", 1), ("mhar", 4)])
+def test_routed_variants_are_the_registry_classes_with_full_depth_routing():
+    assert routed_variants() == tuple(sorted(n for n, c in RESIDUALS.items() if c.routes_full_depth))
+    assert {"attnres", "mhar"} <= set(routed_variants())
+    assert not {"baseline", "hyper", "block_attnres", "mhar_delta", "mhar_hw"} & set(routed_variants())
+
+
+@pytest.mark.parametrize("variant,heads", [(v, 4) for v in routed_variants()])  # attnres keeps 1 head
 def test_collected_sources_reproduce_model_routing_and_logits(variant, heads):
+    """What ``routes_full_depth`` promises, for every variant that sets it: the probe's sources and each
+    site's query reproduce the model's own routing weights and logits."""
     m = _model(variant, heads)
+    heads = m.residual.heads
     ids = _ids()
     with torch.no_grad():
         srcs = probe.collect_sources(m, ids)
@@ -146,4 +156,22 @@ def test_probe_cli_end_to_end(tmp_path):
 def test_probe_rejects_non_routed_model(tmp_path, capsys):
     path = save_model(tmp_path / "model.pt", _model("baseline"), "byte")
     assert probe.main(["--model", str(path), "--out", str(tmp_path / "p.json"), "--seq-len", "16"]) == 2
-    assert "attnres/mhar" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "(attnres, mhar" in err and "'baseline'" in err
+
+
+def test_probe_refuses_a_vocabulary_smaller_than_the_tokenizer(tmp_path, capsys):
+    """Token ids past the embedding (here the bytes of '\u20ac', >= 200) are refused before the probe runs,
+    with one error line naming the model and both sizes, not an IndexError in the middle of it."""
+    torch.manual_seed(0)
+    small = build_model(model_config("debug", vocab_size=200, residual={"variant": "attnres"}))
+    path = save_model(tmp_path / "model.pt", small, "byte")
+    text = tmp_path / "text.txt"
+    text.write_text("The price is 5 \u20ac. " * 40)
+    out = tmp_path / "probe.json"
+    assert probe.main(["--model", str(path), "--out", str(out), "--batch", "1", "--seq-len", "32",
+                       "--text", str(text), "--null-draws", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --model {path}: ") and "Traceback" not in err, err
+    assert "vocabulary (200 ids) is smaller than its tokenizer's (byte: 257 ids)" in err and "re-export" in err
+    assert not out.exists()

@@ -548,3 +548,27 @@ def test_variant_labels_resolve_through_the_residual_registry(tmp_path):
     res = snakemake(["reproduce_table1", "-n", "--configfile", str(path)], tmp_path)
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "unknown variant 'toy_gatd'" in out and "mhar_delta" in out
+
+
+def test_probe_jobs_are_the_registry_routed_variants(tmp_path):
+    """The probe (and routing heatmap) covers exactly the Table 1 labels whose variant routes over every
+    sublayer output (mhar.residuals.routed_variants()): with one label per registered variant, plus a routed
+    variant registered outside the package (tests/toy_routed.py), the planned probe jobs are those labels."""
+    import tests.toy_routed  # noqa: F401  registers toy_routed here as the workflow does through `module:`
+    from mhar.residuals import RESIDUALS, routed_variants
+
+    cfg = load("config/ci.yaml")
+    cfg["variants"] = {name: {"variant": name} for name, cls in RESIDUALS.items()
+                       if cls.__module__.startswith("mhar.residuals.")}
+    cfg["variants"]["toy_routed"] = {"variant": "toy_routed", "module": "tests.toy_routed"}
+    cfg["variants"]["block_attnres"]["blocks"] = 2  # the debug preset: 2 layers, 4 sublayers
+    cfg["variants"]["mhar_delta"]["delta_block_layers"] = 1
+    cfg["table1"]["variants"] = list(cfg["variants"])
+    cfg["heads"]["variants"] = cfg["downstream"]["variants"] = ["baseline"]
+    path = tmp_path / "all_variants.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = snakemake(["report", "-n", "--configfile", str(path)], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    probed = {Path(f).stem for f in planned_outputs(res.stdout, "probe")}
+    assert {"attnres", "mhar", "toy_routed"} <= probed
+    assert probed == set(routed_variants()) & set(cfg["variants"])

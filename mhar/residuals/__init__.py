@@ -10,6 +10,8 @@ same way in its own module; the model config names that module and it is importe
 
 ``variant_names()`` is what config validation (``mhar.config.ModelConfig.validate``) and the workflow's
 run configs check against; ``build_residual(cfg)`` picks the class by ``cfg.residual.variant``.
+``routed_variants()`` (classes with ``routes_full_depth``) is what the mechanism probe and the workflow's
+probe jobs run on.
 """
 from __future__ import annotations
 
@@ -51,6 +53,12 @@ def variant_names() -> tuple[str, ...]:
     return tuple(sorted(RESIDUALS))
 
 
+def routed_variants() -> tuple[str, ...]:
+    """Registered variants that route over every earlier sublayer output with one query per site
+    (``Residual.routes_full_depth``): the ones the mechanism probe runs on, sorted."""
+    return tuple(sorted(n for n, cls in RESIDUALS.items() if cls.routes_full_depth))
+
+
 def import_variant_module(module: str) -> None:
     """Import ``module`` (``model.residual.module``) so that the variants it defines register themselves."""
     if not isinstance(module, str) or not _MODULE_NAME.match(module):
@@ -90,5 +98,5 @@ for _info in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_info.name}")
 del _info
 
-__all__ = ["Residual", "RESIDUALS", "register", "variant_names", "residual_class", "import_variant_module",
-           "build_residual"]
+__all__ = ["Residual", "RESIDUALS", "register", "variant_names", "routed_variants", "residual_class",
+           "import_variant_module", "build_residual"]

@@ -30,6 +30,11 @@ class Residual(nn.Module):
     (which sets ``name``)."""
 
     name: str = "abstract"
+    # True when every sublayer and the final read mix the embedding and ALL earlier sublayer outputs with one
+    # (D,) pseudo-query per site (``queries`` / ``key_norms``, ``heads``, ``eps``; a list state on the eager
+    # router): the layout the mechanism probe and the routing heatmap read (``routed_variants()``). Block and
+    # delta variants route over block sums / deltas and MHAR-HW has per-group queries, so they keep False.
+    routes_full_depth: bool = False
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -20,6 +20,8 @@ from .base import Residual
 class MultiHeadAttnRes(Residual):
     """MHAR with H = cfg.residual.heads routing heads (H=1 is AttnRes)."""
 
+    routes_full_depth = True  # probed (eval.probe, the workflow's probe jobs); subclasses inherit it
+
     def __init__(self, cfg: ModelConfig, heads: int | None = None):
         super().__init__(cfg)
         self.heads = cfg.residual.heads if heads is None else heads

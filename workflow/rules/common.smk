@@ -289,7 +289,16 @@ def gpu_resources(n):
 
 
 # --- mechanism probe / routing heatmap -------------------------------------------------
-PROBE_VARIANTS = ("attnres", "mhar")
+def probed(label):
+    """Whether a label's variant is one the probe reads (Residual.routes_full_depth in the residual
+    registry, modules outside mhar.residuals included): a new routed variant is probed without a rule edit."""
+    from mhar.residuals import residual_class
+
+    res = residual_of(label)
+    try:
+        return residual_class(res["variant"], res.get("module")).routes_full_depth
+    except ConfigError as err:
+        raise WorkflowError(f"variant label {label!r}: {err}")
 
 
 def probe_files():
@@ -298,7 +307,7 @@ def probe_files():
         f"{REPORTS}/probe/{s}/{v}.json"
         for s in config["sizes"]
         for v in T1_LABELS
-        if residual_of(v)["variant"] in PROBE_VARIANTS
+        if probed(v)
     ]
 
 
