@@ -59,7 +59,7 @@ def _variant(row: dict) -> str:
 
 
 def _call_id(source: str) -> str:
-    """The device call a row came from ("session 2026-12-02f call 4"), or the whole source string."""
+    """The device call a row came from ("session <record> call <n>" in the source column), or the whole source string."""
     m = re.search(r"session \S+ call \d+", source or "")
     return m.group(0) if m else (source or "")
 
