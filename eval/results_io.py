@@ -75,14 +75,15 @@ class RunSummary:
 
 def residual_knobs(residual: dict) -> tuple:
     """((name, value), ...) of the residual knobs that differ from mhar.config.ResidualConfig's defaults, besides
-    the variant, its heads (shown as H=, and meaningless for variants without routing heads) and routing_impl
-    (execution, not identity). Two runs whose knobs differ are two rows."""
+    the variant, its heads (shown as H=, and meaningless for variants without routing heads), routing_impl
+    (execution, not identity) and module (where a variant outside mhar.residuals is defined: it names the
+    variant's code, not a setting of it; the run label shows that variant). Two runs whose knobs differ are two rows."""
     from dataclasses import fields
 
     from mhar.config import ResidualConfig
 
     defaults = {f.name: f.default for f in fields(ResidualConfig)}
-    return tuple((k, residual[k]) for k in sorted(residual) if k not in ("variant", "heads", "routing_impl")
+    return tuple((k, residual[k]) for k in sorted(residual) if k not in ("variant", "heads", "routing_impl", "module")
                  and k in defaults and residual[k] != defaults[k])
 
 
