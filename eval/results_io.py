@@ -75,14 +75,15 @@ class RunSummary:
 
 def residual_knobs(residual: dict) -> tuple:
     """((name, value), ...) of the residual knobs that differ from mhar.config.ResidualConfig's defaults, besides
-    the variant, its heads (shown as H=, and meaningless for variants without routing heads) and routing_impl
-    (execution, not identity). Two runs whose knobs differ are two rows."""
+    the variant, its heads (shown as H=, and meaningless for variants without routing heads), routing_impl
+    (execution, not identity) and module (where a variant outside mhar.residuals is defined: it names the
+    variant's code, not a setting of it; the run label shows that variant). Two runs whose knobs differ are two rows."""
     from dataclasses import fields
 
     from mhar.config import ResidualConfig
 
     defaults = {f.name: f.default for f in fields(ResidualConfig)}
-    return tuple((k, residual[k]) for k in sorted(residual) if k not in ("variant", "heads", "routing_impl")
+    return tuple((k, residual[k]) for k in sorted(residual) if k not in ("variant", "heads", "routing_impl", "module")
                  and k in defaults and residual[k] != defaults[k])
 
 
@@ -269,7 +270,8 @@ def _short(v: Any) -> str:
 def pairing_difference(a: dict, b: dict, ignore: Sequence[str] = ()) -> Optional[str]:
     """None when runs ``a`` and ``b`` (run_identity dicts) may be paired: their resolved configs differ in the
     residual section (mhar.runconfig.PAIRING_VARIES) and ``ignore`` alone. Otherwise the first field that
-    differs, as 'field (value of a vs value of b)'."""
+    differs, as 'field (value of a vs value of b)'. Two records without ``run.config`` that declare a
+    ``run.pairing`` (released checkpoints' arms, never trained here) pair when size, seeds and pairing agree."""
     from mhar.runconfig import PAIRING_VARIES, first_difference
 
     skip = tuple(PAIRING_VARIES) + tuple(ignore)
@@ -285,6 +287,12 @@ def pairing_difference(a: dict, b: dict, ignore: Sequence[str] = ()) -> Optional
         if va != vb:
             return f"{name} ({_short(va)} vs {_short(vb)})"
     if a["config"] is None and b["config"] is None:
+        if not a["legacy"] and not b["legacy"] and a["pairing"] and b["pairing"]:
+            # arms that were never trained here (released checkpoints: run.pairing "released-<group>", no
+            # run.config): they pair as their run blocks declare, within the size and seed checked above
+            if a["pairing"] != b["pairing"]:
+                return f"pairing ({_short(a['pairing'])} vs {_short(b['pairing'])})"
+            return None
         if a["legacy"] and b["legacy"] and a["legacy"] != b["legacy"]:
             return (f"config_hash ({a['legacy']} vs {b['legacy']}; older records: the resolved config without the "
                     "residual section and seeds)")

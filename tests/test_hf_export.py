@@ -329,17 +329,23 @@ def test_modeling_file_uses_the_mhar_kernels_when_importable(exports, tmp_path):
     assert "routing_impl='fused' needs the mhar package" in blocked.stdout
 
 
-def test_a_gpu_trained_routing_impl_survives_the_round_trip_on_the_cpu(tmp_path):
+@pytest.mark.parametrize("stored", ["fused", "fused_v7_sg8"])
+def test_a_gpu_trained_routing_impl_survives_the_round_trip_on_the_cpu(tmp_path, stored):
     """A model trained with the fused kernels exports (checked on the CPU with PyTorch routing), records the
-    trained implementation (what modeling_mhar's 'auto' uses on a GPU) and imports back with it."""
+    trained implementation under its current name (an older checkpoint's withdrawn fused variant name is fused,
+    as load_model runs it) and imports back with it; everything else in the model config round-trips."""
     pytest.importorskip("triton")
     model = trained_like(dict(residual={"variant": "mhar", "heads": 2}), seed=3)
-    model.cfg.residual.routing_impl = "fused_v7_sg8"  # as mhar.train saves a GPU run's config
+    model.cfg.residual.routing_impl = stored  # as mhar.train saves a GPU run's config (older runs: a withdrawn name)
     run = fake_run(tmp_path / "run", "mhar_h2", model, seed=3)
     rep = export_hf(run, tmp_path / "hf")
     assert rep["check"]["max_abs_diff"] == 0.0
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert cfg["routing_impl"] == "auto" and cfg["mhar_routing_impl"] == "fused_v7_sg8"
+    assert cfg["routing_impl"] == "auto" and cfg["mhar_routing_impl"] == "fused"
+    assert cfg["mhar"]["model_config"]["residual"]["routing_impl"] == "fused"
     import_hf(tmp_path / "hf", tmp_path / "back.pt")
     a, b = read_checkpoint(run / "model.pt"), read_checkpoint(tmp_path / "back.pt")
-    assert b["model_config"] == a["model_config"] and b["model_config"]["residual"]["routing_impl"] == "fused_v7_sg8"
+    assert a["model_config"]["residual"]["routing_impl"] == stored
+    expected = json.loads(json.dumps(a["model_config"]))
+    expected["residual"]["routing_impl"] = "fused"
+    assert b["model_config"] == expected

@@ -78,8 +78,8 @@ def test_export_hf_and_released_arms_end_to_end(tmp_path):
     cfgs = [*configfiles("config/ci.yaml"), str(overlay)]
     res = snakemake(["export_hf", "reproduce_downstream", "--cores", "2", *cfgs], tmp_path, env, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    runs = sorted(tmp_path.glob("results/runs/*/*/*/seed*/*/model.pt"))
-    exports = sorted(tmp_path.glob("results/hf/*/*/*/seed*/*"))
+    runs = sorted(tmp_path.glob("results/runs/*/*/seed*/*/model.pt"))  # <label>/<size>/seed<k>/<rid>
+    exports = sorted(tmp_path.glob("results/hf/*/*/seed*/*"))
     assert len(runs) == len(exports) == distinct_runs(load("config/ci.yaml"))
     for folder in exports:
         rep = json.loads((folder / "mhar_export.json").read_text())
@@ -89,8 +89,10 @@ def test_export_hf_and_released_arms_end_to_end(tmp_path):
         assert "tail_mean_val_loss" in (folder / "README.md").read_text()
         assert {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json"} <= {
             p.name for p in folder.iterdir()}
-    assert list(tmp_path.glob("results/logs/export_hf/**/*.benchmark.tsv"))
-    rows = list(csv.DictReader((tmp_path / "reports" / "downstream.csv").open()))
+    assert list(tmp_path.glob("results/benchmarks/export_hf/**/*.tsv"))
+    tables = list(tmp_path.glob("results/reports/*/downstream.csv"))  # an overlay's reports: results/reports/<hash>
+    assert len(tables) == 1, tables
+    rows = list(csv.DictReader(tables[0].open()))
     rel = [r for r in rows if r["size"] == "debug-rel"]
     assert rel and all(r["variant"] == "mhar" and int(r["n"]) > 0 for r in rel), rows
     assert any(r["size"] == "debug" for r in rows)  # the trained runs' comparison is still there

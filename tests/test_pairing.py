@@ -275,3 +275,19 @@ def test_older_records_still_pair(tmp_path, capsys):
     new = _eval(tmp_path, "mhar", 0, v, heads=8)  # an older baseline record against a current one: unknown
     assert tables.main(["downstream", "--inputs", str(a), str(new), "--out", str(tmp_path / "d")]) == 2
     assert "re-evaluate" in _error_line(capsys)
+
+
+def test_released_arms_pair_by_their_declared_pairing(tmp_path, capsys):
+    """Released checkpoints (never trained here: no run.config) pair as their run blocks declare (run.pairing
+    "released-<group>", as workflow/scripts/import_released.py writes it): one group pairs, two groups do not."""
+    v = np.r_[np.ones(20), np.zeros(20)]
+    arm = lambda label, variant, group: {"label": label, "residual": {"variant": variant, "heads": 4},  # noqa
+                                         "size": "rel", "seed": 0,
+                                         "data_seed": None, "pairing": f"released-{group}",
+                                         "identity": f"released:/hf/{label}", "released": f"/hf/{label}"}
+    w = lambda name, variant, group: fx.write_eval(tmp_path / name, "x", {"lambada_openai": v},  # noqa
+                                                   run=arm(name, variant, group))
+    base, mh, other = w("rel_base", "baseline", "g"), w("rel_mhar", "mhar", "g"), w("rel_other", "mhar", "h")
+    assert len(tables.downstream_table([base, mh], n_resamples=99).rows) == 1
+    assert tables.main(["downstream", "--inputs", str(base), str(other), "--out", str(tmp_path / "d")]) == 2
+    assert "pairing ('released-h' vs 'released-g')" in _error_line(capsys)

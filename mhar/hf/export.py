@@ -31,7 +31,7 @@ from typing import Any, Optional, Union
 import torch
 
 from ..checkpoint import MODEL_FILE, CheckpointError, _pid_alive, file_sha256, load_model, read_checkpoint
-from ..config import ModelConfig, to_dict
+from ..config import ModelConfig, stored_routing_impl, to_dict
 from ..model import Transformer
 from .names import hf_common_fields, mhar_config_fields, to_hf_state_dict
 
@@ -308,8 +308,9 @@ def export_hf(src: Union[str, Path], out: Union[str, Path], *, tokenizer: Option
         model, _, blob = load_model(path, routing_impl="eager")  # the check runs on the CPU
     except CheckpointError as e:
         raise ExportError(str(e)) from e
-    # the export records the routing the model was trained with (what modeling_mhar's "auto" uses on a GPU)
-    trained_impl = (blob.get("model_config") or {}).get("residual", {}).get("routing_impl", "eager")
+    # the export records the routing the model was trained with, under its current name (a withdrawn fused
+    # variant's name, as older checkpoints store it, is recorded as fused: what load_model runs for it)
+    trained_impl = stored_routing_impl((blob.get("model_config") or {}).get("residual", {}).get("routing_impl", "eager"))
     model.cfg.residual.routing_impl = trained_impl
     source = {"source_path": str(path.resolve()), "source_sha256": file_sha256(path), "info": source_info(src)}
     return export_model(model, out, tokenizer if tokenizer is not None else blob.get("tokenizer"), check=check,

@@ -12,7 +12,7 @@ It is self-contained: PyTorch and ``transformers`` only, so it runs where the ``
 not installed. Where ``mhar`` is importable and the inputs are on a GPU (``routing_impl: auto``), the
 depth routing runs through ``mhar.routing``'s fused Triton kernels instead of the PyTorch code here
 (same math); ``routing_impl: torch`` forces the PyTorch code, any other name picks that ``mhar``
-router (e.g. ``fused_v7_sg8``).
+router (e.g. ``fused``).
 
 The decoder is Qwen3's (RMSNorm, SwiGLU, GQA with optional per-head q/k RMSNorm, RoPE, no biases)
 and the residual connection is one of the harness's variants (``config.residual.variant``):
@@ -68,8 +68,8 @@ class MharConfig(PretrainedConfig):
     (``factor``, ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``) or None.
     ``routing_impl``: ``auto`` (the ``mhar`` fused kernels on a GPU when ``mhar`` is installed, else the
     PyTorch code in this file), ``torch``, or a ``mhar.routing`` implementation name.
-    ``mhar_routing_impl``: the implementation the model was trained with (what ``auto`` uses on a GPU
-    when it is a fused one; an import back into the harness restores it).
+    ``mhar_routing_impl``: the implementation the model was trained with (provenance; an import back into
+    the harness restores it).
     """
 
     model_type = "mhar"
@@ -277,9 +277,9 @@ def make_router(impl: str, trained: str, device: torch.device):
     """The router of one forward: ``mhar``'s fused kernels where they apply, else :class:`TorchRouter`."""
     if impl == "torch" or (impl == "auto" and device.type != "cuda"):
         return TorchRouter()
-    name = impl
-    if impl == "auto":
-        name = trained if str(trained).startswith("fused") else "fused"
+    # auto on a GPU: mhar's fused kernels (one fused implementation; an older export's withdrawn fused
+    # variant name, e.g. fused_v7_sg8, in ``trained`` names the same kernels' predecessor)
+    name = "fused" if impl == "auto" else impl
     try:
         from mhar.routing import get_router  # optional: the harness's kernels
     except ImportError as e:

@@ -12,7 +12,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from ..config import ModelConfig, model_config
+from ..config import ModelConfig, model_config, stored_routing_impl
 
 _TOP = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight",
         "lm_head.weight": "lm_head.weight"}
@@ -105,7 +105,8 @@ def model_config_from_mhar_fields(d: dict) -> ModelConfig:
     r = dict(d.get("residual") or {})
     residual = {k: r[k] for k in ("variant", "heads", "hyper_n", "hyper_dynamic", "blocks", "delta_block_layers",
                                   "routing_eps") if k in r}
-    residual["routing_impl"] = d.get("mhar_routing_impl") or "eager"
+    # an execution choice: an export written before the routing registry may name a withdrawn fused variant
+    residual["routing_impl"] = stored_routing_impl(d.get("mhar_routing_impl") or "eager")
     if residual["routing_impl"] not in _routing_impls():
         residual["routing_impl"] = "eager"
     head_dim = d.get("head_dim")

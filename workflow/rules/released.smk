@@ -46,6 +46,7 @@ rule evaluate_released:
     output:
         results=f"{RELEASED_EVAL}/results.json",
         samples=f"{RELEASED_EVAL}/samples.jsonl",
+        lm_eval=directory(f"{RELEASED_EVAL}/lm_eval"),
     log:
         f"{LOGS}/eval/released/{{label}}/{{ehash}}/{{task}}.log",
     benchmark:
@@ -62,5 +63,6 @@ rule evaluate_released:
         batch_size=DS["batch_size"],
         device=DS["device"],
         bootstrap_iters=DS["bootstrap_iters"],
+        tasks_dir=TASKS_DIR,
     script:
         "../scripts/evaluate.py"
