@@ -309,7 +309,10 @@ def _fsync(path: Path) -> None:
 def write_lm_eval_files(tracker, res: dict, task_name: str, staging: Path, dest: Path) -> dict:
     """Write lm-eval's ``results_<date>.json`` and ``samples_<task>_<date>.jsonl`` with its own
     EvaluationTracker (what ``lm_eval --output_path DEST --log_samples`` does after an evaluation), staged
-    and then renamed into ``dest`` (a previous ``dest`` is replaced only once the new files are complete).
+    and then moved into ``dest/<model>/`` BESIDE the files of a previous evaluation: the previous record
+    (results.json) names those by their date, so they stay until the new record is written
+    (:func:`_commit_lm_eval_files` then removes them; :func:`_drop_lm_eval_files` removes the new ones where
+    the new record could not be written).
 
     lm-eval's tracker logs and swallows write errors: the files are checked here, and a missing one is an
     OSError. Returns the two files' paths relative to ``dest``'s parent. ``res["samples"]`` is consumed
@@ -317,6 +320,7 @@ def write_lm_eval_files(tracker, res: dict, task_name: str, staging: Path, dest:
     import shutil
 
     samples = res.pop("samples")
+    moved: list[Path] = []
     try:
         tracker.save_results_aggregated(results=res, samples=samples)
         tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
@@ -327,17 +331,34 @@ def write_lm_eval_files(tracker, res: dict, task_name: str, staging: Path, dest:
                           "check the free space and permissions of the output folder")
         for p in found.values():
             _fsync(p[0])
-        old = None
-        if dest.exists():  # a rerun of the same model and subset: keep the old files until the new ones are in
-            old = dest.with_name(f"{_STAGING_PREFIX}{os.getpid()}-old")
-            os.replace(dest, old)
-        os.replace(staging, dest)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        for (p,) in found.values():
+            target = dest / p.parent.name / p.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(p, target)
+            moved.append(target)
+    except BaseException:
+        _drop_lm_eval_files(dest, [str(Path(dest.name) / t.relative_to(dest)) for t in moved])
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    model_dir = found["results"][0].parent.name
-    return {k: str(Path(dest.name) / model_dir / v[0].name) for k, v in found.items()}
+    return {k: str(Path(dest.name) / m.relative_to(dest)) for k, m in zip(found, moved)}
+
+
+def _drop_lm_eval_files(dest: Path, files) -> None:
+    """Remove the new lm-eval files ``files`` (paths relative to ``dest``'s parent): their record was not written."""
+    for f in files:
+        (dest.parent / f).unlink(missing_ok=True)
+    for d in sorted((p for p in dest.rglob("*") if p.is_dir()), reverse=True) if dest.is_dir() else ():
+        if not any(d.iterdir()):
+            d.rmdir()
+
+
+def _commit_lm_eval_files(dest: Path, keep) -> None:
+    """Once results.json names ``keep`` (paths relative to ``dest``'s parent): the files of earlier evaluations
+    (and any a killed run left) go."""
+    keep = {(dest.parent / f).resolve() for f in keep}
+    stale = [p for p in dest.rglob("*") if p.is_file() and p.resolve() not in keep] if dest.is_dir() else []
+    _drop_lm_eval_files(dest, [str(p.relative_to(dest.parent)) for p in stale])
 
 
 # --- one task ---------------------------------------------------------------------------
@@ -443,7 +464,6 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
     ``num_fewshot`` (set by load_task): None = the task's own setting; N is honoured when the task has a
     few-shot source (a fewshot or training split) and refused when it has none or is zero-shot by definition.
     GPQA's answer order is the seeded stock order on the hub path too."""
-    import lm_eval
     from lm_eval.evaluator import simple_evaluate
 
     n_docs = len(task.eval_docs)
@@ -476,7 +496,23 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
     stderr_source = fill_missing_stderrs(metrics, res["samples"][task_name], task.aggregation(), bootstrap_iters)
 
     # lm-eval's own files (its save functions rewrite the logged samples in place: ours are built above)
-    lm_eval_files = write_lm_eval_files(tracker, res, task_name, staging, task_dir / LM_EVAL_DIR)
+    lm_eval_dir = task_dir / LM_EVAL_DIR
+    lm_eval_files = write_lm_eval_files(tracker, res, task_name, staging, lm_eval_dir)
+    try:
+        summary = _write_task_records(task_dir, records, lm_eval_files, task, task_name, res, metrics, stderr_source, wall,
+                            n_docs, doc_ids, subset, source, model_path, model_info, identity, bootstrap_iters)
+    except BaseException:  # the previous record (if any) still names its own lm-eval files: keep those, not ours
+        _drop_lm_eval_files(lm_eval_dir, lm_eval_files.values())
+        raise
+    _commit_lm_eval_files(lm_eval_dir, lm_eval_files.values())
+    return summary
+
+
+def _write_task_records(task_dir, records, lm_eval_files, task, task_name, res, metrics, stderr_source, wall,
+                        n_docs, doc_ids, subset, source, model_path, model_info, identity, bootstrap_iters):
+    """samples.jsonl, then results.json (the record: written last, atomically)."""
+    import lm_eval
+
     _atomic_write(task_dir / SAMPLES_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     settings = {"task": task_name, "model": model_path, "subset": str(subset), "bootstrap_iters": bootstrap_iters,
                 "data_source": source.describe(), "model_info": model_info}

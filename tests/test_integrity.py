@@ -148,6 +148,11 @@ def _tiny_data(tmp_path: Path) -> Path:
     return data
 
 
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (lm-eval's own files under lm_eval/ too): relative path -> bytes."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def _eval_args(model: Path, out: Path, data: Path) -> list[str]:
     return ["--model", str(model), "--tasks", "lambada_openai", "--out", str(out), "--limit", "2", "--device", "cpu",
             "--bootstrap-iters", "0", "--data-dir", str(data)]
@@ -161,20 +166,23 @@ def test_retrained_model_at_the_same_path_never_overwrites_its_results(tmp_path,
     model, out = _export(tmp_path / "run" / "model.pt", seed=0), tmp_path / "eval"
     assert main(_eval_args(model, out, data)) == 0
     res = out / "lambada_openai" / "results.json"
-    before = {p.name: p.read_bytes() for p in res.parent.iterdir() if p.is_file()}
+    before = _files(res.parent)
     copy = tmp_path / "copy" / "model.pt"  # the same weights elsewhere are the same model: redone, allowed
     copy.parent.mkdir()
     copy.write_bytes(model.read_bytes())
     sha256_path(copy).write_bytes(sha256_path(model).read_bytes())
     assert main(_eval_args(copy, out, data)) == 0
     assert json.loads(res.read_text())["weights_sha256"] == json.loads(before["results.json"])["weights_sha256"]
+    # the redone record's lm-eval files replace the earlier ones (which sat in another model folder)
+    assert sorted(k for k in _files(res.parent) if k.startswith("lm_eval/")) == \
+        sorted(json.loads(res.read_text())["lm_eval_files"].values())
     assert main(_eval_args(model, out, data)) == 0  # and back
     _export(tmp_path / "run" / "model.pt", seed=1)  # retrained into the same path
-    before = {p.name: p.read_bytes() for p in res.parent.iterdir() if p.is_file()}
+    before = _files(res.parent)
     capsys.readouterr()
     assert main(_eval_args(model, out, data)) == 2
     _one_error_line(capsys.readouterr().err, "with other weights", "retrained", "another --out")
-    assert {p.name: p.read_bytes() for p in res.parent.iterdir() if p.is_file()} == before
+    assert _files(res.parent) == before  # results.json, samples.jsonl and lm-eval's own files
 
 
 def test_vocabulary_smaller_than_the_tokenizer_is_refused_before_evaluating(tmp_path, capsys, monkeypatch):
@@ -260,12 +268,15 @@ def test_disk_full_while_writing_evaluation_results_keeps_the_old_ones(tmp_path,
     data = _tiny_data(tmp_path)
     model, out = _export(tmp_path / "run" / "model.pt"), tmp_path / "eval"
     assert main(_eval_args(model, out, data)) == 0
-    before = {p.name: p.read_bytes() for p in (out / "lambada_openai").iterdir() if p.is_file()}
+    before = _files(out / "lambada_openai")
     _refusing_writes(monkeypatch, out, errno.ENOSPC, only="results.json")
     capsys.readouterr()
     assert main(_eval_args(model, out, data)) == 2  # the same model again: redone, then the disk is full
     _one_error_line(capsys.readouterr().err, "No space left on device (ENOSPC)", "the disk is full")
-    assert {p.name: p.read_bytes() for p in (out / "lambada_openai").iterdir()
-            if p.is_file() and p.name != "samples.jsonl"} == \
+    # the old record and the lm-eval files it names are all still there (samples.jsonl: rewritten, the same docs)
+    after = _files(out / "lambada_openai")
+    assert {k: v for k, v in after.items() if k != "samples.jsonl"} == \
         {k: v for k, v in before.items() if k != "samples.jsonl"}
+    rec = json.loads(after["results.json"])
+    assert all(v.startswith("lm_eval/") and v in after for v in rec["lm_eval_files"].values()), rec["lm_eval_files"]
     assert not list((out / "lambada_openai").glob(".*.tmp"))

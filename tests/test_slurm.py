@@ -116,7 +116,7 @@ def cancel_after_first_checkpoint(workdir: Path, proc: subprocess.Popen, label: 
     """scancel the training job of run `label` once its first checkpoint exists; returns its SLURM id."""
     t0 = time.time()
     while time.time() - t0 < timeout and proc.poll() is None:
-        if list(workdir.glob(f"results/runs/*/{label}/*/seed*/*/checkpoint/state-*.pt.sha256")):
+        if list(workdir.glob(f"results/runs/{label}/*/seed*/*/checkpoint/state-*.pt.sha256")):
             running = [j for j, comment, state in slurm_jobs()
                        if comment.startswith("rule_train_") and f"_{label}_" in comment and state == "RUNNING"]
             if running:
@@ -173,20 +173,25 @@ def test_reproduce_table1_through_real_slurm(tmp_path):
         assert len(submitted) == 4, out[-4000:]
         assert cancelled in {j for j, _ in submitted}
         assert re.search(rf"SLURM-job '{cancelled}' failed, SLURM status is: 'CANCELLED'", out), out[-4000:]
-        retried = [j for j, log in submitted if "rule_train" in log and "_mhar_" in log]
+        # the plugin's log folder: rule_<rule>/<wildcards joined by _>/, the run label first (results/runs/<label>/...)
+        retried = [j for j, log in submitted if Path(log).parent.parent.name == "rule_train"
+                   and Path(log).parent.name.startswith("mhar_")]
         assert retried[0] == cancelled and len(retried) == 2 and retried[1] != cancelled
         assert not [j for j, _, state in slurm_jobs() if state in ("PENDING", "RUNNING") and j in dict(submitted)]
 
         # the retry resumed from the checkpoint instead of starting over ...
-        (run_dir,) = [p.parent for p in remote.glob("results/runs/*/mhar/*/seed0/*/summary.json")]
+        (run_dir,) = [p.parent for p in remote.glob("results/runs/mhar/*/seed0/*/summary.json")]
         prov = json.loads((run_dir / "provenance.json").read_text())
         step = prov.get("resumed_from_step")
         assert step is not None and step >= OVERLAY["train"]["train"]["checkpoint_every"], prov.get("resumed_from_step")
         # ... and ended exactly where the uninterrupted local run ended: the same tables, byte for byte
-        # (but for the time stamp of their "generated at" line)
+        # (but for the time stamp of their "generated at" line); config/ci.yaml with the test's overlay on top
+        # writes them to results/reports/<config hash>/ (workflow/rules/config.smk), the same folder in both
+        (reports,) = [p.relative_to(remote) for p in remote.glob("results/reports/*/table1.csv")]
+        assert (local / reports).is_file(), sorted(local.glob("results/reports/*/table1.csv"))
         for name in ("table1.csv", "table1.md", "table1.tex"):
-            assert _untimed(remote / "reports" / name) == _untimed(local / "reports" / name), name
-        (ref_dir,) = [p.parent for p in local.glob("results/runs/*/mhar/*/seed0/*/summary.json")]
+            assert _untimed(remote / reports.parent / name) == _untimed(local / reports.parent / name), name
+        (ref_dir,) = [p.parent for p in local.glob("results/runs/mhar/*/seed0/*/summary.json")]
 
         def losses(d):
             rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
