@@ -291,7 +291,8 @@ def gpu_resources(n):
 # --- mechanism probe / routing heatmap -------------------------------------------------
 def probed(label):
     """Whether a label's variant is one the probe reads (Residual.routes_full_depth in the residual
-    registry, modules outside mhar.residuals included): a new routed variant is probed without a rule edit."""
+    registry, modules outside mhar.residuals included): a new routed variant is probed without a rule edit.
+    """
     from mhar.residuals import residual_class
 
     res = residual_of(label)
