@@ -64,6 +64,16 @@ def _auto(value: Any, default: bool, name: str) -> bool:
     raise ValueError(f"{name}: expected auto, true or false, got {value!r}")
 
 
+def _graphs_wanted(opt: Any, device: torch.device) -> bool:
+    """The ``cuda_graphs`` option on ``device`` (``emulate``: the graph bookkeeping on any device, for tests)."""
+    if opt == "emulate":
+        return True
+    want = _auto(opt, device.type == "cuda", "cuda_graphs")
+    if want and device.type != "cuda":
+        raise ValueError("cuda_graphs=true needs the model on a CUDA device")
+    return want
+
+
 def _compile(fn: Callable, backend: str, **kwargs: Any) -> Callable:
     """``torch.compile`` for inference: inductor keeps eager's 16-bit roundings between fused operations
     (``emulate_precision_casts``), so compiled bf16 results follow the eager path's (tests: per-sample sums)."""
@@ -335,12 +345,7 @@ class Decoder:
     def graphs(self) -> bool:
         """Whether decode steps run as captured graphs (``emulate``: the same bookkeeping on any device, each
         replay an eager call of the step; for tests of the graph path on CPU)."""
-        if self.graphs_opt == "emulate":
-            return True
-        want = _auto(self.graphs_opt, self._device().type == "cuda", "cuda_graphs")
-        if want and self._device().type != "cuda":
-            raise ValueError("cuda_graphs=true needs the model on a CUDA device")
-        return want
+        return _graphs_wanted(self.graphs_opt, self._device())
 
     def clear(self) -> None:
         """Free the pooled caches and CUDA graphs."""
@@ -597,12 +602,7 @@ class Scorer:
 
     def graphs(self) -> bool:
         """Whether forwards replay CUDA graphs (``emulate``: the bucket bookkeeping on any device, for tests)."""
-        if self.graphs_opt == "emulate":
-            return True
-        want = _auto(self.graphs_opt, self._device().type == "cuda", "cuda_graphs")
-        if want and self._device().type != "cuda":
-            raise ValueError("cuda_graphs=true needs the model on a CUDA device")
-        return want
+        return _graphs_wanted(self.graphs_opt, self._device())
 
     def clear(self) -> None:
         """Free the captured graphs and their memory pool."""
