@@ -3,7 +3,7 @@
 What users get, measured side by side in one process per size (random bf16 weights: speed does not depend on
 their values; eval mode, no_grad):
 
-  * scoring (``score_tok_s``): the lm-eval adapter's path, ``mhar.inference.Scorer.sequence_logprobs`` (the
+  * scoring (``score_tok_s``): the lm-eval adapter's path, ``mhar.model.inference.Scorer.sequence_logprobs`` (the
     per-sample log-likelihood of whole sequences: hidden states, output head on every position, log-softmax and
     gather; compiled on CUDA by default) on a (B, T) batch; ``forward_tok_s``: plain eager ``model(ids)`` (logits
     for every position). transformers: ``Qwen3ForCausalLM(ids).logits`` (SDPA; the forward only, without the
@@ -38,9 +38,9 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from benchmarks.common import add_out_args, env_columns, existing_rows, write_csv
-from mhar.config import ROUTING_IMPLS, model_config
-from mhar.inference import decoder_for, scorer_for
-from mhar.model import build_model
+from mhar.model.config import ROUTING_IMPLS, model_config
+from mhar.model.inference import decoder_for, scorer_for
+from mhar.model.transformer import build_model
 
 
 def _sync(device: torch.device) -> None:

@@ -1,6 +1,6 @@
-"""The routing operation alone, forward and backward, per routing implementation (``mhar.config.ROUTING_IMPLS``).
+"""The routing operation alone, forward and backward, per routing implementation (``mhar.model.config.ROUTING_IMPLS``).
 
-Two measurements per model size (shapes of mhar.config PRESETS, the paper's microbatch, H heads):
+Two measurements per model size (shapes of mhar.model.config PRESETS, the paper's microbatch, H heads):
 
 * ``microbatch`` (default): every routing call of one microbatch (2L+1 reads interleaved with appends, each read
   announcing the reads after it, as the model does; sources independent random tensors), as in a training step;
@@ -31,8 +31,8 @@ import triton.testing
 from benchmarks.common import (MICROBATCH, NO_PDL, add_out_args, apply_settings, env_columns, existing_rows,
                                kernel_settings, measure_hbm_bandwidth, routing_env_cell, tuned_lines, write_csv)
 from benchmarks.traffic_bound import fused_bytes, fused_config, min_bytes
-from mhar.config import PRESETS, ROUTING_IMPLS
-from mhar.routing import get_router, resolve_routing_impl
+from mhar.model.config import PRESETS, ROUTING_IMPLS
+from mhar.model.routing import get_router, resolve_routing_impl
 
 IMPLS = (*ROUTING_IMPLS, "fused" + NO_PDL)  # the routing implementations, and fused without PDL
 
@@ -127,7 +127,7 @@ def graph_ms(fn, warmup: int = 3, reps: int = 30) -> float:
 
 def bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
     """One row: ``impl`` (one of ``IMPLS``; its kernel settings while it runs) on case ``c``."""
-    from mhar.routing._kernels import pdl_enabled
+    from mhar.model.routing._kernels import pdl_enabled
     name, _ = kernel_settings(impl)
     with kernel_setting(impl):
         row = _bench_case(c, name, mode, graph)

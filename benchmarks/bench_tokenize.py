@@ -1,4 +1,4 @@
-"""Token-shard build speed and determinism: `mhar.data.build_shards` (the path training and the workflow's
+"""Token-shard build speed and determinism: `mhar.data.shards.build_shards` (the path training and the workflow's
 `prepare_data` use) with 1, 2, ... worker processes, each build into a fresh cache folder.
 
     PYTHONPATH=. python -m benchmarks.bench_tokenize --corpus nltk_gutenberg \
@@ -27,14 +27,14 @@ import time
 from pathlib import Path
 
 from benchmarks.common import add_out_args, command_line, existing_rows, write_csv
-from mhar.data import _available_cores, _corpus_chars, build_shards, resolve_corpus, resolve_data_dir
-from mhar.provenance import git_info, hardware_info, package_versions
-from mhar.runconfig import DataConfig
+from mhar.data.shards import _available_cores, _corpus_chars, build_shards, resolve_corpus, resolve_data_dir
+from mhar.runs.provenance import git_info, hardware_info, package_versions
+from mhar.runs.config import DataConfig
 
 _CHILD = """
 import sys
-from mhar.data import build_shards
-from mhar.runconfig import DataConfig
+from mhar.data.shards import build_shards
+from mhar.runs.config import DataConfig
 cfg = DataConfig(corpus=sys.argv[1], tokenizer=sys.argv[2], cache_dir=sys.argv[3], seq_len=64)
 build_shards(cfg, 1 << 20, workers=int(sys.argv[4]))
 """
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", default="nltk_gutenberg")
     ap.add_argument("--tokenizer", default="tokenizers/gpt2/tokenizer.json",
-                    help="a tokenizer spec of mhar.tokenizer (relative paths: under MHAR_DATA_DIR)")
+                    help="a tokenizer spec of mhar.data.tokenizer (relative paths: under MHAR_DATA_DIR)")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 0], help="0: every available core")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kill-at", type=float, default=0.5, help="fraction; 0 skips the kill/resume check")

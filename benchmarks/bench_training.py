@@ -1,8 +1,8 @@
 """Training throughput and peak memory of the step users run: baseline vs MHAR per routing implementation.
 
-Each row times ``mhar.step.TrainStep``, the training step of ``python -m mhar.train`` (no copy of it here):
+Each row times ``mhar.training.step.TrainStep``, the training step of ``python -m mhar.train`` (no copy of it here):
 forward + backward + grad clipping + fused AdamW on one microbatch of the paper (8x2048 at 100M, 4x1024 at
-350M, 2x1024 at 1B), bf16 autocast with fp32 master weights, the pieces that ``mhar.step.plan_step``
+350M, 2x1024 at 1B), bf16 autocast with fp32 master weights, the pieces that ``mhar.training.step.plan_step``
 compiles, and the whole step replayed as one CUDA graph (``--graph 1``, the trainer's default on one GPU).
 Each (size, variant) runs in its own process (fresh allocator statistics, no shared compile state).
 Throughput is tokens/s over ``--steps`` timed steps after ``--warmup`` steps; peak memory is
@@ -16,7 +16,7 @@ processes each time): every MHAR row is paired with the baseline of its own repe
 ``--out`` is never overwritten: pass ``--append`` to add the rows to it.
 
 Variants (``VARIANTS``): ``baseline`` and ``mhar_<impl>`` for each routing implementation of
-``mhar.config.ROUTING_IMPLS`` (``mhar_auto``: what a user's default config runs), plus ``mhar_fused_nopdl`` (the
+``mhar.model.config.ROUTING_IMPLS`` (``mhar_auto``: what a user's default config runs), plus ``mhar_fused_nopdl`` (the
 fused kernels without programmatic dependent launch: MHAR_ROUTING_PDL=0 in its process; every other variant runs
 with the variable unset, the library's default). A row records its process's settings in ``routing_env``.
 
@@ -38,8 +38,8 @@ import torch
 
 from benchmarks.common import (MICROBATCH, NO_PDL, add_out_args, apply_settings, env_columns, existing_rows,
                                kernel_settings, routing_env_cell, write_csv)
-from mhar.config import ROUTING_IMPLS
-# residual config of each benchmark variant (routing_impl picks the Router: mhar/routing): derived from the registry
+from mhar.model.config import ROUTING_IMPLS
+# residual config of each benchmark variant (routing_impl picks the Router: mhar/model/routing): derived from the registry
 VARIANTS = {"baseline": {"variant": "baseline"},
             **{f"mhar_{impl}": {"variant": "mhar", "routing_impl": impl} for impl in ROUTING_IMPLS},
             "mhar_fused" + NO_PDL: {"variant": "mhar", "routing_impl": "fused"}}
@@ -63,12 +63,12 @@ def residual_for(variant: str, heads: int) -> dict:
 
 
 def build_step(size: str, variant: str, heads: int, device: str, compile: bool = True, graph: bool = False):
-    """The library's training step (``mhar.step.TrainStep``, what ``python -m mhar.train`` runs) for one
+    """The library's training step (``mhar.training.step.TrainStep``, what ``python -m mhar.train`` runs) for one
     configuration, and host batches of the paper's microbatch: ``(step, batches, model)``."""
-    from mhar.config import model_config
-    from mhar.model import build_model
-    from mhar.optim import param_groups
-    from mhar.step import TrainStep, build_optimizer, plan_step
+    from mhar.model.config import model_config
+    from mhar.model.transformer import build_model
+    from mhar.training.optim import param_groups
+    from mhar.training.step import TrainStep, build_optimizer, plan_step
 
     torch.manual_seed(0)
     cfg = model_config(size, residual=residual_for(variant, heads))
@@ -90,7 +90,7 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
     """Time :func:`build_step`'s step in this process; returns a result row (no provenance).
     ``backend='none'``: no compile. Peak memory covers the whole run (warm-up and CUDA-graph capture
     included), as the trainer's summary does."""
-    from mhar.step import GRAPH_WARMUP
+    from mhar.training.step import GRAPH_WARMUP
 
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -110,7 +110,7 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
     sync()
     dt = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    from mhar.routing import routing_info
+    from mhar.model.routing import routing_info
     routing = routing_info(model, torch.device(device))
     return dict(size=size, variant=variant, routing_resolved=routing["resolved"] or "", pdl=int(routing["pdl"]), heads=heads if variant != "baseline" else 0, B=B, T=T,
                 params=model.num_params(), steps=steps, step_ms=round(1e3 * dt / steps, 2),
@@ -135,7 +135,7 @@ def trainer_config(size: str, variant: str, heads: int, steps: int, device: str)
 
 def run_trainer(size: str, variant: str, heads: int, steps: int, device: str, workdir: Path, timeout: float) -> dict:
     """Train ``steps`` steps with ``python -m mhar.train`` itself and read its steady tok/s from summary.json."""
-    from mhar.runconfig import dump_yaml
+    from mhar.runs.config import dump_yaml
 
     run_dir = workdir / f"{size}-{variant}"
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -3,7 +3,7 @@ library code that made them (baseline vs a routed variant, the step users run wi
 
     PYTHONPATH=. python -m benchmarks.memory_step 350M baseline mhar_fused [--graph]      # GPU
 
-Builds ``benchmarks.bench_training.build_step`` (the library's ``mhar.step.TrainStep``: compiled pieces,
+Builds ``benchmarks.bench_training.build_step`` (the library's ``mhar.training.step.TrainStep``: compiled pieces,
 fused AdamW; ``--graph``: the whole step captured in a CUDA graph, as the trainer runs it on a GPU) with the
 allocator's history recorded from before the model is built (``torch.cuda.memory._record_memory_history``),
 runs the first steps (warm-up, capture, replays) and replays the trace's allocations and frees in order: the
@@ -83,7 +83,7 @@ def measure(size: str, variant: str, graph: bool = False, top: int = 14) -> dict
     import torch
 
     from benchmarks.bench_training import build_step
-    from mhar.step import GRAPH_WARMUP
+    from mhar.training.step import GRAPH_WARMUP
 
     before = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(max_entries=3_000_000, stacks="python")

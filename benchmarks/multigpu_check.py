@@ -143,7 +143,7 @@ class Runner:
         appears (metrics are flushed only at checkpoints, so the checkpoint file is the signal);
         False if the process ended first."""
         while proc.poll() is None:
-            if any(ckpt_dir.glob("state-*.pt.sha256")):  # a complete checkpoint (mhar.train.save_state)
+            if any(ckpt_dir.glob("state-*.pt.sha256")):  # a complete checkpoint (mhar.training.train.save_state)
                 time.sleep(self.args.kill_delay)
                 if proc.poll() is not None:
                     return False
@@ -343,7 +343,7 @@ def stage_throughput(r: Runner, res: dict) -> bool:
 
 
 def _seq_len(run: Path) -> int:
-    from mhar.runconfig import run_config_from_dict, yaml_load
+    from mhar.runs.config import run_config_from_dict, yaml_load
 
     return run_config_from_dict(yaml_load((run / "config.yaml").read_text())).data.seq_len
 
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --nproc {args.nproc} needs {args.nproc} visible GPUs, found {torch.cuda.device_count()}; "
               "run on a multi-GPU machine or rehearse with --device cpu", file=sys.stderr)
         return 2
-    from mhar.provenance import collect_provenance
+    from mhar.runs.provenance import collect_provenance
 
     r = Runner(args)
     res: dict = {"stages": args.stages, "nproc": args.nproc, "device": args.device, "env": NO_MULTICAST,

@@ -41,8 +41,8 @@ def _op_fn(size: str, impl: str):
 
     from benchmarks.bench_routing_op import IMPLS, Case, _inputs, _microbatch
     from benchmarks.common import MICROBATCH, apply_settings, kernel_settings
-    from mhar.config import PRESETS
-    from mhar.routing import get_router
+    from mhar.model.config import PRESETS
+    from mhar.model.routing import get_router
     if impl not in IMPLS:
         raise SystemExit(f"error: op target {impl!r}: use one of {', '.join(IMPLS)}")
     name, settings = kernel_settings(impl)
@@ -119,8 +119,8 @@ _CATEGORIES = (
 
 
 def _routing_kernel_names() -> tuple[str, ...]:
-    """Names of the fused router's Triton kernels (every ``*_kernel`` of mhar.routing._kernels)."""
-    from mhar.routing import _kernels
+    """Names of the fused router's Triton kernels (every ``*_kernel`` of mhar.model.routing._kernels)."""
+    from mhar.model.routing import _kernels
     return tuple(sorted(n for n in dir(_kernels) if n.endswith("_kernel") and n.startswith("_")))
 
 

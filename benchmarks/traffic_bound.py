@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import MICROBATCH, command_line, write_csv
-from mhar.config import PRESETS
-from mhar.provenance import git_info
-from mhar.routing.names import SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, V7_GROUP
+from mhar.model.config import PRESETS
+from mhar.runs.provenance import git_info
+from mhar.model.routing.names import SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, V7_GROUP
 
 BYTES_PER_ELT = 2  # bf16 sources under autocast
 
@@ -58,7 +58,7 @@ def min_bytes(ns: list[int], E: int, elt: int = BYTES_PER_ELT) -> tuple[int, int
 
 def backward_passes(ns: list[int], source_group: int):
     """The source-gradient passes of the fused backward for reads over ns sources, in the order they run (the rule
-    of ``mhar.routing.fused._source_group``: backward visits reads newest first; a read's newest new source starts
+    of ``mhar.model.routing.fused._source_group``: backward visits reads newest first; a read's newest new source starts
     a group with the older consecutive slots first seen by earlier reads and not yet in a group, up to
     ``source_group`` in all). Yields ``("pass", k, members)``: one pass over reads k..N-1 for the slots ``members``
     (one slot: the plain write-once pass; several: a group pass writing a partial gradient for every member, the
@@ -197,7 +197,7 @@ FUSED_KERNELS = ("_append_kernel", "_score_kernel", "_prefix7_kernel", "_fwd7_ke
 
 def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group: int = SOURCE_GROUP) -> dict:
     """Per routing kernel of ``fused`` at a preset (the paper's microbatch, bf16 sources): (launches, HBM bytes)
-    per microbatch, each load and store of the kernel (``mhar/routing/_kernels.py``) counted once: L2 hits are not
+    per microbatch, each load and store of the kernel (``mhar/model/routing/_kernels.py``) counted once: L2 hits are not
     subtracted, so bytes / bandwidth is a lower bound on the kernel's time. Read k (k = 0..N-1, N = 2L+1) sees
     sources 0..k. Forward: every append copies its source and writes its sums of squares; every source is scored
     once for the reads from its first reader on (H fp32 per token and read); a group of ``group`` reads makes one

@@ -20,7 +20,7 @@ Everything follows lm-eval's ``hf`` model (``HFLM``) so numbers are comparable:
     (default: the model's training context ``cfg.max_seq_len``), first window
     prefixed with the prefix token; each token is predicted exactly once.
   * ``generate_until``: greedy decoding with the model's static KV cache (``Transformer.generate`` ->
-    ``mhar.inference.Decoder``: on CUDA each step compiled and replayed as a CUDA graph);
+    ``mhar.model.inference.Decoder``: on CUDA each step compiled and replayed as a CUDA graph);
     stops at the end-of-text token, at any ``until`` string or the end-of-text text (the
     output is cut before it) or after ``max_gen_toks`` tokens (aliases ``max_new_tokens``,
     ... as lm-eval's ``normalize_gen_kwargs``). A context longer than
@@ -30,14 +30,14 @@ Requests are sorted by length (longest first) and batched; sequences are
 right-padded, which is exact for a causal model (padding only follows the
 positions that are read). Only the positions that are scored go through the
 output head, in chunks, so long windows with a large vocabulary stay in memory.
-Scoring runs through ``mhar.inference.Scorer``: on CUDA the model's hidden states are
+Scoring runs through ``mhar.model.inference.Scorer``: on CUDA the model's hidden states are
 ``torch.compile``'d (shape buckets: one graph per batch-size bucket, the length dynamic)
 and the log-softmax / gather / greedy check is one fused pass over the logits.
 On CUDA each (batch, length) bucket's forward is also replayed as a CUDA graph.
 Compiled kernels and autotuning results persist in ``compile_cache`` (model arg, default
 ``results/cache/compile``; ``none``: torch's defaults; see ``mhar.env.use_compile_cache``).
 ``compile=false`` (model arg) runs all of it eagerly (``regional`` / ``whole``: see
-``mhar.inference``); ``cuda_graphs=false`` scores and decodes without CUDA graphs.
+``mhar.model.inference``); ``cuda_graphs=false`` scores and decodes without CUDA graphs.
 Refused when the model is built (ValueError ``MharLM: ...``, before any request): a CUDA ``device`` where
 no GPU is visible, and a model whose vocabulary is smaller than its tokenizer's.
 """
@@ -79,7 +79,7 @@ def _as_int(name: str, value: Any) -> int:
 
 @register_model("mhar")
 class MharLM(TemplateLM):
-    """TemplateLM over a ``mhar.model.Transformer`` and a ``mhar.tokenizer.Tokenizer``."""
+    """TemplateLM over a ``mhar.model.transformer.Transformer`` and a ``mhar.data.tokenizer.Tokenizer``."""
 
     def __init__(
         self,
@@ -108,7 +108,7 @@ class MharLM(TemplateLM):
             raise ValueError(f"MharLM: unknown argument(s) {sorted(kwargs)}; see eval/adapter.py for the valid ones")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        from mhar.distributed import cuda_missing
+        from mhar.training.distributed import cuda_missing
 
         # a GPU asked for and not there is refused, not run on the CPU (mhar-lm-eval passes --device cpu when
         # no --device is given and no GPU is visible: lm-eval's own default is cuda:0)
@@ -124,13 +124,13 @@ class MharLM(TemplateLM):
             raise ValueError("MharLM: give exactly one of pretrained=<path to model.pt> or model=<Transformer>")
         self.blob: dict = {}
         if pretrained is not None:
-            from mhar.checkpoint import load_model
+            from mhar.runs.checkpoint import load_model
 
             if routing_impl is None and self._device.type != "cuda":
                 routing_impl = "eager"  # Triton kernels need a GPU
             model, tokenizer, self.blob = load_model(pretrained, device=self._device, routing_impl=routing_impl)
         elif tokenizer is None:
-            raise ValueError("MharLM: model=... needs tokenizer=... (a mhar.tokenizer.Tokenizer)")
+            raise ValueError("MharLM: model=... needs tokenizer=... (a mhar.data.tokenizer.Tokenizer)")
         self.pretrained = pretrained
         self.model = model.to(self._device).eval()
         if dtype is not None:
@@ -164,7 +164,7 @@ class MharLM(TemplateLM):
         self.cuda_graphs = "auto" if cuda_graphs in (None, "auto") else _as_bool("cuda_graphs", cuda_graphs)
         self.scorer = None
         if self._split_head:
-            from mhar.inference import decoder_for, scorer_for
+            from mhar.model.inference import decoder_for, scorer_for
 
             self.scorer = scorer_for(self.model, compile=self.compile, cuda_graphs=self.cuda_graphs)
             decoder_for(self.model, compile=self.compile, cuda_graphs=self.cuda_graphs)
@@ -345,7 +345,7 @@ class MharLM(TemplateLM):
             return bool(until) and any(s in self.tok_decode(toks) for s in until)
 
         if not hasattr(self.model, "generate"):
-            raise ValueError("MharLM: generate_until needs a model with .generate (a mhar.model.Transformer)")
+            raise ValueError("MharLM: generate_until needs a model with .generate (a mhar.model.transformer.Transformer)")
         gen = self.model.generate(contexts, max_new, stop_ids=[self.eot_token_id], should_stop=hit,
                                   use_cache=self.use_cache, max_length=self.max_length)
         return [postprocess_generated_text(self.tok_decode(g), list(until), None) for g in gen]

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the table needs no torch: the analysis environment (workflo
 
 __all__ = ["evaluate_cpt_model", "write_cpt_table", "check_arms", "ARM_VARIES"]
 
-# What the two CPT arms may differ in besides the residual section (mhar.runconfig.PAIRING_VARIES): each starts
+# What the two CPT arms may differ in besides the residual section (mhar.runs.config.PAIRING_VARIES): each starts
 # from its own conversion of the base (init/plain vs init/mhar).
 ARM_VARIES = ("train.init_from",)
 

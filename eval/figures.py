@@ -154,7 +154,7 @@ def _routing_input(path: Path) -> tuple[str, dict[str, np.ndarray]]:
         return d.get("model") or path.stem, {k: np.asarray(v) for k, v in d["routing_mean"].items()}
     import torch
 
-    from mhar.checkpoint import CheckpointError, load_model
+    from mhar.runs.checkpoint import CheckpointError, load_model
 
     from .probe import probe_tokens
 

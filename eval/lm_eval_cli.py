@@ -82,7 +82,7 @@ def mhar_device_argv(argv: Sequence[str]) -> tuple[list[str], Optional[str]]:
     """``--model mhar`` where no GPU is visible: (argv, None) with ``--device cpu`` added when no device is given
     (lm-eval's default ``cuda:0`` names a device that is not there), or (argv, the error line) for an explicit
     ``--device cuda...``: a GPU run asked for is refused, never run on the CPU."""
-    from mhar.distributed import cuda_missing
+    from mhar.training.distributed import cuda_missing
 
     argv = list(argv)
     if _flag(argv, "--model", "-M") != "mhar":
@@ -125,7 +125,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from lm_eval.__main__ import cli_evaluate
 
     from . import adapter  # noqa: F401  registers "mhar" with lm-eval's model registry
-    from mhar.checkpoint import CheckpointError
+    from mhar.runs.checkpoint import CheckpointError
 
     from mhar.env import data_dir as _data_dir
 

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from mhar import env
-from mhar.atomic import atomic_write_text
+from mhar.runs.atomic import atomic_write_text
 
 
 # --- pure tensor functions -------------------------------------------------------------------------
@@ -113,10 +113,10 @@ def collect_sources(model, input_ids: Tensor) -> list[Tensor]:
     """Re-run the residual loop and return all 2L+1 sources [(B, T, D), ...] in order.
 
     Site i (sublayer i) reads sources[: i + 1]; the final read reads all of them.
-    Needs a model of a routed variant (``mhar.residuals.routed_variants()``: attnres, mhar, ...) on the
+    Needs a model of a routed variant (``mhar.model.residuals.routed_variants()``: attnres, mhar, ...) on the
     eager router (``load_model(..., routing_impl="eager")``).
     """
-    from mhar.residuals import routed_variants
+    from mhar.model.residuals import routed_variants
 
     res = model.residual
     variant = model.cfg.residual.variant
@@ -215,12 +215,12 @@ def run_probe(model_path: str | Path, out: str | Path, slices: int = 4, batch: i
               text: Optional[str] = None, null_draws: int = 8, seed: int = 0,
               data_dir: Optional[str | Path] = None) -> dict:
     """Load a model, probe it, write the JSON (with provenance) to ``out``; returns the dict."""
-    from mhar.checkpoint import load_model
+    from mhar.runs.checkpoint import load_model
 
     from .results_io import provenance
     from .run import check_vocab
 
-    from mhar.atomic import check_writable
+    from mhar.runs.atomic import check_writable
 
     check_writable(Path(out).parent)  # a read-only or full output folder fails now, not after the probe
     torch.manual_seed(seed)
@@ -253,7 +253,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # disk full, read-only or forbidden --out
-        from mhar.atomic import os_error_line
+        from mhar.runs.atomic import os_error_line
 
         print("error: " + os_error_line(e, "probe"), file=sys.stderr)
         return 2

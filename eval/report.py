@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mhar.atomic import atomic_write_text
+from mhar.runs.atomic import atomic_write_text
 
 from . import results_io as io
 from . import verdict as vd

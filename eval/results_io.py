@@ -19,7 +19,7 @@ import numpy as np
 
 PUBLISHED_CSV = Path(__file__).with_name("published.csv")
 PAPER_SCALES = ("100M", "350M", "1B")
-# Display metadata of the built-in variants (mhar.residuals); a variant not listed here (a new or a user's own)
+# Display metadata of the built-in variants (mhar.model.residuals); a variant not listed here (a new or a user's own)
 # is shown under its run label and keeps its recorded head count, so no edit is needed for it.
 # Built-in variants whose routing head count H is part of their identity (attnres is H=1, the others have none).
 HEADED_VARIANTS = ("mhar", "mhar_delta")
@@ -41,7 +41,7 @@ class RunSummary:
     variant: str
     size: str
     seed: int
-    pairing: str  # pairing hash (mhar.runconfig.pairing_hash); an older record's config_hash
+    pairing: str  # pairing hash (mhar.runs.config.pairing_hash); an older record's config_hash
     heads: Optional[int]
     tail_mean_val_loss: float
     val_losses: list[tuple[int, float]] = field(default_factory=list)
@@ -74,13 +74,13 @@ class RunSummary:
 
 
 def residual_knobs(residual: dict) -> tuple:
-    """((name, value), ...) of the residual knobs that differ from mhar.config.ResidualConfig's defaults, besides
+    """((name, value), ...) of the residual knobs that differ from mhar.model.config.ResidualConfig's defaults, besides
     the variant, its heads (shown as H=, and meaningless for variants without routing heads), routing_impl
-    (execution, not identity) and module (where a variant outside mhar.residuals is defined: it names the
+    (execution, not identity) and module (where a variant outside mhar.model.residuals is defined: it names the
     variant's code, not a setting of it; the run label shows that variant). Two runs whose knobs differ are two rows."""
     from dataclasses import fields
 
-    from mhar.config import ResidualConfig
+    from mhar.model.config import ResidualConfig
 
     defaults = {f.name: f.default for f in fields(ResidualConfig)}
     return tuple((k, residual[k]) for k in sorted(residual) if k not in ("variant", "heads", "routing_impl", "module")
@@ -93,7 +93,7 @@ def shown_knobs(keys: Iterable[tuple], by_variant: bool = True) -> dict[tuple, t
     so two rows that differ in a knob both show it (hyper_n=2 and hyper_n=4)."""
     from dataclasses import fields
 
-    from mhar.config import ResidualConfig
+    from mhar.model.config import ResidualConfig
 
     keys = list(keys)
     defaults = {f.name: f.default for f in fields(ResidualConfig)}
@@ -134,7 +134,7 @@ def read_yaml(path: str | os.PathLike) -> Any:
     never executed; malformed YAML is one AnalysisInputError line naming the file and the place."""
     import yaml
 
-    from mhar.runconfig import yaml_error_line
+    from mhar.runs.config import yaml_error_line
 
     path = Path(path)
     try:
@@ -188,11 +188,11 @@ def run_setup(run_dir: Path) -> dict:
 
 
 def _config_identity(run_dir: Path, where: Path) -> Optional[dict]:
-    """The identity config (mhar.runconfig.identity_config) of the run dir's config.yaml; None without one."""
+    """The identity config (mhar.runs.config.identity_config) of the run dir's config.yaml; None without one."""
     cfg_p = Path(run_dir) / "config.yaml"
     if not cfg_p.is_file():
         return None
-    from mhar.runconfig import identity_config, recorded_run_config
+    from mhar.runs.config import identity_config, recorded_run_config
 
     raw = read_yaml(cfg_p)
     try:
@@ -250,8 +250,8 @@ def run_identity(record: dict, where: Path, run_dir: Optional[Path] = None) -> d
             raise AnalysisInputError(f"{where}: the record says seed {seed} but its config says train.seed "
                                      f"{train_seed}; the records of this run disagree: re-run the step that wrote it")
         data_seed = cfg_data_seed if cfg_data_seed is not None else data_seed
-    from mhar.config import config_hash
-    from mhar.runconfig import IDENTITY_LEN, pairing_config
+    from mhar.model.config import config_hash
+    from mhar.runs.config import IDENTITY_LEN, pairing_config
 
     pairing = str(run.get("pairing") or "") or (config_hash(pairing_config(config), IDENTITY_LEN) if config else "")
     legacy = str(run.get("config_hash") or record.get("config_hash") or "")
@@ -269,10 +269,10 @@ def _short(v: Any) -> str:
 
 def pairing_difference(a: dict, b: dict, ignore: Sequence[str] = ()) -> Optional[str]:
     """None when runs ``a`` and ``b`` (run_identity dicts) may be paired: their resolved configs differ in the
-    residual section (mhar.runconfig.PAIRING_VARIES) and ``ignore`` alone. Otherwise the first field that
+    residual section (mhar.runs.config.PAIRING_VARIES) and ``ignore`` alone. Otherwise the first field that
     differs, as 'field (value of a vs value of b)'. Two records without ``run.config`` that declare a
     ``run.pairing`` (released checkpoints' arms, never trained here) pair when size, seeds and pairing agree."""
-    from mhar.runconfig import PAIRING_VARIES, first_difference
+    from mhar.runs.config import PAIRING_VARIES, first_difference
 
     skip = tuple(PAIRING_VARIES) + tuple(ignore)
     if a["config"] is not None and b["config"] is not None:
@@ -837,7 +837,7 @@ def paper_scale(size: str) -> tuple[str, bool]:
 # --- provenance ------------------------------------------------------------------------------------------------
 def provenance(inputs: Sequence[str | os.PathLike], command: Optional[Sequence[str]] = None) -> dict:
     """Where a generated table/figure came from: command, inputs, git commit, versions, time."""
-    from mhar.provenance import git_info, utc_now
+    from mhar.runs.provenance import git_info, utc_now
 
     versions = {}
     for mod in ("numpy", "scipy", "statsmodels", "pandas", "matplotlib", "torch"):

@@ -121,7 +121,7 @@ class ModelSpec:
             try:
                 lm = get_model("hf").create_from_arg_obj(args, {"batch_size": self.batch_size, "device": self.device})
             except OSError as e:  # not found locally nor on the hub (or offline)
-                from mhar.checkpoint import CheckpointError, load_error_brief
+                from mhar.runs.checkpoint import CheckpointError, load_error_brief
 
                 raise CheckpointError(f"--model {self.path}: could not load this Hugging Face model "
                                       f"({load_error_brief(e)}); check the directory or hub name and the "
@@ -238,14 +238,14 @@ def fill_missing_stderrs(metrics: dict, samples: list[dict], aggregations: dict,
 
 def _atomic_write(path: Path, text: str) -> None:
     """Same-folder temp + fsync + rename; a killed write's temp file goes at the next start."""
-    from mhar.checkpoint import atomic_write_text, clean_stale_temps
+    from mhar.runs.checkpoint import atomic_write_text, clean_stale_temps
 
     clean_stale_temps(path.parent)
     atomic_write_text(path, text)
 
 
 def _provenance(config: dict) -> dict:
-    from mhar.provenance import collect_provenance
+    from mhar.runs.provenance import collect_provenance
 
     return collect_provenance(config)
 
@@ -289,7 +289,7 @@ def _lm_eval_staging(task_dir: Path) -> Path:
     """A fresh same-folder staging directory for lm-eval's files; those of killed runs are removed first."""
     import shutil
 
-    from mhar.checkpoint import _pid_alive
+    from mhar.runs.checkpoint import _pid_alive
 
     for old in task_dir.glob(_STAGING_PREFIX + "*") if task_dir.is_dir() else ():
         pid = old.name[len(_STAGING_PREFIX):].split("-")[0]
@@ -398,7 +398,7 @@ def check_task(task_name: str, source: DataSource, task_manager) -> None:
 
 def _model_file(model_path: str) -> Optional[Path]:
     """The exported model file behind ``model_path`` (``RUN_DIR`` means ``RUN_DIR/model.pt``); None for hf:."""
-    from mhar.checkpoint import MODEL_FILE
+    from mhar.runs.checkpoint import MODEL_FILE
 
     if str(model_path).startswith("hf:"):
         return None
@@ -409,7 +409,7 @@ def _model_file(model_path: str) -> Optional[Path]:
 def weights_sha256(model_path: str) -> Optional[str]:
     """sha256 of an exported model file, checked against its ``.sha256`` (CheckpointError when it fails or
     is missing: such a file is never evaluated); None for ``hf:`` models and paths that are not a file."""
-    from mhar.checkpoint import verify_sha256
+    from mhar.runs.checkpoint import verify_sha256
 
     path = _model_file(model_path)
     return verify_sha256(path) if path is not None and path.is_file() else None
@@ -573,7 +573,7 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     task_list = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
     if not task_list:
         raise ValueError("no tasks given (e.g. --tasks wikitext,lambada_openai)")
-    from mhar.distributed import cuda_missing
+    from mhar.training.distributed import cuda_missing
 
     missing = cuda_missing(device, f"--device {device}", "--device cpu (or leave --device out)")
     if missing:  # not a silent fall-back to the CPU: a GPU run was asked for
@@ -595,7 +595,7 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
         tm = source.task_manager()
         for name in task_list:  # every task name and data file is checked before anything is loaded
             check_task(name, source, tm)
-        from mhar.atomic import check_writable
+        from mhar.runs.atomic import check_writable
 
         created: list[Path] = []
         try:
@@ -690,8 +690,8 @@ def existing_results_conflict(out_dir: str | os.PathLike, tasks: str, model: str
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from mhar.atomic import os_error_line
-    from mhar.checkpoint import CheckpointError
+    from mhar.runs.atomic import os_error_line
+    from mhar.runs.checkpoint import CheckpointError
 
     try:
         results = evaluate_model(args.model, args.tasks, args.out, subset=args.subset, limit=args.limit,

@@ -10,7 +10,7 @@ cost takes benchmark CSVs. A row is one residual config (variant, heads and ever
 that differ from their defaults are shown in the row name) at one size, and pools only runs that differ by
 seed; rows are paired by seed. Which run a file belongs to is read from its records (the ``run`` block, else
 the flat keys / config.yaml of older records), never from its path. Two runs are paired only when their
-resolved configs differ in the residual section alone (``mhar.runconfig.PAIRING_VARIES``): same size, same
+resolved configs differ in the residual section alone (``mhar.runs.config.PAIRING_VARIES``): same size, same
 train and data seeds, same data order and schedule; CPT arms may also differ in their start checkpoint.
 Anything else exits 2 with one ``error:`` line naming both runs and the first field that differs.
 
@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from mhar.atomic import atomic_write_text
+from mhar.runs.atomic import atomic_write_text
 
 from . import results_io as io
 from . import stats as st
@@ -788,7 +788,7 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None) -> Table:
              "Verdicts: eval/verdict.py COST_RULE (quoted once at the top of REPORT.md): two-sided tolerance 0.10 "
              "plus 2 SE of the repeats."] + \
         (["Inference (benchmarks/bench_inference.py at batch 8; not in the paper, no verdict): "
-          + ("scoring tok/s (the lm-eval adapter's path, mhar.inference.Scorer) and its ratio to the baseline, "
+          + ("scoring tok/s (the lm-eval adapter's path, mhar.model.inference.Scorer) and its ratio to the baseline, "
              if scored else "") +
           "prefill tok/s and its ratio to the baseline, decode ms per generated token (Transformer.generate, "
           "whole batch) and its ratio to the baseline (> 1 = slower), inference peak memory."]

@@ -2,10 +2,10 @@
 
     mhar export-hf RUN_DIR --out HF_DIR        # Hugging Face directory (mhar.hf)
     mhar import-hf HF_DIR --out model.pt       # back into the harness (mhar.hf)
-    mhar runs ...                              # run records (mhar.runs)
+    mhar runs ...                              # run records (mhar.runs.layout)
     mhar train CONFIG --out RUN_DIR            # = python -m mhar.train
     mhar cpt convert|export-hf|check-batches   # = python -m mhar.cpt
-    mhar presets                               # = python -m mhar.presets
+    mhar presets                               # = python -m mhar.model.presets
 
 Each subcommand is a ``module:function`` taking its argument list (``COMMANDS``); the module is
 imported only when its subcommand runs, so a missing optional dependency affects that subcommand only.
@@ -19,10 +19,10 @@ from typing import Optional, Sequence
 COMMANDS: dict[str, str] = {
     "export-hf": "mhar.hf.cli:export_main",
     "import-hf": "mhar.hf.cli:import_main",
-    "runs": "mhar.runs:main",
+    "runs": "mhar.runs.layout:main",
     "train": "mhar.train:main",
     "cpt": "mhar.cpt.cli:main",
-    "presets": "mhar.presets:main",
+    "presets": "mhar.model.presets:main",
 }
 
 

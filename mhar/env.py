@@ -7,7 +7,7 @@
     ``python -m eval.probe``, ``data_dir=`` of the Python functions. Unset: the Hugging Face hub.
 
 ``MHAR_TOKENIZE_WORKERS``
-    Processes that tokenize a corpus into token shards (``mhar.data.build_shards``); unset or 0:
+    Processes that tokenize a corpus into token shards (``mhar.data.shards.build_shards``); unset or 0:
     every core this process may use. The shards are the same for any value.
 ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``TRITON_CACHE_AUTOTUNING``
     Where ``torch.compile`` (inductor: FX graphs, generated kernels, autotuning results) and Triton (compiled
@@ -17,8 +17,8 @@
     when this module was imported: a second run of the same shapes starts warm (no compilation, no
     autotuning). Default root: ``results/cache/compile`` (the trainer: beside ``data.cache_dir``).
 
-The fused-routing kernel knobs (``MHAR_ROUTING_*``) belong to ``mhar.routing`` (docs/ARCHITECTURE.md);
-``torchrun``'s ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` to ``mhar.distributed``.
+The fused-routing kernel knobs (``MHAR_ROUTING_*``) belong to ``mhar.model.routing`` (docs/ARCHITECTURE.md);
+``torchrun``'s ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` to ``mhar.training.distributed``.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def tokenize_workers() -> int:
 
 def tokenizers_single_threaded() -> None:
     """Set ``TOKENIZERS_PARALLELISM=false`` in this process (a tokenizer worker process of
-    ``mhar.data``: one core each, and no warning about parallelism before a fork)."""
+    ``mhar.data.shards``: one core each, and no warning about parallelism before a fork)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 

@@ -19,7 +19,7 @@ CONFIG_HASH = "abc123def0"
 def run_config(variant: str, size: str, seed: int, heads: Optional[int] = None, label: Optional[str] = None,
                overrides: Sequence[str] = ()):
     """The resolved run config mhar.train would record for such a run (tinyshakespeare, byte, seq_len 128)."""
-    from mhar.runconfig import load_run_config
+    from mhar.runs.config import load_run_config
 
     return load_run_config(None, [f"model.preset={size}", f"model.residual.variant={variant}",
                                   f"model.residual.heads={heads if heads is not None else 1}",
@@ -39,8 +39,8 @@ def write_run(root: Path, variant: str, size: str, seed: int, tail: float, heads
     and no ``run`` block, the residual section only in config.yaml (heads also in the summary if asked). With
     ``run_block`` it carries the ``run`` record of current mhar.train; ``root_dir`` puts the run anywhere (its
     path then says nothing about the run)."""
-    from mhar.runconfig import dump_yaml, run_identity
-    from mhar.runs import run_relpath
+    from mhar.runs.config import dump_yaml, run_identity
+    from mhar.runs.layout import run_relpath
 
     label = label or variant
     cfg = run_config(variant, size, seed, heads, label, overrides)

@@ -21,7 +21,7 @@ def test_cpu_smoke_writes_rows_with_provenance(tmp_path, monkeypatch):
         model.generate = lambda *a, **k: calls.append(k.get("use_cache", True)) or orig(*a, **k)
         return model
 
-    import mhar.inference as inf
+    import mhar.model.inference as inf
     orig_score = inf.Scorer.sequence_logprobs
     monkeypatch.setattr(inf.Scorer, "sequence_logprobs", lambda self, *a, **k: scored.append(1) or orig_score(self, *a, **k))
     monkeypatch.setattr(bench_inference, "build_model", spy)
@@ -53,8 +53,8 @@ def test_cpu_smoke_writes_rows_with_provenance(tmp_path, monkeypatch):
 def test_gpu_fused_generation_equals_eager():
     """On the GPU, greedy decoding with fused routing (v6, source groups, the v7 table of the paper configs)
     follows the eager reference (fp32)."""
-    from mhar.config import model_config
-    from mhar.model import build_model
+    from mhar.model.config import model_config
+    from mhar.model.transformer import build_model
 
     outs = []
     for impl in ("eager", "fused", "fused_sg8", "fused_v7_sg8"):

@@ -152,7 +152,7 @@ def test_variants_are_the_registry_and_name_their_pdl_setting(monkeypatch):
     in its processes); every other variant runs the library's default (the variable unset), whatever the caller's
     setting, so a variant always means the same launches."""
     from benchmarks import bench_training
-    from mhar.config import ROUTING_IMPLS
+    from mhar.model.config import ROUTING_IMPLS
     assert list(bench_training.VARIANTS) == ["baseline", *(f"mhar_{i}" for i in ROUTING_IMPLS), "mhar_fused_nopdl"]
     for impl in ROUTING_IMPLS:
         assert bench_training.VARIANTS[f"mhar_{impl}"] == {"variant": "mhar", "routing_impl": impl}

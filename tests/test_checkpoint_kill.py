@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import mhar.checkpoint as C
-import mhar.train as T
-from mhar.runconfig import load_run_config
+import mhar.runs.checkpoint as C
+import mhar.training.train as T
+from mhar.runs.config import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _DRIVER = r"""
 import os, re, signal, sys
 from pathlib import Path
-import mhar.checkpoint as C
-import mhar.train as T
+import mhar.runs.checkpoint as C
+import mhar.training.train as T
 
 mode, target, trace, cfg_file, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 events = []
@@ -229,7 +229,7 @@ def test_hashing_while_writing_gives_the_file_hash_and_a_checksum_is_never_missi
 def test_unwritable_run_dir_fails_before_any_data_is_loaded(tmp_path, capsys, monkeypatch, code, says):
     import builtins
 
-    import mhar.atomic as A
+    import mhar.runs.atomic as A
 
     run = tmp_path / "run"
 

@@ -35,8 +35,8 @@ def test_use_compile_cache_sets_defaults_and_keeps_the_users(fresh_env, tmp_path
 
 
 def test_trainer_uses_the_cache_beside_the_data_cache_and_reports_startup(fresh_env, tmp_path):
-    from mhar import train as T
-    from mhar.runconfig import load_run_config
+    from mhar.training import train as T
+    from mhar.runs.config import load_run_config
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat.\n" * 400)

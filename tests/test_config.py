@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from mhar.config import (PRESETS, ConfigError, ModelConfig, ResidualConfig, config_hash, from_dict, model_config,
+from mhar.model.config import (PRESETS, ConfigError, ModelConfig, ResidualConfig, config_hash, from_dict, model_config,
                          model_config_from_dict, to_dict)
 
 
@@ -89,9 +89,9 @@ def test_every_allowed_routing_impl_is_a_registered_router():
     """The config accepts exactly the routing implementations the router registry provides, in its order (a
     registered name the config refuses, or an accepted one no router answers to, fails here rather than in a
     user's run)."""
-    from mhar.config import ROUTING_IMPLS
-    from mhar.routing import ROUTERS, get_router
-    from mhar.routing.routers import _FACTORIES
+    from mhar.model.config import ROUTING_IMPLS
+    from mhar.model.routing import ROUTERS, get_router
+    from mhar.model.routing.routers import _FACTORIES
 
     assert ROUTING_IMPLS == ("auto", "eager", "compile", "fused")
     assert tuple(ROUTERS) == ROUTING_IMPLS and set(_FACTORIES) == set(ROUTING_IMPLS)
@@ -102,7 +102,7 @@ def test_every_allowed_routing_impl_is_a_registered_router():
 def test_routing_impl_defaults_to_auto_and_refuses_withdrawn_names():
     """``auto`` is the default; a withdrawn fused variant's name is not a new config value: the error names the
     four choices (stored checkpoints still load it as ``fused``: tests/test_routing.py)."""
-    from mhar.config import LEGACY_ROUTING_IMPLS, stored_routing_impl
+    from mhar.model.config import LEGACY_ROUTING_IMPLS, stored_routing_impl
     assert ResidualConfig().routing_impl == "auto"
     assert model_config("debug", residual={"variant": "mhar", "heads": 4}).residual.routing_impl == "auto"
     with pytest.raises(ConfigError, match="model.residual.routing_impl: .*'fused_v7_sg8'.*auto, eager, compile, "
@@ -119,7 +119,7 @@ def test_workflow_schema_routing_enums_are_the_registry():
 
     import yaml
 
-    from mhar.config import ROUTING_IMPLS
+    from mhar.model.config import ROUTING_IMPLS
     schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "schema.yaml").read_text())
     props = schema["properties"]
     variant_enum = props["variants"]["additionalProperties"]["properties"]["routing_impl"]["enum"]

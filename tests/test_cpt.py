@@ -12,10 +12,11 @@ transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from eval import cpt as eval_cpt  # noqa: E402
-from mhar import cpt, optim  # noqa: E402
-from mhar.checkpoint import load_model  # noqa: E402
-from mhar.config import model_config  # noqa: E402
-from mhar.model import Transformer  # noqa: E402
+from mhar import cpt
+from mhar.training import optim  # noqa: E402
+from mhar.runs.checkpoint import load_model  # noqa: E402
+from mhar.model.config import model_config  # noqa: E402
+from mhar.model.transformer import Transformer  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -155,8 +156,8 @@ def _arm_configs(tmp_path, steps=4, **train_over):
 
 
 def _train(run_cfg: dict, out, **kw):
-    from mhar.runconfig import run_config_from_dict
-    from mhar.train import train
+    from mhar.runs.config import run_config_from_dict
+    from mhar.training.train import train
 
     return train(run_config_from_dict(run_cfg), out, **kw)
 
@@ -166,8 +167,8 @@ def _rows(run_dir):
 
 
 def test_arms_see_identical_batches_and_start_identical(tmp_path):
-    from mhar.data import load_data
-    from mhar.runconfig import run_config_from_dict
+    from mhar.data.shards import load_data
+    from mhar.runs.config import run_config_from_dict
 
     cfgs = _arm_configs(tmp_path)
     assert cfgs["plain"]["data"] == cfgs["mhar"]["data"]
@@ -199,7 +200,7 @@ def test_arms_see_identical_batches_and_start_identical(tmp_path):
 
 
 def test_ema_run_resumes_exactly_and_exports_ema(tmp_path):
-    from mhar.checkpoint import read_checkpoint
+    from mhar.runs.checkpoint import read_checkpoint
 
     rc = _arm_configs(tmp_path, steps=4, ema_decay=0.5)["mhar"]
     full, part = tmp_path / "full", tmp_path / "part"
@@ -217,7 +218,7 @@ def test_ema_run_resumes_exactly_and_exports_ema(tmp_path):
 
 
 def test_init_from_with_another_shape_is_refused(tmp_path):
-    from mhar.config import ConfigError
+    from mhar.model.config import ConfigError
 
     rc = _arm_configs(tmp_path)["mhar"]
     rc["model"]["d_ff"] = 64  # the converted checkpoint has 96
@@ -271,7 +272,7 @@ def test_ema_update_matches_closed_form():
 
 # --- config block and table -----------------------------------------------------------------------------
 def test_cpt_block_errors_name_the_key():
-    from mhar.config import ConfigError
+    from mhar.model.config import ConfigError
     from mhar.cpt import base_run_config, cpt_config_from_dict
 
     with pytest.raises(ConfigError, match="exactly one of cpt.base.hf"):

@@ -90,7 +90,7 @@ def test_string_nan_loss_in_a_summary_or_metrics_file_is_refused(tmp_path, capsy
 
 
 def test_yaml_python_tags_are_refused_and_never_run(tmp_path, capsys):
-    import mhar.train as T
+    import mhar.training.train as T
 
     marker = tmp_path / "pwned"
     tag = f'!!python/object/apply:os.system ["touch {marker}"]'
@@ -116,7 +116,7 @@ def test_yaml_python_tags_are_refused_and_never_run(tmp_path, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_cuda_device_without_a_gpu_is_a_config_error(tmp_path, capsys):
-    import mhar.train as T
+    import mhar.training.train as T
 
     _refused(capsys, ["config/train/debug.yaml", "train.device=cuda", "--out", str(tmp_path / "r")],
              "train.device=cuda but no CUDA device is visible", main=T.main)
@@ -130,9 +130,9 @@ def test_eval_device_cuda_without_a_gpu_is_refused_not_run_on_the_cpu(tmp_path, 
     pytest.importorskip("lm_eval")
     from eval import lm_eval_cli, run
     from eval.adapter import MharLM
-    from mhar.checkpoint import save_model
-    from mhar.config import model_config
-    from mhar.model import Transformer
+    from mhar.runs.checkpoint import save_model
+    from mhar.model.config import model_config
+    from mhar.model.transformer import Transformer
 
     model = save_model(tmp_path / "m" / "model.pt", Transformer(model_config("debug", max_seq_len=64)), "byte")
     monkeypatch.setattr(MharLM, "_loglikelihood_tokens", lambda *a, **k: pytest.fail("evaluation started"))

@@ -11,9 +11,9 @@ import pytest
 import scipy.stats
 import torch
 
-from mhar.data import (BatchOrder, DataError, PackedTokens, TrainData, build_shards, resolve_corpus,
+from mhar.data.shards import (BatchOrder, DataError, PackedTokens, TrainData, build_shards, resolve_corpus,
                        unigram_entropy)
-from mhar.runconfig import DataConfig
+from mhar.runs.config import DataConfig
 
 DATA_DIR = os.environ.get("MHAR_DATA_DIR")
 EOT = 256  # byte tokenizer
@@ -261,8 +261,8 @@ def _train_bpe(tmp_path: Path, texts: list[str], name: str, pre=None, normalizer
 
 def _reference_streams(cfg: DataConfig) -> dict:
     """The shards' definition: every document of the split stream encoded whole (``_encode``), in order."""
-    from mhar.data import _encode, _token_dtype, split_stream
-    from mhar.tokenizer import get_tokenizer
+    from mhar.data.shards import _encode, _token_dtype, split_stream
+    from mhar.data.tokenizer import get_tokenizer
 
     tok = get_tokenizer(cfg.tokenizer)
     _, stream = split_stream(resolve_corpus(cfg.corpus, None, cfg.text_field), cfg.holdout, cfg.val_fraction)
@@ -276,7 +276,7 @@ def _reference_streams(cfg: DataConfig) -> dict:
 @pytest.fixture
 def small_pieces(monkeypatch):
     """Pieces of ~300 characters and tasks of ~2000, so that a small fixture is cut and shared out."""
-    import mhar.data as D
+    import mhar.data.shards as D
 
     monkeypatch.setattr(D, "PIECE_CHARS", 300)
     monkeypatch.setattr(D, "TASK_CHARS", 2000)
@@ -286,7 +286,7 @@ def small_pieces(monkeypatch):
 def test_shards_are_the_same_for_any_worker_count_and_equal_whole_document_encoding(tmp_path, small_pieces, kind):
     from tokenizers import normalizers, pre_tokenizers
 
-    import mhar.data as D
+    import mhar.data.shards as D
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -297,7 +297,7 @@ def test_shards_are_the_same_for_any_worker_count_and_equal_whole_document_encod
              "not_cuttable_metaspace": {"pre": pre_tokenizers.Metaspace()},
              "not_cuttable_normalizer": {"normalizer": normalizers.Lowercase()}}[kind]
     tok = _train_bpe(tmp_path, texts, kind, **extra)
-    enc = D._Encoder(__import__("mhar.tokenizer", fromlist=["get_tokenizer"]).get_tokenizer(tok))
+    enc = D._Encoder(__import__("mhar.data.tokenizer", fromlist=["get_tokenizer"]).get_tokenizer(tok))
     if kind == "bos_template":
         assert len(enc.prefix) == 1 and len(enc.suffix) == 0
     if kind.startswith("not_cuttable"):  # a prefix space per piece / a normalizer: documents stay whole
@@ -317,8 +317,8 @@ def test_gpt2_and_olmo2_pieces_encode_like_whole_documents():
     """On real text (the Gutenberg books) and real tokenizers: every cut is invisible in the ids."""
     if not DATA_DIR or not Path(DATA_DIR, "nltk_gutenberg").is_dir():
         pytest.skip("needs MHAR_DATA_DIR with nltk_gutenberg/ and tokenizers/")
-    import mhar.data as D
-    from mhar.tokenizer import get_tokenizer
+    import mhar.data.shards as D
+    from mhar.data.tokenizer import get_tokenizer
 
     text = Path(DATA_DIR, "nltk_gutenberg", "gutenberg", "carroll-alice.txt").read_bytes().decode("latin-1")
     text = text.replace("\r\n", "\n")
@@ -332,7 +332,7 @@ def test_gpt2_and_olmo2_pieces_encode_like_whole_documents():
 
 
 def test_progress_lines_report_tokens_per_second(tmp_path, small_pieces, monkeypatch):
-    import mhar.data as D
+    import mhar.data.shards as D
 
     monkeypatch.setattr(D, "PROGRESS_EVERY_S", 0.0)
     f = tmp_path / "a.txt"
@@ -356,8 +356,8 @@ def test_tokenize_workers_env(monkeypatch, tmp_path):
 
 _KILLABLE_BUILD = """
 import sys, time
-import mhar.data as D
-from mhar.runconfig import DataConfig
+import mhar.data.shards as D
+from mhar.runs.config import DataConfig
 D.PIECE_CHARS, D.TASK_CHARS, D.COMMIT_EVERY_S = 300, 2000, 0.0
 encode_task = D._Encoder.encode_task
 def slow(self, task, dtype):  # a slow tokenizer: the kill lands in the middle of the build

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mhar.config import ConfigError, model_config
-from mhar.model import Transformer
-from mhar.residuals.delta import DeltaAttnRes
+from mhar.model.config import ConfigError, model_config
+from mhar.model.transformer import Transformer
+from mhar.model.residuals.delta import DeltaAttnRes
 
 torch.set_num_threads(1)
 
@@ -76,7 +76,7 @@ def test_gradient_reaches_alpha_and_routing_params():
 
 
 def _naive_route(sources, q, g, H, eps):
-    """Per-head loop over a list of (B,T,D) sources, written independently of mhar.routing."""
+    """Per-head loop over a list of (B,T,D) sources, written independently of mhar.model.routing."""
     D = q.numel()
     d = D // H
     outs = []
@@ -189,7 +189,7 @@ def test_bf16_identity_at_init():
 
 def test_naive_route_agrees_with_reference():
     # guards the test's own reference against the package reference (different code paths)
-    from mhar.routing import route_reference
+    from mhar.model.routing import route_reference
 
     g = torch.Generator().manual_seed(5)
     srcs = [torch.randn(2, 3, 16, generator=g) for _ in range(3)]

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import mhar.train as T
-from mhar.checkpoint import load_model
-from mhar.distributed import DistEnv, even_batches, gather_batches, init_distributed, shutdown, wrap_model
-from mhar.model import Transformer
+import mhar.training.train as T
+from mhar.runs.checkpoint import load_model
+from mhar.training.distributed import DistEnv, even_batches, gather_batches, init_distributed, shutdown, wrap_model
+from mhar.model.transformer import Transformer
 from test_train import cfg_for, corpus, read_metrics  # noqa: F401  (corpus is a fixture)
 
 WORLD = 2

@@ -1,5 +1,5 @@
 """Settings travel through the config objects; environment variables are documented defaults read in one
-place (mhar/env.py; the routing kernel knobs in mhar/routing, torchrun's variables in mhar/distributed)."""
+place (mhar/env.py; the routing kernel knobs in mhar/model/routing, torchrun's variables in mhar/distributed)."""
 from __future__ import annotations
 
 import ast
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from mhar import env
-from mhar.runconfig import identity_hash, pairing_hash, run_config_from_dict
+from mhar.runs.config import identity_hash, pairing_hash, run_config_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 # where reading the environment is the module's documented job
-ENV_READERS = {"mhar/env.py"} | {str(p.relative_to(ROOT)) for p in (ROOT / "mhar" / "routing").rglob("*.py")} \
-    | {"mhar/distributed.py"}
+ENV_READERS = {"mhar/env.py"} | {str(p.relative_to(ROOT)) for p in (ROOT / "mhar" / "model" / "routing").rglob("*.py")} \
+    | {"mhar/training/distributed.py"}
 
 
 def environment_reads(path: Path) -> list[int]:
@@ -59,9 +59,9 @@ def test_data_dir_explicit_then_environment_then_hub(monkeypatch, tmp_path):
 
 def test_readers_take_the_explicit_data_dir_over_the_environment(monkeypatch, tmp_path):
     """Each former reader of MHAR_DATA_DIR honours an explicit directory (the workflow's data_dir) first."""
-    from mhar.data import resolve_data_dir
-    from mhar.runconfig import DataConfig
-    from mhar.tokenizer import get_tokenizer
+    from mhar.data.shards import resolve_data_dir
+    from mhar.runs.config import DataConfig
+    from mhar.data.tokenizer import get_tokenizer
 
     given, other = tmp_path / "given", tmp_path / "other"
     for d in (given, other):
@@ -80,7 +80,7 @@ def test_readers_take_the_explicit_data_dir_over_the_environment(monkeypatch, tm
 
 def test_probe_text_from_the_given_data_dir(monkeypatch, tmp_path):
     probe = pytest.importorskip("eval.probe")
-    from mhar.tokenizer import ByteTokenizer
+    from mhar.data.tokenizer import ByteTokenizer
 
     wiki = tmp_path / "mirror" / "wikitext-2-raw-v1"
     wiki.mkdir(parents=True)

@@ -17,10 +17,10 @@ pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from eval.adapter import MharLM  # noqa: E402
-from mhar.checkpoint import save_model  # noqa: E402
-from mhar.config import model_config  # noqa: E402
-from mhar.model import Transformer  # noqa: E402
-from mhar.tokenizer import get_tokenizer  # noqa: E402
+from mhar.runs.checkpoint import save_model  # noqa: E402
+from mhar.model.config import model_config  # noqa: E402
+from mhar.model.transformer import Transformer  # noqa: E402
+from mhar.data.tokenizer import get_tokenizer  # noqa: E402
 
 torch.set_num_threads(1)
 DATA_DIR = os.environ.get("MHAR_DATA_DIR")

@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from eval.adapter import MharLM  # noqa: E402
 from mhar import cpt  # noqa: E402
-from mhar.checkpoint import save_model  # noqa: E402
+from mhar.runs.checkpoint import save_model  # noqa: E402
 
 torch.set_num_threads(1)
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
@@ -147,8 +147,8 @@ def test_gsm8k_generations_match_hf(pair):
 
 def test_training_documents_are_encoded_as_evaluation_encodes(pair):
     """Training shards hold each document as the evaluation sees it (BOS first), then end-of-text."""
-    from mhar.data import _encode
-    from mhar.tokenizer import get_tokenizer
+    from mhar.data.shards import _encode
+    from mhar.data.tokenizer import get_tokenizer
 
     hf_dir, path = pair
     tok, lm = get_tokenizer(str(hf_dir)), _mhar(path)

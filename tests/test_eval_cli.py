@@ -15,9 +15,9 @@ import torch
 pytest.importorskip("lm_eval")
 from eval.lm_eval_cli import cli_argv, local_fewshot_error, main  # noqa: E402
 from eval.data_local import TASKS_DIR  # noqa: E402
-from mhar.checkpoint import save_model  # noqa: E402
-from mhar.config import model_config  # noqa: E402
-from mhar.model import build_model  # noqa: E402
+from mhar.runs.checkpoint import save_model  # noqa: E402
+from mhar.model.config import model_config  # noqa: E402
+from mhar.model.transformer import build_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,9 +18,9 @@ from lm_eval.tasks.gpqa.zeroshot.utils import process_docs as stock_process_docs
 from eval.adapter import MharLM  # noqa: E402
 from eval.run import evaluate_model, main  # noqa: E402
 from eval.tasks.utils import seed_gpqa_choices  # noqa: E402
-from mhar.checkpoint import save_model  # noqa: E402
-from mhar.config import model_config  # noqa: E402
-from mhar.model import build_model  # noqa: E402
+from mhar.runs.checkpoint import save_model  # noqa: E402
+from mhar.model.config import model_config  # noqa: E402
+from mhar.model.transformer import build_model  # noqa: E402
 
 torch.set_num_threads(1)
 DATA = os.environ.get("MHAR_DATA_DIR")

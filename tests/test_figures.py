@@ -63,9 +63,9 @@ def test_forest_cost_and_heatmap(data):
 
 
 def test_routing_heatmap_from_model(tmp_path):
-    from mhar.checkpoint import save_model
-    from mhar.config import model_config
-    from mhar.model import build_model
+    from mhar.runs.checkpoint import save_model
+    from mhar.model.config import model_config
+    from mhar.model.transformer import build_model
 
     torch.manual_seed(0)
     m = build_model(model_config("debug", residual={"variant": "mhar", "heads": 4}))

@@ -15,10 +15,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
-from mhar.config import model_config  # noqa: E402
-from mhar.model import build_model  # noqa: E402
-from mhar.routing import get_router  # noqa: E402
-from mhar.routing import fused as fused_mod  # noqa: E402
+from mhar.model.config import model_config  # noqa: E402
+from mhar.model.transformer import build_model  # noqa: E402
+from mhar.model.routing import get_router  # noqa: E402
+from mhar.model.routing import fused as fused_mod  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -194,7 +194,7 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
 @pytest.mark.parametrize("N,B,T,D,H", SHAPES)
 def test_route_fused_matches_reference_fp32(N, B, T, D, H):
     """Stateless op (stacked sources, same signature as route_reference): output, weights, all grads."""
-    from mhar.routing import route_reference
+    from mhar.model.routing import route_reference
     gen = torch.Generator().manual_seed(N * 100 + D)
     src = torch.randn(N, B, T, D, generator=gen, dtype=torch.float64)
     q = torch.randn(D, generator=gen, dtype=torch.float64) * 0.5
@@ -364,7 +364,7 @@ def test_model_fused_deeper_matches_eager(variant, res):
 def test_model_fused_inference_matches_eager(config):
     """MHAR H=8 routed by the fused kernels in inference (no autograd; the table is still filled): the full
     forward's hidden states and a KV-cached prefill + decode steps equal the eager router's (fp32)."""
-    from mhar.model import KVCache
+    from mhar.model.transformer import KVCache
     hs = []
     for name in ("fused", "eager"):
         torch.manual_seed(0)
@@ -586,7 +586,7 @@ def test_v7_many_sources():
 
 
 def _check_scores(D, H, k_lo, Kr, BT, dtype):
-    from mhar.routing import _kernels as K
+    from mhar.model.routing import _kernels as K
     gen = torch.Generator().manual_seed(D + H + k_lo + Kr)
     eps = 1e-6
     buf = torch.randn(2, BT, D, generator=gen).to(DEV, dtype)
@@ -684,7 +684,7 @@ def test_v6_source_groups(G, with_null, with_extra, H, dtype):
 def test_v6_row_split(D, H, parts):
     """The kernels hold a head's D / H columns as two power-of-two tiles: the largest power of two and the
     rest (padded only when the rest is not a power of two itself, e.g. 112 = 64 + 48 -> 64)."""
-    from mhar.routing import _kernels as K
+    from mhar.model.routing import _kernels as K
     HP, DA, DB = K._split(D, H)
     assert (HP, DA, DB) == parts
     DH = D // H
@@ -730,7 +730,7 @@ def test_loop_kernels_autotune_per_loop_length(impl_kwargs, monkeypatch):
     loop (the first read's), where the pipeline depth makes no difference."""
     from collections import defaultdict
 
-    from mhar.routing import _kernels as K
+    from mhar.model.routing import _kernels as K
     loops = {K._fwd6_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]),
              K._fwd7_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]),
              K._prefix6_kernel: ("NB", lambda a: a["n_buf"]), K._prefix7_kernel: ("NB", lambda a: a["n_buf"]),
@@ -762,7 +762,7 @@ def test_loop_kernels_autotune_per_loop_length(impl_kwargs, monkeypatch):
 def test_benchmarks_log_the_tuned_configurations(monkeypatch):
     """The benchmarks log each autotuned choice once per key (kernel, width, heads, loop-length bucket)."""
     from benchmarks.common import tuned_lines
-    from mhar.routing import _kernels as K
+    from mhar.model.routing import _kernels as K
     monkeypatch.setattr(K, "_TUNED", {})  # the launchers' cache, without earlier tests' choices
     seen = set()
     router = get_router("fused")
@@ -829,7 +829,7 @@ def test_gpu_v6_every_launch_config(D, H, source_group, monkeypatch):
     """Each launch configuration the autotuner may pick for the forward / write-once backward (BLOCK_T x
     warps x pipeline stages), or with ``source_group`` for the source-group kernel, gives the reference's
     outputs and gradients (the tuned runs only exercise the fastest one)."""
-    from mhar.routing import _kernels as K
+    from mhar.model.routing import _kernels as K
 
     forced = (K._fwd6_kernel, K._src_bwd_kernel) if source_group == 1 else (K._src_group_bwd_kernel,)
     configs = K._loop_configs(full=True) if source_group == 1 else K._group_configs(full=True)
@@ -839,7 +839,7 @@ def test_gpu_v6_every_launch_config(D, H, source_group, monkeypatch):
 def _force_config(monkeypatch, forced, cfg):
     """Make ``_kernels._launch`` run the kernels ``forced`` with launch configuration ``cfg`` (the autotuner
     bypassed), every other kernel as before."""
-    from mhar.routing import _kernels as K
+    from mhar.model.routing import _kernels as K
 
     orig = getattr(K._launch, "unforced", K._launch)  # (a previous forcing replaced, not wrapped)
 
@@ -866,7 +866,7 @@ def _each_launch_config(monkeypatch, forced, configs, D, H, **check):
 def test_gpu_v7_every_launch_config(D, H, which, monkeypatch):
     """Each launch configuration the autotuner may pick for the table forward and gradient kernels (table reads),
     or for the prefix kernel (groups of 4), gives the reference's outputs and gradients."""
-    from mhar.routing import _kernels as K
+    from mhar.model.routing import _kernels as K
 
     forced = (K._fwd7_kernel, K._src_bwd_kernel) if which == "fwd7" else (K._prefix7_kernel,)
     configs = K._loop_configs(full=True) if which == "fwd7" else K._prefix7_configs(full=True)
@@ -934,7 +934,7 @@ def test_gpu_cuda_graph_replay(config, n_layers):
 def test_dW_all_is_the_sum_of_per_source_contractions(dtype):
     """dW_all (one batched matmul over every buffered source) equals the per-source contractions summed
     (float64 einsum), and ignores the slots past n even when they hold NaN (the buffer's unused capacity)."""
-    from mhar.routing import _kernels as K
+    from mhar.model.routing import _kernels as K
     gen = torch.Generator().manual_seed(11)
     cap, n, BT, D, H, Kr = 5, 3, 7, 24, 3, 4
     buf = torch.randn(cap, BT, D, generator=gen).to(DEV, dtype)
@@ -956,7 +956,7 @@ def test_pdl_on_by_default_on_sm90_unless_turned_off(monkeypatch):
     it (unset or MHAR_ROUTING_PDL=1), off with MHAR_ROUTING_PDL=0, never on the CPU, under the interpreter, before
     sm_90 or with a Triton without it (an explicit 1 there is an error); any other value is an error naming the
     variable."""
-    from mhar.routing import _kernels as K
+    from mhar.model.routing import _kernels as K
     cap = {"major": 9}
     monkeypatch.setattr(K, "_PDL_ON", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (cap["major"], 0))
@@ -990,8 +990,8 @@ def test_pdl_on_by_default_on_sm90_unless_turned_off(monkeypatch):
 def test_provenance_records_whether_pdl_is_on(monkeypatch):
     """PDL is a default, so the run's ``MHAR_ROUTING_*`` settings alone do not say whether it was on:
     provenance records the effective setting (``routing_pdl``), False without CUDA, None when undeterminable."""
-    from mhar import provenance
-    from mhar.routing import _kernels as K
+    from mhar.runs.layout import provenance
+    from mhar.model.routing import _kernels as K
     monkeypatch.setattr(K, "_PDL_ON", {})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -1014,7 +1014,7 @@ def test_triton_has_pdl_matches_its_language():
     """The feature check looks at the installed Triton's language: the griddepcontrol intrinsics the kernels'
     ``_pdl_enter`` calls."""
     import triton.language as tl
-    from mhar.routing import _kernels as K
+    from mhar.model.routing import _kernels as K
     cuda = getattr(tl.extra, "cuda", None)
     assert K.triton_has_pdl() == (hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents"))
 
@@ -1022,7 +1022,7 @@ def test_triton_has_pdl_matches_its_language():
 def test_launch_passes_pdl_to_the_kernels_that_wait(monkeypatch):
     """``_launch`` gives a kernel of ``_PDL_KERNELS`` its PDL constexpr and the launch option (so the kernel's
     ``_pdl_enter`` waits for its predecessor whenever it was launched early), and no other kernel either."""
-    from mhar.routing import _kernels as K
+    from mhar.model.routing import _kernels as K
     seen = []
 
     class Fake:
@@ -1053,7 +1053,7 @@ def test_gpu_pdl_launches_equal_serial_launches(monkeypatch, D, H, n):
     """routing_impl 'fused' (table, forward groups of 4, source groups of 8) with programmatic dependent launch
     (MHAR_ROUTING_PDL=1; the default on sm_90+) gives bit-for-bit the outputs and gradients of ordinary launches,
     eagerly and replayed from a CUDA graph (sm_90+)."""
-    from mhar.routing import _kernels as K
+    from mhar.model.routing import _kernels as K
     monkeypatch.setenv("MHAR_ROUTING_PDL", "1")
     if not K.pdl_enabled(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs sm_90 or later")

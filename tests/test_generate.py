@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mhar.config import model_config
-from mhar.model import KVCache, build_model
-from mhar.residuals import RESIDUALS
+from mhar.model.config import model_config
+from mhar.model.transformer import KVCache, build_model
+from mhar.model.residuals import RESIDUALS
 
 torch.set_num_threads(1)
 VOCAB = 257

@@ -6,7 +6,7 @@ The reference forward below is written here from their published semantics (a re
 softmax over sources; ``full*`` modes append the previous partial and make the sublayer output the new
 partial; ``block`` closes the running sum at the first layer of each block of ceil(L / num_blocks)
 layers; a final read before ``model.norm``), with its own attention (explicit softmax, not SDPA), RoPE
-and MLP; it never calls ``mhar.model``.
+and MLP; it never calls ``mhar.model.transformer``.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 pytest.importorskip("safetensors")
 from safetensors.torch import save_file  # noqa: E402
 
-from mhar.checkpoint import load_model  # noqa: E402
+from mhar.runs.checkpoint import load_model  # noqa: E402
 from mhar.hf import ImportHFError, import_hf  # noqa: E402
 from mhar.hf.authors import AuthorsFormatError, convert_authors  # noqa: E402
 

@@ -5,7 +5,7 @@ cannot be imported (a ``sys.meta_path`` blocker): the routed variants through th
 ``modeling_mhar.py`` (``trust_remote_code=True``), the baseline as transformers' own ``Qwen3ForCausalLM`` /
 ``LlamaForCausalLM`` with no remote code. Its fp32 logits must equal the harness model's within 1e-5, its
 greedy ``generate()`` (KV cache, left-padded batch and a single prompt) must equal
-``mhar.model.Transformer.generate``, ``AutoTokenizer`` must encode as the byte tokenizer; importing the
+``mhar.model.transformer.Transformer.generate``, ``AutoTokenizer`` must encode as the byte tokenizer; importing the
 export back must give identical weights.
 """
 from __future__ import annotations
@@ -25,10 +25,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from mhar import __main__ as cli  # noqa: E402
-from mhar.checkpoint import file_sha256, read_checkpoint, save_model  # noqa: E402
-from mhar.config import model_config  # noqa: E402
+from mhar.runs.checkpoint import file_sha256, read_checkpoint, save_model  # noqa: E402
+from mhar.model.config import model_config  # noqa: E402
 from mhar.hf import ExportError, export_hf, import_hf  # noqa: E402
-from mhar.model import Transformer  # noqa: E402
+from mhar.model.transformer import Transformer  # noqa: E402
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -272,7 +272,7 @@ def test_export_check_catches_a_wrong_export(exports, tmp_path, monkeypatch):
 
 
 def test_mhar_command_table(capsys, monkeypatch):
-    assert cli.COMMANDS["runs"] == "mhar.runs:main"
+    assert cli.COMMANDS["runs"] == "mhar.runs.layout:main"
     assert cli.COMMANDS["export-hf"] == "mhar.hf.cli:export_main"
     assert cli.COMMANDS["import-hf"] == "mhar.hf.cli:import_main"
     assert cli.main(["nope"]) == 2 and "unknown subcommand 'nope'" in capsys.readouterr().err
@@ -286,7 +286,7 @@ def test_mhar_command_table(capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_modeling_file_uses_the_mhar_kernels_when_importable(exports, tmp_path):
-    """With mhar importable, routing_impl 'fused' runs mhar.routing's fused Triton router (CPU: the Triton
+    """With mhar importable, routing_impl 'fused' runs mhar.model.routing's fused Triton router (CPU: the Triton
     interpreter), same logits as the file's PyTorch routing; 'auto' keeps PyTorch on the CPU; without mhar,
     asking for the kernels is a clear ImportError."""
     pytest.importorskip("triton")
@@ -313,7 +313,7 @@ def test_modeling_file_uses_the_mhar_kernels_when_importable(exports, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     mods, diff = proc.stdout.strip().splitlines()[-2:]
     mods = json.loads(mods)
-    assert mods["fused"] == "mhar.routing.fused"
+    assert mods["fused"] == "mhar.model.routing.fused"
     assert mods["torch"].startswith("transformers_modules") and mods["auto"] == mods["torch"]
     assert float(diff) <= 1e-5  # relative to max |logit| (these logits are sharp: ~100)
     blocked = run_without_mhar(f"""

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from mhar.__main__ import main as mhar_main  # noqa: E402
-from mhar.checkpoint import load_model  # noqa: E402
+from mhar.runs.checkpoint import load_model  # noqa: E402
 from mhar.hf import ImportHFError, import_hf  # noqa: E402
 
 torch.set_num_threads(1)

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
-from mhar.checkpoint import save_model  # noqa: E402
+from mhar.runs.checkpoint import save_model  # noqa: E402
 from mhar.hf import export_hf  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))

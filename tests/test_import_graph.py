@@ -77,9 +77,9 @@ def test_checker_finds_upward_imports(tmp_path, package, line, expect):
     (tmp_path / "eval").mkdir()
     for d in ("mhar", "mhar/sub", "eval"):
         (tmp_path / d / "__init__.py").write_text("")
-    ok = "from mhar.model import Transformer\nfrom ..config import ConfigError\n"
+    ok = "from mhar.model.transformer import Transformer\nfrom ..config import ConfigError\n"
     (tmp_path / "mhar" / "sub" / "ok.py").write_text(ok)
-    (tmp_path / "eval" / "ok.py").write_text("from mhar.checkpoint import load_model\nfrom .stats import paired\n")
+    (tmp_path / "eval" / "ok.py").write_text("from mhar.runs.checkpoint import load_model\nfrom .stats import paired\n")
     assert violations(tmp_path) == []
     target = tmp_path / package / ("sub/mod.py" if package == "mhar" else "mod.py")
     target.write_text(line + "\n")

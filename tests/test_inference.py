@@ -1,16 +1,16 @@
-"""mhar.inference: the compiled / graph-captured / static-cache paths compute what the eager full forward computes,
+"""mhar.model.inference: the compiled / graph-captured / static-cache paths compute what the eager full forward computes,
 for every residual variant (CPU fp32, the exact code path; `gpu` tests: the compiled kernels and CUDA graphs)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mhar.config import model_config
-from mhar.inference import (Decoder, InferenceRouter, Scorer, batch_bucket, score_length_bucket, traceable_router,
+from mhar.model.config import model_config
+from mhar.model.inference import (Decoder, InferenceRouter, Scorer, batch_bucket, score_length_bucket, traceable_router,
                             use_router)
-from mhar.model import KVCache, build_model
-from mhar.residuals import RESIDUALS
-from mhar.routing import route_reference
+from mhar.model.transformer import KVCache, build_model
+from mhar.model.residuals import RESIDUALS
+from mhar.model.routing import route_reference
 
 torch.set_num_threads(1)
 VOCAB = 257
@@ -164,7 +164,7 @@ def test_graph_path_reuses_its_cache_and_stops():
 
 
 def test_generate_uses_the_decoder_and_its_settings():
-    from mhar.inference import decoder_for
+    from mhar.model.inference import decoder_for
     model = _model("baseline")
     assert decoder_for(model) is decoder_for(model)
     dec = decoder_for(model, cuda_graphs="emulate")
@@ -236,7 +236,7 @@ def test_whole_model_scoring_with_the_fused_router_traces_through_the_custom_op(
     """A router dynamo cannot trace (the fused one; here a stand-in that fails when traced) is replaced in a
     `whole` compile by InferenceRouter with the custom op mhar::decode_read (Triton interpreter on CPU):
     fullgraph (no graph break), the eager per-sample log-likelihoods."""
-    import mhar.inference as inf
+    import mhar.model.inference as inf
     model = _model(variant)
     ids = torch.randint(0, VOCAB, (2, 21), generator=torch.Generator().manual_seed(23))
     ref = Scorer(model, compile=False).sequence_logprobs(ids)
@@ -321,7 +321,7 @@ def test_gpu_bf16_scoring_and_decoding_within_tolerance(variant):
 @gpu
 def test_gpu_fused_prefill_graph_decode_equals_eager():
     """MHAR H=8 with the fused routing (the paper configs): fused prefill, graph-captured decode == eager."""
-    from mhar.routing import ROUTERS
+    from mhar.model.routing import ROUTERS
     impls = [i for i in ("fused", "auto") if i in ROUTERS or i == "fused"]
     outs = []
     for impl in ["eager"] + impls[:1]:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mhar.checkpoint import (CheckpointError, atomic_torch_save, clean_stale_temps, load_model, read_checkpoint,
+from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, clean_stale_temps, load_model, read_checkpoint,
                              save_model, sha256_path, verify_sha256)
-from mhar.config import model_config
-from mhar.model import Transformer
-from mhar.runconfig import load_run_config, run_identity
+from mhar.model.config import model_config
+from mhar.model.transformer import Transformer
+from mhar.runs.config import load_run_config, run_identity
 
 DATA_DIR = os.environ.get("MHAR_DATA_DIR")
 
@@ -111,7 +111,7 @@ def _bare_model(tmp_path: Path, variant: str = "mhar") -> Path:
 
 
 def test_model_without_checksum_is_refused_by_every_loader(tmp_path, capsys, monkeypatch):
-    import mhar.train as T
+    import mhar.training.train as T
     from eval import figures, probe
     from mhar.cpt.cli import main as cpt_main
 
@@ -204,7 +204,7 @@ def test_vocabulary_smaller_than_the_tokenizer_is_refused_by_the_lm_eval_adapter
     pytest.importorskip("lm_eval")
     from eval.adapter import MharLM
     from eval.lm_eval_cli import main
-    from mhar.tokenizer import get_tokenizer
+    from mhar.data.tokenizer import get_tokenizer
 
     small = Transformer(model_config("debug", vocab_size=200, max_seq_len=64))
     model = save_model(tmp_path / "small" / "model.pt", small, "byte")
@@ -229,11 +229,11 @@ def test_vocabulary_smaller_than_the_tokenizer_is_refused_by_the_lm_eval_adapter
 
 
 def _refusing_writes(monkeypatch, under: Path, code: int, only: str = ""):
-    """Writes through mhar.atomic (every record and the writability probe) under ``under`` fail with ``code``:
+    """Writes through mhar.runs.atomic (every record and the writability probe) under ``under`` fail with ``code``:
     a read-only or full file system, simulated (root ignores file modes)."""
     import builtins
 
-    import mhar.atomic as A
+    import mhar.runs.atomic as A
 
     def fake_open(path, mode="r", *a, **k):
         p = Path(path)

@@ -20,25 +20,25 @@ def _free(addr, size):
 
 
 def test_peak_is_the_largest_live_total_split_by_library_frame():
-    attn = _fr("/repo/mhar/model.py", 180, "forward")
-    route = _fr("/repo/mhar/routing/fused.py", 200, "forward")
+    attn = _fr("/repo/mhar/model/transformer.py", 180, "forward")
+    route = _fr("/repo/mhar/model/routing/fused.py", 200, "forward")
     trace = [_alloc(1, 100, attn), _alloc(2, 50, route), *_free(1, 100),  # 150 live, then 50
              _alloc(3, 120, route), _alloc(4, 10, attn),  # 180 live: the peak
              *_free(3, 120), _alloc(5, 60, attn)]  # 120 afterwards
     peak, sites = peak_breakdown(trace, before=1000)
     assert peak == 1000 + 180
-    assert sites == {"mhar/routing/fused.py:200 forward": 170, "mhar/model.py:180 forward": 10,
+    assert sites == {"mhar/model/routing/fused.py:200 forward": 170, "mhar/model/transformer.py:180 forward": 10,
                      "(allocated before the step)": 1000}
     assert sum(sites.values()) == peak
 
 
 def test_frees_of_blocks_from_before_the_trace_lower_the_base():
     """A gradient buffer kept from the previous step and freed early: the later peak is measured without it."""
-    opt = _fr("/repo/mhar/step.py", 237, "__call__")
+    opt = _fr("/repo/mhar/training/step.py", 237, "__call__")
     trace = [*_free(99, 400), _alloc(1, 300, opt), _alloc(2, 200, opt)]
     peak, sites = peak_breakdown(trace, before=1000)
     assert peak == 1000 - 400 + 500 == 1100
-    assert sites == {"mhar/step.py:237 __call__": 500, "(allocated before the step)": 600}
+    assert sites == {"mhar/training/step.py:237 __call__": 500, "(allocated before the step)": 600}
 
 
 def test_no_allocation_in_the_trace_leaves_the_base():

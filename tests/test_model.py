@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mhar.config import PRESETS, QWEN3_VOCAB, model_config
-from mhar.model import MLP, Attention, RMSNorm, Rotary, Transformer, build_model
-from mhar.presets import COLUMNS, format_table, main as presets_main, preset_rows
+from mhar.model.config import PRESETS, QWEN3_VOCAB, model_config
+from mhar.model.transformer import MLP, Attention, RMSNorm, Rotary, Transformer, build_model
+from mhar.model.presets import COLUMNS, format_table, main as presets_main, preset_rows
 
 
 def _debug(**kw) -> Transformer:
@@ -172,7 +172,7 @@ def test_paper_scale_names():
 def test_presets_cli(capsys):
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "mhar.presets"], cwd=root, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "mhar.model.presets"], cwd=root, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout.splitlines()
@@ -199,7 +199,7 @@ def test_debug_step_is_fast():
 def test_rope_keeps_fp32_frequencies_after_bf16_cast():
     """model.to(bf16) casts buffers; RoPE angles must still come from fp32 frequencies, kept as a fp32 buffer on
     the model's device (not recomputed on the host at every forward)."""
-    from mhar.model import Rotary, rope_frequencies
+    from mhar.model.transformer import Rotary, rope_frequencies
 
     cfg = model_config("debug")
     rot = Rotary(cfg)

@@ -21,7 +21,7 @@ try:
 except ImportError:
     from tests import fixtures_analysis as fx
 from eval import report, results_io as io, stats as st, tables, verdict as vd
-from mhar.runconfig import load_run_config, run_identity
+from mhar.runs.config import load_run_config, run_identity
 
 
 def _error_line(capsys) -> str:

@@ -25,7 +25,7 @@ CPU = ["model.preset=debug", "data.seq_len=64", "data.val_tokens=512", "data.tok
 
 
 def test_paper_configs_follow_the_paper_recipe():
-    from mhar.runconfig import load_run_config
+    from mhar.runs.config import load_run_config
 
     paper = {"100M": ((512, 12, 8, 4, 1536), 2048, 64), "1B": ((1280, 36, 16, 8, 5120), 1024, 32)}  # PAPER.md
     for size, (shape, seq, batch) in paper.items():
@@ -135,8 +135,8 @@ def test_pilot_sh_prepares_the_carried_data(tmp_path):
                          env={**os.environ, "MHAR_DATA_DIR": DATA}, timeout=120)
     assert res.returncode == 0, res.stderr
     data = repo / ".gpudata" / "data"
-    from mhar.data import resolve_corpus
-    from mhar.tokenizer import get_tokenizer
+    from mhar.data.shards import resolve_corpus
+    from mhar.data.tokenizer import get_tokenizer
 
     assert resolve_corpus("nltk_gutenberg", data).n_docs == 15
     cfg = yaml.safe_load((ROOT / "config" / "train" / "paper_100M.yaml").read_text())

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from eval import probe
-from mhar.checkpoint import save_model
-from mhar.config import model_config
-from mhar.model import build_model
-from mhar.residuals import RESIDUALS, routed_variants
-from mhar.routing.reference import route_reference
+from mhar.runs.checkpoint import save_model
+from mhar.model.config import model_config
+from mhar.model.transformer import build_model
+from mhar.model.residuals import RESIDUALS, routed_variants
+from mhar.model.routing.reference import route_reference
 
 torch.set_num_threads(1)
 

@@ -6,7 +6,7 @@ from benchmarks import profile_step as ps
 
 def test_every_router_kernel_is_found_and_categorised():
     names = ps._routing_kernel_names()
-    from mhar.routing import _kernels
+    from mhar.model.routing import _kernels
     assert "_fwd7_kernel" in names and "_src_group_bwd_kernel" in names
     for n in names:
         assert hasattr(getattr(_kernels, n), "run")  # a Triton kernel (JITFunction / Autotuner)
@@ -53,11 +53,11 @@ def test_launch_sites_groups_matching_launches_by_operator_shapes_and_stack():
     fill = NS(name="vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>")
     add = NS(name="vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>")
     ev = [NS(name="aten::fill_", kernels=[fill], input_shapes=[[8, 2048, 1280], []],
-             stack=["mhar/routing/fused.py(499): backward", "x.py(1): f"]) for _ in range(6)]
+             stack=["mhar/model/routing/fused.py(499): backward", "x.py(1): f"]) for _ in range(6)]
     ev += [NS(name="aten::zero_", kernels=[fill], input_shapes=[[64]], stack=["a.py(3): g"])]
     ev += [NS(name="aten::add", kernels=[add], input_shapes=[[4], [4]], stack=["b.py(2): h"]),
            NS(name="ProfilerStep", kernels=[], input_shapes=[], stack=[])]
     rows = ps.launch_sites(ev, r"FillFunctor<float>", iters=3, depth=1)
-    assert rows == [(2.0, "aten::fill_", "[[8, 2048, 1280], []]", "mhar/routing/fused.py(499): backward"),
+    assert rows == [(2.0, "aten::fill_", "[[8, 2048, 1280], []]", "mhar/model/routing/fused.py(499): backward"),
                     (1 / 3, "aten::zero_", "[[64]]", "a.py(3): g")]
     assert ps.launch_sites(ev, r"nothing") == []

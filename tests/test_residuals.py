@@ -1,8 +1,8 @@
 """Residual variants: registry, exactness at init, and independent naive references.
 
 The naive references below are written from the papers' equations, one token
-at a time in float64 Python arithmetic, and share nothing with mhar.routing or
-mhar.residuals except the model's sublayer modules (attention / MLP with their
+at a time in float64 Python arithmetic, and share nothing with mhar.model.routing or
+mhar.model.residuals except the model's sublayer modules (attention / MLP with their
 pre-norms), which they call as black boxes.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mhar.config import ConfigError, model_config
-from mhar.model import Transformer, build_model
-from mhar.residuals import RESIDUALS, build_residual, register, variant_names
+from mhar.model.config import ConfigError, model_config
+from mhar.model.transformer import Transformer, build_model
+from mhar.model.residuals import RESIDUALS, build_residual, register, variant_names
 
 B, T = 2, 7  # T odd on purpose
 VOCAB = 257
@@ -163,15 +163,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_package_modules_register_themselves():
-    """Importing mhar.residuals imports every module of the package (no import list to edit), and each
+    """Importing mhar.model.residuals imports every module of the package (no import list to edit), and each
     registered built-in class comes from one of them."""
-    code = ("import sys, mhar.residuals as R\n"
-            "print(sorted(m for m in sys.modules if m.startswith('mhar.residuals.')))\n"
+    code = ("import sys, mhar.model.residuals as R\n"
+            "print(sorted(m for m in sys.modules if m.startswith('mhar.model.residuals.')))\n"
             "print(sorted({c.__module__ for c in R.RESIDUALS.values()}))")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     loaded, defining = (eval(line) for line in res.stdout.splitlines()[-2:])
-    files = sorted(f"mhar.residuals.{p.stem}" for p in (REPO / "mhar" / "residuals").glob("*.py")
+    files = sorted(f"mhar.model.residuals.{p.stem}" for p in (REPO / "mhar" / "model" / "residuals").glob("*.py")
                    if not p.name.startswith("_"))
     assert loaded == files and set(defining) <= set(files)
     assert PAPER_VARIANTS <= set(variant_names())
@@ -238,7 +238,7 @@ def test_user_variant_trains_through_mhar_train(tmp_path):
     assert summary["run"]["residual"]["module"] == "tests.toy_variant"
     assert math.isfinite(summary["tail_mean_val_loss"])
     # a fresh process (nothing registered but the built-ins) loads the checkpoint: its config names the module
-    code = ("import sys; from mhar.checkpoint import load_model; m = load_model(sys.argv[1])[0]; "
+    code = ("import sys; from mhar.runs.checkpoint import load_model; m = load_model(sys.argv[1])[0]; "
             "print(m.residual.name, m.residual.gates.tolist())")
     res = subprocess.run([sys.executable, "-c", code, str(run / "model.pt")], cwd=REPO, capture_output=True,
                          text=True, timeout=300)
@@ -473,8 +473,8 @@ def test_mhar_parameter_overhead(preset, extra):
 def test_module_key_leaves_the_hashes_of_runs_without_it_unchanged():
     """model.residual.module came after runs were recorded: unset, it is not hashed (identity and pairing hashes
     equal those of the config without the key); set, it is part of the run identity."""
-    from mhar.config import config_hash
-    from mhar.runconfig import IDENTITY_EXCLUDE, identity_hash, load_run_config, pairing_hash
+    from mhar.model.config import config_hash
+    from mhar.runs.config import IDENTITY_EXCLUDE, identity_hash, load_run_config, pairing_hash
 
     cfg = load_run_config(REPO / "config" / "train" / "debug.yaml")
     old = cfg.to_dict()

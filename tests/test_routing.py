@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import mhar.routing.routers as R
-from mhar.config import ROUTING_IMPLS, model_config
-from mhar.model import build_model
-from mhar.routing import AutoRouter, EagerRouter, check_kernel_env, get_router, names, resolve_routing_impl
+import mhar.model.routing.routers as R
+from mhar.model.config import ROUTING_IMPLS, model_config
+from mhar.model.transformer import build_model
+from mhar.model.routing import AutoRouter, EagerRouter, check_kernel_env, get_router, names, resolve_routing_impl
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the fused kernels run: the GPU, else the CPU under the Triton interpreter (conftest.py), where ``auto``
@@ -53,7 +53,7 @@ def test_auto_router_routes_each_forward_on_its_device(monkeypatch):
     """``auto`` picks its router at each forward's ``init`` from the first source's device: eager on the CPU;
     where the device resolves to fused (mocked here: the CPU under the Triton interpreter) the fused router runs,
     with the same outputs and gradients."""
-    from mhar.routing import fused as fused_mod
+    from mhar.model.routing import fused as fused_mod
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 5, 16, generator=gen, requires_grad=True)
     qs = [(0.5 * torch.randn(16, generator=gen)).requires_grad_() for _ in range(3)]
@@ -91,8 +91,8 @@ def test_models_default_to_auto_and_route_eager_on_the_cpu():
 def test_a_fused_checkpoint_loads_eager_on_the_cpu_and_old_names_load_as_fused(tmp_path):
     """routing_impl is how a model executes: one saved by a fused run (here under a withdrawn kernel variant's name,
     as older checkpoints store it) loads as ``fused``, and evaluates with ``eager`` on a CPU to the same logits."""
-    from mhar.checkpoint import load_model, save_model
-    from mhar.routing.fused import FusedRouter
+    from mhar.runs.checkpoint import load_model, save_model
+    from mhar.model.routing.fused import FusedRouter
     torch.manual_seed(0)
     model = build_model(model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused"}))
     with torch.no_grad():
@@ -132,7 +132,7 @@ def test_kernel_settings_are_two_and_checked(monkeypatch):
 def _train_smoke(tmp_path, out, *extra):
     """``python -m mhar.train config/train/gpu_smoke.yaml model.residual.variant=mhar model.residual.heads=8``
     (no routing_impl) shrunk to a CPU second; returns its provenance.json."""
-    import mhar.train as T
+    import mhar.training.train as T
     args = [str(ROOT / "config" / "train" / "gpu_smoke.yaml"), "model.residual.variant=mhar", "model.residual.heads=8",
             "model.preset=debug", "train.device=cpu", "train.dtype=fp32", "data.corpus=synthetic:20000",
             f"data.cache_dir={tmp_path / 'cache'}", "data.seq_len=16", "data.val_tokens=64", "train.steps=2",

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from mhar.config import ConfigError, PRESETS
-from mhar.runconfig import (IDENTITY_EXCLUDE, PAIRING_VARIES, dump_yaml, first_difference, identity_config,
+from mhar.model.config import ConfigError, PRESETS
+from mhar.runs.config import (IDENTITY_EXCLUDE, PAIRING_VARIES, dump_yaml, first_difference, identity_config,
                             identity_hash, load_run_config, pairing_hash, recorded_run_config, run_config_from_dict,
                             run_identity, yaml_load)
 

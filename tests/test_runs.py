@@ -1,4 +1,4 @@
-"""mhar.runs: the run listing / INDEX.md and the migration of results from the older layout."""
+"""mhar.runs.layout: the run listing / INDEX.md and the migration of results from the older layout."""
 from __future__ import annotations
 
 import json
@@ -16,8 +16,8 @@ try:
     import fixtures_analysis as fx
 except ImportError:
     from tests import fixtures_analysis as fx
-import mhar.runs as R
-from mhar.runconfig import identity_hash, legacy_identity_hash, load_run_config, yaml_load
+import mhar.runs.layout as R
+from mhar.runs.config import identity_hash, legacy_identity_hash, load_run_config, yaml_load
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_TIME = 1_600_000_000  # an mtime the migration must keep
@@ -106,7 +106,7 @@ def test_listing_reads_each_run_folders_records_and_writes_the_index(tmp_path, c
 
 
 def test_listing_of_a_real_training_run(tmp_path):
-    from mhar.train import train
+    from mhar.training.train import train
 
     cfg = load_run_config(None, ["model.preset=debug", "data.corpus=synthetic:20000", "data.seq_len=32",
                                  "data.val_tokens=64", "train.steps=2", "train.global_batch=2", "train.micro_batch=2",
@@ -265,7 +265,7 @@ def test_workflow_plans_no_training_after_migrating_the_older_layout(tmp_path):
     subprocess.run(["rm", "-rf", str(tmp_path / ".snakemake"), str(tmp_path / reports)], check=True)
     plan = _snakemake([*args, "-n"], tmp_path, env)
     assert re.search(r"^train\s+2$", plan.stdout, re.M), plan.stdout[-2000:]  # before: both runs look missing
-    res = subprocess.run([sys.executable, "-m", "mhar.runs", "migrate", "--results", str(results)],
+    res = subprocess.run([sys.executable, "-m", "mhar.runs.layout", "migrate", "--results", str(results)],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert res.returncode == 0, res.stderr
     plan = _snakemake([*args, "-n"], tmp_path, env)

@@ -1,4 +1,4 @@
-"""The one training step (mhar.step): its plan, its math against a hand-written reference step, the NaN
+"""The one training step (mhar.training.step): its plan, its math against a hand-written reference step, the NaN
 guard, and on a GPU: CUDA-graph replay == eager steps, the in-graph NaN skip, the trainer end to end."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from mhar.config import model_config
-from mhar.model import build_model
-from mhar.step import (GRAPH_WARMUP, Throughput, TrainStep, build_optimizer, peak_flops,
+from mhar.model.config import model_config
+from mhar.model.transformer import build_model
+from mhar.training.step import (GRAPH_WARMUP, Throughput, TrainStep, build_optimizer, peak_flops,
                        plan_step)
 
 CUDA = torch.cuda.is_available()
@@ -56,7 +56,7 @@ def test_plan_on_cpu_is_eager_and_refuses_a_cpu_graph():
 def test_plan_picks_sublayer_compile_for_untraceable_routing(monkeypatch):
     """The fused Triton routing is not traced: the step compiles the sublayers around it. ``auto`` routing is
     judged on the step's device (fused on CUDA with Triton, eager elsewhere)."""
-    from mhar.routing import names
+    from mhar.model.routing import names
     monkeypatch.setattr(names, "triton_available", lambda: True)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert plan_step(_model(impl="fused"), cpu, compile=True).compile == "sublayers"
@@ -69,7 +69,7 @@ def test_plan_picks_sublayer_compile_for_untraceable_routing(monkeypatch):
 def test_sublayer_plan_compiles_the_embedding_and_the_sublayers(monkeypatch):
     """What "sublayers" hands to torch.compile: the embedding lookup (as the baseline's compiled decoder does),
     each block's sublayer methods and the LM head / loss; the routing calls stay outside."""
-    import mhar.step as S
+    import mhar.training.step as S
     m = _model()
     compiled = []
     monkeypatch.setattr(S.torch, "compile", lambda fn: compiled.append(fn) or fn)
@@ -127,7 +127,7 @@ def test_eager_step_equals_reference_update(z):
 def test_step_with_fused_router_equals_eager_routing():
     """The step users run (TrainStep, CPU: the Triton kernels under the interpreter) with routing_impl 'fused'
     gives eager routing's losses, gradient norms and updated weights over two steps of two micro-batches (fp32)."""
-    from mhar.routing import fused as fused_mod
+    from mhar.model.routing import fused as fused_mod
     dev = torch.device("cpu")
     models, results = [], []
     before = fused_mod.LAUNCHES["source_bwd"]
@@ -149,7 +149,7 @@ def test_step_with_fused_router_equals_eager_routing():
 
 
 def test_nonfinite_step_leaves_weights_and_optimizer_untouched(monkeypatch):
-    import mhar.step as S
+    import mhar.training.step as S
 
     m = _model()
     dev = torch.device("cpu")
@@ -242,8 +242,8 @@ def test_cuda_graph_nan_skips_the_update():
 def test_trainer_on_gpu_records_throughput(tmp_path):
     import json
 
-    from mhar.runconfig import run_config_from_dict
-    from mhar.train import train
+    from mhar.runs.config import run_config_from_dict
+    from mhar.training.train import train
 
     cfg = run_config_from_dict({
         "model": {"preset": "debug", "residual": {"variant": "mhar", "heads": 2, "routing_impl": "fused"}},

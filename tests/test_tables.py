@@ -202,7 +202,7 @@ def test_a_new_variant_needs_no_display_entry(tmp_path):
     for seed in (0, 1):
         shock = 0.03 * seed
         paths.append(fx.write_run(tmp_path, "baseline", "tiny", seed, 4.0 + shock, run_block=True))
-        # a variant outside mhar.residuals is found through its module, as a user's run config names it
+        # a variant outside mhar.model.residuals is found through its module, as a user's run config names it
         paths.append(fx.write_run(tmp_path, "toy_gated", "tiny", seed, 4.0 + shock - 0.05 + 0.001 * seed,
                                   1, label="toy_gate", run_block=True,
                                   overrides=["model.residual.module=tests.toy_variant"]))

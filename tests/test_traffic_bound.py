@@ -11,8 +11,8 @@ import torch
 from benchmarks import traffic_bound as tb
 from benchmarks.common import MICROBATCH
 from benchmarks.traffic_bound import fused_bytes, min_bytes
-from mhar.config import PRESETS, model_config
-from mhar.model import Transformer
+from mhar.model.config import PRESETS, model_config
+from mhar.model.transformer import Transformer
 
 
 @pytest.mark.parametrize("variant,heads", [("mhar", 4), ("attnres", 1)])
@@ -86,7 +86,7 @@ def test_unit_bytes_and_bounds():
 def test_fused_config_is_what_the_router_runs():
     """The byte model's options for routing_impl fused are the router's: table (none with a null source), forward
     groups of V7_GROUP, source groups up to SOURCE_GROUP_MAX_HEAD columns per head (H = 4 at 350M: no groups)."""
-    from mhar.routing.fused import FusedRouter
+    from mhar.model.routing.fused import FusedRouter
     r = FusedRouter()
     assert tb.fused_config(8, 1280) == dict(group=r.group, table=r.table, source_group=r.source_group)
     assert tb.fused_config(4, 1024)["source_group"] == 1 and tb.fused_config(8, 512, null=True)["table"] is False

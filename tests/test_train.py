@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-import mhar.step as S
-import mhar.train as T
-from mhar.checkpoint import CheckpointError, load_model
-from mhar.config import config_hash
-from mhar.data import unigram_entropy
-from mhar.runconfig import load_run_config
+import mhar.training.step as S
+import mhar.training.train as T
+from mhar.runs.checkpoint import CheckpointError, load_model
+from mhar.model.config import config_hash
+from mhar.data.shards import unigram_entropy
+from mhar.runs.config import load_run_config
 
 
 def _text_corpus(path: Path, n_words: int = 30000) -> Path:
@@ -65,8 +65,8 @@ def test_lr_schedule_warmup_then_cosine_to_min(corpus, tmp_path):
 
 
 def test_flops_per_token_matches_linear_layer_count():
-    from mhar.config import model_config
-    from mhar.model import Transformer
+    from mhar.model.config import model_config
+    from mhar.model.transformer import Transformer
 
     m = Transformer(model_config("debug", residual={"variant": "mhar", "heads": 4}))
     lin = sum(mod.weight.numel() for mod in m.modules() if isinstance(mod, torch.nn.Linear))
@@ -177,8 +177,8 @@ def test_a_run_resumes_under_other_execution_choices_and_from_older_checkpoints(
     on a GPU (its config.yaml says so) resumes eager on this CPU with another micro-batch and ends where the
     uninterrupted run ends; a checkpoint that records the older identity (key identity_hash) resumes too; a
     changed data seed is another run and is refused."""
-    from mhar.checkpoint import atomic_torch_save, safe_torch_load
-    from mhar.runconfig import dump_yaml, legacy_identity_hash, yaml_load
+    from mhar.runs.checkpoint import atomic_torch_save, safe_torch_load
+    from mhar.runs.config import dump_yaml, legacy_identity_hash, yaml_load
 
     cfg = cfg_for(corpus, tmp_path / "cache", "model.residual.variant=mhar", "model.residual.heads=2", "train.steps=4")
     ref = T.train(cfg, tmp_path / "ref")
@@ -322,7 +322,7 @@ def _dead_pid() -> int:
 @pytest.mark.parametrize("checksum, refusal", [("stale", "fails its sha256 check"), ("none", "no checksum file"),
                                                ("forged", "weights-only unpickler refused it: Unsupported global")])
 def test_planted_pickle_checkpoint_is_refused_and_runs_nothing(corpus, tmp_path, capsys, checksum, refusal):
-    from mhar.checkpoint import write_sha256
+    from mhar.runs.checkpoint import write_sha256
 
     cfg_file = tmp_path / "c.yaml"
     run = tmp_path / "run"
@@ -374,7 +374,7 @@ def test_cut_short_summary_is_rebuilt_and_records_are_atomic(corpus, tmp_path):
     assert T.train(cfg, run)["val_losses"] == summary["val_losses"]
     assert json.loads((run / "summary.json").read_text())["val_losses"] == summary["val_losses"]
     # a writer killed mid-write leaves the old record intact and a temp file the next start removes
-    code = ("import os, sys; from mhar.checkpoint import atomic_write_bytes\n"
+    code = ("import os, sys; from mhar.runs.checkpoint import atomic_write_bytes\n"
             "def half(f):\n    f.write(b'{\"trunc'); f.flush(); os._exit(9)\n"
             "atomic_write_bytes(sys.argv[1], half)\n")
     r = subprocess.run([sys.executable, "-c", code, str(run / "summary.json")], cwd=Path(__file__).parents[1])

@@ -87,7 +87,7 @@ def expected_train_jobs(cfg, target):
 def data_of(cfg, size):
     """What a size's tokenization depends on, read from the config file: its data section (size_overrides
     applied; not the data-order seed, not locations) and the model's vocabulary size."""
-    from mhar.config import PRESETS
+    from mhar.model.config import PRESETS
 
     over = (cfg.get("size_overrides") or {}).get(size) or {}
     data = {**(cfg["train"].get("data") or {}), **(over.get("data") or {})}
@@ -109,7 +109,7 @@ def test_dry_run(target, config_name, tmp_path):
     cfg = load(CONFIGS[config_name][0])
     runs = expected_train_jobs(cfg, target)
     assert counts.get("train", 0) == len(runs), counts
-    # one tokenization job per data key (mhar.runs.data_key): the sizes' data sections and vocabularies
+    # one tokenization job per data key (mhar.runs.layout.data_key): the sizes' data sections and vocabularies
     assert counts.get("prepare_data", 0) == len({data_of(cfg, size) for _, size, _ in runs})
     if target == "reproduce_downstream":
         d = cfg["downstream"]
@@ -145,7 +145,7 @@ def test_invalid_config_names_the_field(tmp_path):
     assert "seeds" in res.stderr + res.stdout and "'one' is not of type 'integer'" in res.stderr + res.stdout
 
     cfg = load("config/ci.yaml")
-    cfg["train"]["train"]["lr_typo"] = 1.0  # caught by mhar.runconfig when the hash is computed
+    cfg["train"]["train"]["lr_typo"] = 1.0  # caught by mhar.runs.config when the hash is computed
     bad.write_text(yaml.safe_dump(cfg))
     res = snakemake(["reproduce_table1", "-n", "--configfile", str(bad)], tmp_path)
     assert res.returncode != 0 and "train.lr_typo" in res.stderr + res.stdout
@@ -506,7 +506,7 @@ def test_run_identity_paths_keep_finished_runs(tmp_path):
     assert json.loads(before["summary.json"])["run"]["residual"]["heads"] == 4
 
     # execution knobs: the finished run is not replanned (nor its parameters reported changed); the routing
-    # implementation is one of them (mhar.runconfig.IDENTITY_EXCLUDE)
+    # implementation is one of them (mhar.runs.config.IDENTITY_EXCLUDE)
     knobs = {"train": {"train": {"threads": 2, "log_every": 1, "checkpoint_every": 4, "micro_batch": 2,
                                  "compile": False}},
              "variants": {"mhar": {"variant": "mhar", "heads": 4, "routing_impl": "compile"}}}
@@ -532,7 +532,7 @@ def test_run_identity_paths_keep_finished_runs(tmp_path):
 
 
 def test_variant_labels_resolve_through_the_residual_registry(tmp_path):
-    """The schema holds no variant list: a label's variant is checked against mhar.residuals' registry, so a
+    """The schema holds no variant list: a label's variant is checked against mhar.model.residuals' registry, so a
     variant registered by a module outside the package (tests/toy_variant.py) plans like a built-in one, and
     an unknown name fails the dry run listing the registered ones."""
     cfg = load("config/ci.yaml")
@@ -552,14 +552,14 @@ def test_variant_labels_resolve_through_the_residual_registry(tmp_path):
 
 def test_probe_jobs_are_the_registry_routed_variants(tmp_path):
     """The probe (and routing heatmap) covers exactly the Table 1 labels whose variant routes over every
-    sublayer output (mhar.residuals.routed_variants()): with one label per registered variant, plus a routed
+    sublayer output (mhar.model.residuals.routed_variants()): with one label per registered variant, plus a routed
     variant registered outside the package (tests/toy_routed.py), the planned probe jobs are those labels."""
     import tests.toy_routed  # noqa: F401  registers toy_routed here as the workflow does through `module:`
-    from mhar.residuals import RESIDUALS, routed_variants
+    from mhar.model.residuals import RESIDUALS, routed_variants
 
     cfg = load("config/ci.yaml")
     cfg["variants"] = {name: {"variant": name} for name, cls in RESIDUALS.items()
-                       if cls.__module__.startswith("mhar.residuals.")}
+                       if cls.__module__.startswith("mhar.model.residuals.")}
     cfg["variants"]["toy_routed"] = {"variant": "toy_routed", "module": "tests.toy_routed"}
     cfg["variants"]["block_attnres"]["blocks"] = 2  # the debug preset: 2 layers, 4 sublayers
     cfg["variants"]["mhar_delta"]["delta_block_layers"] = 1

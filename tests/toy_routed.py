@@ -1,4 +1,4 @@
-"""A routed residual variant defined outside mhar.residuals (tests/test_workflow.py: the workflow probes it
+"""A routed residual variant defined outside mhar.model.residuals (tests/test_workflow.py: the workflow probes it
 without an edit of its rules).
 
 ``toy_routed``: MHAR whose key RMSNorm weights start at 0.5 instead of 1 (a sharper-or-flatter depth softmax
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from mhar.residuals import register
-from mhar.residuals.routed import MultiHeadAttnRes
+from mhar.model.residuals import register
+from mhar.model.residuals.routed import MultiHeadAttnRes
 
 
 @register("toy_routed")

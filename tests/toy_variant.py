@@ -1,4 +1,4 @@
-"""A residual variant defined outside mhar.residuals (tests/test_residuals.py trains it through mhar.train).
+"""A residual variant defined outside mhar.model.residuals (tests/test_residuals.py trains it through mhar.train).
 
 ``toy_gated``: the pre-norm residual with one learnable scalar gate per sublayer, x <- x + g_i f(x),
 every g_i initialised to 1, so at initialisation the model is the baseline exactly. Registering it is the
@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mhar.config import ConfigError, ModelConfig
-from mhar.residuals import register
-from mhar.residuals.base import Residual
+from mhar.model.config import ConfigError, ModelConfig
+from mhar.model.residuals import register
+from mhar.model.residuals.base import Residual
 
 
 @register("toy_gated")

@@ -6,7 +6,7 @@ Conversion (the paper's 8B mid-training design, PAPER.md "8B continued pretraini
     model, report = convert_hf_llama("marin-community/marin-8b-base", heads=8, delta_block_layers=4)
 
 maps a ``LlamaForCausalLM`` (local directory, hub name, or an in-memory model)
-onto ``mhar.model.Transformer`` with ``qk_norm=False`` and the checkpoint's own
+onto ``mhar.model.transformer.Transformer`` with ``qk_norm=False`` and the checkpoint's own
 embedding tying / RoPE (incl. Llama-3 scaling) / RMSNorm epsilon, adds the
 ``mhar_delta`` residual (learnable zero null source, one delta per block of
 ``delta_block_layers`` layers, ``heads`` routing heads, zero-init gates), and
@@ -30,17 +30,17 @@ CLI::
 Training: both arms are ordinary ``python -m mhar.train`` runs whose configs come from
 :func:`arm_run_config` (same data/train sections, ``train.init_from`` = the converted checkpoint,
 plus the CPT options ``decay_filter``, ``z_loss``, ``ema_decay``, ``log_batch_hash`` that the
-trainer implements in ``mhar.optim``). :func:`compare_batch_logs` proves the arms saw
+trainer implements in ``mhar.training.optim``). :func:`compare_batch_logs` proves the arms saw
 byte-identical batches. The ``cpt:`` config block is :class:`CPTConfig` (workflow/rules/cpt.smk);
 evaluating the arms and the CPT gain / MHAR gain table are analysis, in ``eval.cpt``.
 """
 from __future__ import annotations
 
-from .convert import (CPTConversionError, ConversionReport, check_logits, check_tokens, convert_hf_llama,
+from mhar.cpt.convert import (CPTConversionError, ConversionReport, check_logits, check_tokens, convert_hf_llama,
                       export_hf_llama, hf_state_dict_from_model, llama_model_config, load_hf_llama,
                       map_llama_state_dict, save_converted)
-from .batches import batch_hashes, compare_batch_logs
-from .config import CPTBaseConfig, CPTConfig, CPTEvalConfig, arm_run_config, base_run_config, cpt_config_from_dict
+from mhar.cpt.batches import batch_hashes, compare_batch_logs
+from mhar.cpt.config import CPTBaseConfig, CPTConfig, CPTEvalConfig, arm_run_config, base_run_config, cpt_config_from_dict
 
 __all__ = [
     "CPTConversionError", "ConversionReport", "llama_model_config", "map_llama_state_dict", "hf_state_dict_from_model",

@@ -1,6 +1,6 @@
 """``python -m mhar.cpt``."""
 import sys
 
-from .cli import main
+from mhar.cpt.cli import main
 
 sys.exit(main())

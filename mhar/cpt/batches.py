@@ -1,6 +1,6 @@
 """Batch identity of two continued-pretraining arms (``python -m mhar.cpt check-batches``).
 
-Both arms are trained with ``train.log_batch_hash`` (``mhar.optim.batch_digest`` of every step's
+Both arms are trained with ``train.log_batch_hash`` (``mhar.training.optim.batch_digest`` of every step's
 batch in ``metrics.jsonl``); :func:`compare_batch_logs` proves they saw byte-identical batches.
 """
 from __future__ import annotations

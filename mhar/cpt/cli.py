@@ -6,11 +6,11 @@ import json
 import sys
 from typing import Optional
 
-from ..checkpoint import CheckpointError
-from ..config import ConfigError
-from ..hf.export import ExportError
-from .convert import CPTConversionError, convert_hf_llama, save_converted
-from .batches import compare_batch_logs
+from mhar.runs.checkpoint import CheckpointError
+from mhar.model.config import ConfigError
+from mhar.hf.export import ExportError
+from mhar.cpt.convert import CPTConversionError, convert_hf_llama, save_converted
+from mhar.cpt.batches import compare_batch_logs
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -39,7 +39,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             path = save_converted(model, report, a.out, a.tokenizer or f"hf:{a.src}")
             print(f"exact conversion (max |diff| = {report.max_abs_diff}) -> {path}")
         elif a.cmd == "export-hf":
-            from ..hf.export import export_hf
+            from mhar.hf.export import export_hf
 
             rep = export_hf(a.model, a.out)
             print(f"exported {rep['variant']} as {rep['architecture']} -> {a.out}")
@@ -49,7 +49,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # disk full, read-only or forbidden --out
-        from ..atomic import os_error_line
+        from mhar.runs.atomic import os_error_line
 
         print("error: " + os_error_line(err, a.cmd), file=sys.stderr)
         return 2

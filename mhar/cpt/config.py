@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..config import ConfigError, from_dict
+from mhar.model.config import ConfigError, from_dict
 
 __all__ = ["CPTBaseConfig", "CPTEvalConfig", "CPTConfig", "cpt_config_from_dict", "base_run_config",
            "arm_run_config"]
@@ -23,7 +23,7 @@ class CPTBaseConfig:
 
     hf: Optional[str] = None  # local directory or hub name, e.g. marin-community/marin-8b-base
     revision: Optional[str] = None  # hub revision (commit) to pin
-    pretrain: Optional[dict] = None  # run config (mhar.runconfig) of a Llama-shaped stand-in base
+    pretrain: Optional[dict] = None  # run config (mhar.runs.config) of a Llama-shaped stand-in base
 
 
 @dataclass
@@ -42,11 +42,11 @@ class CPTConfig:
     """Schedule-matched plain vs MHAR-delta continued pretraining (validated ``cpt:`` block)."""
 
     scale: str = "tiny"  # label of the base model's scale in the table ("8B" = the paper's)
-    tokenizer: str = "byte"  # tokenizer spec of the base (mhar.tokenizer), used for data and evaluation
+    tokenizer: str = "byte"  # tokenizer spec of the base (mhar.data.tokenizer), used for data and evaluation
     base: CPTBaseConfig = field(default_factory=CPTBaseConfig)
     heads: int = 8  # routing heads of the delta form
     delta_block_layers: int = 4  # layers per delta source
-    routing_impl: str = "auto"  # mhar.config.ROUTING_IMPLS
+    routing_impl: str = "auto"  # mhar.model.config.ROUTING_IMPLS
     check_seq_len: int = 64  # tokens per row of the exactness check batch (2 rows)
     train: dict = field(default_factory=dict)  # run config {data, train} shared by both arms
     eval: CPTEvalConfig = field(default_factory=CPTEvalConfig)

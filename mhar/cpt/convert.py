@@ -1,4 +1,4 @@
-"""Hugging Face Llama <-> mhar.model.Transformer, with a bit-exactness check.
+"""Hugging Face Llama <-> mhar.model.transformer.Transformer, with a bit-exactness check.
 
 ``convert_hf_llama`` maps a ``LlamaForCausalLM`` (directory, hub name or model object)
 onto ``Transformer`` (``qk_norm=False``, the checkpoint's tying / RoPE incl. Llama-3 scaling /
@@ -18,8 +18,8 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from ..config import ConfigError, ModelConfig, model_config
-from ..model import Transformer
+from mhar.model.config import ConfigError, ModelConfig, model_config
+from mhar.model.transformer import Transformer
 
 __all__ = ["CPTConversionError", "ConversionReport", "llama_model_config", "map_llama_state_dict",
            "hf_state_dict_from_model", "load_hf_llama", "check_tokens", "check_logits", "convert_hf_llama",
@@ -44,7 +44,7 @@ def _hf_rope(hf_cfg) -> tuple[float, Optional[dict]]:
         return float(theta), None
     if rope_type != "llama3":
         raise CPTConversionError(
-            f"RoPE type {rope_type!r} is not supported by mhar.model (supported: default, llama3); "
+            f"RoPE type {rope_type!r} is not supported by mhar.model.transformer (supported: default, llama3); "
             "convert a checkpoint with one of those RoPE types")
     keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     missing = [k for k in keys if k not in scaling]
@@ -68,7 +68,7 @@ def llama_model_config(hf_cfg, variant: str = "mhar_delta", heads: int = 8,
     }
     bad = {k: v for k, (v, ok) in unsupported.items() if not ok}
     if bad:
-        raise CPTConversionError(f"Llama features without an mhar.model equivalent: {bad} "
+        raise CPTConversionError(f"Llama features without an mhar.model.transformer equivalent: {bad} "
                                  "(need silu MLP, no biases, pretraining_tp 1)")
     theta, scaling = _hf_rope(hf_cfg)
     d, nh = hf_cfg.hidden_size, hf_cfg.num_attention_heads
@@ -112,7 +112,7 @@ def _name_pairs(n_layers: int, tied: bool) -> list[tuple[str, str]]:
 
 
 def map_llama_state_dict(hf_sd: dict[str, Tensor], n_layers: int, tied: bool) -> dict[str, Tensor]:
-    """transformers ``LlamaForCausalLM`` state dict -> ``mhar.model.Transformer`` names (fp32).
+    """transformers ``LlamaForCausalLM`` state dict -> ``mhar.model.transformer.Transformer`` names (fp32).
 
     The tensors alias the source's where they already are fp32 (no copy of an 8B model);
     ``load_state_dict`` copies them into the converted model.
@@ -245,14 +245,14 @@ def convert_hf_llama(src: LlamaSource, heads: int = 8, delta_block_layers: int =
         raise CPTConversionError(
             f"converted {variant} model is not exact: max |logits - original| = {diff:.3e} in fp32 on a "
             f"{tuple(ids.shape)} token batch (seed {check_seed}); refusing to continue. The weight mapping or "
-            "an op order in mhar/model.py differs from transformers' LlamaModel (RMSNorm, RoPE, attention).")
+            "an op order in mhar/model/transformer.py differs from transformers' LlamaModel (RMSNorm, RoPE, attention).")
     return model, report
 
 
 def save_converted(model: Transformer, report: ConversionReport, out: str | Path, tokenizer: str) -> Path:
     """Write ``out/model.pt`` (mhar export format, report in ``extra``) and ``out/conversion.json``."""
-    from ..checkpoint import save_model
-    from ..provenance import collect_provenance
+    from mhar.runs.checkpoint import save_model
+    from mhar.runs.provenance import collect_provenance
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -270,7 +270,7 @@ def export_hf_llama(model: Transformer, out: str | Path, tokenizer_json: Optiona
     Delegates to :func:`mhar.hf.export_model` (safetensors, config, generation config, tokenizer files,
     model card, reload check); ``tokenizer`` is a harness tokenizer spec, ``tokenizer_json`` a tokenizer.json
     path (either one writes the tokenizer files). Any other model: ``python -m mhar export-hf``."""
-    from ..hf.export import export_model
+    from mhar.hf.export import export_model
 
     cfg = model.cfg
     if cfg.residual.variant != "baseline" or cfg.qk_norm:

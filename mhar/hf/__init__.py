@@ -12,7 +12,7 @@
 """
 from __future__ import annotations
 
-from .export import ExportError, architecture, export_hf, export_model
-from .importer import ImportHFError, convert_folder, import_hf
+from mhar.hf.export import ExportError, architecture, export_hf, export_model
+from mhar.hf.importer import ImportHFError, convert_folder, import_hf
 
 __all__ = ["export_hf", "export_model", "architecture", "ExportError", "import_hf", "convert_folder", "ImportHFError"]

@@ -39,8 +39,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..config import ConfigError, ModelConfig, model_config
-from .names import our_name
+from mhar.model.config import ConfigError, ModelConfig, model_config
+from mhar.hf.names import our_name
 
 MODEL_TYPE = "qwen3_attnres"
 MODES = {"full_mh": "mhar", "full": "attnres", "block": "block_attnres", "full_hw": "mhar_hw"}

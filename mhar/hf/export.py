@@ -30,10 +30,10 @@ from typing import Any, Optional, Union
 
 import torch
 
-from ..checkpoint import MODEL_FILE, CheckpointError, _pid_alive, file_sha256, load_model, read_checkpoint
-from ..config import ModelConfig, stored_routing_impl, to_dict
-from ..model import Transformer
-from .names import hf_common_fields, mhar_config_fields, to_hf_state_dict
+from mhar.runs.checkpoint import MODEL_FILE, CheckpointError, _pid_alive, file_sha256, load_model, read_checkpoint
+from mhar.model.config import ModelConfig, stored_routing_impl, to_dict
+from mhar.model.transformer import Transformer
+from mhar.hf.names import hf_common_fields, mhar_config_fields, to_hf_state_dict
 
 FORMAT = "mhar-hf-v1"
 WEIGHTS_FILE = "model.safetensors"
@@ -88,7 +88,7 @@ def _hf_config(cfg: ModelConfig, tok: dict, meta: dict):
            "pad_token_id": tok.get("eos_token_id")}
     arch = architecture(cfg)
     if arch == "MharForCausalLM":
-        from .modeling_mhar import MharConfig
+        from mhar.hf.modeling_mhar import MharConfig
 
         hf_cfg = MharConfig(**mhar_config_fields(cfg), **ids, mhar=meta, dtype="float32")
         hf_cfg.auto_map = dict(AUTO_MAP)
@@ -216,7 +216,7 @@ def check_export(model: Transformer, folder: Path, seed: int = 0) -> dict:
 
     cfg = model.cfg
     if architecture(cfg) == "MharForCausalLM":
-        from .modeling_mhar import MharForCausalLM as loader
+        from mhar.hf.modeling_mhar import MharForCausalLM as loader
         name = "mhar.hf.modeling_mhar.MharForCausalLM"
     else:
         loader, name = AutoModelForCausalLM, f"transformers.{architecture(cfg)} (AutoModelForCausalLM)"
@@ -243,13 +243,13 @@ def check_export(model: Transformer, folder: Path, seed: int = 0) -> dict:
 
 def export_model(model: Transformer, out: Union[str, Path], tokenizer: Optional[str] = None, *,
                  check: bool = True, source: Optional[dict] = None, extra: Optional[dict] = None) -> dict:
-    """Write ``model`` (a ``mhar.model.Transformer``) as a Hugging Face directory ``out``; returns the report.
+    """Write ``model`` (a ``mhar.model.transformer.Transformer``) as a Hugging Face directory ``out``; returns the report.
 
     ``tokenizer``: the harness tokenizer spec (``byte``, a tokenizer.json path, ``hf:<name>``); None writes
     no tokenizer files. ``source``: provenance of where the model came from (``export_hf`` fills it)."""
     from safetensors.torch import save_file
 
-    from ..provenance import collect_provenance
+    from mhar.runs.provenance import collect_provenance
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -264,7 +264,7 @@ def export_model(model: Transformer, out: Union[str, Path], tokenizer: Optional[
     tmp.mkdir()
     t0 = time.time()
     try:
-        from .tokenizer_files import write_tokenizer
+        from mhar.hf.tokenizer_files import write_tokenizer
 
         try:
             tok = write_tokenizer(tokenizer, tmp, cfg.max_seq_len)

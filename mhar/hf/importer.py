@@ -33,13 +33,13 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from ..checkpoint import MODEL_FILE, file_sha256, save_model
-from ..config import ConfigError, ModelConfig, model_config
-from ..model import Transformer
-from .authors import MODEL_TYPE as AUTHORS_TYPE
-from .authors import AuthorsFormatError, convert_authors
-from .export import CHECK_TOL
-from .names import from_hf_state_dict, model_config_from_mhar_fields
+from mhar.runs.checkpoint import MODEL_FILE, file_sha256, save_model
+from mhar.model.config import ConfigError, ModelConfig, model_config
+from mhar.model.transformer import Transformer
+from mhar.hf.authors import MODEL_TYPE as AUTHORS_TYPE
+from mhar.hf.authors import AuthorsFormatError, convert_authors
+from mhar.hf.export import CHECK_TOL
+from mhar.hf.names import from_hf_state_dict, model_config_from_mhar_fields
 
 SUPPORTED = ("mhar", "qwen3", "llama", AUTHORS_TYPE)
 
@@ -119,7 +119,7 @@ def stock_model_config(folder: Path, model_type: str, tensors: dict[str, Tensor]
     """ModelConfig of a stock ``qwen3`` / ``llama`` checkpoint (transformers' config class parses it)."""
     from transformers import AutoConfig
 
-    from ..cpt.convert import CPTConversionError, _hf_rope, llama_model_config
+    from mhar.cpt.convert import CPTConversionError, _hf_rope, llama_model_config
 
     hf = AutoConfig.from_pretrained(str(folder))  # a registered model_type: no remote code
     tied = "lm_head.weight" not in tensors or bool(getattr(hf, "tie_word_embeddings", False))
@@ -160,7 +160,7 @@ def check_import(model: Transformer, folder: Path, model_type: str, seed: int = 
     from transformers.utils import logging as hf_logging
 
     if model_type == "mhar":
-        from .modeling_mhar import MharForCausalLM as loader
+        from mhar.hf.modeling_mhar import MharForCausalLM as loader
         name = "mhar.hf.modeling_mhar.MharForCausalLM"
     else:
         from transformers import AutoModelForCausalLM as loader
@@ -244,7 +244,7 @@ def import_hf(src: Union[str, Path], out: Union[str, Path], *, tokenizer: Option
     ``run``: the ``extra.run`` block to store (label, residual, size, seed, pairing, identity: how evaluations of the
     model are identified; the workflow's released arms set it; ``residual: None`` is filled with the imported
     model's variant and heads); default: the export's own, if any."""
-    from ..provenance import collect_provenance
+    from mhar.runs.provenance import collect_provenance
 
     t0 = time.time()
     path = _out_path(out)

@@ -10,7 +10,7 @@ plain pre-norm baseline (those load as stock ``Qwen3ForCausalLM`` / ``LlamaForCa
 
 It is self-contained: PyTorch and ``transformers`` only, so it runs where the ``mhar`` package is
 not installed. Where ``mhar`` is importable and the inputs are on a GPU (``routing_impl: auto``), the
-depth routing runs through ``mhar.routing``'s fused Triton kernels instead of the PyTorch code here
+depth routing runs through ``mhar.model.routing``'s fused Triton kernels instead of the PyTorch code here
 (same math); ``routing_impl: torch`` forces the PyTorch code, any other name picks that ``mhar``
 router (e.g. ``fused``).
 
@@ -67,7 +67,7 @@ class MharConfig(PretrainedConfig):
     ``blocks``, ``delta_block_layers``, ``routing_eps``). ``rope_llama3``: Llama-3 frequency scaling
     (``factor``, ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``) or None.
     ``routing_impl``: ``auto`` (the ``mhar`` fused kernels on a GPU when ``mhar`` is installed, else the
-    PyTorch code in this file), ``torch``, or a ``mhar.routing`` implementation name.
+    PyTorch code in this file), ``torch``, or a ``mhar.model.routing`` implementation name.
     ``mhar_routing_impl``: the implementation the model was trained with (provenance; an import back into
     the harness restores it).
     """
@@ -281,7 +281,7 @@ def make_router(impl: str, trained: str, device: torch.device):
     # variant name, e.g. fused_v7_sg8, in ``trained`` names the same kernels' predecessor)
     name = "fused" if impl == "auto" else impl
     try:
-        from mhar.routing import get_router  # optional: the harness's kernels
+        from mhar.model.routing import get_router  # optional: the harness's kernels
     except ImportError as e:
         if impl == "auto":
             return TorchRouter()

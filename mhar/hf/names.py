@@ -1,4 +1,4 @@
-"""Weight names and config fields: ``mhar.model.Transformer`` <-> the Hugging Face layout.
+"""Weight names and config fields: ``mhar.model.transformer.Transformer`` <-> the Hugging Face layout.
 
 The decoder's tensors take Qwen3 / Llama names (``model.embed_tokens``, ``model.layers.{i}.self_attn.q_proj``,
 ``input_layernorm``, ``post_attention_layernorm``, ``model.norm``, ``lm_head``); a residual variant's own
@@ -12,7 +12,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from ..config import ModelConfig, model_config, stored_routing_impl
+from mhar.model.config import ModelConfig, model_config, stored_routing_impl
 
 _TOP = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight",
         "lm_head.weight": "lm_head.weight"}
@@ -122,6 +122,6 @@ def model_config_from_mhar_fields(d: dict) -> ModelConfig:
 
 
 def _routing_impls() -> tuple:
-    from ..config import ROUTING_IMPLS
+    from mhar.model.config import ROUTING_IMPLS
 
     return ROUTING_IMPLS

@@ -60,7 +60,7 @@ def _config(eos: str, bos: Optional[str], max_len: int) -> dict:
 def write_tokenizer(spec: Optional[str], out: Path, max_len: int) -> dict:
     """Write the tokenizer files of ``spec`` into ``out``; returns {"spec", "eos_token_id", "bos_token_id",
     "files"} (ids as the harness tokenizer declares them). ``spec`` None writes nothing."""
-    from ..tokenizer import get_tokenizer
+    from mhar.data.tokenizer import get_tokenizer
 
     out = Path(out)
     if spec is None:
@@ -82,7 +82,7 @@ def write_tokenizer(spec: Optional[str], out: Path, max_len: int) -> dict:
         return {"spec": spec, "eos_token_id": tok.eot_id, "bos_token_id": tok.bos_id, "files": files}
     src = Path(spec)
     if not src.exists():
-        from .. import env
+        from mhar import env
 
         root = env.data_dir(None)
         src = root / spec if root is not None else src

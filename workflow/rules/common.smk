@@ -15,9 +15,9 @@ REPO = Path(workflow.basedir).resolve()
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from mhar.config import ConfigError, config_hash  # noqa: E402
-from mhar.runconfig import run_config_from_dict  # noqa: E402
-from mhar.runs import EVAL_LAYOUT, RUN_LAYOUT, data_key, run_key  # noqa: E402
+from mhar.model.config import ConfigError, config_hash  # noqa: E402
+from mhar.runs.config import run_config_from_dict  # noqa: E402
+from mhar.runs.layout import EVAL_LAYOUT, RUN_LAYOUT, data_key, run_key  # noqa: E402
 
 RESULTS = config["results_dir"].rstrip("/")
 REPORTS = config["reports_dir"].rstrip("/")
@@ -50,13 +50,13 @@ if BASELINE not in config["downstream"]["variants"]:
         f"add it to downstream.variants ({', '.join(config['downstream']['variants'])})"
     )
 
-# One run directory per (variant label, size, seed, run identity): mhar.runs.RUN_LAYOUT, see
-# docs/ARCHITECTURE.md "Run directory". The identity ({rid}, mhar.runconfig.identity_hash) covers
+# One run directory per (variant label, size, seed, run identity): mhar.runs.layout.RUN_LAYOUT, see
+# docs/ARCHITECTURE.md "Run directory". The identity ({rid}, mhar.runs.config.identity_hash) covers
 # everything that can change a result (the label's residual config, data seed, ...), so a redefined
 # label trains into a new directory and never reruns (Snakemake would delete the outputs first) a
 # finished run; execution choices (routing_impl, compile, device, threads, cadence) are not in it.
 RUN = f"{RESULTS}/{RUN_LAYOUT}"
-# One evaluation directory per run, evaluation-settings hash and task (mhar.runs.EVAL_LAYOUT).
+# One evaluation directory per run, evaluation-settings hash and task (mhar.runs.layout.EVAL_LAYOUT).
 EVAL = f"{RESULTS}/{EVAL_LAYOUT}"
 
 
@@ -109,12 +109,12 @@ def _resolved(label, size, seed):
 
 
 def rid_of(label, size, seed):
-    """Run-identity path component: the first 10 hex digits of mhar.runconfig.identity_hash."""
+    """Run-identity path component: the first 10 hex digits of mhar.runs.config.identity_hash."""
     return run_key(_resolved(label, size, int(seed)))["rid"]
 
 
 def data_key_of(label, size):
-    """Key of the tokenization job of (label, size): mhar.runs.data_key (data section + vocabulary)."""
+    """Key of the tokenization job of (label, size): mhar.runs.layout.data_key (data section + vocabulary)."""
     return data_key(_resolved(label, size, 0))
 
 
@@ -291,9 +291,9 @@ def gpu_resources(n):
 # --- mechanism probe / routing heatmap -------------------------------------------------
 def probed(label):
     """Whether a label's variant is one the probe reads (Residual.routes_full_depth in the residual
-    registry, modules outside mhar.residuals included): a new routed variant is probed without a rule edit.
+    registry, modules outside mhar.model.residuals included): a new routed variant is probed without a rule edit.
     """
-    from mhar.residuals import residual_class
+    from mhar.model.residuals import residual_class
 
     res = residual_of(label)
     try:

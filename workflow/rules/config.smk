@@ -97,7 +97,7 @@ def _own_reports_dir():
     if "reports_dir" in keys or keys <= set(EXECUTION_KEYS):
         return None
     sys.path.insert(0, str(Path(workflow.basedir).resolve()))
-    from mhar.config import config_hash
+    from mhar.model.config import config_hash
 
     study = {
         k: v for k, v in config.items() if k not in (*EXECUTION_KEYS, "reports_dir")

@@ -1,5 +1,5 @@
 # Data: tokenize the corpus once (cached token shards) before any training job starts,
-# so parallel runs never tokenize the same corpus twice. One job per data key (mhar.runs.data_key:
+# so parallel runs never tokenize the same corpus twice. One job per data key (mhar.runs.layout.data_key:
 # the data section without the data-order seed, and the vocabulary size); its threads are the
 # tokenizer's worker processes, and a killed job resumes its partial build when rerun.
 
@@ -13,7 +13,7 @@ rule prepare_data:
         f"{BENCHMARKS}/data/{{dkey}}.tsv"
     conda:
         "../envs/train.yaml"
-    threads: RES["threads_per_run"]  # tokenizer worker processes (mhar.data.build_shards)
+    threads: RES["threads_per_run"]  # tokenizer worker processes (mhar.data.shards.build_shards)
     resources:
         mem_mb=RES["mem_mb"],
         runtime=RES["runtime_min"],

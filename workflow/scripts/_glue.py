@@ -43,7 +43,7 @@ def data_dir(sm: Any) -> str | None:
 
 def with_data_dir(run_config: dict, sm: Any) -> dict:
     """``run_config`` with ``data.data_dir`` = the workflow's ``data_dir`` unless the run config sets its
-    own (a location: ``mhar.runconfig`` hashes it as null, so the results hash does not change)."""
+    own (a location: ``mhar.runs.config`` hashes it as null, so the results hash does not change)."""
     d = data_dir(sm)
     if d is None or (run_config.get("data") or {}).get("data_dir"):
         return run_config

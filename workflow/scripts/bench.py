@@ -8,7 +8,7 @@ sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)
 
 # cost.providers -> benchmark variants (routing implementations of MHAR vs the baseline)
-# (the library's training step, mhar.step.TrainStep; see benchmarks/bench_training.py)
+# (the library's training step, mhar.training.step.TrainStep; see benchmarks/bench_training.py)
 cmd = [sys.executable, "-m", "benchmarks.bench_training", "--sizes", *sm.params.sizes,
        "--variants", *[p if p == "baseline" else f"mhar_{p}" for p in sm.params.providers], "--heads", sm.params.heads,
        "--out", sm.output[0]]

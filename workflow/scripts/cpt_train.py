@@ -1,4 +1,4 @@
-"""Train one CPT arm: run config = shared cpt.train block + the converted model; launch mhar.train.
+"""Train one CPT arm: run config = shared cpt.train block + the converted model; launch mhar.training.train.
 
 Both arms get identical data/train sections (batches, schedule, token budget), so the only
 difference is the residual form. With cpt.gpus > 1 the trainer runs under torchrun.
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from _glue import launcher, run_logged, start, with_data_dir
 from mhar.cpt import arm_run_config, cpt_config_from_dict
-from mhar.runconfig import dump_yaml, run_config_from_dict
+from mhar.runs.config import dump_yaml, run_config_from_dict
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)

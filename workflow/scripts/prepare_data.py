@@ -5,9 +5,9 @@ import os
 from pathlib import Path
 
 from _glue import start, with_data_dir
-from mhar.data import build_shards
+from mhar.data.shards import build_shards
 from mhar.env import TOKENIZE_WORKERS_ENV
-from mhar.runconfig import run_config_from_dict
+from mhar.runs.config import run_config_from_dict
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)

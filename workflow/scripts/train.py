@@ -7,7 +7,7 @@ one node). Inputs: ``snakemake.params.run_config`` (dict), ``snakemake.params.gp
 from pathlib import Path
 
 from _glue import launcher, run_logged, start, with_data_dir
-from mhar.runconfig import dump_yaml, run_config_from_dict
+from mhar.runs.config import dump_yaml, run_config_from_dict
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)
@@ -25,8 +25,8 @@ for name in ("summary", "metrics", "model"):
     if not Path(sm.output[name]).is_file():
         raise RuntimeError(f"mhar.train finished but did not write {sm.output[name]}; see {sm.log[0]}")
 log.info("done: %s", sm.output.summary)
-try:  # results/runs/INDEX.md: every run folder with its label, seed, identity, status, metrics (mhar.runs)
-    from mhar.runs import write_index
+try:  # results/runs/INDEX.md: every run folder with its label, seed, identity, status, metrics (mhar.runs.layout)
+    from mhar.runs.layout import write_index
 
     log.info("index: %s", write_index(sm.config["results_dir"]))
 except OSError as err:  # the run is done; a listing that cannot be written is not a failed job

@@ -1,0 +1,102 @@
+"""The residual-variant registry: the one list of variant names.
+
+A variant is a :class:`~mhar.model.residuals.base.Residual` subclass decorated with ``@register("name")``.
+Every module of this package is imported when the package is (``pkgutil`` discovery), so a new built-in
+variant is one module here and nothing else. A variant defined outside the package registers itself the
+same way in its own module; the model config names that module and it is imported on demand::
+
+    model:
+      residual: {variant: my_variant, module: mypkg.my_variant}
+
+``variant_names()`` is what config validation (``mhar.model.config.ModelConfig.validate``) and the workflow's
+run configs check against; ``build_residual(cfg)`` picks the class by ``cfg.residual.variant``.
+``routed_variants()`` (classes with ``routes_full_depth``) is what the mechanism probe and the workflow's
+probe jobs run on.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from typing import Callable, Optional
+
+from mhar.model.config import ConfigError, ModelConfig
+from mhar.model.residuals.base import Residual
+
+RESIDUALS: dict[str, type[Residual]] = {}
+_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def register(name: str) -> Callable[[type[Residual]], type[Residual]]:
+    """Class decorator: make ``cls`` the residual variant ``name`` (``model.residual.variant: name``)."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise ValueError(f"residual variant name {name!r}: use letters, digits, '_', '.', '-' (it names "
+                         "result directories and table rows)")
+
+    def deco(cls: type[Residual]) -> type[Residual]:
+        if not (isinstance(cls, type) and issubclass(cls, Residual)):
+            raise TypeError(f"@register({name!r}) needs a subclass of mhar.model.residuals.base.Residual, got {cls!r}")
+        old = RESIDUALS.get(name)
+        # the same class imported again (importlib.reload) may register again; another class may not
+        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"residual variant {name!r} is registered twice: {old.__module__}.{old.__qualname__} "
+                             f"and {cls.__module__}.{cls.__qualname__}; rename one")
+        cls.name = name
+        RESIDUALS[name] = cls
+        return cls
+
+    return deco
+
+
+def variant_names() -> tuple[str, ...]:
+    """Names of the registered variants (the built-in ones plus any imported module's), sorted."""
+    return tuple(sorted(RESIDUALS))
+
+
+def routed_variants() -> tuple[str, ...]:
+    """Registered variants that route over every earlier sublayer output with one query per site
+    (``Residual.routes_full_depth``): the ones the mechanism probe runs on, sorted."""
+    return tuple(sorted(n for n, cls in RESIDUALS.items() if cls.routes_full_depth))
+
+
+def import_variant_module(module: str) -> None:
+    """Import ``module`` (``model.residual.module``) so that the variants it defines register themselves."""
+    if not isinstance(module, str) or not _MODULE_NAME.match(module):
+        raise ConfigError(f"model.residual.module: {module!r} is not a Python module name (e.g. mypkg.my_variant)")
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
+            raise ConfigError(
+                f"model.residual.module: cannot import {module!r} (no module {e.name!r}); install the package "
+                "that holds it or run from the folder that does (it must be importable on the Python path)"
+            ) from None
+        raise
+
+
+def residual_class(variant: str, module: Optional[str] = None) -> type[Residual]:
+    """The class registered as ``variant``, importing ``module`` first when one is given."""
+    if module is not None:
+        import_variant_module(module)
+    if variant not in RESIDUALS:
+        where = (f"module {module!r} does not register it (@mhar.model.residuals.register({variant!r}))" if module
+                 else "if it is defined outside mhar.model.residuals, name its module in model.residual.module")
+        raise ConfigError(f"model.residual.variant: unknown variant {variant!r}; choose one of "
+                          f"{', '.join(variant_names())} ({where})")
+    return RESIDUALS[variant]
+
+
+def build_residual(cfg: ModelConfig) -> Residual:
+    cls = residual_class(cfg.residual.variant, cfg.residual.module)
+    cls.check_config(cfg)
+    return cls(cfg)
+
+
+# Built-in variants: every module of this package registers its own classes when imported.
+for _info in pkgutil.iter_modules(__path__):
+    if not _info.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_info.name}")
+del _info
+
+__all__ = ["Residual", "RESIDUALS", "register", "variant_names", "routed_variants", "residual_class",
+           "import_variant_module", "build_residual"]

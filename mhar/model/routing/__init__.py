@@ -1,0 +1,25 @@
+"""Depth routing: one operation behind one Router interface, four implementations.
+
+A *Router* owns the storage of the sources (so the fused kernels keep one shared buffer written once) and
+computes routed reads:
+
+    router = get_router("auto")             # one of mhar.model.config.ROUTING_IMPLS: auto | eager | compile | fused
+    st = router.init(emb, capacity=N_max)   # s_0; capacity = most sources ever held
+    h  = router.read(st, query, norm_weight, num_heads, eps)            # (B, T, D)
+    h  = router.read(st, q, g, H, eps, extra=partial)   # + one transient source (Block AttnRes)
+    h, w = router.read(..., return_weights=True)        # w: (B, T, H, N) fp32
+    h  = router.read(st, q, g, H, eps, lookahead=(Q_next, G_next))  # hint: the next reads' queries
+    st = router.append(st, out)             # out becomes a new source
+
+``eager`` is the PyTorch reference (``reference.route_reference``), ``compile`` the same compiled, ``fused``
+the Triton kernels (``fused.FusedRouter``), ``auto`` fused on CUDA when Triton imports, else eager, decided
+from the device of each forward's first source (``resolve_routing_impl``).
+"""
+from __future__ import annotations
+
+from mhar.model.routing.names import check_kernel_env, kernel_env, resolve_routing_impl
+from mhar.model.routing.reference import route_reference
+from mhar.model.routing.routers import ROUTERS, AutoRouter, CompiledRouter, EagerRouter, Router, get_router, routing_info
+
+__all__ = ["Router", "EagerRouter", "CompiledRouter", "AutoRouter", "ROUTERS", "get_router", "route_reference",
+           "resolve_routing_impl", "routing_info", "check_kernel_env", "kernel_env"]

@@ -1,0 +1,114 @@
+"""Atomic file writes (same-folder temp file + fsync + rename), without torch: a crash or kill never
+leaves a half-written record; readers see the old file or the new one. Used by mhar.runs.checkpoint (weights,
+training state) and by the analysis stage (tables, report, probe).
+
+Also the one-line wording of operating-system errors (:func:`os_error_line`: disk full, read-only, no
+permission) and :func:`check_writable`, which a command calls on its output folder before long work.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import BinaryIO, Callable, Optional
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "check_writable", "os_error_line"]
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _tmp_of(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: "bytes | Callable[[BinaryIO], None]") -> Path:
+    """Write ``data`` (bytes, or a function writing to a binary file) to ``path`` atomically.
+
+    On any failure (a full disk included) the temp file is removed and ``path`` keeps its old content."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_of(path)
+    try:
+        with open(tmp, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# --- operating-system errors --------------------------------------------------------------------
+_ADVICE = {
+    errno.ENOSPC: "the disk is full: free space there (or point the output elsewhere)",
+    errno.EDQUOT: "the disk quota is exhausted: free space there (or point the output elsewhere)",
+    errno.EROFS: "the file system is read-only: choose a writable location",
+    errno.EACCES: "permission denied: choose a location you may write, or fix its permissions",
+    errno.EPERM: "operation not permitted: choose a location you may write, or fix its permissions",
+    errno.ENOTDIR: "a file stands where a folder is needed: choose another path",
+    errno.EISDIR: "a folder stands where a file is needed: choose another path",
+}
+
+
+def os_error_line(e: OSError, doing: str = "", after: str = "") -> str:
+    """One line for an OSError: what failed, on which file, why (errno name), what to do; ``after``
+    (e.g. "completed checkpoints are kept") is appended."""
+    name = errno.errorcode.get(e.errno, "") if e.errno is not None else ""
+    where = f" {e.filename}" if getattr(e, "filename", None) else ""
+    why = e.strerror or str(e) or type(e).__name__
+    advice = _ADVICE.get(e.errno, "check the path and its file system")
+    parts = [f"{doing + ' ' if doing else ''}failed{' on' + where if where else ''}: {why}"
+             + (f" ({name})" if name else ""), advice]
+    if after:
+        parts.append(after)
+    return "; ".join(parts).replace("\n", " ")
+
+
+def check_writable(folder: str | os.PathLike) -> Optional[list[Path]]:
+    """Create ``folder`` (and missing parents) and write, fsync and remove a small probe file in it, so a
+    read-only, full or forbidden location fails now, before long work; raises the OSError. Returns the
+    folders it created (the caller may remove them if it gives up)."""
+    folder = Path(folder)
+    created = []
+    p = folder
+    while not p.exists() and p != p.parent:
+        created.append(p)
+        p = p.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".write-probe.{os.getpid()}.tmp"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"mhar write probe\n" * 64)  # ~1 KiB: a full disk refuses it
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        probe.unlink(missing_ok=True)
+        for c in created:  # leave nothing behind on refusal
+            try:
+                c.rmdir()
+            except OSError:
+                break
+        raise
+    probe.unlink(missing_ok=True)
+    return list(reversed(created))

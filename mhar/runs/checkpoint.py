@@ -1,0 +1,293 @@
+"""Model export format shared by training, evaluation and the CPT tools.
+
+``save_model`` writes one self-describing file (config + tokenizer spec + weights);
+``load_model`` rebuilds the model from it. A run directory's exported model
+lives at ``<run_dir>/model.pt``; the full training state (optimizer, RNG,
+data position) is the trainer's business (``mhar.train``).
+
+Integrity at every instant of a kill (:func:`atomic_torch_save`): the file is written to a same-folder
+temp file while being hashed (no second read), fsynced; its ``<file>.sha256`` (``sha256sum -c`` format)
+is written and fsynced as a pending ``.<file>.sha256.<pid>.tmp`` *before* the file is renamed into
+place; then the checksum is renamed beside it. A kill before the first rename leaves the old pair
+untouched; between the two renames it leaves the new file with its complete checksum pending, which
+:func:`verify_sha256` and :func:`clean_stale_temps` finish (other temp files of killed writes are
+removed at the next start). Every load checks the checksum first and refuses a file without one
+(:func:`verify_sha256`); loads never unpickle objects (``torch.load(weights_only=True)``).
+The bytes of a saved file depend only on its content (the archive's inner name is fixed),
+so identical runs export byte-identical ``model.pt`` files.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from mhar.runs.atomic import _fsync_dir, _tmp_of, atomic_write_bytes, atomic_write_text  # noqa: F401 (re-exported)
+from mhar.model.config import ConfigError, model_config_from_dict, stored_routing_impl, to_dict
+
+FORMAT = "mhar-model-v1"
+MODEL_FILE = "model.pt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, corrupt or of the wrong format."""
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 1) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=indent, default=str) + "\n")
+
+
+_TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_temps(folder: str | os.PathLike) -> list[Path]:
+    """Remove temp files of killed writes (``.<name>.<pid>.tmp`` of a dead pid) in ``folder``.
+
+    A pending checksum whose file was already renamed into place is completed, not removed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for tmp in sorted(folder.glob(".*.tmp")):
+        m = _TMP_RE.match(tmp.name)
+        if not m or not tmp.is_file() or _pid_alive(int(m["pid"])):
+            continue
+        name = m["name"]
+        if name.endswith(".sha256"):
+            target = folder / name[: -len(".sha256")]
+            if target.is_file() and _pending_checksum_matches(target, tmp):
+                os.replace(tmp, sha256_path(target))
+                continue
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
+# --- integrity ----------------------------------------------------------------------------------
+def sha256_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + ".sha256")
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _recorded(sidecar: Path) -> Optional[str]:
+    try:
+        word = sidecar.read_text().split()[0]
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
+    return word.lower() if len(word) == 64 else None
+
+
+def _pending_checksum_matches(target: Path, pending: Path) -> bool:
+    rec = _recorded(pending)
+    return rec is not None and rec == file_sha256(target)
+
+
+def write_sha256(path: str | os.PathLike, digest: Optional[str] = None) -> str:
+    """Store ``<file>.sha256`` beside ``path`` (atomically); returns the digest."""
+    path = Path(path)
+    digest = digest or file_sha256(path)
+    atomic_write_text(sha256_path(path), f"{digest}  {path.name}\n")
+    return digest
+
+
+def verify_sha256(path: str | os.PathLike, required: bool = True) -> Optional[str]:
+    """The file's sha256 after checking it against ``<file>.sha256``; CheckpointError on a mismatch.
+
+    A write killed between renaming the file and its checksum leaves the new checksum as a
+    ``.<file>.sha256.<pid>.tmp``; a matching one completes that write. A file without a checksum
+    is refused (it may be half-written or replaced: it is never loaded); ``required=False`` (only
+    for hashing a file that is not loaded) returns its hash instead.
+    """
+    path = Path(path)
+    side = sha256_path(path)
+    actual = file_sha256(path)
+    pending = sorted(path.parent.glob(f".{side.name}.*.tmp"))
+    if not side.is_file() and not pending:
+        if required:
+            raise CheckpointError(f"{path} has no checksum file {side.name}, so it is never loaded (it may be "
+                                  "incomplete or replaced); re-create it with the step that wrote it (train or "
+                                  "convert again), or restore both files from where they came from")
+        return actual
+    if side.is_file() and _recorded(side) == actual:
+        return actual
+    for tmp in pending:
+        if _recorded(tmp) == actual:
+            try:
+                os.replace(tmp, side)
+            except OSError:  # its writer (or another reader) completed it just now, or a read-only copy
+                pass
+            return actual
+    if not side.is_file():
+        raise CheckpointError(f"{path} has no checksum file {side.name} (only a pending one that does not "
+                              "match it), so it is never loaded; re-create it with the step that wrote it")
+    raise CheckpointError(f"{path} fails its sha256 check (recorded in {side.name}: {_recorded(side)}, "
+                          f"file: {actual}); the file is corrupt or was modified, refusing to load it")
+
+
+class _HashingWriter:
+    """A binary file that hashes what is written through it (torch.save writes its archive sequentially)."""
+
+    def __init__(self, f):
+        self._f, self.sha = f, hashlib.sha256()
+
+    def write(self, b) -> int:
+        self.sha.update(b)
+        return self._f.write(b)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def _write_synced(path: Path, write) -> None:
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
+    """``torch.save`` atomically, with its ``.sha256`` beside it at every instant; returns the digest.
+
+    Sequence (module docstring): temp file hashed while written + fsync; pending checksum + fsync;
+    rename the file; rename the checksum; fsync the folder. Saving through a file object fixes the
+    archive's inner name ("archive"), so equal objects give equal bytes.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    side = sha256_path(path)
+    tmp, side_tmp = _tmp_of(path), _tmp_of(side)
+    try:
+        holder: dict = {}
+
+        def write(f):
+            holder["w"] = w = _HashingWriter(f)
+            torch.save(obj, w)
+
+        _write_synced(tmp, write)
+        digest = holder["w"].sha.hexdigest()
+        _write_synced(side_tmp, lambda f: f.write(f"{digest}  {path.name}\n".encode()))
+        os.replace(tmp, path)  # from here on the new file is valid: its checksum is complete beside it
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        side_tmp.unlink(missing_ok=True)
+        raise
+    try:
+        os.replace(side_tmp, side)
+    except FileNotFoundError:  # a reader's verify_sha256 completed it first
+        if _recorded(side) != digest:
+            raise
+    _fsync_dir(path.parent)
+    return digest
+
+
+def safe_torch_load(path: str | os.PathLike, required_checksum: bool = True) -> Any:
+    """Checksum, then ``torch.load(weights_only=True)``: tensors and plain containers only."""
+    verify_sha256(path, required=required_checksum)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def save_model(path: str | os.PathLike, model, tokenizer: str, extra: Optional[dict] = None) -> Path:
+    """Export ``model`` (a ``mhar.model.transformer.Transformer``) with its config and tokenizer spec."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / MODEL_FILE
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    atomic_torch_save(
+        {"format": FORMAT, "model_config": to_dict(model.cfg), "tokenizer": tokenizer,
+         "state_dict": state, "extra": extra or {}},
+        path,
+    )
+    return path
+
+
+def load_error_brief(e: BaseException) -> str:
+    """One line for a failed ``torch.load``: the exception type and the gist of its (long) message."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    first = lines[0] if lines else ""
+    marker = "WeightsUnpickler error:"
+    for i, ln in enumerate(lines):  # torch's weights_only failure: the real cause follows this marker
+        if marker in ln:
+            cause = ln.split(marker, 1)[1].strip() or (lines[i + 1] if i + 1 < len(lines) else "")
+            first = f"weights-only unpickler refused it: {cause.split('. ')[0]}"
+            break
+    if len(first) > 160:  # long library messages: the first sentence carries the cause
+        first = first.split(". ")[0][:160]
+    return f"{type(e).__name__}: {first}"
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    """The raw ``mhar-model-v1`` dict at ``path`` (a file or a run dir holding ``model.pt``)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / MODEL_FILE
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path} (train the run first, or check the path)")
+    verify_sha256(path)  # a model without its checksum is never loaded
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        if "Unsupported global" in str(e):  # pickled Python objects: a training state, not an export
+            raise CheckpointError(
+                f"{path} is not an exported {FORMAT} model (it holds more than tensors, e.g. a training state "
+                f"such as RUN_DIR/checkpoint/state.pt); pass RUN_DIR/{MODEL_FILE} instead"
+            ) from e
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable or corrupt ({load_error_brief(e)}); "
+            "delete it and re-run the step that produced it"
+        ) from e
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        found = blob.get("format") if isinstance(blob, dict) else type(blob).__name__
+        raise CheckpointError(f"{path} is not an {FORMAT} file (format={found}); pass an exported "
+                              f"RUN_DIR/{MODEL_FILE} (or convert a Hugging Face model with python -m mhar.cpt convert)")
+    return blob
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", routing_impl: Optional[str] = None):
+    """Return ``(model, tokenizer, blob)``; ``routing_impl`` overrides the saved one (e.g. eager on CPU)."""
+    from mhar.model.transformer import Transformer
+    from mhar.data.tokenizer import get_tokenizer
+
+    blob = read_checkpoint(path)
+    cfg_d = dict(blob["model_config"])
+    res_d = dict(cfg_d.get("residual") or {})
+    if "routing_impl" in res_d:  # an execution choice: a legacy fused name loads as fused
+        res_d["routing_impl"] = stored_routing_impl(res_d["routing_impl"])
+    if routing_impl is not None:
+        res_d["routing_impl"] = routing_impl
+    cfg_d["residual"] = res_d
+    try:
+        cfg = model_config_from_dict(cfg_d)
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: stored model config is invalid: {e}") from e
+    model = Transformer(cfg)
+    missing, unexpected = model.load_state_dict(blob["state_dict"], strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights do not match the config (missing={missing[:5]}, unexpected={unexpected[:5]})")
+    model.to(device).eval()
+    return model, get_tokenizer(blob["tokenizer"]), blob

@@ -1,0 +1,445 @@
+"""Run configuration: one YAML file (+ ``key=value`` overrides) -> a validated :class:`RunConfig`.
+
+Layout of a run config (every key optional; defaults below are the code's and the
+example configs in ``config/train/`` only state what differs)::
+
+    meta:  {name, variant, size}             # labels; variant/size default to the model's
+    model: {preset: tiny, residual: {variant: mhar, heads: 4}, <ModelConfig overrides>}
+    data:  {corpus, text_field, tokenizer, seq_len, holdout, val_fraction, val_tokens,
+            val_corpus, max_train_tokens, data_dir, cache_dir, seed}
+    train: {seed, steps, global_batch, micro_batch, lr, warmup_steps, min_lr_ratio,
+            weight_decay, beta1, beta2, eps, grad_clip, eval_every, tail_k,
+            checkpoint_every, save_model_every_checkpoint, log_every, device, dtype,
+            compile, threads, parallel,
+            init_from, decay_filter, z_loss, ema_decay, log_batch_hash}   # CPT options (mhar.cpt)
+
+Overrides use dotted keys and YAML scalars: ``train.lr=3e-4 model.residual.heads=8``.
+Unknown keys and wrong types raise :class:`mhar.model.config.ConfigError` naming the key.
+
+Run identity (one name, one exclusion table): ``identity_hash(cfg)`` hashes :func:`identity_config`, the
+resolved config without :data:`IDENTITY_EXCLUDE` (labels, paths, cadence, execution choices such as
+``model.residual.routing_impl``, ``train.compile`` or ``train.device``), ``data.seed`` resolved. A run
+directory belongs to one identity (the trainer refuses another) and the workflow's run path carries it once:
+``results/runs/<label>/<size>/seed<k>/<identity[:10]>/`` (``mhar.runs.layout``). Pairing is derived from the same
+identity: two runs are paired iff their identity configs differ only under :data:`PAIRING_VARIES` (the
+residual section), i.e. iff their ``pairing_hash`` is equal; :func:`first_difference` names the first
+field that differs. :func:`run_identity` is the ``run`` record every result carries.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import yaml
+
+from mhar.model.config import ConfigError, ModelConfig, config_hash, from_dict, model_config_from_dict
+
+__all__ = [
+    "MetaConfig", "DataConfig", "TrainConfig", "RunConfig", "load_run_config", "run_config_from_dict",
+    "parse_overrides", "apply_overrides", "identity_config", "identity_hash", "pairing_config", "pairing_hash",
+    "first_difference", "recorded_run_config", "run_identity", "legacy_identity_hash", "IDENTITY_EXCLUDE",
+    "PAIRING_VARIES", "IDENTITY_LEN", "PATH_ID_LEN", "yaml_load", "yaml_error_line", "dump_yaml",
+]
+
+
+@dataclass
+class MetaConfig:
+    """Labels. ``variant``/``size`` are path components (default: residual variant / model preset)."""
+
+    name: str = "run"
+    variant: Optional[str] = None
+    size: Optional[str] = None
+
+
+@dataclass
+class DataConfig:
+    """Where text comes from, how it is tokenized, packed and split."""
+
+    # "tinyshakespeare" | "nltk_gutenberg" | "wikitext2" (local data dir), "hf:<path>[:<name>]" (hub),
+    # "synthetic:<n_tokens>" (deterministic Zipf tokens, no files), or a path to .txt/.jsonl/.parquet/dir
+    corpus: str = "tinyshakespeare"
+    text_field: str = "text"  # JSONL / parquet / hub column holding the document text
+    tokenizer: str = "byte"  # see mhar.data.tokenizer.get_tokenizer
+    seq_len: int = 256
+    # Validation when the corpus has no held-out split: "tail" = last val_fraction of every document
+    # (cut at a newline), "documents" = a deterministic val_fraction of documents (by content hash),
+    # "auto" = tail for < 100 documents, else documents.
+    holdout: str = "auto"
+    val_fraction: float = 0.05
+    val_tokens: int = 65536  # tokens evaluated at every evaluation (a fixed prefix of the val stream)
+    val_corpus: Optional[str] = None  # validate on another corpus (its validation split) instead
+    max_train_tokens: Optional[int] = None  # cap on tokenized training tokens (required for streamed hub data)
+    data_dir: Optional[str] = None  # local data mirror; default $MHAR_DATA_DIR
+    cache_dir: str = "results/cache/shards"
+    seed: Optional[int] = None  # data-order seed; default train.seed
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and bookkeeping (paper defaults for the optimizer)."""
+
+    seed: int = 0
+    steps: int = 200
+    global_batch: int = 16  # sequences per optimizer step (over all ranks and accumulation steps)
+    micro_batch: int = 16  # sequences per forward/backward on one rank
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1  # cosine decays to min_lr_ratio * lr at the last step
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # global-norm clip; 0 disables
+    eval_every: int = 50
+    tail_k: int = 3  # summary metric: mean of the last tail_k evaluations
+    checkpoint_every: int = 100
+    save_model_every_checkpoint: bool = False
+    log_every: int = 10
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16
+    compile: Any = "auto"  # auto (CUDA: compile the step's pieces; CPU: eager) | true | false (mhar.training.step)
+    cuda_graph: Any = "auto"  # auto (one CUDA process with compile: replay the whole step) | true | false
+    threads: int = 0  # CPU intra-op threads (torch.set_num_threads); 0 = torch's default
+    parallel: str = "ddp"  # ddp | fsdp (FSDP2 fully_shard; only used under torchrun)
+    # Continued pretraining (mhar.cpt; defaults leave from-scratch training unchanged):
+    init_from: Optional[str] = None  # exported model.pt whose weights start the run (AdamW cold-starts)
+    decay_filter: str = "all"  # all | matrices (no decay on embeddings, norms, biases, routing params)
+    z_loss: float = 0.0  # weight of the z-loss mean(logsumexp(logits)^2); 0 disables
+    ema_decay: float = 0.0  # > 0: keep an EMA of the weights; model.pt then holds the EMA weights
+    log_batch_hash: bool = False  # train rows of metrics.jsonl carry batch_sha256 (paired-arm check)
+
+
+@dataclass
+class RunConfig:
+    meta: MetaConfig
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    preset: Optional[str] = None  # the model preset the model section started from
+
+    @property
+    def variant(self) -> str:
+        return self.meta.variant or self.model.residual.variant
+
+    @property
+    def size(self) -> str:
+        return self.meta.size or self.preset or f"d{self.model.d_model}L{self.model.n_layers}"
+
+    @property
+    def seed(self) -> int:
+        return self.train.seed
+
+    @property
+    def data_seed(self) -> int:
+        return self.data.seed if self.data.seed is not None else self.train.seed
+
+    def to_dict(self) -> dict:
+        """Fully resolved, plain-dict form (round-trips through :func:`run_config_from_dict`)."""
+        model = {"preset": self.preset, **asdict(self.model)}
+        meta = asdict(self.meta)
+        meta["variant"], meta["size"] = self.variant, self.size
+        return {"meta": meta, "model": model, "data": asdict(self.data), "train": asdict(self.train)}
+
+    def validate(self) -> "RunConfig":
+        d, t = self.data, self.train
+
+        def need(cond: bool, key: str, msg: str) -> None:
+            if not cond:
+                raise ConfigError(f"{key}: {msg}")
+
+        for sec, obj in (("data", d), ("train", t)):
+            for key, value in asdict(obj).items():
+                need(not isinstance(value, float) or math.isfinite(value), f"{sec}.{key}",
+                     f"must be a finite number, got {value}")
+        need(d.seq_len > 0, "data.seq_len", f"must be > 0, got {d.seq_len}")
+        need(d.seq_len <= self.model.max_seq_len, "data.seq_len",
+             f"{d.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; lower it or raise model.max_seq_len")
+        need(0.0 < d.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
+        need(d.val_tokens >= d.seq_len, "data.val_tokens", f"must be >= data.seq_len={d.seq_len}, got {d.val_tokens}")
+        need(d.holdout in ("auto", "tail", "documents"), "data.holdout",
+             f"unknown holdout {d.holdout!r}; choose auto, tail or documents")
+        need(d.max_train_tokens is None or d.max_train_tokens > d.seq_len, "data.max_train_tokens",
+             "must exceed data.seq_len (or be null for all)")
+        for key in ("steps", "global_batch", "micro_batch", "eval_every", "tail_k", "checkpoint_every", "log_every"):
+            need(getattr(t, key) > 0, f"train.{key}", f"must be > 0, got {getattr(t, key)}")
+        need(t.global_batch % t.micro_batch == 0, "train.global_batch",
+             f"{t.global_batch} is not a multiple of train.micro_batch={t.micro_batch}")
+        need(t.threads >= 0, "train.threads", "must be >= 0 (0 = torch default)")
+        need(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
+        need(0.0 <= t.min_lr_ratio <= 1.0, "train.min_lr_ratio", f"must be in [0, 1], got {t.min_lr_ratio}")
+        need(t.lr > 0, "train.lr", f"must be > 0, got {t.lr}")
+        need(t.grad_clip >= 0, "train.grad_clip", "must be >= 0 (0 disables clipping)")
+        need(t.device in ("auto", "cpu", "cuda"), "train.device", f"unknown device {t.device!r}; choose auto, cpu or cuda")
+        need(t.dtype in ("auto", "fp32", "bf16"), "train.dtype", f"unknown dtype {t.dtype!r}; choose auto, fp32 or bf16")
+        need(t.parallel in ("ddp", "fsdp"), "train.parallel", f"unknown parallel mode {t.parallel!r}; choose ddp or fsdp")
+        for key in ("compile", "cuda_graph"):
+            v = getattr(t, key)
+            need(v == "auto" or isinstance(v, bool), f"train.{key}", f"expected auto, true or false, got {v!r}")
+        need(t.decay_filter in ("all", "matrices"), "train.decay_filter",
+             f"unknown filter {t.decay_filter!r}; choose all or matrices")
+        need(t.z_loss >= 0, "train.z_loss", f"must be >= 0, got {t.z_loss}")
+        need(0.0 <= t.ema_decay < 1.0, "train.ema_decay", f"must be in [0, 1) (0 disables), got {t.ema_decay}")
+        return self
+
+
+# --- YAML with YAML-1.2 floats (PyYAML reads "3e-4" as a string otherwise) -----------------
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+_FLOAT_RE = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
+
+
+def yaml_load(text: str) -> Any:
+    """Safe YAML (no tag builds an object: ``!!python/...`` is refused, never executed), YAML-1.2 floats."""
+    return yaml.load(text, Loader=_Loader)
+
+
+def yaml_error_line(e: "yaml.YAMLError") -> str:
+    """One line for a YAML error: the problem and where; a tag that would build an object says it is refused."""
+    problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    mark = getattr(e, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    if "could not determine a constructor for the tag" in problem:
+        tag = problem.split("tag", 1)[1].strip()
+        return (f"YAML tag {tag}{where} is refused: tags that construct objects are never executed; "
+                "give a plain value (number, string, list or mapping)")
+    return f"{problem}{where}".replace("\n", " ")
+
+
+def dump_yaml(obj: Any) -> str:
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
+
+
+# --- overrides ----------------------------------------------------------------------------
+def parse_overrides(items: Sequence[str]) -> list[tuple[list[str], Any]]:
+    """``["train.lr=3e-4", ...]`` -> ``[(["train", "lr"], 0.0003), ...]`` (values as YAML scalars)."""
+    out = []
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value with a dotted key, e.g. train.lr=3e-4")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override {item!r}: empty component in key {key!r}")
+        try:
+            parsed = yaml_load(value) if value.strip() else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {key.strip()}: {yaml_error_line(e)}") from None
+        out.append((parts, parsed))
+    return out
+
+
+def apply_overrides(raw: dict, overrides: Sequence[str] | Sequence[tuple[list[str], Any]]) -> dict:
+    """Return a copy of ``raw`` with overrides set (unknown keys are caught later by validation)."""
+    raw = copy.deepcopy(raw)
+    parsed = parse_overrides(overrides) if overrides and isinstance(overrides[0], str) else overrides
+    for parts, value in parsed:
+        node = raw
+        for i, p in enumerate(parts[:-1]):
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {'.'.join(parts)}: {'.'.join(parts[:i + 1])} is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return raw
+
+
+# --- loading ------------------------------------------------------------------------------
+_SECTIONS = ("meta", "model", "data", "train")
+
+
+def run_config_from_dict(raw: dict) -> RunConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"run config: expected a mapping with sections {', '.join(_SECTIONS)}, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(_SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown config section(s) {', '.join(unknown)}; valid sections: {', '.join(_SECTIONS)}")
+    sections = {k: (raw.get(k) or {}) for k in _SECTIONS}
+    for k, v in sections.items():
+        if not isinstance(v, dict):
+            raise ConfigError(f"{k}: expected a mapping, got {type(v).__name__}")
+    model_d = dict(sections["model"])
+    preset = model_d.get("preset")
+    cfg = RunConfig(
+        meta=from_dict(MetaConfig, sections["meta"], "meta"),
+        model=model_config_from_dict(model_d),
+        data=from_dict(DataConfig, sections["data"], "data"),
+        train=from_dict(TrainConfig, sections["train"], "train"),
+        preset=preset,
+    )
+    return cfg.validate()
+
+
+def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a YAML run config (``None`` = all defaults), apply ``key=value`` overrides, validate."""
+    raw: Any = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"run config file not found: {path}")
+        try:
+            raw = yaml_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {yaml_error_line(e)}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at top level, got {type(raw).__name__}")
+    return run_config_from_dict(apply_overrides(raw, list(overrides)))
+
+
+# --- run identity -----------------------------------------------------------------------------
+# THE exclusion table: keys of the resolved config that cannot change a run's numbers, and why.
+# Everything else is in the run identity. Pairing is derived from the same identity (PAIRING_VARIES).
+IDENTITY_EXCLUDE: dict[str, str] = {
+    "meta.name": "label (the workflow's variant label, a path component)",
+    "meta.variant": "label (model.residual.variant is in)",
+    "meta.size": "label (the resolved model shape is in)",
+    "model.preset": "label (the resolved model shape is in)",
+    "model.residual.routing_impl": "execution: every routing implementation computes the same function (the kernels "
+                                   "are tested against the eager reference); a run trained fused resumes or is "
+                                   "evaluated eager on a CPU",
+    "train.compile": "execution: the same step, compiled or not",
+    "train.cuda_graph": "execution: the same step, replayed as a CUDA graph or not",
+    "train.device": "execution: where the step runs (provenance.json records the device); an explicit train.dtype is in",
+    "train.parallel": "execution: DDP or FSDP2 over the same global batch",
+    "train.micro_batch": "execution: gradient accumulation over the same global batch (train.global_batch is in)",
+    "train.threads": "execution: CPU threads",
+    "train.log_every": "cadence of the train log lines",
+    "train.checkpoint_every": "cadence of checkpoints (a resume is bit-identical)",
+    "train.save_model_every_checkpoint": "bookkeeping",
+    "train.log_batch_hash": "bookkeeping (a digest of each batch in metrics.jsonl)",
+    "data.cache_dir": "path (token cache)",
+    "data.data_dir": "path (local data mirror)",
+}
+# What two runs may differ in and still be paired (on top of IDENTITY_EXCLUDE): the residual variant and its
+# knobs. Equal everything else means the same size, seeds (train and resolved data seed), data order (corpus,
+# tokenizer, seq_len, ...) and schedule.
+PAIRING_VARIES = ("model.residual",)
+IDENTITY_LEN = 16  # hex digits of `identity` / `pairing` in records; run paths carry the first PATH_ID_LEN
+PATH_ID_LEN = 10
+# Keys left out of the identity while unset (None): options added after runs were recorded, so the identity of
+# configs that do not use them stays what it was.
+OMIT_UNSET = ("model.residual.module",)
+
+
+def _drop(d: dict, dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        d = d.get(p)
+        if not isinstance(d, dict):
+            return
+    d.pop(leaf, None)
+
+
+def _omit_unset(d: dict) -> None:
+    for dotted in OMIT_UNSET:
+        *parents, leaf = dotted.split(".")
+        sub = d
+        for part in parents:
+            sub = sub.get(part, {}) if isinstance(sub, dict) else {}
+        if isinstance(sub, dict) and leaf in sub and sub[leaf] is None:
+            del sub[leaf]
+
+
+def identity_config(cfg: RunConfig) -> dict:
+    """The resolved config without :data:`IDENTITY_EXCLUDE`, ``data.seed`` resolved (null = the train seed):
+    everything that can change the run's numbers. ``run.config`` of every record."""
+    d = cfg.to_dict()
+    d["data"]["seed"] = cfg.data_seed
+    for key in IDENTITY_EXCLUDE:
+        _drop(d, key)
+    _omit_unset(d)
+    return d
+
+
+def pairing_config(identity: dict, varies: Sequence[str] = PAIRING_VARIES) -> dict:
+    """An identity config without what paired runs may differ in (:data:`PAIRING_VARIES`)."""
+    d = copy.deepcopy(identity)
+    for key in varies:
+        _drop(d, key)
+    return d
+
+
+def identity_hash(cfg: RunConfig, length: int = IDENTITY_LEN) -> str:
+    """The run identity: hash of :func:`identity_config` (run paths carry its first ``PATH_ID_LEN`` digits)."""
+    return config_hash(identity_config(cfg), length)
+
+
+def pairing_hash(cfg: RunConfig, length: int = IDENTITY_LEN) -> str:
+    """Hash of the identity without the residual section: two runs pair iff their pairing hashes are equal."""
+    return config_hash(pairing_config(identity_config(cfg)), length)
+
+
+def first_difference(a: Any, b: Any, ignore: Sequence[str] = (), prefix: str = "") -> Optional[tuple[str, Any, Any]]:
+    """(dotted key, value in a, value in b) of the first difference of two config dicts (in a's key order,
+    then b's extra keys), skipping the dotted keys in ``ignore`` and what lies below them; None when equal."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return None if a == b else (prefix.rstrip(".") or "(config)", a, b)
+    for k in list(a) + [k for k in b if k not in a]:
+        key = f"{prefix}{k}"
+        if key in ignore:
+            continue
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            found = first_difference(va, vb, ignore, key + ".")
+            if found:
+                return found
+        elif va != vb:
+            return key, va, vb
+    return None
+
+
+def recorded_run_config(raw: Any) -> RunConfig:
+    """A recorded run config (a run directory's ``config.yaml``), read for its identity. An execution choice
+    the current code no longer knows (a withdrawn ``routing_impl`` name) is left out: it is not identity."""
+    if isinstance(raw, dict):
+        raw = copy.deepcopy(raw)
+        _drop(raw, "model.residual.routing_impl")
+    return run_config_from_dict(raw)
+
+
+def run_identity(cfg: RunConfig) -> dict:
+    """The ``run`` record of summary.json, provenance.json, the exported model's ``extra`` and eval results:
+    label, residual (its knobs, routing_impl left out), size, seed, data_seed, ``identity``, ``pairing``
+    and ``config`` (:func:`identity_config`, so a reader can name the first field two runs differ in)."""
+    ident = identity_config(cfg)
+    residual = {k: v for k, v in asdict(cfg.model.residual).items() if k != "routing_impl"}
+    # label: the workflow's variant label (meta.name); a hand-run config without a name: its variant
+    return {"label": cfg.meta.name if cfg.meta.name != "run" else cfg.variant, "residual": residual,
+            "size": cfg.size, "seed": cfg.seed, "data_seed": cfg.data_seed,
+            "identity": config_hash(ident, IDENTITY_LEN), "pairing": config_hash(pairing_config(ident), IDENTITY_LEN),
+            "config": ident}
+
+
+# Identity of records written before the one-identity design (identity_hash then also covered the model
+# preset, routing_impl, compile, cuda_graph, device, parallel and micro_batch): only to resume a training
+# checkpoint written under it. Nothing new is written with it.
+_LEGACY_IDENTITY_EXCLUDE = (
+    "meta.name", "meta.variant", "meta.size",
+    "train.log_every", "train.checkpoint_every", "train.save_model_every_checkpoint", "train.log_batch_hash",
+    "train.threads", "data.cache_dir", "data.data_dir",
+)
+
+
+def legacy_identity_hash(recorded: dict) -> str:
+    """The identity an older checkpoint recorded (``identity_hash`` of state files written before this design),
+    computed from the run directory's recorded ``config.yaml`` as that code did (its resolved config as written)."""
+    d = copy.deepcopy(recorded) if isinstance(recorded, dict) else {}
+    data = d.setdefault("data", {}) if isinstance(d.get("data", {}), dict) else {}
+    if data.get("seed") is None:
+        data["seed"] = (d.get("train") or {}).get("seed", 0)
+    for key in _LEGACY_IDENTITY_EXCLUDE:
+        _drop(d, key)
+    _omit_unset(d)
+    return config_hash(d, 16)
