@@ -19,6 +19,7 @@ from mhar.runs.checkpoint import CheckpointError, load_model
 from mhar.model.config import config_hash
 from mhar.data.shards import unigram_entropy
 from mhar.runs.config import load_run_config
+from mhar.runs.run_dir import RunFolder
 
 
 def _text_corpus(path: Path, n_words: int = 30000) -> Path:
@@ -390,7 +391,7 @@ def test_second_trainer_is_refused_and_dead_lock_is_taken_over(corpus, tmp_path,
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(T.dump_yaml(cfg_for(corpus, tmp_path / "cache", "train.steps=2").to_dict()))
     run = tmp_path / "run"
-    holder = T.RunDir(run)
+    holder = RunFolder(run)
     holder.acquire()  # another trainer holds the directory
     try:
         assert T.main([str(cfg_file), "--out", str(run)]) == 2
