@@ -19,7 +19,6 @@ so identical runs export byte-identical ``model.pt`` files.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any, Optional
 
 import torch
 
-from mhar.runs.atomic import _fsync_dir, _tmp_of, atomic_write_bytes, atomic_write_text  # noqa: F401 (re-exported)
+from mhar.runs.atomic import _fsync_dir, _tmp_of, atomic_write_text
 from mhar.model.config import ConfigError, model_config_from_dict, stored_routing_impl, to_dict
 
 FORMAT = "mhar-model-v1"
@@ -36,10 +35,6 @@ MODEL_FILE = "model.pt"
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, corrupt or of the wrong format."""
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 1) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=indent, default=str) + "\n")
 
 
 _TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")

@@ -34,16 +34,15 @@ import numpy as np
 import torch
 import yaml
 
-from mhar.runs.atomic import check_writable, os_error_line
-from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, atomic_write_bytes, atomic_write_json,
-                                  atomic_write_text, clean_stale_temps, load_error_brief, safe_torch_load, save_model,
-                                  sha256_path)
+from mhar.runs.atomic import (atomic_write_bytes, atomic_write_json, atomic_write_text, check_writable, os_error_line,
+                              read_json)
+from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, clean_stale_temps, load_error_brief,
+                                  safe_torch_load, save_model, sha256_path)
 from mhar.runs.config import (RunConfig, dump_yaml, identity_hash, legacy_identity_hash, recorded_run_config,
                               yaml_error_line, yaml_load)
 from mhar.runs.provenance import utc_now
 
-__all__ = ["RunFolder", "RunDirError", "MetricsLog", "Progress", "STATE_FORMAT", "rng_state", "set_rng_state",
-           "read_json"]
+__all__ = ["RunFolder", "RunDirError", "MetricsLog", "Progress", "STATE_FORMAT", "rng_state", "set_rng_state"]
 
 STATE_FORMAT = "mhar-train-state-v2"  # loadable with weights_only=True, sha256 beside it
 _STATE_RE = re.compile(r"^state-(?P<step>\d+)\.pt$")
@@ -84,15 +83,6 @@ def set_rng_state(st: dict) -> None:
     random.setstate(st["python"])
     if "cuda" in st and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(st["cuda"])
-
-
-def read_json(path: str | os.PathLike) -> Optional[dict]:
-    """A JSON record, or None when it is missing or unreadable (it is then rewritten)."""
-    try:
-        out = json.loads(Path(path).read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    return out if isinstance(out, dict) else None
 
 
 class MetricsLog:
@@ -229,7 +219,7 @@ class RunFolder:
                               "refusing to overwrite it. Choose another --out (the workflow's run paths "
                               "carry the run identity, so a changed definition gets its own directory).")
         if self.summary.is_file():
-            if read_json(self.summary) is not None:
+            if isinstance(read_json(self.summary), dict):
                 return "done"
             if not self.checkpoints():  # cut short by a non-atomic writer: rebuilt from the checkpoint
                 raise RunDirError(f"{self.summary} is unreadable and there is no checkpoint to rebuild it "
@@ -250,7 +240,7 @@ class RunFolder:
             atomic_write_text(self.config, dump_yaml(cfg.to_dict()))
         prov = dict(record, start_time=utc_now(), end_time=None, resumed_from_step=resumed_step)
         old = read_json(self.provenance) if resumed_step is not None else None
-        if old is not None:
+        if isinstance(old, dict):
             prov["start_time"] = old.get("start_time", prov["start_time"])
             prov["resumes"] = old.get("resumes", []) + [{"step": resumed_step, "time_utc": prov["time_utc"]}]
         atomic_write_json(self.provenance, prov)
@@ -267,7 +257,8 @@ class RunFolder:
         if not self.writer:
             return
         atomic_write_json(self.summary, summary)
-        prov = read_json(self.provenance) or {}
+        prov = read_json(self.provenance)
+        prov = prov if isinstance(prov, dict) else {}
         prov["end_time"] = utc_now()
         atomic_write_json(self.provenance, prov)
 
