@@ -173,13 +173,13 @@ def test_resume_after_crash_is_bitwise_identical(corpus, tmp_path, monkeypatch):
     assert read_metrics(tmp_path / "stop") == read_metrics(tmp_path / "ref")
 
 
-def test_a_run_resumes_under_other_execution_choices_and_from_older_checkpoints(corpus, tmp_path):
+def test_a_run_resumes_under_other_execution_choices(corpus, tmp_path):
     """routing_impl, compile, device and micro_batch are execution, not identity: a run started fused with compile
     on a GPU (its config.yaml says so) resumes eager on this CPU with another micro-batch and ends where the
-    uninterrupted run ends; a checkpoint that records the older identity (key identity_hash) resumes too; a
-    changed data seed is another run and is refused."""
+    uninterrupted run ends; a checkpoint of another identity is refused; a changed data seed is another run and is
+    refused. (Checkpoints that record the identity of earlier versions: tests/test_migrate_run_layout.py.)"""
     from mhar.runs.checkpoint import atomic_torch_save, safe_torch_load
-    from mhar.runs.config import dump_yaml, legacy_identity_hash, yaml_load
+    from mhar.runs.config import dump_yaml, yaml_load
 
     cfg = cfg_for(corpus, tmp_path / "cache", "model.residual.variant=mhar", "model.residual.heads=2", "train.steps=4")
     ref = T.train(cfg, tmp_path / "ref")
@@ -188,17 +188,13 @@ def test_a_run_resumes_under_other_execution_choices_and_from_older_checkpoints(
     rec = yaml_load((run / "config.yaml").read_text())
     rec["model"]["residual"]["routing_impl"], rec["train"]["compile"], rec["train"]["device"] = "fused", True, "cuda"
     (run / "config.yaml").write_text(dump_yaml(rec))
-    state = run / "checkpoint" / "state-00000002.pt"
-    blob = safe_torch_load(state)
-    blob["identity_hash"] = legacy_identity_hash(rec)  # as written before the one-identity design
-    del blob["identity"]
-    atomic_torch_save(blob, state)
+    blob = safe_torch_load(run / "checkpoint" / "state-00000002.pt")
     again = cfg_for(corpus, tmp_path / "cache", "model.residual.variant=mhar", "model.residual.heads=2",
                     "train.steps=4", "train.micro_batch=1", "train.compile=false")
     out = T.train(again, run)
     assert out["steps"] == 4 and out["identity"] == ref["identity"] == T.identity_hash(cfg)
     assert out["tail_mean_val_loss"] == pytest.approx(ref["tail_mean_val_loss"], rel=1e-5)
-    blob["identity_hash"] = "0" * 16  # an older checkpoint of another config: refused
+    blob["identity"] = "0" * 16  # a checkpoint of another config: refused
     T.train(cfg, tmp_path / "run2", stop_after=2)
     (tmp_path / "run2" / "checkpoint" / "state-00000002.pt").unlink()
     atomic_torch_save(blob, tmp_path / "run2" / "checkpoint" / "state-00000002.pt")

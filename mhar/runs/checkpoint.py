@@ -267,7 +267,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
         if "Unsupported global" in str(e):  # pickled Python objects: a training state, not an export
             raise CheckpointError(
                 f"{path} is not an exported {FORMAT} model (it holds more than tensors, e.g. a training state "
-                f"such as RUN_DIR/checkpoint/state.pt); pass RUN_DIR/{MODEL_FILE} instead"
+                f"such as RUN_DIR/checkpoint/state-<step>.pt); pass RUN_DIR/{MODEL_FILE} instead"
             ) from e
         raise CheckpointError(
             f"checkpoint {path} is unreadable or corrupt ({load_error_brief(e)}); "
@@ -288,7 +288,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", rout
     blob = read_checkpoint(path)
     cfg_d = dict(blob["model_config"])
     res_d = dict(cfg_d.get("residual") or {})
-    if "routing_impl" in res_d:  # an execution choice: a legacy fused name loads as fused
+    if "routing_impl" in res_d:  # an execution choice: mapped to a name this code runs
         res_d["routing_impl"] = stored_routing_impl(res_d["routing_impl"])
     if routing_impl is not None:
         res_d["routing_impl"] = routing_impl

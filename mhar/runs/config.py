@@ -41,7 +41,7 @@ from mhar.model.config import ConfigError, ModelConfig, config_hash, from_dict, 
 __all__ = [
     "MetaConfig", "DataConfig", "TrainConfig", "RunConfig", "load_run_config", "run_config_from_dict",
     "parse_overrides", "apply_overrides", "identity_config", "identity_hash", "pairing_config", "pairing_hash",
-    "first_difference", "recorded_run_config", "run_identity", "legacy_identity_hash", "IDENTITY_EXCLUDE",
+    "first_difference", "recorded_run_config", "run_identity", "IDENTITY_EXCLUDE",
     "PAIRING_VARIES", "IDENTITY_LEN", "PATH_ID_LEN", "yaml_load", "yaml_error_line", "dump_yaml",
 ]
 
@@ -401,8 +401,8 @@ def first_difference(a: Any, b: Any, ignore: Sequence[str] = (), prefix: str = "
 
 
 def recorded_run_config(raw: Any) -> RunConfig:
-    """A recorded run config (a run directory's ``config.yaml``), read for its identity. An execution choice
-    the current code no longer knows (a withdrawn ``routing_impl`` name) is left out: it is not identity."""
+    """A recorded run config (a run directory's ``config.yaml``), read for its identity. ``routing_impl`` is
+    left out: an execution choice, not identity, and a name this code does not know must not stop the read."""
     if isinstance(raw, dict):
         raw = copy.deepcopy(raw)
         _drop(raw, "model.residual.routing_impl")
@@ -420,26 +420,3 @@ def run_identity(cfg: RunConfig) -> dict:
             "size": cfg.size, "seed": cfg.seed, "data_seed": cfg.data_seed,
             "identity": config_hash(ident, IDENTITY_LEN), "pairing": config_hash(pairing_config(ident), IDENTITY_LEN),
             "config": ident}
-
-
-# Identity of records written before the one-identity design (identity_hash then also covered the model
-# preset, routing_impl, compile, cuda_graph, device, parallel and micro_batch): only to resume a training
-# checkpoint written under it. Nothing new is written with it.
-_LEGACY_IDENTITY_EXCLUDE = (
-    "meta.name", "meta.variant", "meta.size",
-    "train.log_every", "train.checkpoint_every", "train.save_model_every_checkpoint", "train.log_batch_hash",
-    "train.threads", "data.cache_dir", "data.data_dir",
-)
-
-
-def legacy_identity_hash(recorded: dict) -> str:
-    """The identity an older checkpoint recorded (``identity_hash`` of state files written before this design),
-    computed from the run directory's recorded ``config.yaml`` as that code did (its resolved config as written)."""
-    d = copy.deepcopy(recorded) if isinstance(recorded, dict) else {}
-    data = d.setdefault("data", {}) if isinstance(d.get("data", {}), dict) else {}
-    if data.get("seed") is None:
-        data["seed"] = (d.get("train") or {}).get("seed", 0)
-    for key in _LEGACY_IDENTITY_EXCLUDE:
-        _drop(d, key)
-    _omit_unset(d)
-    return config_hash(d, 16)

@@ -38,8 +38,7 @@ from mhar.runs.atomic import (atomic_write_bytes, atomic_write_json, atomic_writ
                               read_json)
 from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, clean_stale_temps, load_error_brief,
                                   safe_torch_load, save_model, sha256_path)
-from mhar.runs.config import (RunConfig, dump_yaml, identity_hash, legacy_identity_hash, recorded_run_config,
-                              yaml_error_line, yaml_load)
+from mhar.runs.config import RunConfig, dump_yaml, identity_hash, recorded_run_config, yaml_error_line, yaml_load
 from mhar.runs.provenance import utc_now
 
 __all__ = ["RunFolder", "RunDirError", "MetricsLog", "Progress", "STATE_FORMAT", "rng_state", "set_rng_state"]
@@ -286,8 +285,8 @@ class RunFolder:
     def state_file(self, step: int) -> Path:
         return self.checkpoint_dir / f"state-{step:08d}.pt"
 
-    def checkpoints(self) -> list[tuple[Optional[int], Path]]:
-        """Training states on disk, newest first: ``state-<step>.pt``, then a ``state.pt`` of older versions."""
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """Training states on disk (``state-<step>.pt``), newest first."""
         if not self.checkpoint_dir.is_dir():
             return []
         found = []
@@ -295,9 +294,7 @@ class RunFolder:
             m = _STATE_RE.match(p.name)
             if m and p.is_file():
                 found.append((int(m["step"]), p))
-        found.sort(key=lambda sp: -sp[0])
-        legacy = self.checkpoint_dir / "state.pt"
-        return found + ([(None, legacy)] if legacy.is_file() else [])
+        return sorted(found, key=lambda sp: -sp[0])
 
     def save_state(self, cfg: RunConfig, prog: Progress, state: dict) -> None:
         """Write ``checkpoint/state-<step>.pt`` (+ ``.sha256``, :func:`mhar.runs.checkpoint.atomic_torch_save`):
@@ -324,7 +321,7 @@ class RunFolder:
             if not side.with_name(side.name[: -len(".sha256")]).exists():
                 side.unlink(missing_ok=True)
 
-    def _load_state_file(self, path: Path, cfg: RunConfig, legacy: Optional[str] = None) -> dict:
+    def _load_state_file(self, path: Path, cfg: RunConfig) -> dict:
         """One training state, checksum-verified and loaded without unpickling objects (CheckpointError why not)."""
         try:
             blob = safe_torch_load(path)
@@ -335,8 +332,7 @@ class RunFolder:
                                   f"({load_error_brief(e)})") from None
         if not isinstance(blob, dict) or blob.get("format") != STATE_FORMAT:
             raise CheckpointError(f"{path} is not a {STATE_FORMAT} file")
-        # "identity_hash": mhar.runs.config.legacy_identity_hash
-        if not (blob.get("identity") == identity_hash(cfg) or (legacy and blob.get("identity_hash") == legacy)):
+        if blob.get("identity") != identity_hash(cfg):
             raise CheckpointError(f"{path} was written by a different config")
         return blob
 
@@ -346,13 +342,9 @@ class RunFolder:
         when none is valid. The writer removes states older than the one taken (a kill between a new checkpoint
         and the removal of its predecessor left both)."""
         bad: list[tuple[Path, str]] = []
-        try:
-            legacy = legacy_identity_hash(yaml_load(self.config.read_text()))
-        except Exception:
-            legacy = None
         for _, path in self.checkpoints():
             try:
-                blob = self._load_state_file(path, cfg, legacy)
+                blob = self._load_state_file(path, cfg)
             except CheckpointError as e:
                 bad.append((path, str(e)))
                 continue
