@@ -94,6 +94,7 @@ def test_same_seed_gives_identical_metrics_and_files(corpus, tmp_path):
                 "final_val_loss", "val_losses", "wall_s", "flops", "params", "tokens_per_s", "peak_mem_gb"):
         assert key in s1
     assert s1["tokens"] == 6 * 4 * 32 and m1[-1]["flops"] == s1["flops"]
+    assert s1["variant"] == "baseline" and s1["display"] == {"display": "baseline", "order": 0, "shows_heads": False}
     prov = json.loads((tmp_path / "a" / "provenance.json").read_text())
     assert prov["config"]["train"]["lr"] == 3e-3 and prov["git"]["commit"] and prov["end_time"]
     model, _, blob = load_model(tmp_path / "a" / "model.pt")
@@ -194,6 +195,7 @@ def test_a_run_resumes_under_other_execution_choices(corpus, tmp_path):
     out = T.train(again, run)
     assert out["steps"] == 4 and out["identity"] == ref["identity"] == T.identity_hash(cfg)
     assert out["tail_mean_val_loss"] == pytest.approx(ref["tail_mean_val_loss"], rel=1e-5)
+    assert out["display"] == ref["display"] == {"display": "MHAR", "order": 4, "shows_heads": True}
     blob["identity"] = "0" * 16  # a checkpoint of another config: refused
     T.train(cfg, tmp_path / "run2", stop_after=2)
     (tmp_path / "run2" / "checkpoint" / "state-00000002.pt").unlink()

@@ -43,6 +43,7 @@ from torch import nn
 from mhar.data.shards import DataError, TrainData, load_data
 from mhar.env import use_compile_cache
 from mhar.model.config import ConfigError
+from mhar.model.residuals import display_record
 from mhar.model.routing import check_kernel_env, routing_info
 from mhar.model.transformer import Transformer
 from mhar.runs.atomic import os_error_line
@@ -388,6 +389,7 @@ def _summary(run: _Run) -> dict:
         "val_losses": prog.val_losses, "wall_s": round(prog.wall_s, 3), "flops": prog.flops,
         "params": run.raw.num_params(), "tokens_per_s": prog.tokens / max(prog.train_s, 1e-9),
         "peak_mem_gb": round(_peak_mem_gb(run.env.device), 3), "run": run_identity(cfg),
+        "display": display_record(cfg.variant),  # how tables show the variant (its Residual class's attributes)
         **run.speed.summary(run.plan), "startup": run.startup.record,
     }
 
