@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import add_out_args, command_line, existing_rows, write_csv
-from mhar.data.shards import _available_cores, _corpus_chars, build_shards, resolve_corpus, resolve_data_dir
+from mhar.data.corpus import resolve_corpus, resolve_data_dir
+from mhar.data.shards import _available_cores, _corpus_chars, build_shards
 from mhar.runs.provenance import git_info, hardware_info, package_versions
 from mhar.runs.config import DataConfig
 

@@ -167,7 +167,7 @@ def _rows(run_dir):
 
 
 def test_arms_see_identical_batches_and_start_identical(tmp_path):
-    from mhar.data.shards import load_data
+    from mhar.data.batches import load_data
     from mhar.runs.config import run_config_from_dict
 
     cfgs = _arm_configs(tmp_path)

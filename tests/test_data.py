@@ -11,8 +11,9 @@ import pytest
 import scipy.stats
 import torch
 
-from mhar.data.shards import (BatchOrder, DataError, PackedTokens, TrainData, build_shards, resolve_corpus,
-                       unigram_entropy)
+from mhar.data.batches import BatchOrder, PackedTokens, TrainData, unigram_entropy
+from mhar.data.corpus import DataError, resolve_corpus
+from mhar.data.shards import build_shards
 from mhar.runs.config import DataConfig
 
 DATA_DIR = os.environ.get("MHAR_DATA_DIR")
@@ -199,24 +200,6 @@ def test_unreadable_corpora_give_one_line_errors(tmp_path):
     assert not [p for p in Path(cache).glob(".*") if p.is_dir()]  # failed builds leave no partial build
 
 
-def test_killed_cache_build_is_cleaned_at_next_start(tmp_path):
-    import subprocess
-
-    cache = tmp_path / "c"
-    cache.mkdir()
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    stale = cache / f".x-byte-0123.tmp-{dead.pid}-abc"
-    stale.mkdir()
-    (stale / "train.bin").write_bytes(b"\0" * 100)
-    live = cache / f".y-byte-0123.tmp-{os.getpid()}-abc"  # a build in progress (this process) stays
-    live.mkdir()
-    f = tmp_path / "t.txt"
-    f.write_text("some text\n" * 200)
-    build_shards(DataConfig(corpus=str(f), cache_dir=str(cache), seq_len=16), 257, lambda m: None)
-    assert not stale.exists() and live.exists()
-
-
 # --- parallel, deterministic, resumable tokenization -------------------------------------------------
 def _long_text(seed: int, n_lines: int) -> str:
     """Hard-wrapped prose with the whitespace a tokenizer is picky about: blank lines, trailing and
@@ -261,7 +244,8 @@ def _train_bpe(tmp_path: Path, texts: list[str], name: str, pre=None, normalizer
 
 def _reference_streams(cfg: DataConfig) -> dict:
     """The shards' definition: every document of the split stream encoded whole (``_encode``), in order."""
-    from mhar.data.shards import _encode, _token_dtype, split_stream
+    from mhar.data.corpus import split_stream
+    from mhar.data.shards import _encode, _token_dtype
     from mhar.data.tokenizer import get_tokenizer
 
     tok = get_tokenizer(cfg.tokenizer)

@@ -135,7 +135,7 @@ def test_pilot_sh_prepares_the_carried_data(tmp_path):
                          env={**os.environ, "MHAR_DATA_DIR": DATA}, timeout=120)
     assert res.returncode == 0, res.stderr
     data = repo / ".gpudata" / "data"
-    from mhar.data.shards import resolve_corpus
+    from mhar.data.corpus import resolve_corpus
     from mhar.data.tokenizer import get_tokenizer
 
     assert resolve_corpus("nltk_gutenberg", data).n_docs == 15

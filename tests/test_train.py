@@ -17,7 +17,7 @@ import mhar.training.step as S
 import mhar.training.train as T
 from mhar.runs.checkpoint import CheckpointError, load_model
 from mhar.model.config import config_hash
-from mhar.data.shards import unigram_entropy
+from mhar.data.batches import unigram_entropy
 from mhar.runs.config import load_run_config
 from mhar.runs.run_dir import RunFolder
 

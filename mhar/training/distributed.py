@@ -101,7 +101,7 @@ def all_reduce_mean(t: Tensor, env: DistEnv) -> Tensor:
 def gather_batches(batches: list[tuple[Tensor, Tensor]], env: DistEnv) -> list[tuple[Tensor, Tensor]]:
     """Every rank's micro-batches of one step, in rank order (CPU tensors); a collective call.
 
-    Ranks hold contiguous, equal shares of the global batch (``mhar.data.shards.BatchOrder``), so the
+    Ranks hold contiguous, equal shares of the global batch (``mhar.data.batches.BatchOrder``), so the
     result is the step's micro-batches exactly as one process with the same ``micro_batch`` sees
     them: a digest of it is comparable across world sizes. One process: ``batches`` unchanged.
     """

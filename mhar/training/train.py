@@ -3,7 +3,7 @@
 AdamW (b1 0.9, b2 0.95, eps 1e-8, wd 0.1 on all parameters), linear warmup then cosine to
 ``min_lr_ratio * lr``, global-norm clipping, bf16 autocast on GPU / fp32 on CPU, gradient
 accumulation up to the global batch, DDP or FSDP2 under ``torchrun``. The data order depends only
-on the data seed and data config (``mhar.data.shards.BatchOrder``), so variants with one seed are paired.
+on the data seed and data config (``mhar.data.batches.BatchOrder``), so variants with one seed are paired.
 
 Continued-pretraining options (``train.init_from``, ``decay_filter``, ``z_loss``, ``ema_decay``,
 ``log_batch_hash``; helpers in ``mhar.training.optim``) start from an exported model with a fresh
@@ -40,7 +40,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from mhar.data.shards import DataError, TrainData, load_data
+from mhar.data.batches import TrainData, load_data
+from mhar.data.corpus import DataError
 from mhar.env import use_compile_cache
 from mhar.model.config import ConfigError
 from mhar.model.residuals import display_record

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mhar.data.shards import TrainData
+from mhar.data.batches import TrainData
 from mhar.runs.config import RunConfig
 from mhar.training.distributed import DistEnv, all_reduce_sum, even_batches
 from mhar.training.step import autocast_for, micro_forward
