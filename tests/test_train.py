@@ -15,6 +15,8 @@ import torch
 
 import mhar.training.step as S
 import mhar.training.train as T
+from mhar.training.optim import lr_at
+from mhar.training.step import flops_per_token
 from mhar.runs.checkpoint import CheckpointError, load_model
 from mhar.model.config import config_hash
 from mhar.data.batches import unigram_entropy
@@ -58,7 +60,7 @@ def read_metrics(run: Path, drop=("wall_s", "step_ms", "tok_s", "mfu")) -> list[
 # --- schedule and FLOPs --------------------------------------------------------------------------------
 def test_lr_schedule_warmup_then_cosine_to_min(corpus, tmp_path):
     cfg = cfg_for(corpus, tmp_path, "train.steps=101", "train.warmup_steps=10", "train.lr=1.0", "train.min_lr_ratio=0.1")
-    lrs = np.array([T.lr_at(s, cfg) for s in range(101)])
+    lrs = np.array([lr_at(s, cfg) for s in range(101)])
     np.testing.assert_allclose(lrs[:10], np.arange(1, 11) / 10)  # linear warmup reaching the peak
     assert lrs[100] == pytest.approx(0.1)  # last update at min_lr_ratio * peak
     assert lrs[55] == pytest.approx(0.55)  # cosine midpoint: (1 + 0.1) / 2
@@ -76,7 +78,7 @@ def test_flops_per_token_matches_linear_layer_count():
     mat = {id(mod.weight) for mod in m.modules() if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding))}
     other = sum(p.numel() for p in m.parameters() if id(p) not in mat)  # norms, routing queries/key norms
     assert other > 0
-    assert abs(T.flops_per_token(m, T_) - expect) <= 6 * other
+    assert abs(flops_per_token(m, T_) - expect) <= 6 * other
 
 
 # --- determinism and pairing ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Optimisation pieces of the trainer (``mhar.train``), one per run-config option.
+"""Optimisation pieces of the trainer (``mhar.train``): the learning-rate schedule (:func:`lr_at`: linear warmup,
+then cosine to ``train.min_lr_ratio * train.lr``) and one piece per run-config option:
 
 ``param_groups`` (train.decay_filter), ``z_loss`` (train.z_loss), ``EMA`` (train.ema_decay),
 ``batch_digest`` (train.log_batch_hash) and ``load_init_weights`` (train.init_from: warm start from
@@ -8,6 +9,7 @@ an exported model). Their defaults leave from-scratch training unchanged; contin
 from __future__ import annotations
 
 import hashlib
+import math
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -17,11 +19,23 @@ from torch import Tensor, nn
 
 from mhar.runs.checkpoint import CheckpointError, load_error_brief
 from mhar.model.config import ConfigError
+from mhar.runs.config import RunConfig
 from mhar.model.transformer import Transformer
 
-__all__ = ["DECAY_FILTERS", "param_groups", "z_loss", "batch_digest", "EMA", "load_init_weights"]
+__all__ = ["lr_at", "DECAY_FILTERS", "param_groups", "z_loss", "batch_digest", "EMA", "load_init_weights"]
 
 DECAY_FILTERS = ("all", "matrices")
+
+
+def lr_at(step: int, cfg: RunConfig) -> float:
+    """LR for optimizer update ``step`` (0-based) of run config ``cfg``: linear warmup, then cosine to
+    min_lr_ratio * lr."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    span = max(1, t.steps - t.warmup_steps - 1)
+    progress = min(1.0, (step - t.warmup_steps) / span)
+    return t.lr * (t.min_lr_ratio + (1.0 - t.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_filter: str = "all") -> list[dict]:

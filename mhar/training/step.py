@@ -20,8 +20,13 @@ clipping, AdamW. How it runs is decided once by :func:`plan_step` from the run c
 * **precision**: bf16 autocast on CUDA (``train.dtype: auto|bf16``), fp32 master weights; TF32 matmuls for
   the few fp32 products; fused AdamW on CUDA; SDPA picks the flash kernel for bf16 causal attention.
 
-CPU runs take the eager path (no compile, no graph) and give the same numbers as before this module existed.
-The step returns the mean loss and the gradient norm as Python floats (one device sync per step).
+CPU runs take the eager path (no compile, no graph). The step returns the mean loss and the gradient norm as
+Python floats (one device sync per step).
+
+FLOPs (cumulative, training only; PaLM appendix B convention, no causal-mask discount):
+``flops/token = 6 * N + 12 * n_layers * n_heads * head_dim * seq_len`` where ``N`` counts every
+matmul parameter: all parameters except the input embedding table, plus the output projection
+``d_model * vocab`` when it is tied to the embedding. Routing, norms and elementwise ops are left out.
 """
 from __future__ import annotations
 
@@ -265,6 +270,15 @@ class TrainStep:
         self._graph.replay()
         vals = torch.stack([self._out[0].float(), self._out[1].float()]).tolist()
         return StepResult(vals[0], vals[1])
+
+
+def flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """Training FLOPs per token of a ``Transformer`` (see the module docstring for the formula)."""
+    c = model.cfg
+    n = model.num_params(exclude_embedding=True)
+    if c.tie_embeddings:
+        n += c.d_model * c.vocab_size
+    return 6.0 * n + 12.0 * c.n_layers * c.n_heads * c.resolved_head_dim * seq_len
 
 
 class Throughput:

@@ -16,10 +16,6 @@ The run folder (lock, status, records, metrics log, checkpoints, model export) i
 validation loss or weight stops the run with :class:`TrainingDiverged`, records it in
 ``diverged.json`` and leaves the last good checkpoint in place.
 
-FLOPs (cumulative, training only; PaLM appendix B convention, no causal-mask discount):
-``flops/token = 6 * N + 12 * n_layers * n_heads * head_dim * seq_len`` where ``N`` counts every
-matmul parameter: all parameters except the input embedding table, plus the output projection
-``d_model * vocab`` when it is tied to the embedding. Routing, norms and elementwise ops are left out.
 """
 from __future__ import annotations
 
@@ -55,36 +51,16 @@ from mhar.runs.run_dir import STATE_FORMAT, MetricsLog, Progress, RunDirError, R
 from mhar.training.distributed import (DistEnv, all_reduce_mean, barrier, cuda_missing, full_model_state, full_state,
                                        gather_batches, init_distributed, load_full_state, no_grad_sync, shutdown,
                                        wrap_model)
-from mhar.training.optim import EMA, batch_digest, load_init_weights, param_groups
+from mhar.training.optim import EMA, batch_digest, load_init_weights, lr_at, param_groups
 from mhar.training.progress import Progressbar, Startup
-from mhar.training.step import StepPlan, Throughput, TrainStep, build_optimizer, peak_flops, plan_step
+from mhar.training.step import StepPlan, Throughput, TrainStep, build_optimizer, flops_per_token, peak_flops, plan_step
 from mhar.training.validation import evaluate, weights_finite
 
-__all__ = ["train", "main", "lr_at", "flops_per_token", "TrainingDiverged", "RunDirError", "STATE_FORMAT"]
+__all__ = ["train", "main", "TrainingDiverged", "RunDirError", "STATE_FORMAT"]
 
 
 class TrainingDiverged(RuntimeError):
     """Loss, gradient norm, validation loss or weights became NaN/inf."""
-
-
-# --- small pure pieces ----------------------------------------------------------------------------
-def lr_at(step: int, cfg: RunConfig) -> float:
-    """LR for optimizer update ``step`` (0-based): linear warmup, then cosine to min_lr_ratio * lr."""
-    t = cfg.train
-    if step < t.warmup_steps:
-        return t.lr * (step + 1) / t.warmup_steps
-    span = max(1, t.steps - t.warmup_steps - 1)
-    progress = min(1.0, (step - t.warmup_steps) / span)
-    return t.lr * (t.min_lr_ratio + (1.0 - t.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
-
-
-def flops_per_token(model: Transformer, seq_len: int) -> float:
-    """Training FLOPs per token (see module docstring for the formula)."""
-    c = model.cfg
-    n = model.num_params(exclude_embedding=True)
-    if c.tie_embeddings:
-        n += c.d_model * c.vocab_size
-    return 6.0 * n + 12.0 * c.n_layers * c.n_heads * c.resolved_head_dim * seq_len
 
 
 def _peak_mem_gb(device: torch.device) -> float:
