@@ -15,7 +15,6 @@ The run folder (lock, status, records, metrics log, checkpoints, model export) i
 :class:`mhar.runs.run_dir.RunFolder`; this module is the loop and the CLI. A non-finite loss,
 validation loss or weight stops the run with :class:`TrainingDiverged`, records it in
 ``diverged.json`` and leaves the last good checkpoint in place.
-
 """
 from __future__ import annotations
 
