@@ -27,7 +27,9 @@ from typing import Any, Optional
 import torch
 
 from mhar.runs.atomic import _fsync_dir, _tmp_of, atomic_write_text
+from mhar.data.tokenizer import get_tokenizer
 from mhar.model.config import ConfigError, model_config_from_dict, stored_routing_impl, to_dict
+from mhar.model.transformer import Transformer
 
 FORMAT = "mhar-model-v1"
 MODEL_FILE = "model.pt"
@@ -282,9 +284,6 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", routing_impl: Optional[str] = None):
     """Return ``(model, tokenizer, blob)``; ``routing_impl`` overrides the saved one (e.g. eager on CPU)."""
-    from mhar.model.transformer import Transformer
-    from mhar.data.tokenizer import get_tokenizer
-
     blob = read_checkpoint(path)
     cfg_d = dict(blob["model_config"])
     res_d = dict(cfg_d.get("residual") or {})

@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from mhar.model.config import config_hash
+
 __all__ = ["collect_provenance", "routing_env", "routing_pdl", "git_info", "package_versions", "hardware_info", "utc_now"]
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +118,7 @@ def hardware_info() -> dict:
 def routing_env() -> Optional[dict]:
     """The fused routing kernels' ``MHAR_ROUTING_*`` settings of this process (``mhar.model.routing.kernel_env``): they
     change a run's speed (autotuning, launch mode), not its results. None if it cannot be determined."""
-    try:
+    try:  # torch and the kernels load only here: this module stays importable without them
         from mhar.model.routing import kernel_env
 
         return kernel_env()
@@ -128,7 +130,7 @@ def routing_pdl() -> Optional[bool]:
     """Whether the fused routing kernels launch with programmatic dependent launch on this process's CUDA device
     (``mhar.model.routing._kernels.pdl_enabled``: on by default on sm_90+, ``MHAR_ROUTING_PDL=0`` off); False without
     CUDA; None if it cannot be determined (no Triton, an invalid setting)."""
-    try:
+    try:  # torch and the kernels load only here: this module stays importable without them
         import torch
 
         if not torch.cuda.is_available():
@@ -154,8 +156,6 @@ def collect_provenance(config: Optional[dict] = None) -> dict:
         "routing_pdl": routing_pdl(),
     }
     if config is not None:
-        from mhar.model.config import config_hash
-
         prov["config"] = config
         prov["config_hash"] = config_hash(config)
     return prov

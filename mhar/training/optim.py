@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from mhar.runs.checkpoint import CheckpointError, load_error_brief
+from mhar.runs.checkpoint import FORMAT, CheckpointError, load_error_brief, verify_sha256
 from mhar.model.config import ConfigError
 from mhar.runs.config import RunConfig
 from mhar.model.transformer import Transformer
@@ -131,8 +131,6 @@ def load_init_weights(model: Transformer, path: str | Path) -> dict:
     Returns the checkpoint's ``extra`` dict (e.g. the conversion report). Raises ConfigError
     naming every model field that differs, so a CPT run never silently trains another shape.
     """
-    from mhar.runs.checkpoint import FORMAT, verify_sha256
-
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"train.init_from={path}: no such file; convert the base first (python -m mhar.cpt "
