@@ -1,7 +1,10 @@
-# Released checkpoints as downstream arms (config `released:`): each is imported once (python -m mhar import-hf:
-# stock Qwen3 / Llama, our exports, the authors' Qwen3-AttnRes) into results/released/<label>/model.pt, with a
-# run block {label, residual, size, seed 0, pairing "released-<group>"}, then evaluated per task like a run;
-# the downstream table pairs each arm with the baseline arm of its size label and group (same questions).
+# Released checkpoints as downstream arms (config `released:`, e.g. config/released.yaml): each is imported once
+# (python -m mhar import-hf: stock Qwen3 / Llama, our exports, the authors' checkpoints) into
+# results/released/<label>/model.pt, its source pinned (hub: the commit read; local folder: its content hash) in
+# the run block {label, residual, size, seed 0, pairing "released-<group>", source} and provenance.json, then
+# evaluated per task like a run. The downstream table pairs each arm with the baseline arm of its size label and
+# group (same questions); reproduce_released writes <reports>/released.{md,csv,tex} (eval/released.py): each arm
+# beside the numbers its authors published (released.<label>.published names the source), and the paired tests.
 
 RELEASED = {
     label: {
@@ -9,12 +12,46 @@ RELEASED = {
         "group": "released",
         "tokenizer": None,
         "revision": None,
+        "published": None,
         **arm,
     }
     for label, arm in (config.get("released") or {}).items()
 }
+
+
+def check_released_arms(arms):
+    """Stop with one `error:` line (nothing runs) when an arm's `hf:` is a local path that is not a model folder,
+    or its `published:` choice names no row of eval/published_released.csv."""
+    for label, arm in arms.items():
+        hf = Path(str(arm["hf"])).expanduser()
+        if str(arm["hf"]).startswith(("/", ".", "~")) and not (hf / "config.json").is_file():
+            what = "does not exist" if not hf.exists() else "has no config.json (not a Hugging Face model folder)"
+            print(
+                f"error: released.{label}.hf: local path {arm['hf']!r} {what}; give a Hugging Face model "
+                "folder or a hub name org/name",
+                file=sys.stderr,
+            )
+            sys.exit(1)
+    # (without the analysis packages where Snakemake runs, the table job checks the choices)
+    try:
+        from eval.released import check_choices
+        from eval.results_io import AnalysisInputError
+    except ImportError as err:
+        logger.warning(f"released.*.published not checked here ({err})")
+        return
+    try:
+        check_choices(arms)
+    except AnalysisInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+check_released_arms(RELEASED)
 RELEASED_MODEL = f"{RESULTS}/released/{{label}}/model.pt"
 RELEASED_EVAL = f"{RESULTS}/eval/released/{{label}}/{{ehash}}/{{task}}"
+RELEASED_EVAL_DIRS = [
+    str(Path(RELEASED_EVAL).parent).format(label=label, ehash=EHASH) for label in RELEASED
+]
 RELEASED_RESULTS = [
     f"{RELEASED_EVAL}/results.json".format(label=label, ehash=EHASH, task=task)
     for label in RELEASED
@@ -66,3 +103,32 @@ rule evaluate_released:
         tasks_dir=TASKS_DIR,
     script:
         "../scripts/evaluate.py"
+
+
+rule table_released:
+    input:
+        results=RELEASED_RESULTS,
+    output:
+        table_report("released"),
+    log:
+        f"{LOGS}/reports/released.log",
+    benchmark:
+        f"{BENCHMARKS}/reports/released.tsv"
+    conda:
+        "../envs/analysis.yaml"
+    params:
+        arms={label: {"published": arm["published"]} for label, arm in RELEASED.items()},
+        eval_dirs=RELEASED_EVAL_DIRS,
+        resamples=config["stats"]["resamples"],
+    script:
+        "../scripts/released_table.py"
+
+
+def reproduce_released_inputs(wildcards):
+    """The released-models table, or a clear error when this config has no released arms."""
+    if not RELEASED:
+        raise WorkflowError(
+            "reproduce_released: this config has no `released:` arms; add them, e.g. "
+            "--configfile config/released.yaml (the authors' released checkpoints)"
+        )
+    return table_files("released")
