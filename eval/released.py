@@ -131,8 +131,8 @@ def _checkpoint(results: dict) -> str:
     src = (results.get("run") or {}).get("source") or {}
     if src.get("kind") == "hub":
         return f"{src.get('repo')}@{str(src.get('commit'))[:12]}"
-    if src.get("kind") == "local":
-        return f"local {src.get('folder')} (content {str(src.get('content_sha256'))[:12]})"
+    if src.get("kind") == "local":  # the full path is in the run block and provenance.json
+        return f"local {Path(str(src.get('folder'))).name} (content {str(src.get('content_sha256'))[:12]})"
     return "-"
 
 
@@ -229,16 +229,15 @@ def released_table(eval_dirs: Sequence[str | Path], arms: Optional[dict] = None,
             Column("test", lambda r: r["test"] or "-"), Column("p", lambda r: f_p(r["p"])),
             Column("p (Holm)", lambda r: f_p(r["p_holm"])), Column("verdict", lambda r: r["verdict"] or "-")]
     subsets = sorted({str(r["subset"]) for r in rows if r.get("subset")})
-    notes = ["Published numbers by source (id: repository, file @ commit, section):"] + [
-        f"  {s}: {where}" for s, where in sorted(used)]
+    ours = ", ".join(sorted({f"{r['task']} {r['metric']}" for r in rows}))
+    notes = [f"Source {s}: {where}." for s, where in sorted(used)]
     notes += [
         "Sources disagree where 'other sources' says 'differs' (another number for the same model) or 'gives X to' "
         "(the same number attributed to another model); the published column quotes the source the config names "
         "(released.<arm>.published).",
         "Their evaluation protocol is not stated (document subset, WikiText-2 perplexity definition, LAMBADA "
-        "variant): ours is lm-eval's wikitext word_perplexity, lambada_openai acc and hellaswag acc on "
-        f"{', '.join(subsets) or 'the configured subset'} of each task, so ours - published may be protocol, "
-        "not model. Accuracies are fractions.",
+        f"variant): ours is lm-eval's {ours or '-'} on {', '.join(subsets) or 'the configured subset'} of each "
+        "task, so ours - published may be protocol, not model. Accuracies are fractions.",
         "Δ = arm - the baseline arm of its size, paired by document; the column 'test' names the test whose p is "
         "printed; p (Holm) adjusts across this table's comparison rows. A released checkpoint is one trained "
         f"model: the verdict says whether these two models differ ('{vd.MODELS_DIFFER}' / '{vd.NO_DIFFERENCE}'), "

@@ -28,10 +28,11 @@ try:
 except (HubUnreachable, NotACheckpoint) as e:
     hint = ""
     if isinstance(e, HubUnreachable):
-        hint = (f"; to use a local copy, download it where the hub is reachable (huggingface-cli download {e.repo} "
+        hint = (f"; to use a local copy, download it where the hub is reachable (hf download {e.repo} "
                 f"--local-dir DIR), then set `released: {{{label}: {{hf: /absolute/DIR}}}}` in your overlay")
     msg = f"error: released arm {label!r}: {e}{hint}"
-    log.error(msg)
+    with open(sm.log[0], "a") as f:  # the log and the terminal each get the one line (no logging prefix)
+        f.write(msg + "\n")
     print(msg, file=sys.stderr)
     sys.exit(1)
 log.info("source of %s: %s", label, src.describe())
