@@ -135,6 +135,12 @@ def test_cpt_target_without_cpt_block_says_what_to_add(config_name, tmp_path):
     assert CPT_OVERLAY[config_name] in res.stdout + res.stderr
 
 
+def test_released_target_without_released_arms_says_what_to_add(tmp_path):
+    res = snakemake(["reproduce_released", "-n", *configfiles("config/ci.yaml")], tmp_path)
+    assert res.returncode != 0
+    assert "config/released.yaml" in res.stdout + res.stderr
+
+
 def test_invalid_config_names_the_field(tmp_path):
     cfg = load("config/ci.yaml")
     cfg["seeds"] = [0, "one"]
