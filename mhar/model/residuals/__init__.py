@@ -92,11 +92,15 @@ def build_residual(cfg: ModelConfig) -> Residual:
     return cls(cfg)
 
 
-# Built-in variants: every module of this package registers its own classes when imported.
-for _info in pkgutil.iter_modules(__path__):
-    if not _info.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_info.name}")
-del _info
+# Built-in variants: every module of this package registers its own classes when imported. (A Hugging Face
+# export ships a flat copy of this file, which is not a package: there the export imports the variant modules.)
+def _import_variant_modules(path: list[str]) -> None:
+    for info in pkgutil.iter_modules(path):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+_import_variant_modules(globals().get("__path__", []))
 
 __all__ = ["Residual", "RESIDUALS", "register", "variant_names", "routed_variants", "residual_class",
            "import_variant_module", "build_residual"]
