@@ -34,6 +34,7 @@ import torch
 
 from mhar.runs.checkpoint import MODEL_FILE, CheckpointError, _pid_alive, file_sha256, load_model, read_checkpoint
 from mhar.model.config import ModelConfig, stored_routing_impl, to_dict
+from mhar.model.residuals import display_record
 from mhar.model.transformer import Transformer
 from mhar.hf import ship
 from mhar.hf.modeling_mhar import MharConfig
@@ -137,7 +138,7 @@ def model_card(cfg: ModelConfig, report: dict) -> str:
     r = cfg.residual
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              "tags:", "- mhar", f"- residual-{r.variant}", "---", "",
-             f"# {label} ({r.variant}{f', H={r.heads}' if r.variant in ('mhar', 'mhar_delta') else ''}"
+             f"# {label} ({r.variant}{f', H={r.heads}' if display_record(r.variant)['shows_heads'] else ''}"
              f"{', ' + str(run['size']) if run.get('size') else ''}"
              f"{', seed ' + str(run['seed']) if run.get('seed') is not None else ''})", "",
              "Exported by the MHAR harness (`python -m mhar export-hf`), a reproduction of \"Multi-Head Attention "
@@ -283,7 +284,7 @@ def export_model(model: Transformer, out: Union[str, Path], tokenizer: Optional[
         shipped = []
         if architecture(cfg) == "MharForCausalLM":
             try:
-                shipped = ship.write(tmp, cfg.residual.module)
+                shipped = ship.write(tmp, cfg.residual.variant)
             except ship.ShipError as e:
                 raise ExportError(str(e)) from e
         report = {"format": FORMAT, "architecture": architecture(cfg), "variant": cfg.residual.variant,

@@ -84,7 +84,10 @@ def _routing_impl(impl: str) -> str:
     kernels need the ``mhar`` package (the fused kernels are not shipped)."""
     if impl == "torch":
         return "eager"
-    have_mhar = importlib.util.find_spec("mhar") is not None
+    try:
+        have_mhar = importlib.util.find_spec("mhar") is not None
+    except ImportError:  # a finder that refuses it
+        have_mhar = False
     if impl == "auto":
         return "auto" if have_mhar else "eager"
     if impl != "eager" and not have_mhar:

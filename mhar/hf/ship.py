@@ -9,7 +9,7 @@ flat relative import (``from mhar.model.config import X`` -> ``from .mhar_model_
 Which modules: the closure of every import (module level and inside functions), read from the source with
 ``ast``, starting at :mod:`mhar.hf.modeling_mhar` (shipped as ``modeling_mhar.py``), the modules of the
 residual registry's package (what its ``pkgutil`` discovery imports) and the model's own variant module when
-it lives outside ``mhar`` (``model.residual.module``; modules of that module's top-level package are followed
+it lives outside ``mhar`` (the module its registered class comes from; modules of that module's top-level package are followed
 too). A module that needs Triton when it is imported (a top-level ``import triton``, or a top-level import of
 such a module: the fused routing kernels) is not shipped: it stays an absolute ``mhar`` import, reached only
 where ``mhar`` is installed (the export's ``routing_impl: auto`` on a GPU). The flat copy of the registry is
@@ -125,14 +125,21 @@ class _Planner:
                                 f"model folder cannot hold; import names from {imp.target}.{alias.name} instead")
 
 
+def variant_module(variant: str) -> Optional[str]:
+    """The module that registers ``variant`` when it lives outside the registry's package (None: built in)."""
+    from mhar.model.residuals import RESIDUALS
+
+    module = RESIDUALS[variant].__module__
+    return None if module.startswith(REGISTRY + ".") else module
+
+
 def plan(variant_module: Optional[str] = None) -> Shipment:
-    """The files an export of a model whose variant module is ``variant_module`` (None: built in) ships."""
+    """The files an export ships when its variant is defined in ``variant_module`` (None: in the registry's
+    package; see :func:`variant_module`)."""
     roots = {"mhar"} | ({variant_module.split(".")[0]} if variant_module else set())
     planner = _Planner(roots)
     registry_path = Path(_source(REGISTRY)[0]).parent
     variants = [f"{REGISTRY}.{m.name}" for m in pkgutil.iter_modules([str(registry_path)]) if not m.name.startswith("_")]
-    if variant_module and not planner.ours(variant_module):
-        raise ShipError(f"cannot ship {variant_module!r}")
     if variant_module and variant_module not in variants:
         variants.append(variant_module)
     out = Shipment()
@@ -191,9 +198,9 @@ def _variant_imports(planner: _Planner, variants: list[str]) -> str:
     return "".join(lines)
 
 
-def write(folder: Path, variant_module: Optional[str] = None) -> list[str]:
-    """Write the flat files into ``folder``; returns their names."""
-    shipment = plan(variant_module)
+def write(folder: Path, variant: str) -> list[str]:
+    """Write the flat files an export of residual variant ``variant`` needs into ``folder``; returns their names."""
+    shipment = plan(variant_module(variant))
     for name, text in shipment.files.items():
         (folder / name).write_text(text, encoding="utf-8")
     return list(shipment.files)
