@@ -261,3 +261,36 @@ def test_hub_snapshot_records_its_commit_and_every_source_its_content_hash(tmp_p
     assert import_hf(plain, tmp_path / "c.pt", tokenizer="byte")["content_sha256"] != rep2["content_sha256"]
     with pytest.raises(ImportHFError, match="already exists"):
         import_hf(plain, tmp_path / "c.pt", tokenizer="byte")
+
+
+def test_export_of_the_imported_model_loads_without_mhar_with_their_logits(tmp_path):
+    """import-hf, then export-hf: stock transformers (trust_remote_code on the shipped model files) in a process
+    where ``mhar`` cannot be imported computes the logits of their equations."""
+    from test_hf_export import run_without_mhar
+
+    from mhar.hf import export_hf
+
+    refs, dirs = {}, {}
+    for mode, gate in (("block", "sigmoid_vector"), ("full", "learnable_alpha")):
+        folder, cfg, t = released_checkpoint(tmp_path / f"theirs_{mode}", mode, gate, layers=3, num_blocks=2)
+        import_hf(folder, tmp_path / f"{mode}.pt", tokenizer="byte")
+        export_hf(tmp_path / f"{mode}.pt", tmp_path / f"hf_{mode}")
+        refs[mode], dirs[mode] = their_logits(t, cfg, IDS), str(tmp_path / f"hf_{mode}")
+    torch.save(IDS, tmp_path / "ids.pt")
+    code = f"""
+    import sys, torch
+    from transformers import AutoModelForCausalLM
+    ids, out = torch.load("ids.pt"), {{}}
+    for mode, d in {dirs!r}.items():
+        model = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True, dtype=torch.float32).eval()
+        with torch.no_grad():
+            out[mode] = model(input_ids=ids).logits
+    assert not any(m == "mhar" or m.startswith("mhar.") for m in sys.modules)
+    torch.save(out, "logits.pt")
+    """
+    proc = run_without_mhar(code, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(tmp_path / "logits.pt", weights_only=True)
+    for mode, ref in refs.items():
+        scale = ref.abs().max().item()
+        assert (got[mode].double() - ref).abs().max().item() <= 1e-5 * scale, mode

@@ -64,7 +64,7 @@ class OpenAttnRes(Residual):
     """Block mode: a state is closed after the last layer of each block of ``layers_per_block`` layers."""
 
     display_name = "Open AttnRes (block)"
-    table_order = 40
+    table_order = 7
     shows_heads = False
     full = False
 
@@ -154,5 +154,5 @@ class OpenAttnResFull(OpenAttnRes):
     """Full mode: the state after every sublayer is closed (``residual.blocks`` does not apply)."""
 
     display_name = "Open AttnRes (full)"
-    table_order = 41
+    table_order = 8
     full = True
