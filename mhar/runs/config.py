@@ -330,7 +330,7 @@ IDENTITY_LEN = 16  # hex digits of `identity` / `pairing` in records; run paths 
 PATH_ID_LEN = 10
 # Keys left out of the identity while unset (None): options added after runs were recorded, so the identity of
 # configs that do not use them stays what it was.
-OMIT_UNSET = ("model.residual.module",)
+OMIT_UNSET = ("model.residual.module", "model.residual.gate_type", "model.residual.recency_bias_init")
 
 
 def _drop(d: dict, dotted: str) -> None:

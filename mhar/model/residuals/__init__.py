@@ -59,6 +59,13 @@ def routed_variants() -> tuple[str, ...]:
     return tuple(sorted(n for n, cls in RESIDUALS.items() if cls.routes_full_depth))
 
 
+def display_record(variant: str) -> dict:
+    """How tables and reports show ``variant`` (its class's ``display_name``, ``table_order``, ``shows_heads``):
+    ``{"display": str, "order": int, "shows_heads": bool}``. The trainer records it in summary.json (``display``)."""
+    cls = residual_class(variant)
+    return {"display": cls.display_name or cls.name, "order": int(cls.table_order), "shows_heads": bool(cls.shows_heads)}
+
+
 def import_variant_module(module: str) -> None:
     """Import ``module`` (``model.residual.module``) so that the variants it defines register themselves."""
     if not isinstance(module, str) or not _MODULE_NAME.match(module):
@@ -92,11 +99,15 @@ def build_residual(cfg: ModelConfig) -> Residual:
     return cls(cfg)
 
 
-# Built-in variants: every module of this package registers its own classes when imported.
-for _info in pkgutil.iter_modules(__path__):
-    if not _info.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_info.name}")
-del _info
+# Built-in variants: every module of this package registers its own classes when imported. (A Hugging Face
+# export ships a flat copy of this file, which is not a package: there the export imports the variant modules.)
+def _import_variant_modules(path: list[str]) -> None:
+    for info in pkgutil.iter_modules(path):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
 
-__all__ = ["Residual", "RESIDUALS", "register", "variant_names", "routed_variants", "residual_class",
+
+_import_variant_modules(globals().get("__path__", []))
+
+__all__ = ["Residual", "RESIDUALS", "register", "variant_names", "routed_variants", "residual_class", "display_record",
            "import_variant_module", "build_residual"]
