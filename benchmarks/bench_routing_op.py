@@ -1,6 +1,6 @@
 """The routing operation alone, forward and backward, per routing implementation (``mhar.model.config.ROUTING_IMPLS``).
 
-Two measurements per model size (shapes of mhar.model.config PRESETS, the paper's microbatch, H heads):
+Two measurements per model size (shapes and micro-batch of mhar.model.presets, the paper's microbatch, H heads):
 
 * ``microbatch`` (default): every routing call of one microbatch (2L+1 reads interleaved with appends, each read
   announcing the reads after it, as the model does; sources independent random tensors), as in a training step;
@@ -28,10 +28,11 @@ from dataclasses import dataclass
 import torch
 import triton.testing
 
-from benchmarks.common import (MICROBATCH, NO_PDL, add_out_args, apply_settings, env_columns, existing_rows,
+from benchmarks.common import (NO_PDL, add_out_args, apply_settings, env_columns, existing_rows, microbatch,
                                kernel_settings, measure_hbm_bandwidth, routing_env_cell, tuned_lines, write_csv)
 from benchmarks.traffic_bound import fused_bytes, fused_config, min_bytes
-from mhar.model.config import PRESETS, ROUTING_IMPLS
+from mhar.model.config import ROUTING_IMPLS
+from mhar.model.presets import PRESETS
 from mhar.model.routing import get_router, resolve_routing_impl
 
 IMPLS = (*ROUTING_IMPLS, "fused" + NO_PDL)  # the routing implementations, and fused without PDL
@@ -198,8 +199,8 @@ def main(argv=None) -> None:
     env = env_columns("benchmarks.bench_routing_op", argv)
     rows, tuned = [], set()
     for size in args.sizes:
-        p = PRESETS[size]
-        B, T = MICROBATCH[size]
+        p = PRESETS[size].model
+        B, T = microbatch(size)
         c = Case(size, B, T, p["d_model"], args.heads, 2 * p["n_layers"] + 1)
         for mode in args.modes:
             for impl in args.impls:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import (MICROBATCH, NO_PDL, add_out_args, apply_settings, env_columns, existing_rows,
+from benchmarks.common import (NO_PDL, add_out_args, apply_settings, env_columns, existing_rows, microbatch,
                                kernel_settings, routing_env_cell, write_csv)
 from mhar.model.config import ROUTING_IMPLS
 # residual config of each benchmark variant (routing_impl picks the Router: mhar/model/routing): derived from the registry
@@ -72,7 +72,7 @@ def build_step(size: str, variant: str, heads: int, device: str, compile: bool =
 
     torch.manual_seed(0)
     cfg = model_config(size, residual=residual_for(variant, heads))
-    B, T = MICROBATCH[size]
+    B, T = microbatch(size)
     dev = torch.device(device)
     model = build_model(cfg).to(dev)
     plan = plan_step(model, dev, compile=compile, cuda_graph=bool(graph) and device == "cuda")
@@ -96,7 +96,7 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
         torch.cuda.reset_peak_memory_stats()
     step, batches, model = build_step(size, variant, heads, device, compile=backend != "none", graph=graph)
     plan = step.plan
-    B, T = MICROBATCH[size]
+    B, T = microbatch(size)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     warmup = max(warmup, GRAPH_WARMUP + 1) if plan.cuda_graph else warmup  # the capture happens in warm-up
     t0 = time.perf_counter()
@@ -121,7 +121,7 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
 
 def trainer_config(size: str, variant: str, heads: int, steps: int, device: str) -> dict:
     """The run config that makes ``python -m mhar.train`` train on the benchmark's shapes (synthetic tokens)."""
-    B, T = MICROBATCH[size]
+    B, T = microbatch(size)
     return {
         "meta": {"name": f"bench-{size}-{variant}", "variant": variant, "size": size},
         "model": {"preset": size, "residual": residual_for(variant, heads)},
@@ -150,7 +150,7 @@ def run_trainer(size: str, variant: str, heads: int, steps: int, device: str, wo
         return dict(status="OOM" if "OutOfMemory" in p.stderr else f"error: {err[:200]}")
     s = json.loads((run_dir / "summary.json").read_text())
     prov = json.loads((run_dir / "provenance.json").read_text()) if (run_dir / "provenance.json").exists() else {}
-    B, T = MICROBATCH[size]
+    B, T = microbatch(size)
     return dict(heads=heads if variant != "baseline" else 0, B=B, T=T, params=s["params"],
                 steps=s.get("steady_steps"), step_ms=s.get("step_ms"), tokens_per_s=s.get("steady_tokens_per_s"),
                 peak_mem_gib=s.get("peak_mem_gb"), final_loss=s.get("final_val_loss"), status="ok",

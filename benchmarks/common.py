@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from mhar.model.presets import PRESETS
 from mhar.runs.provenance import git_info, hardware_info, package_versions
 
 
@@ -38,8 +39,14 @@ def env_columns(module: str | None = None, argv: list[str] | None = None) -> dic
     }
 
 
-# The paper's microbatch (B, T) per preset, as the benchmarks run it (debug / tiny: CPU-sized smoke runs).
-MICROBATCH = {"100M": (8, 2048), "350M": (4, 1024), "1B": (2, 1024), "debug": (2, 64), "tiny": (2, 128)}
+def microbatch(size: str) -> tuple[int, int]:
+    """The micro-batch (B sequences, T tokens) a benchmark runs ``size`` at: its preset's ``micro_batch``
+    (``mhar.model.presets``; the paper's for 100M/350M/1B, CPU-sized for debug / tiny)."""
+    p = PRESETS.get(size)
+    if p is None or p.micro_batch is None:
+        runs = ", ".join(n for n, q in PRESETS.items() if q.micro_batch is not None)
+        raise SystemExit(f"error: size {size!r} has no benchmark micro-batch (mhar.model.presets); use one of {runs}")
+    return p.micro_batch
 
 # The one kernel-setting suffix of a benchmark's routing name (routing-op impl ``fused_nopdl``, training variant
 # ``mhar_fused_nopdl``): the fused kernels launched without programmatic dependent launch (MHAR_ROUTING_PDL=0). A

@@ -56,6 +56,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mhar.model.presets import PRESETS  # noqa: E402  (stdlib only; the path above makes it importable)
+
 # NVLink multicast (NVLS) stays off on the lent machines; exported to every child process.
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 VARIANTS = {  # name -> model.residual overrides
@@ -63,7 +65,9 @@ VARIANTS = {  # name -> model.residual overrides
     "mhar_fused": ["model.residual.variant=mhar", "model.residual.heads=8", "model.residual.routing_impl=fused"],
     "mhar_eager": ["model.residual.variant=mhar", "model.residual.heads=8", "model.residual.routing_impl=eager"],
 }
-MICRO = {"100M": 8, "350M": 4, "1B": 4}  # per-GPU micro-batch of seq 2048 for throughput (H200, bf16)
+# The throughput stage's per-GPU micro-batch (sequences) of a paper size is its benchmark micro-batch
+# (mhar.model.presets ``micro_batch``), except here: the 1B training step fits twice as many on one H200 in bf16.
+THROUGHPUT_MICRO = {"1B": 4}
 STAGES = ("equal", "resume", "throughput", "workflow")
 
 
@@ -297,13 +301,21 @@ def steady_tokens_per_s(metrics: Path, warmup: int) -> float:
     return statistics.median(rates) if rates else float("nan")
 
 
+def throughput_micro(size: str, default: int) -> int:
+    """Per-GPU micro-batch (sequences) of ``size`` in the throughput stage (``default``: not a paper size)."""
+    if size in THROUGHPUT_MICRO:
+        return THROUGHPUT_MICRO[size]
+    p = PRESETS.get(size)
+    return p.micro_batch[0] if p is not None and p.paper_scale and p.micro_batch else default
+
+
 def stage_throughput(r: Runner, res: dict) -> bool:
     from benchmarks.common import env_columns
 
     a, n = r.args, r.args.nproc
     rows = []
     for size in a.sizes:
-        micro = MICRO.get(size, a.micro)
+        micro = throughput_micro(size, a.micro)
         for variant in a.tp_variants:
             per_gpu_1 = None
             for nproc, mode in [(1, "single")] + [(n, m) for m in a.tp_parallel]:

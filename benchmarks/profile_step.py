@@ -40,8 +40,8 @@ def _op_fn(size: str, impl: str):
     import os
 
     from benchmarks.bench_routing_op import IMPLS, Case, _inputs, _microbatch
-    from benchmarks.common import MICROBATCH, apply_settings, kernel_settings
-    from mhar.model.config import PRESETS
+    from benchmarks.common import apply_settings, kernel_settings, microbatch
+    from mhar.model.presets import PRESETS
     from mhar.model.routing import get_router
     if impl not in IMPLS:
         raise SystemExit(f"error: op target {impl!r}: use one of {', '.join(IMPLS)}")
@@ -49,8 +49,8 @@ def _op_fn(size: str, impl: str):
     env = apply_settings(os.environ, settings)
     os.environ.clear()
     os.environ.update(env)
-    p = PRESETS[size]
-    B, T = MICROBATCH[size]
+    p = PRESETS[size].model
+    B, T = microbatch(size)
     c = Case(size, B, T, p["d_model"], 8, 2 * p["n_layers"] + 1)
     router = get_router(name)
     srcs, qs, gs = _inputs(c)

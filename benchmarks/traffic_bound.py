@@ -29,8 +29,8 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.common import MICROBATCH, command_line, write_csv
-from mhar.model.config import PRESETS
+from benchmarks.common import command_line, microbatch, write_csv
+from mhar.model.presets import PRESETS
 from mhar.runs.provenance import git_info
 from mhar.model.routing.names import SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, V7_GROUP
 
@@ -44,8 +44,8 @@ def routing_reads(n_layers: int) -> list[int]:
 
 def unit_bytes(size: str) -> int:
     """One pass over the sources of every read of one microbatch (bytes)."""
-    B, T = MICROBATCH[size]
-    cfg = PRESETS[size]
+    B, T = microbatch(size)
+    cfg = PRESETS[size].model
     return sum(routing_reads(cfg["n_layers"])) * B * T * cfg["d_model"] * BYTES_PER_ELT
 
 
@@ -167,7 +167,7 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
                      and r.get("status", "ok") == "ok"), None)
         if base is None:
             continue
-        cfg, (B, T) = PRESETS[size], MICROBATCH[size]
+        cfg, (B, T) = PRESETS[size].model, microbatch(size)
         ns, E = routing_reads(cfg["n_layers"]), B * T * cfg["d_model"]
         base_ms = float(base["step_ms"])
         row = dict(size=size, reads=len(ns), heads=heads, unit_gb=round(unit_bytes(size) / 1e9, 3),
@@ -210,8 +210,8 @@ def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group:
     one pass over its later reads. Not counted: the dsr buffer's zero fill and the one dW matmul (``dW_all``),
     which the aggregate model (``fused_bytes``) includes, and the append's copy, which it leaves out; the totals
     agree within 2% (``tests/test_traffic_bound.py``)."""
-    B, T = MICROBATCH[size]
-    D, L = PRESETS[size]["d_model"], PRESETS[size]["n_layers"]
+    B, T = microbatch(size)
+    D, L = PRESETS[size].model["d_model"], PRESETS[size].model["n_layers"]
     N, BT, H = 2 * L + 1, B * T, heads
     src, f32 = BT * D * BYTES_PER_ELT, BT * D * 4  # a source / dout / output / partial; an fp32 gradient partial
     ss, row = BT * 4, BT * H * 4  # one source's sums of squares; one (source, read) score / lse / delta row

@@ -5,7 +5,7 @@
     mhar runs ...                              # run records (mhar.runs.layout)
     mhar train CONFIG --out RUN_DIR            # = python -m mhar.train
     mhar cpt convert|export-hf|check-batches   # = python -m mhar.cpt
-    mhar presets                               # = python -m mhar.model.presets
+    mhar presets                               # = python -m mhar.model.preset_table
 
 Each subcommand is a ``module:function`` taking its argument list (``COMMANDS``); the module is
 imported only when its subcommand runs, so a missing optional dependency affects that subcommand only.
@@ -22,7 +22,7 @@ COMMANDS: dict[str, str] = {
     "runs": "mhar.runs.layout:main",
     "train": "mhar.train:main",
     "cpt": "mhar.cpt.cli:main",
-    "presets": "mhar.model.presets:main",
+    "presets": "mhar.model.preset_table:main",
 }
 
 

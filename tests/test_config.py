@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import pytest
 
-from mhar.model.config import (PRESETS, ConfigError, ModelConfig, ResidualConfig, config_hash, from_dict, model_config,
+from mhar.model.config import (ConfigError, ModelConfig, ResidualConfig, config_hash, from_dict, model_config,
                          model_config_from_dict, to_dict)
+from mhar.model.presets import PRESETS
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_every_preset_validates(preset):
     heads = 8 if preset != "debug" else 4
     cfg = model_config(preset, residual={"variant": "mhar", "heads": heads})
-    assert all(getattr(cfg, k) == v for k, v in PRESETS[preset].items())  # every preset field applied
+    assert all(getattr(cfg, k) == v for k, v in PRESETS[preset].model.items())  # every preset field applied
     assert (cfg.residual.variant, cfg.residual.heads) == ("mhar", heads)
     # the shape constraints attention, GQA, RoPE and head-wise routing need
     assert cfg.resolved_head_dim * cfg.n_heads == cfg.d_model and cfg.resolved_head_dim % 2 == 0

@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mhar.model.config import PRESETS, QWEN3_VOCAB, model_config
+from mhar.model.config import model_config
+from mhar.model.presets import PRESETS, QWEN3_VOCAB
 from mhar.model.transformer import MLP, Attention, RMSNorm, Rotary, Transformer, build_model
-from mhar.model.presets import COLUMNS, format_table, main as presets_main, preset_rows
+from mhar.model.preset_table import COLUMNS, format_table, main as presets_main, preset_rows
 
 
 def _debug(**kw) -> Transformer:
@@ -172,7 +173,7 @@ def test_paper_scale_names():
 def test_presets_cli(capsys):
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "mhar.model.presets"], cwd=root, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "mhar.model.preset_table"], cwd=root, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout.splitlines()

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from mhar.model.config import ConfigError, PRESETS
+from mhar.model.config import ConfigError
+from mhar.model.presets import PRESETS
 from mhar.runs.config import (IDENTITY_EXCLUDE, PAIRING_VARIES, dump_yaml, identity_config, identity_hash,
                             load_run_config, pairing_hash, recorded_run_config, run_config_from_dict, run_identity,
                             yaml_load)
@@ -21,7 +22,7 @@ def test_yaml_file_and_overrides(tmp_path):
                               "train.warmup_steps=2"])
     assert cfg.train.lr == 3e-4 and isinstance(cfg.train.lr, float)  # YAML-1.2 float, not the string "3e-4"
     assert cfg.train.steps == 20 and cfg.model.residual.heads == 8 and cfg.data.seq_len == 128
-    assert cfg.model.d_model == PRESETS["tiny"]["d_model"]
+    assert cfg.model.d_model == PRESETS["tiny"].model["d_model"]
     assert (cfg.variant, cfg.size, cfg.seed, cfg.data_seed) == ("mhar", "small", 0, 0)
     assert load_run_config(None, ["data.seed=5"]).data_seed == 5
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from benchmarks import traffic_bound as tb
-from benchmarks.common import MICROBATCH
+from benchmarks.common import microbatch
 from benchmarks.traffic_bound import fused_bytes, min_bytes
-from mhar.model.config import PRESETS, model_config
+from mhar.model.config import model_config
+from mhar.model.presets import PRESETS
 from mhar.model.transformer import Transformer
 
 
@@ -34,8 +35,8 @@ def test_routing_reads_match_a_real_forward(variant, heads):
 
 
 def test_unit_bytes_and_bounds():
-    cfg = PRESETS["1B"]
-    B, T = MICROBATCH["1B"]
+    cfg = PRESETS["1B"].model
+    B, T = microbatch("1B")
     E = B * T * cfg["d_model"]
     n = 2 * cfg["n_layers"] + 1
     assert tb.unit_bytes("1B") == n * (n + 1) // 2 * E * 2  # sum of 1..N sources, bf16
@@ -153,7 +154,7 @@ def test_kernel_bytes_agree_with_the_aggregate_model(size):
     """The per-kernel count of routing_impl fused (kernel by kernel, from the kernels' loads and stores) and the
     aggregate byte model (fused_bytes with the table, forward groups of 4, source groups of 8) are written
     independently; they differ only by what each leaves out (the append's copy; dsr's fill and dW matmul)."""
-    cfg, (B, T) = PRESETS[size], MICROBATCH[size]
+    cfg, (B, T) = PRESETS[size].model, microbatch(size)
     f, b = fused_bytes(tb.routing_reads(cfg["n_layers"]), B * T * cfg["d_model"], 8, cfg["d_model"], group=4,
                     source_group=8, table=True)
     total = sum(n for _, n in tb.kernel_bytes(size).values())

@@ -87,11 +87,11 @@ def expected_train_jobs(cfg, target):
 def data_of(cfg, size):
     """What a size's tokenization depends on, read from the config file: its data section (size_overrides
     applied; not the data-order seed, not locations) and the model's vocabulary size."""
-    from mhar.model.config import PRESETS
+    from mhar.model.presets import PRESETS
 
     over = (cfg.get("size_overrides") or {}).get(size) or {}
     data = {**(cfg["train"].get("data") or {}), **(over.get("data") or {})}
-    model = {**PRESETS.get(size, {}), **(cfg["train"].get("model") or {}), **(over.get("model") or {})}
+    model = {**(PRESETS[size].model if size in PRESETS else {}), **(cfg["train"].get("model") or {}), **(over.get("model") or {})}
     return json.dumps({k: v for k, v in data.items() if k not in ("seed", "cache_dir", "data_dir")}, sort_keys=True), \
         model.get("vocab_size")
 

@@ -14,6 +14,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from mhar.model.presets import PRESETS
+
 
 class ConfigError(ValueError):
     """Invalid configuration. The message names the field and what to do."""
@@ -128,25 +130,6 @@ class ModelConfig:
         return self
 
 
-# --- named sizes -----------------------------------------------------------------
-# 100M/350M/1B are the paper's Table 1 shapes (Qwen3 tokenizer vocab 151936).
-QWEN3_VOCAB = 151936
-PRESETS: dict[str, dict[str, Any]] = {
-    # one optimizer step on CPU in well under a second
-    "debug": dict(vocab_size=257, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192, max_seq_len=256),
-    # a few M parameters; trains usefully on CPU in minutes (byte-level vocab)
-    "tiny": dict(vocab_size=257, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=768, max_seq_len=512),
-    # ~25M non-embedding parameters, byte-level: what one GPU trains on ~10M tokens in seconds (gpu_small)
-    "small": dict(vocab_size=257, d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, d_ff=1536, max_seq_len=1024),
-    "100M": dict(vocab_size=QWEN3_VOCAB, d_model=512, n_layers=12, n_heads=8, n_kv_heads=4, d_ff=1536,
-                 max_seq_len=2048),
-    "350M": dict(vocab_size=QWEN3_VOCAB, d_model=1024, n_layers=24, n_heads=16, n_kv_heads=8, d_ff=4096,
-                 max_seq_len=1024),
-    "1B": dict(vocab_size=QWEN3_VOCAB, d_model=1280, n_layers=36, n_heads=16, n_kv_heads=8, d_ff=5120,
-               max_seq_len=1024),
-}
-
-
 # --- generic dataclass <-> dict with validation ---------------------------------------
 def _type_ok(value: Any, tp: Any) -> bool:
     origin = typing.get_origin(tp)
@@ -215,7 +198,7 @@ def model_config(preset: Optional[str] = None, **overrides: Any) -> ModelConfig:
     if preset is not None:
         if not isinstance(preset, str) or preset not in PRESETS:
             raise ConfigError(f"model.preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-        data.update(PRESETS[preset])
+        data.update(PRESETS[preset].model)
     res = overrides.pop("residual", None)
     data.update(overrides)
     if isinstance(res, ResidualConfig):

@@ -59,6 +59,13 @@ def routed_variants() -> tuple[str, ...]:
     return tuple(sorted(n for n, cls in RESIDUALS.items() if cls.routes_full_depth))
 
 
+def display_record(variant: str) -> dict:
+    """How tables and reports show ``variant`` (its class's ``display_name``, ``table_order``, ``shows_heads``):
+    ``{"display": str, "order": int, "shows_heads": bool}``. The trainer records it in summary.json (``display``)."""
+    cls = residual_class(variant)
+    return {"display": cls.display_name or cls.name, "order": int(cls.table_order), "shows_heads": bool(cls.shows_heads)}
+
+
 def import_variant_module(module: str) -> None:
     """Import ``module`` (``model.residual.module``) so that the variants it defines register themselves."""
     if not isinstance(module, str) or not _MODULE_NAME.match(module):
@@ -98,5 +105,5 @@ for _info in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_info.name}")
 del _info
 
-__all__ = ["Residual", "RESIDUALS", "register", "variant_names", "routed_variants", "residual_class",
+__all__ = ["Residual", "RESIDUALS", "register", "variant_names", "routed_variants", "residual_class", "display_record",
            "import_variant_module", "build_residual"]

@@ -35,6 +35,12 @@ class Residual(nn.Module):
     # router): the layout the mechanism probe and the routing heatmap read (``routed_variants()``). Block and
     # delta variants route over block sums / deltas and MHAR-HW has per-group queries, so they keep False.
     routes_full_depth: bool = False
+    # How tables and reports show the variant (``mhar.model.residuals.display_record``): its name there (None:
+    # the registered name), its place among the variants (lower first; a variant without one comes after the
+    # built-in ones, by name) and whether its routing head count H is part of that name ("MHAR H=8").
+    display_name: Optional[str] = None
+    table_order: int = 100
+    shows_heads: bool = False
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -9,6 +9,9 @@ from mhar.model.residuals.base import Residual
 
 @register("baseline")
 class PreNormResidual(Residual):
+    display_name = "baseline"
+    table_order = 0
+
     def init(self, emb: Tensor) -> Tensor:
         return emb
 

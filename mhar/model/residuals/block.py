@@ -26,6 +26,9 @@ from mhar.model.residuals.base import Residual
 
 @register("block_attnres")
 class BlockAttnRes(Residual):
+    display_name = "Block AttnRes"
+    table_order = 3
+
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
         if not 1 <= cfg.residual.blocks <= cfg.n_sublayers:

@@ -41,6 +41,10 @@ class DeltaState(NamedTuple):
 class DeltaAttnRes(Residual):
     """Gated multi-head depth routing over block deltas (``cfg.residual.heads`` heads)."""
 
+    display_name = "MHAR-delta"
+    table_order = 6
+    shows_heads = True
+
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
         r = cfg.residual

@@ -23,6 +23,9 @@ from mhar.model.residuals.base import Residual
 
 @register("mhar_hw")
 class HeadWiseAttnRes(Residual):
+    display_name = "MHAR-HW"
+    table_order = 5
+
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         L, G, D = cfg.n_layers, cfg.n_kv_heads, cfg.d_model

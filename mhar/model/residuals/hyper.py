@@ -109,6 +109,9 @@ class HyperConnection(nn.Module):
 class HyperConnections(Residual):
     """n-stream hyper-connections; ``residual.hyper_dynamic`` picks DHC (True) or SHC (False)."""
 
+    display_name = "hyper-conn"
+    table_order = 1
+
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         r = cfg.residual

@@ -21,6 +21,9 @@ class MultiHeadAttnRes(Residual):
     """MHAR with H = cfg.residual.heads routing heads (H=1 is AttnRes)."""
 
     routes_full_depth = True  # probed (eval.probe, the workflow's probe jobs); subclasses inherit it
+    display_name = "MHAR"
+    table_order = 4
+    shows_heads = True
 
     def __init__(self, cfg: ModelConfig, heads: int | None = None):
         super().__init__(cfg)
@@ -60,6 +63,10 @@ class MultiHeadAttnRes(Residual):
 @register("attnres")
 class AttnRes(MultiHeadAttnRes):
     """Single-head attention residuals (one depth softmax over the full width)."""
+
+    display_name = "single-head (AttnRes)"
+    table_order = 2
+    shows_heads = False
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, heads=1)
