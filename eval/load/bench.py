@@ -10,7 +10,6 @@ import numpy as np
 
 from .common import AnalysisInputError
 
-
 _BENCH_ALIASES = {"tokens_per_s": ("tokens_per_s", "tok_per_s", "throughput", "tokens_per_sec", "tps"),
                   "peak_mem_gb": ("peak_mem_gb", "peak_mem_gib", "mem_gb", "peak_memory_gb", "memory_gb"),
                   "size": ("size", "preset", "scale", "model"),
@@ -19,24 +18,25 @@ _BENCH_ALIASES = {"tokens_per_s": ("tokens_per_s", "tok_per_s", "throughput", "t
 PROVIDER_NAMES = {"baseline": "baseline", "mhar_eager": "eager", "eager": "eager", "reference": "eager",
                   "mhar_compile": "compile", "compile": "compile", "mhar_fused": "fused", "fused": "fused",
                   "mhar_auto": "auto", "mhar_compile_sub": "compile"}
-# bench_training variant names in records written before the routing names were unified (through commit aee597a):
-# what routing_impl fused runs now was measured as mhar_fused_v7_sg8_pdl, and mhar_fused / mhar_fused_sub named
-# withdrawn kernels. Rows written since carry a routing_resolved column and keep their names.
-LEGACY_BENCH_VARIANTS = {"mhar_fused_v7_sg8_pdl": "mhar_fused", "mhar_fused": "mhar_fused_v6",
+# bench_training variant names of rows without a routing_resolved column (the committed record
+# results/bench/training.csv, measured through commit aee597a, needs it): what routing_impl fused runs was measured
+# as mhar_fused_v7_sg8_pdl, and mhar_fused / mhar_fused_sub named other kernels then. Rows with a routing_resolved
+# value keep their names.
+RECORDED_BENCH_NAMES = {"mhar_fused_v7_sg8_pdl": "mhar_fused", "mhar_fused": "mhar_fused_v6",
                          "mhar_fused_sub": "mhar_fused_v5"}
 
 
 def bench_variant(variant, routing_resolved=None) -> str:
-    """A training-throughput row's variant under the current names: a row of an older record (no
-    ``routing_resolved`` value) is renamed by ``LEGACY_BENCH_VARIANTS``."""
+    """A training-throughput row's variant under today's names: a row without a ``routing_resolved`` value is
+    renamed by ``RECORDED_BENCH_NAMES``."""
     if isinstance(routing_resolved, str) and routing_resolved.strip():
         return str(variant)
-    return LEGACY_BENCH_VARIANTS.get(str(variant), str(variant))
+    return RECORDED_BENCH_NAMES.get(str(variant), str(variant))
 
 
 def provider_name(name) -> str:
     """The routing implementation a benchmark row names: bench_training's variants ``mhar_<routing_impl>``
-    (``mhar_fused_nopdl`` -> ``fused_nopdl``; an old record's ``mhar_fused_v7_sg8`` -> ``fused_v7_sg8``) and the
+    (``mhar_fused_nopdl`` -> ``fused_nopdl``; ``mhar_fused_v7_sg8`` -> ``fused_v7_sg8``) and the
     aliases above; other names lower-cased as given."""
     v = str(name).lower()
     if v in PROVIDER_NAMES:

@@ -146,3 +146,25 @@ def source_notes(source: str, disagree: list[str]) -> list[str]:
         notes.append("Sources disagree for the same quantity (other source: value): " + " | ".join(disagree[:6])
                      + (f" | ... ({len(disagree)} rows)" if len(disagree) > 6 else ""))
     return notes
+
+
+def sources_section(table_csvs: dict[str, Optional[os.PathLike]]) -> list[str]:
+    """Markdown lines for a report's setup: which published source each table quotes (its CSV's
+    ``published_source`` column) and, for the quantities where other sources disagree, that they do."""
+    import pandas as pd
+
+    lines = []
+    for name, path in table_csvs.items():
+        if path is None:
+            continue
+        df = pd.read_csv(path)
+        if "published_source" not in df.columns:
+            continue
+        ids = sorted({str(s) for s in df["published_source"].dropna()})
+        disagree = int(df["published_others"].notna().sum()) if "published_others" in df.columns else 0
+        lines.append(f"- `{name}`: " + "; ".join(describe_source(i) for i in ids)
+                     + (f" (other sources disagree on {disagree} row(s): see the table's notes)" if disagree else ""))
+    if not lines:
+        return []
+    return ["**Published numbers quoted** (config `published`; every number's source in eval/published.csv, "
+            "the sources in eval/published_sources.csv):", ""] + lines + [""]

@@ -27,7 +27,7 @@ class RunSummary:
     variant: str
     size: str
     seed: int
-    pairing: str  # pairing hash (mhar.runs.config.pairing_hash); an older record's config_hash
+    pairing: str  # pairing hash (mhar.runs.config.pairing_hash); else the record's config_hash
     heads: Optional[int]
     tail_mean_val_loss: float
     val_losses: list[tuple[int, float]] = field(default_factory=list)
@@ -118,11 +118,10 @@ def _display_record(d: Any) -> Optional[dict]:
     return out
 
 
-def display_of(record: dict, variant: str, label: str, heads: Optional[int], where: Any) -> dict:
+def display_of(record: dict, variant: str, where: Any) -> Optional[dict]:
     """The variant's display record {display, order, shows_heads[, heads]}: the record's own ``display``
-    (summary.json, or its ``run`` block), else the residual registry's
-    (``mhar.model.residuals.display_record``). A variant the registry does not know (a user's module that is
-    not importable here) shows its run label, after the registered ones, with its recorded head count."""
+    (summary.json, or its ``run`` block), else the residual registry's (``mhar.model.residuals.display_record``);
+    None when the registry does not know the variant (a user's module that is not importable here)."""
     run = record.get("run") if isinstance(record.get("run"), dict) else {}
     for d in (record.get("display"), run.get("display")):
         if _display_record(d) is not None:
@@ -134,9 +133,9 @@ def display_of(record: dict, variant: str, label: str, heads: Optional[int], whe
                                  f"display cannot be imported here ({e}); run the table where mhar imports "
                                  "(e.g. the eval environment), or re-record the run") from None
     try:
-        return _display_record(display_record(variant)) or {}
-    except (KeyError, ValueError):  # ConfigError: not registered
-        return {"display": label, "order": 100, "shows_heads": False, "heads": heads}
+        return _display_record(display_record(variant))
+    except ValueError:  # ConfigError: not registered
+        return None
 
 
 def residual_from_config(run_dir: Path) -> dict:
@@ -185,12 +184,13 @@ def _config_identity(run_dir: Path, where: Path) -> Optional[dict]:
 
 def run_identity(record: dict, where: Path, run_dir: Optional[Path] = None) -> dict:
     """What run a record (summary.json / results.json) belongs to, from its ``run`` block, never from the path:
-    {label, variant, heads, knobs, residual, size, seed, data_seed, identity, pairing, config, legacy, where}.
+    {label, variant, heads, display, knobs, residual, size, seed, data_seed, identity, pairing, config,
+    config_hash, where}.
 
-    ``config`` is the run's identity config (``run.config``; for older records, that of the run dir's
-    config.yaml), None when neither is there (an older evaluation record); then ``legacy`` (the older
-    ``config_hash``: the resolved config without residual section and seeds) and ``data_seed`` are all that
-    pairing can check. Older records fall back to the flat keys and config.yaml's ``model.residual``."""
+    ``config`` is the run's identity config (``run.config``; else that of the run dir's config.yaml), None when
+    neither is there (an evaluation record without it); then ``config_hash`` (the resolved config without
+    residual section and seeds) and ``data_seed`` are all that pairing (mhar.runs.pairing) can check. Records
+    without a ``run`` block are read from their flat keys and config.yaml's ``model.residual``."""
     run = record.get("run") if isinstance(record.get("run"), dict) else {}
     config = run.get("config") if isinstance(run.get("config"), dict) else None
     if config is None and run_dir is not None:
@@ -206,10 +206,21 @@ def run_identity(record: dict, where: Path, run_dir: Optional[Path] = None) -> d
         if v is None:
             raise AnalysisInputError(f"{where}: missing field {k!r} (neither the 'run' block nor the flat key; "
                                      "see docs/ARCHITECTURE.md 'Run directory')")
-    # records without a residual section: the flat 'variant' is the residual variant (before run labels)
-    variant = str(res.get("variant") or record.get("residual_variant") or label)
+    variant = res.get("variant") or record.get("residual_variant")
     heads = res.get("heads") if res.get("heads") is not None else record.get("heads", record.get("residual_heads"))
-    display = display_of(record, variant, str(label), heads, where)
+    display = display_of(record, str(variant or label), where)
+    if not variant:
+        # a record without a residual section: its flat 'variant' (the run label) is the residual variant
+        if display is None:
+            raise AnalysisInputError(
+                f"{where}: run label {label!r} is not a residual variant and neither the record's run.residual nor "
+                "config.yaml with model.residual.variant is there; keep config.yaml beside summary.json")
+        variant = label
+    variant = str(variant)
+    if display is None:  # a variant the registry here does not know: its run label, after the registered ones
+        display = {"display": str(label), "order": 100, "shows_heads": False, "heads": heads}
+    elif display["display"] == variant != label:  # a variant without a display name of its own: its run label
+        display = {**display, "display": str(label)}
     if display.get("shows_heads"):
         if heads is None:
             raise AnalysisInputError(
@@ -225,12 +236,12 @@ def run_identity(record: dict, where: Path, run_dir: Optional[Path] = None) -> d
                                      f"{train_seed}; the records of this run disagree: re-run the step that wrote it")
         data_seed = cfg_data_seed if cfg_data_seed is not None else data_seed
     pairing = str(run.get("pairing") or "") or (config_hash(pairing_config(config), IDENTITY_LEN) if config else "")
-    legacy = str(run.get("config_hash") or record.get("config_hash") or "")
+    cfg_hash = str(run.get("config_hash") or record.get("config_hash") or "")
     return {"label": str(label), "variant": variant, "heads": None if heads is None else int(heads), "display": display,
             "knobs": residual_knobs(res), "residual": {k: v for k, v in res.items() if k != "routing_impl"},
             "size": str(size), "seed": int(seed), "data_seed": None if data_seed is None else int(data_seed),
             "identity": str(run.get("identity") or run.get("identity_hash") or record.get("identity") or ""),
-            "pairing": pairing or legacy, "config": config, "legacy": legacy, "where": str(where)}
+            "pairing": pairing or cfg_hash, "config": config, "config_hash": cfg_hash, "where": str(where)}
 
 
 _SUMMARY_NUMBERS = ("steps", "tokens", "wall_s", "flops", "params", "tokens_per_s", "peak_mem_gb", "tail_k")
@@ -240,7 +251,7 @@ def load_summary(path: str | os.PathLike) -> RunSummary:
     """Read ``summary.json`` (a file or a run directory holding one).
 
     The run's identity (label, residual config, size, seeds, identity config and pairing hash) comes from the
-    summary's ``run`` block; older summaries fall back to the flat keys (``variant`` = the label,
+    summary's ``run`` block; a summary without one is read from its flat keys (``variant`` = the label,
     ``size``, ``seed``, ``config_hash``, ``heads``) and the run dir's ``config.yaml`` (see run_identity).
     Moving a run folder never changes what it is.
     """
@@ -329,7 +340,7 @@ def identify_eval(eval_dir: str | os.PathLike) -> dict:
     """Which run an eval dir belongs to: run_identity's dict plus ``model``.
 
     Read from the ``run`` block that ``eval.run`` copies from the model into each
-    ``<task>/results.json``; older results fall back to the run directory of the recorded model path
+    ``<task>/results.json``; results without it are traced to the run directory of the recorded model path
     (``model`` / ``model_path`` / ``pretrained``: the directory holding ``summary.json``). Never from
     the eval dir's own path.
     """

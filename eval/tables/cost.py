@@ -13,7 +13,7 @@ from .. import verdict as vd
 from ..load.bench import load_bench, load_inference
 from ..load.provenance import provenance
 from ..load.published import DEFAULT_SOURCES, check_source, load_published, paper_scale, published_value, source_notes
-from .render import Column, Table, f_num, f_sd
+from .render import Column, Table, f_num, f_sd, is_number
 
 
 # --- cost ---------------------------------------------------------------------------------------------
@@ -72,8 +72,8 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None, source: Optiona
     cols = [Column("size", lambda r: r["size"]), Column("routing", lambda r: r["provider"]),
             Column("n", lambda r: str(r["n_ok"])),
             Column("tokens/s", lambda r: f_sd(r["tokens_per_s"], r["tokens_per_s_sd"], 0)
-                   if ok(r["tokens_per_s"]) else r["status"]),
-            Column("ratio ± SE", lambda r: f_sd(r["ratio"], r["ratio_se"], 3) if ok(r["ratio"]) else
+                   if is_number(r["tokens_per_s"]) else r["status"]),
+            Column("ratio ± SE", lambda r: f_sd(r["ratio"], r["ratio_se"], 3) if is_number(r["ratio"]) else
                    (vd.OOM if vd.OOM in r["status"].upper() else "-")),
             Column("ratio vs", lambda r: r["pairing"] or "-"),
             Column("peak GB", lambda r: f_num(r["peak_mem_gb"], 1)),
@@ -83,12 +83,12 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None, source: Optiona
     scored = bool(len(inf)) and bool(inf["score_tok_s"].notna().any())
     if scored:
         cols[-1:-1] = [Column("score tok/s (ratio)", lambda r: f"{f_num(r['score_tok_s'], 0)} "
-                              f"({f_num(r['score_ratio'], 2)})" if ok(r.get("score_tok_s")) else "-")]
+                              f"({f_num(r['score_ratio'], 2)})" if is_number(r.get("score_tok_s")) else "-")]
     if len(inf):
         cols[-1:-1] = [Column("prefill tok/s (ratio)", lambda r: f"{f_num(r['prefill_tok_s'], 0)} "
-                              f"({f_num(r['prefill_ratio'], 2)})" if ok(r.get("prefill_tok_s")) else "-"),
+                              f"({f_num(r['prefill_ratio'], 2)})" if is_number(r.get("prefill_tok_s")) else "-"),
                        Column("decode ms/token (ratio)", lambda r: f"{f_num(r['decode_ms'], 1)} "
-                              f"({f_num(r['decode_ratio'], 2)})" if ok(r.get("decode_ms")) else "-"),
+                              f"({f_num(r['decode_ratio'], 2)})" if is_number(r.get("decode_ms")) else "-"),
                        Column("inference peak GB", lambda r: f_num(r.get("infer_peak_gb"), 2))]
     notes = ["ratio vs 'same run': each record's ratio pairs the routing implementation with the baseline "
              "measured in the same run (benchmarks/bench_training.py); the table gives the mean over runs and its "

@@ -14,7 +14,7 @@ from ..load.runs import identify_eval
 from ..load.samples import align, eval_tasks, load_eval_task
 from .pairs import check_pair, judge
 from .questions import compare_task, primary_metric
-from .render import Column, JUDGE_COLS, P_COLS, RULE_POINTER, Table, f_ci, f_num, f_p, ok, paired_cols
+from .render import Column, JUDGE_COLS, P_COLS, RULE_POINTER, Table, f_ci, f_num, f_p, is_number, paired_cols
 
 
 def _cpt_inputs(inputs: Sequence[str | Path]) -> tuple[Path, Path, Path, Optional[str], Optional[dict]]:
@@ -112,7 +112,7 @@ def cpt_table(inputs: Sequence[str | Path], published=None, n_resamples: int = 4
             Column("MHAR gain (MHAR-plain)", lambda r: f_ci(r["delta"], r["ci_low"], r["ci_high"])),
             *(c() for c in P_COLS),
             Column("discordant", lambda r: f"{r['discordant_mhar_better']} vs {r['discordant_plain_better']}"
-                   if ok(r.get("discordant_mhar_better")) else "-"),
+                   if is_number(r.get("discordant_mhar_better")) else "-"),
             Column("paper base / plain / MHAR", lambda r: f"{f_num(r['published_base'])} / "
                    f"{f_num(r['published_plain'])} / {f_num(r['published_mhar'])}"),
             Column("paper MHAR gain", lambda r: f_ci(r["published_delta"], None, None)),

@@ -48,29 +48,29 @@ class Table:
 
 
 # --- formatting helpers ---------------------------------------------------------------------------
-def ok(x: Any) -> bool:
+def is_number(x: Any) -> bool:
     return x is not None and not (isinstance(x, float) and not math.isfinite(x))
 
 
 def f_num(x: Any, nd: int = 3) -> str:
-    return f"{x:.{nd}f}" if ok(x) else "-"
+    return f"{x:.{nd}f}" if is_number(x) else "-"
 
 
 def f_sd(m: Any, s: Any, nd: int = 3) -> str:
-    if not ok(m):
+    if not is_number(m):
         return "-"
-    return f"{m:.{nd}f} ± {s:.{nd}f}" if ok(s) else f"{m:.{nd}f}"
+    return f"{m:.{nd}f} ± {s:.{nd}f}" if is_number(s) else f"{m:.{nd}f}"
 
 
 def f_ci(d: Any, lo: Any, hi: Any, nd: int = 3) -> str:
-    if not ok(d):
+    if not is_number(d):
         return "-"
     s = f"{d:+.{nd}f}"
-    return f"{s} [{lo:+.{nd}f}, {hi:+.{nd}f}]" if ok(lo) and ok(hi) else s
+    return f"{s} [{lo:+.{nd}f}, {hi:+.{nd}f}]" if is_number(lo) and is_number(hi) else s
 
 
 def f_p(p: Any) -> str:
-    if not ok(p):
+    if not is_number(p):
         return "-"
     return "<0.001" if p < 1e-3 else f"{p:.3f}"
 
@@ -150,7 +150,7 @@ def write_table(t: Table, prefix: str | Path) -> list[Path]:
     w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
     w.writeheader()
     for r in t.rows:
-        w.writerow({k: ("" if not ok(r.get(k)) else r.get(k)) for k in fields})
+        w.writerow({k: ("" if not is_number(r.get(k)) else r.get(k)) for k in fields})
     for path, text in zip(paths, (buf.getvalue(), to_markdown(t), to_latex(t))):
         atomic_write_text(path, text)  # same-folder temp + fsync + rename: a kill never leaves half a table
     return paths

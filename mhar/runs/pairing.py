@@ -54,11 +54,11 @@ def pairing_difference(a: dict, b: dict, ignore: Sequence[str] = ()) -> Optional
     'field (value of a vs value of b)'.
 
     ``a`` / ``b`` are run records as the analysis reads them: keys ``config`` (the identity config, None for a
-    record without one), ``size``, ``seed``, ``data_seed``, ``pairing`` (pairing hash), ``legacy`` (the
-    ``config_hash`` of records from before ``run.config``: the resolved config without residual section and
-    seeds) and ``where``. With both configs: they may differ under :data:`PAIRING_VARIES` and ``ignore`` alone.
+    record without one), ``size``, ``seed``, ``data_seed``, ``pairing`` (pairing hash), ``config_hash`` (what a
+    record without ``run.config`` carries instead: the hash of the resolved config without residual section and
+    seeds; "" when none) and ``where``. With both configs: they may differ under :data:`PAIRING_VARIES` and ``ignore`` alone.
     Two records without ``run.config`` that declare a ``run.pairing`` (released checkpoints' arms, never trained
-    here) pair when size, seeds and pairing agree; two older records when their ``config_hash`` agrees."""
+    here) pair when size, seeds and pairing agree; two records with a ``config_hash`` when it agrees."""
     skip = tuple(PAIRING_VARIES) + tuple(ignore)
     if a["config"] is not None and b["config"] is not None:
         d = first_difference(a["config"], b["config"], ignore=skip)
@@ -72,17 +72,17 @@ def pairing_difference(a: dict, b: dict, ignore: Sequence[str] = ()) -> Optional
         if va != vb:
             return f"{name} ({_short(va)} vs {_short(vb)})"
     if a["config"] is None and b["config"] is None:
-        if not a["legacy"] and not b["legacy"] and a["pairing"] and b["pairing"]:
+        if not a["config_hash"] and not b["config_hash"] and a["pairing"] and b["pairing"]:
             # arms that were never trained here (released checkpoints: run.pairing "released-<group>", no
             # run.config): they pair as their run blocks declare, within the size and seed checked above
             if a["pairing"] != b["pairing"]:
                 return f"pairing ({_short(a['pairing'])} vs {_short(b['pairing'])})"
             return None
-        if a["legacy"] and b["legacy"] and a["legacy"] != b["legacy"]:
-            return (f"config_hash ({a['legacy']} vs {b['legacy']}; older records: the resolved config without the "
+        if a["config_hash"] and b["config_hash"] and a["config_hash"] != b["config_hash"]:
+            return (f"config_hash ({a['config_hash']} vs {b['config_hash']}: the resolved config without the "
                     "residual section and seeds)")
-        if a["legacy"] and b["legacy"]:
+        if a["config_hash"] and b["config_hash"]:
             return None
     old = a if a["config"] is None else b
-    return (f"an unknown part of the resolved config ({old['where']} is an older record without run.config, "
+    return (f"an unknown part of the resolved config ({old['where']} is a record without run.config, "
             "so the pairing cannot be checked; re-evaluate it with the current eval.run)")
