@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .data_local import STANDARD_TASKS, DataSource, unknown_task_message
+from .vocab import check_vocab
 
 log = logging.getLogger("eval.run")
 RESULTS_FILE = "results.json"
@@ -421,19 +422,6 @@ def model_identity(model_path: str, lm: Any, sha: Optional[str] = None) -> dict:
         return {"run": None, "weights_sha256": None}
     extra = (getattr(lm, "blob", None) or {}).get("extra") or {}
     return {"run": extra.get("run"), "weights_sha256": sha if sha is not None else weights_sha256(model_path)}
-
-
-def check_vocab(model: Any, tok: Any, label: str) -> None:
-    """ValueError when ``model``'s vocabulary is smaller than ``tok``'s (ids past the embedding would fail in
-    the middle of an evaluation): checked once, before any document is evaluated. ``label`` names the model
-    as the user gave it (``--model PATH``); models without ``cfg.vocab_size`` (Hugging Face) are not checked
-    here. The one check of eval.run, the ``mhar`` adapter and eval.probe."""
-    cfg = getattr(model, "cfg", None)
-    mv, tv = getattr(cfg, "vocab_size", None), getattr(tok, "vocab_size", None)
-    if isinstance(mv, int) and isinstance(tv, int) and mv < tv:
-        raise ValueError(f"{label}: the model's vocabulary ({mv} ids) is smaller than its tokenizer's "
-                         f"({getattr(tok, 'name', '?')}: {tv} ids), so some tokens have no embedding; evaluate it "
-                         "with the tokenizer it was trained with (the one stored in the export), or re-export it")
 
 
 def load_task(task_name: str, source: DataSource, task_manager, num_fewshot: Optional[int] = None):

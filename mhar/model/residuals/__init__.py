@@ -61,9 +61,13 @@ def routed_variants() -> tuple[str, ...]:
 
 def display_record(variant: str) -> dict:
     """How tables and reports show ``variant`` (its class's ``display_name``, ``table_order``, ``shows_heads``):
-    ``{"display": str, "order": int, "shows_heads": bool}``. The trainer records it in summary.json (``display``)."""
+    ``{"display": str, "order": int, "shows_heads": bool}``, plus ``"heads"`` when the class fixes its routing
+    head count (``fixed_heads``). The trainer records it in summary.json (``display``)."""
     cls = residual_class(variant)
-    return {"display": cls.display_name or cls.name, "order": int(cls.table_order), "shows_heads": bool(cls.shows_heads)}
+    out = {"display": cls.display_name or cls.name, "order": int(cls.table_order), "shows_heads": bool(cls.shows_heads)}
+    if cls.fixed_heads is not None:
+        out["heads"] = int(cls.fixed_heads)
+    return out
 
 
 def import_variant_module(module: str) -> None:
