@@ -7,13 +7,13 @@ its size.
 writes PREFIX.csv, PREFIX.md and PREFIX.tex. EVAL_DIRS are the released arms' evaluation folders (the workflow's
 results/eval/released/<label>/<ehash>); which arm a folder belongs to is read from its records (``run`` block).
 ARMS is the config's ``released:`` block as JSON ({label: {"published": {"source", "scale", "method"} or null}}):
-which published row each arm is compared with. Published numbers live in ``eval/published_released.csv``, one
-row per number with its source (id, repository, file, commit, section); a choice that names no row there is an
-error. Where another source states a different number for the same model, or the same number for another
-model, the row says so ("other sources").
+which published row each arm is compared with. Published numbers are the rows of ``eval/published.csv`` with
+table ``released``, each naming its source (``eval/published_sources.csv``: repository, file, commit, section); a
+choice that names no row there is an error. Where another source states a different number for the same model, or
+the same number for another model, the row says so ("other sources", CSV column ``published_others``).
 
 Pairing: an arm whose residual variant is not ``baseline`` is compared with the baseline arm of the same size
-label whose run block pairs with it (same ``released-<group>``), on the same documents (eval.results_io.align).
+label whose run block pairs with it (same ``released-<group>``), on the same documents (eval.load.samples.align).
 The test per task is eval.verdict's evidence for one model per arm (exact McNemar for 0/1 scores, the
 cluster-robust t where questions share a context, the document bootstrap for perplexity); p (Holm) adjusts across
 the table's comparison rows. A released checkpoint is one trained model, so the verdict says only whether these
@@ -22,7 +22,6 @@ two models differ (eval.verdict, single seed).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import sys
@@ -30,13 +29,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from . import results_io as io
-from . import verdict as vd
-from .tables import Column, Table, compare_task, f_ci, f_num, f_p, primary_metric, write_table
+from mhar.runs.pairing import pairing_difference
 
-PUBLISHED_RELEASED_CSV = Path(__file__).with_name("published_released.csv")
-SOURCE_FIELDS = ("source", "repository", "file", "commit", "section")
-FIELDS = SOURCE_FIELDS + ("scale", "method", "task", "metric", "value", "unit", "note")
+from . import stats as st
+from . import verdict as vd
+from .load.common import AnalysisInputError, run_cli
+from .load.provenance import provenance
+from .load.published import PUBLISHED_CSV, SOURCES_CSV, load_published as load_published_df, load_sources
+from .load.runs import identify_eval
+from .load.samples import EvalTask, eval_tasks, load_eval_task, metric_arrays
+from .tables.questions import compare_task, primary_metric
+from .tables.render import Column, Table, f_ci, f_num, f_p, write_table
+
+TABLE = "released"  # the rows of eval/published.csv this table quotes
 TITLE = "Released models: ours vs their README"
 
 
@@ -61,27 +66,20 @@ class Published:
         return f"{self.repository} {self.file} @ {self.commit}, {self.section}"
 
 
-def load_published(path: str | Path = PUBLISHED_RELEASED_CSV) -> list[Published]:
-    """Every row of the published-numbers file; a missing column or a value that is not a number is an error."""
-    path = Path(path)
-    try:
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in FIELDS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise io.AnalysisInputError(f"{path}: missing column(s) {missing}")
-            rows = list(reader)
-    except OSError as e:
-        raise io.AnalysisInputError(f"{path}: cannot read the published numbers ({e.strerror or e})") from None
+def load_published(path: str | Path = PUBLISHED_CSV, sources: str | Path = SOURCES_CSV) -> list[Published]:
+    """The published numbers of released models (table ``released``), each with where its source is written."""
+    df = load_published_df(path, sources)
+    src = load_sources(sources)
     out = []
-    for i, r in enumerate(rows, start=2):
-        try:
-            value = float(r["value"])
-        except (TypeError, ValueError):
-            raise io.AnalysisInputError(f"{path}:{i}: value {r['value']!r} is not a number") from None
-        if not math.isfinite(value) or not r["source"]:
-            raise io.AnalysisInputError(f"{path}:{i}: every row needs a source id and a finite value")
-        out.append(Published(**{k: (value if k == "value" else (r[k] or "")) for k in FIELDS}))
+    for _, r in df[df["table"] == TABLE].iterrows():
+        s = src.loc[r["source"]]
+        if not (s.get("repository") and s.get("file") and s.get("commit")):
+            raise AnalysisInputError(f"{sources}: source {r['source']!r} of released numbers needs repository, file "
+                                     "and commit")
+        out.append(Published(source=r["source"], repository=s["repository"], file=s["file"], commit=s["commit"],
+                             section=s["table"], scale=str(r["scale"]), method=str(r["method"]), task=str(r["task"]),
+                             metric=str(r["metric"]), value=float(r["value"]), unit=str(r.get("unit") or ""),
+                             note=str(r.get("note") or "")))
     return out
 
 
@@ -90,14 +88,14 @@ def _chosen(pub: Sequence[Published], spec: Optional[dict], label: str) -> list[
     if not spec:
         return []
     if not isinstance(spec, dict) or not {"source", "scale", "method"} <= set(spec):
-        raise io.AnalysisInputError(f"released arm {label!r}: published must name source, scale and method "
+        raise AnalysisInputError(f"released arm {label!r}: published must name source, scale and method "
                                     f"(got {spec!r})")
     rows = [p for p in pub if (p.source, p.scale, p.method) == (spec["source"], str(spec["scale"]), spec["method"])]
     if not rows:
         known = sorted({f"{p.source} {p.scale} {p.method}" for p in pub})
-        raise io.AnalysisInputError(
+        raise AnalysisInputError(
             f"released arm {label!r}: no published numbers for source {spec['source']!r}, scale {spec['scale']!r}, "
-            f"method {spec['method']!r} in {PUBLISHED_RELEASED_CSV.name}; known: {'; '.join(known)}")
+            f"method {spec['method']!r} in eval/published.csv (table {TABLE}); known: {'; '.join(known)}")
     return rows
 
 
@@ -136,12 +134,10 @@ def _checkpoint(results: dict) -> str:
     return "-"
 
 
-def _arm_value(task: io.EvalTask, metric: str) -> float:
+def _arm_value(task: EvalTask, metric: str) -> float:
     ids = list(task.docs)
-    x, w = io.metric_arrays(task, metric, ids)
+    x, w = metric_arrays(task, metric, ids)
     if w is not None:
-        from . import stats as st
-
         return st.perplexity(x, w)
     return float(x.mean())
 
@@ -153,9 +149,9 @@ def released_table(eval_dirs: Sequence[str | Path], arms: Optional[dict] = None,
     arms = arms or {}
     found: dict[str, tuple[Path, dict]] = {}
     for d in map(Path, eval_dirs):
-        info = io.identify_eval(d)
+        info = identify_eval(d)
         if info["label"] in found:
-            raise io.AnalysisInputError(f"{d} and {found[info['label']][0]}: two evaluations of released arm "
+            raise AnalysisInputError(f"{d} and {found[info['label']][0]}: two evaluations of released arm "
                                         f"{info['label']!r}; pass each arm's eval dir once")
         found[info["label"]] = (d, info)
     chosen = {label: _chosen(pub, (arms.get(label) or {}).get("published"), label) for label in found}
@@ -163,9 +159,9 @@ def released_table(eval_dirs: Sequence[str | Path], arms: Optional[dict] = None,
     def reference(label: str) -> Optional[str]:
         d, info = found[label]
         cands = [k for k, (_, i) in found.items() if k != label and i["variant"] == "baseline"
-                 and i["size"] == info["size"] and io.pairing_difference(info, i) is None]
+                 and i["size"] == info["size"] and pairing_difference(info, i) is None]
         if len(cands) > 1:
-            raise io.AnalysisInputError(f"released arm {label!r} ({d}) pairs with {len(cands)} baseline arms "
+            raise AnalysisInputError(f"released arm {label!r} ({d}) pairs with {len(cands)} baseline arms "
                                         f"({', '.join(sorted(cands))}); give each pair its own size or group")
         return cands[0] if cands else None
 
@@ -176,9 +172,9 @@ def released_table(eval_dirs: Sequence[str | Path], arms: Optional[dict] = None,
         ref = reference(label) if info["variant"] != "baseline" else None
         if info["variant"] != "baseline" and ref is None:
             skipped.append(f"{label}: no baseline arm of size {info['size']} in its group to compare with")
-        tasks = io.eval_tasks(d)
+        tasks = eval_tasks(d)
         for task in tasks:
-            ta = io.load_eval_task(d, task)
+            ta = load_eval_task(d, task)
             metric = primary_metric(ta)
             mine = next((p for p in chosen[label] if p.task == task), None)
             others = other_sources(pub, mine) if mine else []
@@ -190,13 +186,14 @@ def released_table(eval_dirs: Sequence[str | Path], arms: Optional[dict] = None,
                 "ours": _arm_value(ta, metric), "published": mine.value if mine else None,
                 "published_metric": mine.metric if mine else None, "published_source": mine.source if mine else None,
                 "published_method": mine.method if mine else None,
-                "other_sources": "; ".join(t for _, t in others) or None,
+                "published_others": "; ".join(t for _, t in others) or None,
+                "published_commit": mine.commit if mine else None,
                 "reference": ref, "comparison": None, "delta": None, "ci_low": None, "ci_high": None, "p": None,
                 "p_holm": None, "published_delta": None, "judged": None, "verdict": None, "test": None}
             used.update((p.source, p.where()) for p in ([mine] if mine else []) + [p for p, _ in others])
             res = None
-            if ref is not None and task in io.eval_tasks(found[ref][0]):
-                tb = io.load_eval_task(found[ref][0], task)
+            if ref is not None and task in eval_tasks(found[ref][0]):
+                tb = load_eval_task(found[ref][0], task)
                 c = compare_task(ta, tb, metric, n_resamples=n_resamples)
                 res = c.result
                 theirs = next((p for p in chosen.get(ref, []) if p.task == task), None)
@@ -223,7 +220,7 @@ def released_table(eval_dirs: Sequence[str | Path], arms: Optional[dict] = None,
             Column("published [source]", lambda r: (f"{_value_text(r['published'], r['metric'])} "
                                                     f"[{r['published_source']}]") if r["published"] is not None
                    else "-"),
-            Column("other sources", lambda r: r["other_sources"] or "-"),
+            Column("other sources", lambda r: r["published_others"] or "-"),
             Column("Δ vs baseline [95% CI]", lambda r: f_ci(r["delta"], r["ci_low"], r["ci_high"])),
             Column("published Δ", lambda r: f_ci(r["published_delta"], None, None)),
             Column("test", lambda r: r["test"] or "-"), Column("p", lambda r: f_p(r["p"])),
@@ -243,14 +240,14 @@ def released_table(eval_dirs: Sequence[str | Path], arms: Optional[dict] = None,
         f"model: the verdict says whether these two models differ ('{vd.MODELS_DIFFER}' / '{vd.NO_DIFFERENCE}'), "
         "never whether the method reproduces (eval/verdict.py VERDICT_RULE).",
     ] + [f"not compared: {s}" for s in skipped]
-    return Table("released", TITLE, rows, cols, notes, io.provenance([str(d) for d in eval_dirs]))
+    return Table("released", TITLE, rows, cols, notes, provenance([str(d) for d in eval_dirs]))
 
 
 def make_released_table(eval_dirs: Sequence[str | Path], arms: dict, out: str | Path, n_resamples: int = 4999,
                         command: Optional[str] = None) -> list[Path]:
     """Build the table and write OUT.csv/.md/.tex (``command`` is recorded as provenance)."""
     if not eval_dirs:
-        raise io.AnalysisInputError("released: no evaluation folders given")
+        raise AnalysisInputError("released: no evaluation folders given")
     t = released_table(eval_dirs, arms, n_resamples=n_resamples)
     t.provenance["command"] = command or f"python -m eval.released --inputs {' '.join(map(str, eval_dirs))}"
     t.provenance["arms"] = arms
@@ -261,9 +258,9 @@ def _read_arms(path: str) -> dict:
     try:
         arms = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        raise io.AnalysisInputError(f"--arms {path}: cannot read a JSON object ({e})") from None
+        raise AnalysisInputError(f"--arms {path}: cannot read a JSON object ({e})") from None
     if not isinstance(arms, dict):
-        raise io.AnalysisInputError(f"--arms {path}: expected a JSON object label -> arm")
+        raise AnalysisInputError(f"--arms {path}: expected a JSON object label -> arm")
     return arms
 
 
@@ -274,7 +271,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", required=True, help="output prefix; writes PREFIX.csv, PREFIX.md, PREFIX.tex")
     ap.add_argument("--resamples", type=int, default=4999, help="bootstrap / permutation resamples")
     a = ap.parse_args(argv)
-    return io.run_cli("eval.released", lambda cmd: make_released_table(
+    return run_cli("eval.released", lambda cmd: make_released_table(
         a.inputs, _read_arms(a.arms) if a.arms else {}, a.out, a.resamples, command=cmd), argv)
 
 

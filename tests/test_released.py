@@ -6,9 +6,9 @@
 * a hub repository that cannot be reached stops the import job with one `error:` line naming the repository and
   how to give a local copy (the hub client runs offline here: HF_HUB_OFFLINE=1, an empty cache);
 * end to end on the CPU: the overlay's 0.6B pair with test-built local checkpoints in place of the hub names
-  (a stock Qwen3 baseline, an AttnRes checkpoint in the authors' layout), tiny evaluation subsets: the released
-  table carries our numbers, the README's published numbers with their source id and commit, what the paper
-  draft says instead, and the paired per-question test; the provenance records each folder's content hash;
+  (a stock Qwen3 baseline, a block-mode checkpoint in the authors' released layout), tiny evaluation subsets: the
+  released table carries our numbers, the README's published numbers with their source id and commit, what the
+  paper draft says instead, and the paired per-question test; the provenance records each folder's content hash;
 * the table's pieces against hand-made records: published rows by source, disagreements between sources,
   the paired test and Holm's adjustment (eval.verdict), and the refusals.
 """
@@ -26,11 +26,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fixtures_analysis as fx  # noqa: E402
-from test_workflow import REPO, configfiles, job_counts, load, snakemake  # noqa: E402
+from test_workflow import configfiles, job_counts, load, snakemake  # noqa: E402
 
 from eval import released as rel  # noqa: E402
-from eval import results_io as io  # noqa: E402
 from eval import verdict as vd  # noqa: E402
+from eval.load.common import AnalysisInputError  # noqa: E402
 
 OVERLAY = "config/released.yaml"
 
@@ -86,17 +86,19 @@ def test_unreachable_hub_stops_the_import_with_one_error_line(tmp_path):
     assert res.returncode != 0
     (line,) = _error_lines(res)
     assert "'wdlctc/open-attnres-0.6b-block'" in line and "could not be reached" in line
-    assert "released: {gone: {hf: /absolute/DIR}}" in line and "hf download wdlctc/open-attnres-0.6b-block --local-dir DIR" in line
+    assert "released: {gone: {hf: /absolute/DIR}}" in line
+    assert "hf download wdlctc/open-attnres-0.6b-block --local-dir DIR" in line
     assert not (tmp_path / "results/released/gone/model.pt").exists()
 
 
 # --- end to end on the CPU ----------------------------------------------------------------------------------
 def _checkpoints(tmp_path: Path) -> tuple[Path, Path]:
-    """A stock Qwen3 folder (the baseline) and an AttnRes checkpoint in the authors' layout, byte vocabulary."""
+    """A stock Qwen3 folder (the baseline) and a block-mode checkpoint in the authors' released layout (recency
+    bias, gates), both with the byte vocabulary."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from test_hf_authors import authors_checkpoint
+    from test_hf_released_layout import released_checkpoint
 
     torch.manual_seed(0)
     base = tmp_path / "ckpt" / "baseline"
@@ -104,8 +106,7 @@ def _checkpoints(tmp_path: Path) -> tuple[Path, Path]:
                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                  max_position_embeddings=256, tie_word_embeddings=True)).save_pretrained(base)
     block = tmp_path / "ckpt" / "block"
-    authors_checkpoint(block, "block", layers=2, heads=1, num_blocks=2, vocab=257,
-                       extra_config={"max_position_embeddings": 256})
+    released_checkpoint(block, "block", layers=2, num_blocks=2, extra_config={"max_position_embeddings": 256})
     return base, block
 
 
@@ -134,20 +135,24 @@ def test_released_target_end_to_end_with_local_checkpoints(tmp_path):
     assert float(got["oar-0.6b-block", "lambada_openai"]["published"]) == 0.114
     assert {r["published_source"] for r in rows} == {"oar-readme-0.6b"}
     # where the paper draft disagrees, the row says so
-    other = got["oar-0.6b-block", "lambada_openai"]["other_sources"]
+    other = got["oar-0.6b-block", "lambada_openai"]["published_others"]
     assert "oar-draft-0.6b: 0.092 (differs)" in other and "oar-draft-0.6b gives 0.114 to delta" in other
     # the block arm is compared with the baseline arm, paired by question, Holm across the two tasks
     cmp = [got["oar-0.6b-block", t] for t in ("lambada_openai", "hellaswag")]
     assert all(r["reference"] == "oar-0.6b-baseline" and r["test"] and r["verdict"] for r in cmp)
     assert float(cmp[0]["published_delta"]) == pytest.approx(0.114 - 0.082)
+    assert {r["published_commit"] for r in rows} == {"83d2b8de82c2fbb981c7decca67d13d9db348da6"}
     md = (out / "released.md").read_text()
-    assert rel.TITLE in md and "83d2b8de82c2fbb981c7decca67d13d9db348da6" in md and "main.tex" in md
-    # each arm is pinned: a local folder by the hash of its files
+    assert rel.TITLE in md and "README.md @ 83d2b8de82c2fbb981c7decca67d13d9db348da6" in md and "main.tex @" in md
+    # each arm is pinned: a local folder by the hash of its config and weights; the block arm is the authors' layout
     prov = json.loads((tmp_path / "results/released/oar-0.6b-block/provenance.json").read_text())
-    from mhar.hf.hub import folder_sha256
+    from mhar.hf.importer import content_sha256
+    from mhar.runs.checkpoint import file_sha256
 
-    assert prov["source"] == {"kind": "local", "folder": str(block.resolve()), "content_sha256": folder_sha256(block)}
-    assert got["oar-0.6b-block", "hellaswag"]["checkpoint"] == f"local block (content {folder_sha256(block)[:12]})"
+    want = content_sha256(block, {"model.safetensors": file_sha256(block / "model.safetensors")})
+    assert prov["source"] == {"kind": "local", "folder": str(block.resolve()), "commit": None, "content_sha256": want}
+    assert prov["import_hf"]["variant"] == got["oar-0.6b-block", "hellaswag"]["variant"] != "baseline"
+    assert got["oar-0.6b-block", "hellaswag"]["checkpoint"] == f"local block (content {want[:12]})"
 
 
 # --- the table's pieces against hand-made records -------------------------------------------------------------
@@ -192,13 +197,13 @@ def test_table_pairs_block_with_baseline_and_quotes_each_source(tmp_path):
     assert w["published_delta"] == pytest.approx(55.69 - 60.21)
     assert [r["p_holm"], rows["block", "hellaswag"]["p_holm"], w["p_holm"]] == pytest.approx(
         vd.holm([ev.p_value, ev_h.p_value, ev_w.p_value]))
-    assert w["other_sources"] == "oar-draft-0.6b: 54.08 (differs); oar-draft-0.6b gives 55.69 to delta"
+    assert w["published_others"] == "oar-draft-0.6b: 54.08 (differs); oar-draft-0.6b gives 55.69 to delta"
     assert r["verdict"] == vd.MODELS_DIFFER and r["sign_vs_published"] == "same sign"
     assert rows["base", "lambada_openai"]["delta"] is None  # the reference itself is not tested
     # sources: the README's findings give LAMBADA 0.114 to full, the draft to delta, and its block row differs
-    assert r["other_sources"] == ("oar-readme-findings gives 0.114 to full; oar-draft-0.6b: 0.092 (differs); "
+    assert r["published_others"] == ("oar-readme-findings gives 0.114 to full; oar-draft-0.6b: 0.092 (differs); "
                                   "oar-draft-0.6b gives 0.114 to delta")
-    assert rows["base", "lambada_openai"]["other_sources"] == "oar-draft-0.6b: 0.082 (agrees)"
+    assert rows["base", "lambada_openai"]["published_others"] == "oar-draft-0.6b: 0.082 (agrees)"
     assert rows["block", "hellaswag"]["checkpoint"] == "org/block@" + "ab" * 6
     notes = "\n".join(t.notes)
     for s in ("oar-readme-0.6b", "oar-readme-findings", "oar-draft-0.6b"):
@@ -220,7 +225,7 @@ def test_table_refuses_unknown_sources_and_ambiguous_pairs(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: released arm 'block': no published numbers for source 'nope'")
     other = _arm_eval(tmp_path, "base2", "baseline", {"lambada_openai": v})
-    with pytest.raises(io.AnalysisInputError, match="pairs with 2 baseline arms"):
+    with pytest.raises(AnalysisInputError, match="pairs with 2 baseline arms"):
         rel.released_table([base, other, block], {}, n_resamples=99)
     # another group does not pair: the block arm is shown, not compared
     lone = _arm_eval(tmp_path, "lone", "block_attnres", {"lambada_openai": v}, group="h")
@@ -237,4 +242,5 @@ def test_published_file_names_a_commit_for_every_number():
             for t in ("", "wikitext", "lambada_openai", "hellaswag")] == [3.303, 60.21, 0.082, 0.325,
                                                                           3.35, 55.69, 0.114, 0.34]
     assert by["oar-draft-0.6b", "delta", "wikitext"] == 55.69 and by["oar-draft-0.6b", "full", "wikitext"] == 68.87
-    assert REPO.joinpath("eval/published_released.csv") == rel.PUBLISHED_RELEASED_CSV
+    assert {p.commit for p in pub if p.file == "README.md"} == {"83d2b8de82c2fbb981c7decca67d13d9db348da6",
+                                                                "9d5a73e3afdbf85b9063345bb722a5e428938e9e"}

@@ -35,7 +35,7 @@ def check_released_arms(arms):
     # (without the analysis packages where Snakemake runs, the table job checks the choices)
     try:
         from eval.released import check_choices
-        from eval.results_io import AnalysisInputError
+        from eval.load.common import AnalysisInputError
     except ImportError as err:
         logger.warning(f"released.*.published not checked here ({err})")
         return
