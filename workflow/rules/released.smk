@@ -21,7 +21,7 @@ RELEASED = {
 
 def check_released_arms(arms):
     """Stop with one `error:` line (nothing runs) when an arm's `hf:` is a local path that is not a model folder,
-    or its `published:` choice names no row of eval/published_released.csv."""
+    or its `published:` choice names no row of eval/published.csv (table released)."""
     for label, arm in arms.items():
         hf = Path(str(arm["hf"])).expanduser()
         if str(arm["hf"]).startswith(("/", ".", "~")) and not (hf / "config.json").is_file():
