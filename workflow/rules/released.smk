@@ -17,36 +17,7 @@ RELEASED = {
     }
     for label, arm in (config.get("released") or {}).items()
 }
-
-
-def check_released_arms(arms):
-    """Stop with one `error:` line (nothing runs) when an arm's `hf:` is a local path that is not a model folder,
-    or its `published:` choice names no row of eval/published.csv (table released)."""
-    for label, arm in arms.items():
-        hf = Path(str(arm["hf"])).expanduser()
-        if str(arm["hf"]).startswith(("/", ".", "~")) and not (hf / "config.json").is_file():
-            what = "does not exist" if not hf.exists() else "has no config.json (not a Hugging Face model folder)"
-            print(
-                f"error: released.{label}.hf: local path {arm['hf']!r} {what}; give a Hugging Face model "
-                "folder or a hub name org/name",
-                file=sys.stderr,
-            )
-            sys.exit(1)
-    # (without the analysis packages where Snakemake runs, the table job checks the choices)
-    try:
-        from eval.released import check_choices
-        from eval.load.common import AnalysisInputError
-    except ImportError as err:
-        logger.warning(f"released.*.published not checked here ({err})")
-        return
-    try:
-        check_choices(arms)
-    except AnalysisInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
-
-
-check_released_arms(RELEASED)
+check_released_arms(RELEASED)  # local paths and published choices, before anything is planned
 RELEASED_MODEL = f"{RESULTS}/released/{{label}}/model.pt"
 RELEASED_EVAL = f"{RESULTS}/eval/released/{{label}}/{{ehash}}/{{task}}"
 RELEASED_EVAL_DIRS = [
@@ -122,13 +93,3 @@ rule table_released:
         resamples=config["stats"]["resamples"],
     script:
         "../scripts/released_table.py"
-
-
-def reproduce_released_inputs(wildcards):
-    """The released-models table, or a clear error when this config has no released arms."""
-    if not RELEASED:
-        raise WorkflowError(
-            "reproduce_released: this config has no `released:` arms; add them, e.g. "
-            "--configfile config/released.yaml (the authors' released checkpoints)"
-        )
-    return table_files("released")
