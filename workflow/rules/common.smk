@@ -388,9 +388,15 @@ def check_released_arms(arms):
     or its `published:` choice names no row of eval/published.csv (table released)."""
     for label, arm in arms.items():
         hf = Path(str(arm["hf"])).expanduser()
-        local = Path(str(arm["hf"])).is_absolute() or str(arm["hf"]).startswith((".", "~"))
+        local = Path(str(arm["hf"])).is_absolute() or str(arm["hf"]).startswith(
+            (".", "~")
+        )
         if local and not (hf / "config.json").is_file():
-            what = "does not exist" if not hf.exists() else "has no config.json (not a Hugging Face model folder)"
+            what = (
+                "does not exist"
+                if not hf.exists()
+                else "has no config.json (not a Hugging Face model folder)"
+            )
             print(
                 f"error: released.{label}.hf: local path {arm['hf']!r} {what}; give a Hugging Face model "
                 "folder or a hub name org/name",

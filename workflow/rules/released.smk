@@ -17,11 +17,13 @@ RELEASED = {
     }
     for label, arm in (config.get("released") or {}).items()
 }
-check_released_arms(RELEASED)  # local paths and published choices, before anything is planned
+# local paths and published choices are checked before anything is planned
+check_released_arms(RELEASED)
 RELEASED_MODEL = f"{RESULTS}/released/{{label}}/model.pt"
 RELEASED_EVAL = f"{RESULTS}/eval/released/{{label}}/{{ehash}}/{{task}}"
 RELEASED_EVAL_DIRS = [
-    str(Path(RELEASED_EVAL).parent).format(label=label, ehash=EHASH) for label in RELEASED
+    str(Path(RELEASED_EVAL).parent).format(label=label, ehash=EHASH)
+    for label in RELEASED
 ]
 RELEASED_RESULTS = [
     f"{RELEASED_EVAL}/results.json".format(label=label, ehash=EHASH, task=task)
