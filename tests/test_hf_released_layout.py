@@ -294,3 +294,23 @@ def test_export_of_the_imported_model_loads_without_mhar_with_their_logits(tmp_p
     for mode, ref in refs.items():
         scale = ref.abs().max().item()
         assert (got[mode].double() - ref).abs().max().item() <= 1e-5 * scale, mode
+
+
+@pytest.mark.parametrize("layers,num_blocks,note", [(12, 4, None), (28, 8, "gives 7 blocks of up to 4 layers")])
+def test_the_published_block_shapes_convert_with_their_block_count(layers, num_blocks, note):
+    """wdlctc/open-attnres-block (L 12, 4 blocks) and open-attnres-0.6b-block (L 28, "8 blocks": ceil(28/8) = 4
+    layers per block, so 7 closed blocks); config only, tensors on the meta device."""
+    from mhar.hf.authors import authors_model_config
+
+    d, heads, kv = (512, 8, 4) if layers == 12 else (1024, 16, 8)
+    hf = {"model_type": "qwen3_attnres", "vocab_size": 151936, "hidden_size": d, "intermediate_size": 3 * d,
+          "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d // heads,
+          "attnres_mode": "block", "attnres_num_blocks": num_blocks, "attnres_gate_type": "bias",
+          "attnres_recency_bias_init": 0.0, "tie_word_embeddings": True}
+    tensors = {"model.layers.0.self_attn.q_proj.weight": torch.empty(d, d, device="meta"),
+               "model.layers.0.self_attn.q_norm.weight": torch.empty(d // heads, device="meta"),
+               "model.layers.0.attn_res_bias": torch.empty((), device="meta")}
+    cfg, notes = authors_model_config(hf, tensors)
+    assert (cfg.residual.variant, cfg.residual.blocks, cfg.residual.gate_type) == ("open_attnres", num_blocks, "bias")
+    assert cfg.tie_embeddings and cfg.qk_norm and cfg.residual.recency_bias_init == 0.0
+    assert (note is None and not notes) or any(note in n for n in notes), notes

@@ -20,13 +20,14 @@ with one pseudo-query q_i (D,), key-norm weight g_i (D,) and recency bias b_i (s
     learnable_alpha  h = (1 - a) x + a r                       a_i scalar, unconstrained
 
 States are closed into the source list (``open_attnres``, block mode) after the MLP sublayer of every layer l
-with (l + 1) % P == 0, P = max(1, ceil(L / residual.blocks)) layers per block (so ``blocks`` larger than
-what divides L gives ceil(L / P) blocks); (``open_attnres_full``) after every sublayer. There is no final
-read: the final norm reads the stream x_{2L}. A closed state is the stream itself, so the read that follows a
-closing sees the same state twice (as the last closed source and as x_i, with the bias).
+with (l + 1) % P == 0, P = max(1, ceil(L / residual.blocks)) layers per block (ceil(L / P) blocks, which can be
+fewer than ``blocks``: L = 28 with blocks = 8 gives P = 4 and 7 blocks); (``open_attnres_full``) after every
+sublayer. There is no final read: the final norm reads the stream x_{2L}. A closed state is the stream itself,
+so the read that follows a closing sees the same state twice (as the last closed source and as x_i, with the
+bias); the first read sees the embedding twice.
 
 Init (zero queries, unit key norms, recency bias ``residual.recency_bias_init`` (None: 0.0), gate logits -2,
-vector gate W = 0 and v = -2, alpha 0): with the defaults every read is uniform over its sources.
+vector gate W = 0 and v = -2, alpha 0): with the defaults every depth softmax is uniform over its sources.
 
 No Router: the read is plain PyTorch that the trainer's ``torch.compile`` of the whole decoder fuses (no
 Triton kernel); ``residual.routing_impl`` does not apply to this variant.
@@ -44,9 +45,6 @@ from mhar.model.residuals import register
 from mhar.model.residuals.base import Residual
 
 GATE_TYPES = ("bias", "sigmoid_scalar", "sigmoid_vector", "learnable_alpha")
-# per-site gate parameters of each gate type (their shapes after the site axis: () or (D,) or (D, D))
-_GATE_PARAMS = {"bias": (), "sigmoid_scalar": ("gate_logits",), "sigmoid_vector": ("gate_weight", "gate_bias"),
-                "learnable_alpha": ("alphas",)}
 
 
 def layers_per_block(n_layers: int, blocks: int) -> int:
