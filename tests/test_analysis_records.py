@@ -66,6 +66,17 @@ def test_switching_the_source_changes_the_published_column(tmp_path):
     assert web["loss_mean"].tolist() == df["loss_mean"].tolist()
 
 
+def test_report_setup_names_the_sources_quoted(tmp_path):
+    from eval.report import build_report
+
+    _table1(tmp_path, "table1", table1="arxiv-v2-web")
+    text = build_report(tmp_path, tmp_path / "REPORT.md")
+    setup = text[:text.index("## How to read the verdicts")]
+    assert "**Published numbers quoted**" in setup
+    assert "- `table1`: arxiv-v2-web: Luo, Cai, Hu: Multi-Head Attention Residuals, arXiv:2607.27230v2, web " \
+           "replication" in setup and "other sources disagree" in setup
+
+
 def test_unknown_source_is_one_error_line(tmp_path, capsys):
     paths = [fx.write_run(tmp_path, "baseline", "100M", 0, 3.0)]
     assert tables_main(["table1", "--inputs", *map(str, paths), "--out", str(tmp_path / "t"),
@@ -91,6 +102,28 @@ def test_a_toy_size_preset_is_ordered_and_compared_from_its_record(tmp_path):
         assert bool(mid.loc["mhar", "same_scale"]) and mid.loc["mhar", "published_loss"] == 2.848  # 350M, H=8
     finally:
         PRESETS.pop("toy_mid")
+
+
+def test_a_recorded_display_names_and_orders_the_row(tmp_path):
+    """summary.json's `display` (what the trainer records) is read as it is, without the registry."""
+    paths = []
+    for seed in (0, 1):
+        paths.append(fx.write_run(tmp_path, "baseline", "tiny", seed, 3.0 + 0.01 * seed, run_block=True))
+        p = fx.write_run(tmp_path, "mhar", "tiny", seed, 2.9 + 0.01 * seed, 8, run_block=True)
+        d = json.loads(p.read_text())
+        d["display"] = {"display": "routed", "order": -1, "shows_heads": True}
+        p.write_text(json.dumps(d))
+        paths.append(p)
+    make_table("table1", paths, tmp_path / "t1")
+    assert pd.read_csv(tmp_path / "t1.csv")["method"].tolist() == ["routed H=8", "baseline"]
+
+
+def test_display_record_carries_a_fixed_head_count():
+    from mhar.model.residuals import display_record
+
+    assert display_record("attnres") == {"display": "single-head (AttnRes)", "order": 2, "shows_heads": False,
+                                         "heads": 1}
+    assert "heads" not in display_record("baseline") and display_record("mhar")["shows_heads"]
 
 
 # --- task facts in the task YAML -------------------------------------------------------------------------
