@@ -164,8 +164,11 @@ def arguments_hash(arguments: Sequence[Any]) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-def sample_records(samples: list[dict], output_type: str) -> list[dict]:
+def sample_records(samples: list[dict], output_type: str, cluster_field: Optional[str] = None) -> list[dict]:
     """lm-eval logged samples (one per document and filter) -> one record per document.
+
+    ``cluster_field``: the document field that groups related questions (the task YAML's ``metadata:
+    cluster_field``), recorded as each record's ``group`` (clustered standard errors in the tables).
 
     ``metrics`` holds each document's metric value under ``metric`` (filter ``none``) or
     ``metric,filter``; perplexity-type metrics keep lm-eval's per-document item
@@ -190,6 +193,8 @@ def sample_records(samples: list[dict], output_type: str) -> list[dict]:
             }
             if output_type == "generate_until":
                 rec["generation"] = _jsonable(s["resps"][0][0]) if s["resps"] and s["resps"][0] else None
+            if cluster_field and isinstance(s.get("doc"), dict) and s["doc"].get(cluster_field) is not None:
+                rec["group"] = _jsonable(s["doc"][cluster_field])
         for m in s["metrics"]:
             rec["metrics"][_metric_key(m, filt)] = _jsonable(s[m])
         rec["responses"][filt] = _jsonable(s["filtered_resps"])
@@ -475,7 +480,8 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
     # what `lm_eval --model <name> --model_args ...` records (simple_evaluate, given a built LM, records its class)
     res["config"]["model"] = lm_name
     tracker.general_config_tracker.model_source = lm_name
-    records = sample_records(res["samples"][task_name], task.OUTPUT_TYPE)
+    metadata = getattr(task.config, "metadata", None) or {}
+    records = sample_records(res["samples"][task_name], task.OUTPUT_TYPE, metadata.get("cluster_field"))
     got = [r["doc_id"] for r in records]
     if got != doc_ids:
         raise RuntimeError(f"task {task_name}: lm-eval evaluated documents {got[:10]}... not the selection {doc_ids[:10]}...")

@@ -123,7 +123,7 @@ def load_units(path: str | Path, variant: str, unit: str = "run",
 
 def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: float = 0.05,
              sizes: tuple = ()) -> list[dict]:
-    """One row per size (in preset order, mhar.model.presets.size_key): n, ratios, mean, sd, ci95, p (one-sided, mean > target),
+    """One row per size (in preset order, ``size_key``): n, ratios, mean, sd, ci95, p (one-sided, mean > target),
     p_holm (over the sizes with n >= 2), verdict. ``sizes``: sizes that must appear ("not measured", n 0, when the
     record has no run of them)."""
     import numpy as np

@@ -578,3 +578,14 @@ def test_probe_jobs_are_the_registry_routed_variants(tmp_path):
     probed = {Path(f).stem for f in planned_outputs(res.stdout, "probe")}
     assert {"attnres", "mhar", "toy_routed"} <= probed
     assert probed == set(routed_variants()) & set(cfg["variants"])
+
+
+def test_published_source_is_a_config_key_checked_at_dag_build(tmp_path):
+    ci = configfiles("config/ci.yaml")
+    res = snakemake(["reproduce_table1", "-n", *ci, "--config", "published={table1: arxiv-v2-web}"], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = snakemake(["reproduce_table1", "-n", *ci, "--config", "published={table1: arxiv-v3-table9}"], tmp_path)
+    errors = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("error:")]
+    assert res.returncode != 0 and len(errors) == 1, (res.stdout + res.stderr)[-2000:]
+    assert "published.table1: unknown published source 'arxiv-v3-table9'" in errors[0] and "arxiv-v2-web" in errors[0]
+    assert not (tmp_path / "results").exists()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+import pandas as pd
 
 from .common import AnalysisInputError
 
@@ -49,8 +50,6 @@ _INFERENCE_COLS = ("size", "variant", "routing_impl", "prefill_tok_s", "decode_m
 
 def _read_bench_csv(path: str | os.PathLike):
     """(path, DataFrame with stripped lower-case column names) of one listed benchmark CSV."""
-    import pandas as pd
-
     p = Path(path)
     if not p.is_file():
         raise AnalysisInputError(f"{p}: benchmark CSV not found (run the benchmark first)")
@@ -68,9 +67,6 @@ def load_inference(paths: Iterable[str | os.PathLike]):
     columns size, provider (baseline / hf = transformers' Qwen3 / the routing implementation), batch,
     score_tok_s (NaN in records older than the scoring column), prefill_tok_s, decode_ms_per_token, peak_mem_gb,
     source; empty when none is listed. A listed inference CSV without the core columns is an error."""
-    import numpy as np
-    import pandas as pd
-
     frames = []
     for p in paths:
         p, df = _read_bench_csv(p)
@@ -108,8 +104,6 @@ def load_bench(paths: Iterable[str | os.PathLike]):
     among them (``load_inference``) are left to the caller; any other listed CSV that is
     not a training-throughput benchmark (no throughput column, e.g. routing-op timings) is an error, not
     skipped. Memory is taken as reported (GiB when the CSV says ``peak_mem_gib``)."""
-    import pandas as pd
-
     frames = []
     for p in paths:
         p, df = _read_bench_csv(p)

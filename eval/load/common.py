@@ -13,6 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
+import yaml
+
+from mhar.runs.config import yaml_error_line
+
 
 class AnalysisInputError(ValueError):
     """An input file of the analysis stage is missing or malformed (message names file and field)."""
@@ -32,10 +36,6 @@ def read_json(path: Path) -> Any:
 def read_yaml(path: str | os.PathLike) -> Any:
     """A YAML (or JSON) file, safely: a tag that would build a Python object (``!!python/...``) is refused,
     never executed; malformed YAML is one AnalysisInputError line naming the file and the place."""
-    import yaml
-
-    from mhar.runs.config import yaml_error_line
-
     path = Path(path)
     try:
         return yaml.safe_load(path.read_text())

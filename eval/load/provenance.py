@@ -6,11 +6,11 @@ import platform
 import sys
 from typing import Optional, Sequence
 
+from mhar.runs.provenance import git_info, utc_now
+
 
 def provenance(inputs: Sequence[str | os.PathLike], command: Optional[Sequence[str]] = None) -> dict:
     """Where a generated table/figure came from: command, inputs, git commit, versions, time."""
-    from mhar.runs.provenance import git_info, utc_now
-
     versions = {}
     for mod in ("numpy", "scipy", "statsmodels", "pandas", "matplotlib", "torch"):
         m = sys.modules.get(mod)

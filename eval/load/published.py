@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
+import pandas as pd
+
 from mhar.model.presets import PRESETS, size_key
 
 from .common import AnalysisInputError
@@ -27,8 +29,6 @@ DEFAULT_SOURCES = {"table1": "arxiv-v2-table1", "seeds": "arxiv-v2-seeds", "head
 
 def load_sources(path: str | os.PathLike = SOURCES_CSV):
     """The sources file as a DataFrame indexed by id."""
-    import pandas as pd
-
     df = pd.read_csv(path, dtype=str, keep_default_na=False)
     for col in ("id", "kind", "title", "version", "table"):
         if col not in df.columns:
@@ -40,8 +40,6 @@ def load_sources(path: str | os.PathLike = SOURCES_CSV):
 
 def load_published(path: str | os.PathLike = PUBLISHED_CSV, sources: str | os.PathLike = SOURCES_CSV):
     """The published numbers; every row's ``source`` must be an id of the sources file."""
-    import pandas as pd
-
     df = pd.read_csv(path, dtype={"heads": "Int64"}, keep_default_na=False, na_values=[""])  # "null" is a method
     for col in ("table", "scale", "method", "metric", "value", "source"):
         if col not in df.columns:
@@ -142,17 +140,16 @@ def source_notes(source: str, disagree: list[str]) -> list[str]:
     """A table's notes on its published numbers: the source it quotes and, where other sources give another
     value for the same quantity, which ones (``disagree``: 'row: id value; ...' lines)."""
     notes = [f"Published numbers quoted: {describe_source(source)} (config `published`, eval/published_sources.csv)."]
+    disagree = list(dict.fromkeys(disagree))  # one line per quantity, however many of our rows compare with it
     if disagree:
         notes.append("Sources disagree for the same quantity (other source: value): " + " | ".join(disagree[:6])
-                     + (f" | ... ({len(disagree)} rows)" if len(disagree) > 6 else ""))
+                     + (f" | ... ({len(disagree)} quantities)" if len(disagree) > 6 else ""))
     return notes
 
 
 def sources_section(table_csvs: dict[str, Optional[os.PathLike]]) -> list[str]:
     """Markdown lines for a report's setup: which published source each table quotes (its CSV's
     ``published_source`` column) and, for the quantities where other sources disagree, that they do."""
-    import pandas as pd
-
     lines = []
     for name, path in table_csvs.items():
         if path is None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
+import pandas as pd
 
 from mhar.model.presets import size_key
 
@@ -120,7 +121,6 @@ def _table_inference_rows(inf):
     keep = []
     for _, sub in inf.groupby("size"):
         keep.append(sub[sub["score_tok_s"].notna()] if sub["score_tok_s"].notna().any() else sub)
-    import pandas as pd
     return pd.concat(keep, ignore_index=True) if keep else inf
 
 

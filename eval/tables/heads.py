@@ -81,5 +81,6 @@ def heads_table(summaries: Sequence[str | Path], published=None, source: Optiona
              "the largest H swept).", "Unit: the seed (paired t over seeds vs the smallest H).",
              "H=1 is single-head AttnRes. Paper: 1B head sweep (8 KV heads) for 1B and "
              "non-paper sizes, Table 1 (H=1/8/16) for 100M/350M.", vd.SCALE_NOTE, RULE_POINTER,
-             *(n for k in sorted({r["published_table"].split(":")[0] for r in rows}) for n in source_notes(sources[k], []))]
+             *(n for k in sorted({r["published_table"].split(":")[0] for r in rows})
+               for n in source_notes(sources[k], []))]
     return Table("heads", "Routing head-count sweep", rows, cols, notes, provenance(summaries))

@@ -39,7 +39,7 @@ def seeds_table(summaries: Sequence[str | Path], published=None, source: Optiona
         others = other_values(pub, source, scale, variant, "delta_vs_baseline")
         label = run_label(next(iter(groups[g].values())), knobs)
         if others and pd_ is not None:
-            disagree.append(f"{label} {scale}: {source} {pd_:+.4g}; {others_text(others)}")
+            disagree.append(f"{variant} {scale}: {source} {pd_:+.4g}; {others_text(others)}")
         rows.append({"size": size, "variant": variant, "heads": heads, "method": label, "residual": knobs_text(knobs),
                      "run_label": ",".join(sorted({r.name for r in groups[g].values()})),
                      "seeds": seeds_text(seeds),

@@ -82,7 +82,7 @@ def table1(summaries: Sequence[str | Path], published=None, source: Optional[str
         rows.append(row)
         results.append(res)
         if others and pub_loss is not None:
-            disagree.append(f"{row['method']} {paper_scale(size)[0]}: {source} {pub_loss:.4g}; {others_text(others)}")
+            disagree.append(f"{variant} {paper_scale(size)[0]}: {source} {pub_loss:.4g}; {others_text(others)}")
     judge(rows, results)
     cols = [Column("size", lambda r: r["size"]), Column("method", lambda r: r["method"]),
             Column("seeds", lambda r: r["seeds"]),

@@ -56,7 +56,8 @@ def pairing_difference(a: dict, b: dict, ignore: Sequence[str] = ()) -> Optional
     ``a`` / ``b`` are run records as the analysis reads them: keys ``config`` (the identity config, None for a
     record without one), ``size``, ``seed``, ``data_seed``, ``pairing`` (pairing hash), ``config_hash`` (what a
     record without ``run.config`` carries instead: the hash of the resolved config without residual section and
-    seeds; "" when none) and ``where``. With both configs: they may differ under :data:`PAIRING_VARIES` and ``ignore`` alone.
+    seeds; "" when none) and ``where``. With both configs: they may differ under :data:`PAIRING_VARIES` and
+    ``ignore`` alone.
     Two records without ``run.config`` that declare a ``run.pairing`` (released checkpoints' arms, never trained
     here) pair when size, seeds and pairing agree; two records with a ``config_hash`` when it agrees."""
     skip = tuple(PAIRING_VARIES) + tuple(ignore)

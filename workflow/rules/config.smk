@@ -84,13 +84,15 @@ except WorkflowError:
 def _check_published_sources():
     import csv
 
-    with open(Path(workflow.basedir) / "eval" / "published_sources.csv", newline="") as f:
+    with open(
+        Path(workflow.basedir) / "eval" / "published_sources.csv", newline=""
+    ) as f:
         known = [row["id"] for row in csv.DictReader(f)]
     for kind, source in (config.get("published") or {}).items():
         if source not in known:
-            raise WorkflowError(
-                f"invalid workflow config at published.{kind}: {source!r} is not a source of "
-                f"eval/published_sources.csv (one of {', '.join(known)})"
+            _config_error(
+                f"published.{kind}: unknown published source {source!r}; choose one of "
+                f"{', '.join(known)} (eval/published_sources.csv)"
             )
 
 
