@@ -66,6 +66,7 @@ localrules:
     table_heads,
     table_downstream,
     table_cost,
+    table_released,
     figure,
     report,
     reproduce_table1,
@@ -74,6 +75,7 @@ localrules:
     reproduce_downstream,
     reproduce_cost,
     reproduce_cpt,
+    reproduce_released,
 
 
 rule reproduce_table1:
@@ -106,3 +108,10 @@ rule reproduce_cost:
 rule reproduce_cpt:
     input:
         reproduce_cpt_inputs,
+
+
+# The authors' released checkpoints (config `released:`, e.g. --configfile config/released.yaml): import,
+# evaluate, and the released-models table beside their published numbers.
+rule reproduce_released:
+    input:
+        reproduce_released_inputs,

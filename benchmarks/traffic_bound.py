@@ -157,8 +157,8 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
     """Per size with a baseline step row in ``training`` (bench_training.py rows): the bytes, ideal time at
     ``hbm_gbps`` and throughput bound of ``fused`` and ``min``, and the measured ratio of the first variant of
     ``fused`` that the record holds at that size (an older record's variant names read as the current ones:
-    ``eval.results_io.bench_variant``)."""
-    from eval.results_io import bench_variant
+    ``eval.load.bench.bench_variant``)."""
+    from eval.load.bench import bench_variant
     fused = (fused,) if isinstance(fused, str) else tuple(fused)
     training = [r for r in training if r.get("mode", "step") != "trainer"]  # the step rows (same step, one each)
     rows = []

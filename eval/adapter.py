@@ -53,6 +53,8 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
+from .vocab import check_vocab
+
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 # Scored positions per output-head call of a model without ``hidden`` (logits given): bounds the fp32 block.
@@ -138,7 +140,6 @@ class MharLM(TemplateLM):
                 raise ValueError(f"MharLM: dtype {dtype!r} not one of {', '.join(_DTYPES)}")
             self.model.to(_DTYPES[dtype])
         self.tokenizer = tokenizer
-        from .run import check_vocab
 
         # token ids past the embedding table would fail in the middle of an evaluation: refused now
         check_vocab(self.model, tokenizer, f"MharLM: pretrained={pretrained}" if pretrained is not None

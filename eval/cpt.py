@@ -3,10 +3,8 @@
 :func:`evaluate_cpt_model` evaluates one CPT model (``base`` / ``plain`` / ``mhar``) on one task
 with :func:`eval.run.evaluate_model` under the ``cpt.eval`` settings (``mhar.cpt.CPTEvalConfig``);
 :func:`write_cpt_table` writes the CPT gain / total gain / MHAR gain table (``eval.tables`` kind
-``cpt``) and its manifest. :func:`check_arms` is the pairing check of the two arms that the table makes
-(with or without a manifest): their resolved configs may differ only in the residual section and in the
-checkpoint each starts from (its own conversion of the one base). The config and run configs of the arms
-are in ``mhar.cpt``.
+``cpt``) and its manifest. The pairing check of the two arms that the table makes (with or without a
+manifest) is ``eval.tables.cpt.check_arms``. The config and run configs of the arms are in ``mhar.cpt``.
 """
 from __future__ import annotations
 
@@ -16,32 +14,7 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:  # the table needs no torch: the analysis environment (workflow/envs/analysis.yaml) has none
     from mhar.cpt import CPTEvalConfig
 
-__all__ = ["evaluate_cpt_model", "write_cpt_table", "check_arms", "ARM_VARIES"]
-
-# What the two CPT arms may differ in besides the residual section (mhar.runs.config.PAIRING_VARIES): each starts
-# from its own conversion of the base (init/plain vs init/mhar).
-ARM_VARIES = ("train.init_from",)
-
-
-def check_arms(plain_eval: str | Path, mhar_eval: str | Path) -> Optional[str]:
-    """Refuse (eval.results_io.AnalysisInputError, one line naming both runs and the first field that differs)
-    CPT arms whose training differs in more than the residual form: data order (seeds, corpus, tokenizer,
-    sequence length) or schedule. Returns a note when the records cannot say (an arm evaluated from a model
-    that records no run, e.g. a Hugging Face checkpoint); None when checked."""
-    from . import results_io as io
-    from .tables import check_pair
-
-    infos = []
-    for d in (plain_eval, mhar_eval):
-        rps = sorted(Path(d).glob("*/results.json"))
-        rec = io._read_json(rps[0]) if rps else None
-        if not (isinstance(rec, dict) and isinstance(rec.get("run"), dict)):
-            return (f"the pairing of the CPT arms was not checked: {d} records no training run (evaluated from a "
-                    "model without the run record), so its data order and schedule are unknown")
-        infos.append((io.identify_eval(d), Path(d)))
-    (a, wa), (b, wb) = infos
-    check_pair(a, wa, b, wb, ignore=ARM_VARIES)
-    return None
+__all__ = ["evaluate_cpt_model", "write_cpt_table"]
 
 
 def evaluate_cpt_model(model_path: str | Path, task: str, out_dir: str | Path, ev: "CPTEvalConfig",
@@ -49,6 +22,7 @@ def evaluate_cpt_model(model_path: str | Path, task: str, out_dir: str | Path, e
     """Evaluate one CPT model (an exported model.pt) on one task with eval.run; returns results.json.
 
     ``data_dir``: local data mirror (default ``$MHAR_DATA_DIR``, ``mhar.env``; unset: the hub)."""
+    # lazy: torch and lm-eval are in the eval environment only; write_cpt_table runs in the analysis one
     import torch
 
     from .adapter import MharLM
@@ -63,14 +37,18 @@ def evaluate_cpt_model(model_path: str | Path, task: str, out_dir: str | Path, e
 
 
 def write_cpt_table(base_eval: str | Path, plain_eval: str | Path, mhar_eval: str | Path, out_prefix: str | Path,
-                    scale: str, batch_check: Optional[dict] = None, n_resamples: int = 4999) -> list[Path]:
+                    scale: str, batch_check: Optional[dict] = None, n_resamples: int = 4999,
+                    published: Optional[dict] = None) -> list[Path]:
     """CPT gain / total gain / MHAR gain table (eval.tables cpt) from three eval dirs.
 
-    Writes ``<out_prefix>.manifest.yaml`` (inputs + the batch-identity check) next to the table.
+    Writes ``<out_prefix>.manifest.yaml`` (inputs + the batch-identity check) next to the table. ``published``:
+    {table kind: source id} of the published numbers quoted (the config's ``published`` block).
     """
     import yaml
 
-    from .tables import make_table
+    # lazy: the table's statistics (scipy, pandas) are in the analysis environment only; evaluate_cpt_model
+    # runs in the eval one
+    from .tables.build import make_table
 
     out_prefix = Path(out_prefix)
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -80,4 +58,4 @@ def write_cpt_table(base_eval: str | Path, plain_eval: str | Path, mhar_eval: st
         manifest["batch_check"] = batch_check
     mpath = out_prefix.with_name(out_prefix.name + ".manifest.yaml")
     mpath.write_text(yaml.safe_dump(manifest, sort_keys=False))
-    return make_table("cpt", [mpath], out_prefix, n_resamples=n_resamples)
+    return make_table("cpt", [mpath], out_prefix, n_resamples=n_resamples, published=published)

@@ -25,7 +25,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from . import results_io as io  # noqa: E402
+from .load.common import AnalysisInputError, read_json, run_cli  # noqa: E402
+from .load.metrics import val_curve  # noqa: E402
+from .load.provenance import provenance  # noqa: E402
+from .load.published import load_published, paper_scales  # noqa: E402
+from .load.runs import RunSummary, group_runs, load_summaries, run_label  # noqa: E402
+from .tables.cost import cost_table  # noqa: E402
+from .tables.heads import SWEPT  # noqa: E402
 
 KINDS = ("loss_curves", "loss_vs_compute", "routing_heatmap", "head_sweep", "forest", "cost")
 VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "effect differs": "tab:orange",
@@ -45,7 +51,7 @@ def save(fig, prefix: str | Path, inputs: Sequence[str | Path]) -> list[Path]:
     """Save ``fig`` as PREFIX.png and PREFIX.pdf with provenance in the metadata."""
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    prov = io.provenance(inputs, command=_COMMAND[-1:] or None)
+    prov = provenance(inputs, command=_COMMAND[-1:] or None)
     desc = json.dumps({k: prov[k] for k in ("command", "inputs", "git", "generated_utc")})
     png, pdf = prefix.with_name(prefix.name + ".png"), prefix.with_name(prefix.name + ".pdf")
     fig.savefig(png, dpi=130, bbox_inches="tight", metadata={"Software": "mhar eval.figures", "Description": desc})
@@ -54,9 +60,9 @@ def save(fig, prefix: str | Path, inputs: Sequence[str | Path]) -> list[Path]:
     return [png, pdf]
 
 
-def _by_size(runs: Sequence[io.RunSummary]) -> dict[str, dict[tuple, dict[int, io.RunSummary]]]:
+def _by_size(runs: Sequence[RunSummary]) -> dict[str, dict[tuple, dict[int, RunSummary]]]:
     out: dict[str, dict] = {}
-    for g, byseed in io.group_runs(runs).items():
+    for g, byseed in group_runs(runs).items():
         out.setdefault(g[1], {})[g] = byseed
     return out
 
@@ -68,7 +74,7 @@ def _mean_band(curves: list[dict[str, np.ndarray]], x: str) -> tuple[np.ndarray,
         common &= set(c["step"].tolist())
     steps = np.array(sorted(common))
     if steps.size == 0:
-        raise io.AnalysisInputError("runs of one group share no validation step; cannot average their curves")
+        raise AnalysisInputError("runs of one group share no validation step; cannot average their curves")
     L = np.stack([c["loss"][np.searchsorted(c["step"], steps)] for c in curves])  # (seeds, steps)
     X = np.stack([c[x][np.searchsorted(c["step"], steps)] for c in curves])
     return X.mean(0), L.mean(0), L.min(0), L.max(0)
@@ -91,15 +97,15 @@ def _grid(n: int, w: float = 5.0, h: float = 3.6):
 
 def loss_curves(summaries: Sequence[str | Path], out: str | Path, x: str = "step") -> list[Path]:
     """Validation loss per variant (mean over seeds, band = min..max across seeds), one panel per size."""
-    runs = io.load_summaries(summaries)
+    runs = load_summaries(summaries)
     sizes = _by_size(runs)
     fig, axes = _grid(len(sizes))
     for ax, size in zip(axes, sorted(sizes)):
         for g in sorted(sizes[size], key=lambda g: (g[0], g[2] or 0)):
             byseed = sizes[size][g]
-            curves = [io.val_curve(r) for r in byseed.values()]
+            curves = [val_curve(r) for r in byseed.values()]
             xs, m, lo, hi = _mean_band(curves, x)
-            lab = io.variant_label(g[0], g[2], g[3], next(iter(byseed.values())).name)
+            lab = run_label(next(iter(byseed.values())), g[3])
             line, = ax.plot(xs, m, color=_color(lab), label=f"{lab} (mean of n={len(curves)} seeds"
                                                               + (", band min..max)" if len(curves) > 1 else ")"))
             if len(curves) > 1:
@@ -114,7 +120,7 @@ def loss_curves(summaries: Sequence[str | Path], out: str | Path, x: str = "step
 
 def loss_vs_compute(summaries: Sequence[str | Path], out: str | Path) -> list[Path]:
     """Validation loss against wall-clock (left) and FLOPs (right), mean over seeds; one row per size."""
-    runs = io.load_summaries(summaries)
+    runs = load_summaries(summaries)
     sizes = _by_size(runs)
     fig, axes = plt.subplots(len(sizes), 2, figsize=(10, 3.6 * len(sizes)), squeeze=False)
     for row, size in zip(axes, sorted(sizes)):
@@ -122,9 +128,9 @@ def loss_vs_compute(summaries: Sequence[str | Path], out: str | Path) -> list[Pa
         for ax, key, lab in ((row[0], "wall_s", "wall-clock (s)"), (row[1], "flops", "training FLOPs")):
             unmeasured = []
             for g in sorted(groups, key=lambda g: (g[0], g[2] or 0)):
-                curves = [io.val_curve(r) for r in groups[g].values()]
+                curves = [val_curve(r) for r in groups[g].values()]
                 xs, m, lo, hi = _mean_band(curves, key)
-                name = io.variant_label(g[0], g[2], g[3], next(iter(groups[g].values())).name)
+                name = run_label(next(iter(groups[g].values())), g[3])
                 if not np.isfinite(xs).any():
                     unmeasured.append(name)
                     continue
@@ -148,9 +154,9 @@ def loss_vs_compute(summaries: Sequence[str | Path], out: str | Path) -> list[Pa
 def _routing_input(path: Path) -> tuple[str, dict[str, np.ndarray]]:
     """(title, {site: (H, N) mean routing weights}) from a probe JSON or an exported model."""
     if path.suffix == ".json":
-        d = io._read_json(path)
+        d = read_json(path)
         if not isinstance(d, dict) or "routing_mean" not in d:
-            raise io.AnalysisInputError(f"{path}: no 'routing_mean' (write it with `python -m eval.probe`)")
+            raise AnalysisInputError(f"{path}: no 'routing_mean' (write it with `python -m eval.probe`)")
         return d.get("model") or path.stem, {k: np.asarray(v) for k, v in d["routing_mean"].items()}
     import torch
 
@@ -161,12 +167,12 @@ def _routing_input(path: Path) -> tuple[str, dict[str, np.ndarray]]:
     try:
         model, tok, _ = load_model(path, routing_impl="eager")  # refuses a model without its checksum
     except CheckpointError as e:
-        raise io.AnalysisInputError(str(e)) from e
+        raise AnalysisInputError(str(e)) from e
     ids, _ = probe_tokens(tok, model.cfg.vocab_size, 2, min(128, model.cfg.max_seq_len))
     with torch.no_grad():
         r = model(ids, collect_routing=True).routing or {}
     if not r:
-        raise io.AnalysisInputError(f"{path}: model variant {model.cfg.residual.variant!r} logs no routing weights")
+        raise AnalysisInputError(f"{path}: model variant {model.cfg.residual.variant!r} logs no routing weights")
     return str(path), {k: v.float().mean(dim=(0, 1)).numpy() for k, v in r.items()}
 
 
@@ -204,9 +210,9 @@ def routing_heatmap(inputs: Sequence[str | Path], out: str | Path,
 def head_sweep(summaries: Sequence[str | Path], out: str | Path) -> list[Path]:
     """Tail-mean loss against routing heads H (H=1 = AttnRes) as the paired difference to the smallest
     H swept (mean ± sd over seeds), one line per size, with the paper's 1B sweep: look for the U-shape."""
-    runs = [r for r in io.load_summaries(summaries) if r.variant in ("mhar", "attnres")]
+    runs = [r for r in load_summaries(summaries) if r.variant in SWEPT]
     if not runs:
-        raise io.AnalysisInputError("head_sweep needs mhar/attnres summaries")
+        raise AnalysisInputError("head_sweep needs mhar/attnres summaries")
     fig, axes = _grid(1, w=6.0)
     ax = axes[0]
     for size, groups in sorted(_by_size(runs).items()):
@@ -223,7 +229,7 @@ def head_sweep(summaries: Sequence[str | Path], out: str | Path) -> list[Path]:
         n_txt = f"n={min(ns)}" if min(ns) == max(ns) else f"n={min(ns)}..{max(ns)}"
         ax.errorbar(hs, m, yerr=sd, marker="o", capsize=3,
                     label=f"ours {size} vs H={min(byh)}: mean ± sd over {n_txt} paired seeds")
-    pub = io.load_published()
+    pub = load_published()
     sub = pub[pub["table"] == "heads"].sort_values("heads")
     v = sub["value"].astype(float).to_numpy()
     ax.plot(sub["heads"].astype(float), v - v[0], "k--s", alpha=0.6, label="paper 1B (vs H=1)")
@@ -267,7 +273,7 @@ def forest(table_csvs: Sequence[str | Path], out: str | Path) -> list[Path]:
         df = pd.read_csv(p)
         for col in ("comparison", "delta", "ci_low", "ci_high"):
             if col not in df.columns:
-                raise io.AnalysisInputError(f"{p}: not an eval.tables CSV (missing column {col!r})")
+                raise AnalysisInputError(f"{p}: not an eval.tables CSV (missing column {col!r})")
         df = df[df["comparison"].notna() & df["delta"].notna()]
         if df.empty:
             continue
@@ -277,7 +283,7 @@ def forest(table_csvs: Sequence[str | Path], out: str | Path) -> list[Path]:
         else:
             panels.append((Path(p).stem, df))
     if not panels:
-        raise io.AnalysisInputError("forest: no comparison rows with a delta in the given tables")
+        raise AnalysisInputError("forest: no comparison rows with a delta in the given tables")
     heights = [max(1.5, 0.35 * len(df) + 0.8) for _, df in panels]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, sum(heights)), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
@@ -311,8 +317,6 @@ def _cost_rows(inputs: Sequence[str | Path]):
         head = pd.read_csv(inputs[0], nrows=0).columns
         if {"provider", "ratio", "verdict", "published_ratio"} <= set(head):
             return pd.read_csv(inputs[0])
-    from .tables import cost_table
-
     return pd.DataFrame(cost_table(inputs).rows)
 
 
@@ -320,8 +324,8 @@ def cost(inputs: Sequence[str | Path], out: str | Path) -> list[Path]:
     """Throughput ratio vs baseline (± 2 SE over repeats) and peak memory, bars per size x routing
     implementation; x = the paper's H100 number; OOM / unmeasured cells are labelled, not drawn as zero."""
     df = _cost_rows(inputs)
-    sizes = sorted(df["size"].astype(str).unique(), key=lambda s: (s not in io.PAPER_SCALES,
-                   list(io.PAPER_SCALES).index(s) if s in io.PAPER_SCALES else 0, s))
+    sizes = sorted(df["size"].astype(str).unique(), key=lambda s: (s not in paper_scales(),
+                   list(paper_scales()).index(s) if s in paper_scales() else 0, s))
     known = ("baseline", "eager", "compile", "fused")
     provs = [p for p in known if p in set(df["provider"])] + sorted(set(df["provider"]) - set(known))
     fig, axes = _grid(2, w=5.5)
@@ -380,7 +384,7 @@ def make_figure(kind: str, inputs: Sequence[str | Path], out: str | Path, comman
     if kind not in BUILDERS:
         raise ValueError(f"unknown figure {kind!r}; choose one of {', '.join(KINDS)}")
     if not inputs:
-        raise io.AnalysisInputError(f"{kind}: no inputs given")
+        raise AnalysisInputError(f"{kind}: no inputs given")
     _COMMAND[:] = [command or f"python -m eval.figures {kind} --inputs {' '.join(map(str, inputs))} --out {out}"]
     try:
         return BUILDERS[kind](list(inputs), out)
@@ -395,7 +399,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     required=True)
     ap.add_argument("--out", required=True, help="output prefix; writes PREFIX.png and PREFIX.pdf")
     a = ap.parse_args(argv)
-    return io.run_cli("eval.figures", lambda cmd: make_figure(a.kind, a.inputs, a.out, command=cmd), argv)
+    return run_cli("eval.figures", lambda cmd: make_figure(a.kind, a.inputs, a.out, command=cmd), argv)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,9 @@ from torch import Tensor
 from mhar import env
 from mhar.runs.atomic import atomic_write_text
 
+from .load.provenance import provenance
+from .vocab import check_vocab
+
 
 # --- pure tensor functions -------------------------------------------------------------------------
 def _keys(sources: Tensor, norm_weight: Tensor, eps: float) -> Tensor:
@@ -217,8 +220,6 @@ def run_probe(model_path: str | Path, out: str | Path, slices: int = 4, batch: i
     """Load a model, probe it, write the JSON (with provenance) to ``out``; returns the dict."""
     from mhar.runs.checkpoint import load_model
 
-    from .results_io import provenance
-    from .run import check_vocab
 
     from mhar.runs.atomic import check_writable
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .data_local import STANDARD_TASKS, DataSource, unknown_task_message
+from .vocab import check_vocab
 
 log = logging.getLogger("eval.run")
 RESULTS_FILE = "results.json"
@@ -163,8 +164,11 @@ def arguments_hash(arguments: Sequence[Any]) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-def sample_records(samples: list[dict], output_type: str) -> list[dict]:
+def sample_records(samples: list[dict], output_type: str, cluster_field: Optional[str] = None) -> list[dict]:
     """lm-eval logged samples (one per document and filter) -> one record per document.
+
+    ``cluster_field``: the document field that groups related questions (the task YAML's ``metadata:
+    cluster_field``), recorded as each record's ``group`` (clustered standard errors in the tables).
 
     ``metrics`` holds each document's metric value under ``metric`` (filter ``none``) or
     ``metric,filter``; perplexity-type metrics keep lm-eval's per-document item
@@ -189,6 +193,8 @@ def sample_records(samples: list[dict], output_type: str) -> list[dict]:
             }
             if output_type == "generate_until":
                 rec["generation"] = _jsonable(s["resps"][0][0]) if s["resps"] and s["resps"][0] else None
+            if cluster_field and isinstance(s.get("doc"), dict) and s["doc"].get(cluster_field) is not None:
+                rec["group"] = _jsonable(s["doc"][cluster_field])
         for m in s["metrics"]:
             rec["metrics"][_metric_key(m, filt)] = _jsonable(s[m])
         rec["responses"][filt] = _jsonable(s["filtered_resps"])
@@ -424,19 +430,6 @@ def model_identity(model_path: str, lm: Any, sha: Optional[str] = None) -> dict:
     return {"run": extra.get("run"), "weights_sha256": sha if sha is not None else weights_sha256(model_path)}
 
 
-def check_vocab(model: Any, tok: Any, label: str) -> None:
-    """ValueError when ``model``'s vocabulary is smaller than ``tok``'s (ids past the embedding would fail in
-    the middle of an evaluation): checked once, before any document is evaluated. ``label`` names the model
-    as the user gave it (``--model PATH``); models without ``cfg.vocab_size`` (Hugging Face) are not checked
-    here. The one check of eval.run, the ``mhar`` adapter and eval.probe."""
-    cfg = getattr(model, "cfg", None)
-    mv, tv = getattr(cfg, "vocab_size", None), getattr(tok, "vocab_size", None)
-    if isinstance(mv, int) and isinstance(tv, int) and mv < tv:
-        raise ValueError(f"{label}: the model's vocabulary ({mv} ids) is smaller than its tokenizer's "
-                         f"({getattr(tok, 'name', '?')}: {tv} ids), so some tokens have no embedding; evaluate it "
-                         "with the tokenizer it was trained with (the one stored in the export), or re-export it")
-
-
 def load_task(task_name: str, source: DataSource, task_manager, num_fewshot: Optional[int] = None):
     """The lm-eval task object (after ``check_task``), ready to run: GPQA's answer order seeded, and
     ``num_fewshot`` honoured or refused (ValueError) where the task has no few-shot source."""
@@ -488,7 +481,8 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
     # what `lm_eval --model <name> --model_args ...` records (simple_evaluate, given a built LM, records its class)
     res["config"]["model"] = lm_name
     tracker.general_config_tracker.model_source = lm_name
-    records = sample_records(res["samples"][task_name], task.OUTPUT_TYPE)
+    metadata = getattr(task.config, "metadata", None) or {}
+    records = sample_records(res["samples"][task_name], task.OUTPUT_TYPE, metadata.get("cluster_field"))
     got = [r["doc_id"] for r in records]
     if got != doc_ids:
         raise RuntimeError(f"task {task_name}: lm-eval evaluated documents {got[:10]}... not the selection {doc_ids[:10]}...")

@@ -11,7 +11,7 @@ test of two variants measured in the same runs); ``load_units`` / ``load_pairs``
 Each row of the record with ``mode`` "step" (``--mode``: "trainer" for the ``python -m mhar.train`` rows, "both"),
 the variant, status ok and a ``thr_ratio`` (MHAR's tokens/s over the baseline's, both measured in ONE run: a
 truly paired ratio) is one run. Records written before the routing names were unified name variants as they
-were then (``eval.results_io.bench_variant``: their ``mhar_fused_v7_sg8_pdl`` rows are ``mhar_fused``, their
+were then (``eval.load.bench.bench_variant``: their ``mhar_fused_v7_sg8_pdl`` rows are ``mhar_fused``, their
 ``mhar_fused`` rows ``mhar_fused_v6``). ``--unit run`` (default) treats every run as independent; ``--unit call``
 first averages the runs that share a device call (the ``source`` column's "session ... call N": same machine, same
 compile caches), the stricter unit when a call holds repeats. Per size: n, mean, sample sd, the 95% t interval
@@ -37,9 +37,12 @@ import re
 import sys
 from pathlib import Path
 
-from .results_io import bench_variant
+from mhar.model.presets import PRESETS, size_key
 
-SIZE_ORDER = {"100M": 0, "350M": 1, "1B": 2}
+from .load.bench import bench_variant
+
+# the sizes a throughput target is asked for by default: the paper's (the presets with a paper scale)
+PAPER_SIZES = tuple(n for n in sorted(PRESETS, key=size_key) if PRESETS[n].paper_scale)
 
 
 def t_interval(x, level: float = 0.95) -> tuple[float, float, float, float]:
@@ -120,7 +123,7 @@ def load_units(path: str | Path, variant: str, unit: str = "run",
 
 def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: float = 0.05,
              sizes: tuple = ()) -> list[dict]:
-    """One row per size (``SIZE_ORDER``, then by name): n, ratios, mean, sd, ci95, p (one-sided, mean > target),
+    """One row per size (in preset order, ``size_key``): n, ratios, mean, sd, ci95, p (one-sided, mean > target),
     p_holm (over the sizes with n >= 2), verdict. ``sizes``: sizes that must appear ("not measured", n 0, when the
     record has no run of them)."""
     import numpy as np
@@ -128,7 +131,7 @@ def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: fl
     from statsmodels.stats.multitest import multipletests
 
     out = []
-    for size in sorted(set(units) | set(sizes), key=lambda s: (SIZE_ORDER.get(s, 99), s)):
+    for size in sorted(set(units) | set(sizes), key=size_key):
         if not units.get(size):
             out.append({"size": size, "n": 0, "ratios": [], "mean": None, "sd": None, "ci95": None, "p": None,
                         "p_holm": None, "verdict": "not measured"})
@@ -208,7 +211,7 @@ def compare(pairs: dict[str, list[tuple[str, float, float]]], alpha: float = 0.0
             r["p"] = float(stats.ttest_rel(a, b, alternative="greater").pvalue)
         return r
 
-    out = [row(s, pairs[s]) for s in sorted(pairs, key=lambda s: (SIZE_ORDER.get(s, 99), s))]
+    out = [row(s, pairs[s]) for s in sorted(pairs, key=size_key)]
     tested = [r for r in out if r["p"] is not None]
     if tested:
         for r, pa in zip(tested, multipletests([r["p"] for r in tested], alpha=alpha, method="holm")[1]):
@@ -266,7 +269,7 @@ def main(argv=None) -> int:
                     help="rows to use: the benchmark's step rows (default), the trainer rows, or both (then prefer "
                          "--unit call: a call's step and trainer rows measure the same build)")
     ap.add_argument("--alpha", type=float, default=0.05)
-    ap.add_argument("--sizes", nargs="+", default=list(SIZE_ORDER),
+    ap.add_argument("--sizes", nargs="+", default=list(PAPER_SIZES),
                     help="sizes the target is asked for (a size without runs is 'not measured'; default: %(default)s)")
     ap.add_argument("--against", metavar="VARIANT",
                     help="compare --variant with this variant over the runs that measured both (paired)")

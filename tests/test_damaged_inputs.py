@@ -10,7 +10,11 @@ import pytest
 import torch
 
 import fixtures_analysis as fx
-from eval import figures, results_io as io, tables
+from eval import figures
+from eval.load.common import AnalysisInputError
+from eval.load.runs import residual_from_config
+from eval.load.samples import align, load_eval_task, metric_arrays
+from eval.tables.build import main as tables_main
 
 
 def _samples(d: Path, task: str) -> tuple[Path, list[dict]]:
@@ -22,7 +26,7 @@ def _write(sp: Path, recs: list) -> None:
     sp.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in recs))
 
 
-def _refused(capsys, argv: list[str], *needles: str, main=tables.main) -> str:
+def _refused(capsys, argv: list[str], *needles: str, main=tables_main) -> str:
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -109,8 +113,8 @@ def test_yaml_python_tags_are_refused_and_never_run(tmp_path, capsys):
     # a run directory's config.yaml read by the analysis stage
     run = fx.write_run(tmp_path, "mhar", "tiny", 0, 2.0, heads=4)
     (run.parent / "config.yaml").write_text(f"model:\n  residual: {tag}\n")
-    with pytest.raises(io.AnalysisInputError, match="YAML tag"):
-        io.residual_from_config(run.parent)
+    with pytest.raises(AnalysisInputError, match="YAML tag"):
+        residual_from_config(run.parent)
     assert not marker.exists() and not (tmp_path / "r").exists()
 
 
@@ -158,7 +162,7 @@ def test_eval_device_cuda_without_a_gpu_is_refused_not_run_on_the_cpu(tmp_path, 
 
 def test_clean_records_still_load(tmp_path):
     dirs, truth = fx.make_downstream(tmp_path, n=25)
-    a, b = (io.load_eval_task(d, "lambada_openai") for d in dirs)
-    ids = io.align(a, b)
+    a, b = (load_eval_task(d, "lambada_openai") for d in dirs)
+    ids = align(a, b)
     assert ids == list(range(25))
-    np.testing.assert_array_equal(io.metric_arrays(a, "acc", ids)[0], truth["lam_b"])
+    np.testing.assert_array_equal(metric_arrays(a, "acc", ids)[0], truth["lam_b"])

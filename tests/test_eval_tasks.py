@@ -160,6 +160,8 @@ def test_hellaswag_gold_labels_match_raw_file(runs):
     _, samples = _read(runs[0], "hellaswag")
     for s in samples:
         assert s["target"] == int(rows[s["doc_id"]]["label"])
+        # the task YAML's metadata cluster_field: questions sharing a source video / article are one cluster
+        assert s["group"] == rows[s["doc_id"]]["source_id"]
 
 
 @needs_data

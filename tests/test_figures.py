@@ -15,16 +15,20 @@ try:  # tests/ on sys.path (pytest's default rootdir-less import mode)
     import fixtures_analysis as fx
 except ImportError:  # tests imported as a package
     from tests import fixtures_analysis as fx
-from eval import figures, results_io as io, tables
+from eval import figures
+from eval.load.common import AnalysisInputError
+from eval.load.metrics import val_curve
+from eval.load.runs import group_runs, load_summaries, load_summary
+from eval.tables.build import make_table
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("fig")
     runs = fx.make_runs(root, sizes=("tiny",), seeds=(0, 1))
-    tables.make_table("table1", runs, root / "rep" / "table1")
+    make_table("table1", runs, root / "rep" / "table1")
     dirs, _ = fx.make_downstream(root / "ds", n=60)
-    tables.make_table("downstream", dirs, root / "rep" / "downstream", n_resamples=199)
+    make_table("downstream", dirs, root / "rep" / "downstream", n_resamples=199)
     bench = fx.write_bench(root / "bench.csv")
     rng = np.random.default_rng(0)
     routing = {s: rng.dirichlet(np.ones(n), size=4).tolist()
@@ -86,9 +90,9 @@ def test_routing_heatmap_from_model(tmp_path):
 
 
 def test_mean_band_matches_numpy(data):
-    runs = io.load_summaries(data["runs"])
-    grp = io.group_runs(runs)[("mhar", "tiny", 4, ())]
-    curves = [io.val_curve(r) for r in grp.values()]
+    runs = load_summaries(data["runs"])
+    grp = group_runs(runs)[("mhar", "tiny", 4, ())]
+    curves = [val_curve(r) for r in grp.values()]
     xs, m, lo, hi = figures._mean_band(curves, "flops")
     L = np.stack([c["loss"] for c in curves])
     np.testing.assert_allclose(m, L.mean(0))
@@ -101,7 +105,7 @@ def test_mean_band_matches_numpy(data):
 def test_val_curve_falls_back_to_summary(data, tmp_path):
     p = fx.write_run(tmp_path, "baseline", "tiny", 0, 3.5)
     (p.parent / "metrics.jsonl").unlink()
-    c = io.val_curve(io.load_summary(p))
+    c = val_curve(load_summary(p))
     s = json.loads(p.read_text())
     np.testing.assert_allclose(c["loss"], [v for _, v in s["val_losses"]])
     assert c["flops"][-1] == pytest.approx(s["flops"])  # compute axes interpolated from the run totals
@@ -112,7 +116,7 @@ def test_bad_figure_inputs(data, tmp_path, capsys):
     not_a_table.write_text("a,b\n1,2\n")
     assert figures.main(["forest", "--inputs", str(not_a_table), "--out", str(tmp_path / "f")]) == 2
     assert "not an eval.tables CSV" in capsys.readouterr().err
-    with pytest.raises(io.AnalysisInputError, match="routing_mean"):
+    with pytest.raises(AnalysisInputError, match="routing_mean"):
         bad = tmp_path / "p.json"
         bad.write_text("{}")
         figures.make_figure("routing_heatmap", [bad], tmp_path / "h")
@@ -128,7 +132,7 @@ def test_cost_figure_draws_the_cost_table_and_marks_oom(tmp_path, monkeypatch):
     """The committed cost.png once showed 0.49/0.26/0.25 beside a table saying 0.83/0.73/0.69: the figure
     now draws the table's own rows (from its CSV), and an OOM cell is labelled, not a zero bar."""
     bench = fx.write_bench_training(tmp_path / "training.csv")
-    tables.make_table("cost", [bench], tmp_path / "cost")
+    make_table("cost", [bench], tmp_path / "cost")
     figs = _capture(monkeypatch)
     figures.make_figure("cost", [tmp_path / "cost.csv"], tmp_path / "fig")
     ax = figs[0].axes[0]

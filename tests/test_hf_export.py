@@ -27,7 +27,9 @@ pytest.importorskip("safetensors")
 from mhar import __main__ as cli  # noqa: E402
 from mhar.runs.checkpoint import file_sha256, read_checkpoint, save_model  # noqa: E402
 from mhar.model.config import model_config  # noqa: E402
-from mhar.hf import ExportError, export_hf, import_hf  # noqa: E402
+from mhar.hf import ExportError, export_hf, import_hf, ship  # noqa: E402
+from mhar.model.residuals import variant_names  # noqa: E402
+from mhar.runs.checkpoint import load_model  # noqa: E402
 from mhar.model.transformer import Transformer  # noqa: E402
 
 torch.set_num_threads(1)
@@ -44,6 +46,10 @@ VARIANTS = {  # label -> model_config overrides (debug preset: d 64, 2 layers, 4
     "mhar_hw": dict(residual={"variant": "mhar_hw"}),
     "mhar_delta": dict(residual={"variant": "mhar_delta", "heads": 4, "delta_block_layers": 1}),
 }
+# every other built-in variant the registry knows, with its defaults (a new variant is exported and checked too)
+VARIANTS.update({name: dict(residual={"variant": name}) for name in variant_names()
+                 if ship.variant_module(name) is None and name not in {v["residual"]["variant"] for v in VARIANTS.values()}})
+TOY = "toy_gated"  # tests/toy_variant.py, trained through python -m mhar.train
 PROMPTS = ["The cat sat", "Hello, w", "a"]
 NEW_TOKENS = 12
 IDS = torch.randint(0, 257, (2, 20), generator=torch.Generator().manual_seed(5))
@@ -88,7 +94,25 @@ def exports(tmp_path_factory):
         run = fake_run(root / "runs" / label, label, model, seed=i)
         report = export_hf(run, root / "hf" / label)
         out[label] = {"model": model, "run": run, "hf": root / "hf" / label, "report": report}
+    run = train_toy(root / "toy")
+    out[TOY] = {"model": load_model(run / "model.pt")[0].eval(), "run": run, "hf": root / "hf" / TOY,
+                "report": export_hf(run, root / "hf" / TOY)}
     return root, out
+
+
+def train_toy(root: Path) -> Path:
+    """A few steps of ``python -m mhar.train`` on tests/toy_variant.py's variant (a module outside mhar)."""
+    root.mkdir()
+    corpus, cfg, run = root / "corpus.txt", root / "toy.yaml", root / "run"
+    corpus.write_text("".join(f"line {i} of a small corpus for the toy variant\n" for i in range(400)))
+    cfg.write_text(f"model:\n  preset: debug\n  residual: {{variant: {TOY}, module: tests.toy_variant}}\n")
+    cmd = [sys.executable, "-m", "mhar.train", str(cfg), f"data.corpus={corpus}", "data.seq_len=32",
+           f"data.cache_dir={root / 'cache'}", "data.val_tokens=256", "train.steps=4", "train.global_batch=4",
+           "train.micro_batch=2", "train.warmup_steps=1", "train.eval_every=2", "train.tail_k=1",
+           "train.lr=1e-2", "train.threads=1", "train.device=cpu", "--out", str(run)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return run
 
 
 BLOCKER = """
@@ -130,9 +154,13 @@ def loaded(exports, tmp_path_factory):
     for label, d in dirs.items():
         remote = not label.startswith("baseline")
         model = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=remote, dtype=torch.float32).eval()
-        tok = AutoTokenizer.from_pretrained(d, trust_remote_code=remote)
         with torch.no_grad():
             tensors[label] = model(input_ids=ids).logits
+        if label == {TOY!r}:
+            res[label] = {{"class": type(model).__name__, "module": type(model).__module__}}
+            continue
+        tok = AutoTokenizer.from_pretrained(d, trust_remote_code=remote)
+        with torch.no_grad():
             out = model(input_ids=ids[:, :5], use_cache=True)
             cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         tok.padding_side = "left"
@@ -167,7 +195,9 @@ def test_every_variant_loads_without_mhar_with_the_harness_logits(exports, loade
             ref = e["model"](IDS).logits
         diff = (logits[label] - ref).abs().max().item()
         assert diff <= 1e-5, f"{label}: max |logits diff| {diff:.3g}"
-        assert ref.std() > 1.0  # not a degenerate model
+        assert ref.std() > (0.01 if label == TOY else 1.0)  # not a degenerate model (the toy: 4 training steps)
+    assert res[TOY]["class"] == "MharForCausalLM" and (ex[TOY]["hf"] / "tests_toy_variant.py").is_file()
+    assert ex[TOY]["model"].residual.gates.detach().ne(1.0).any()  # trained: the toy's gates moved
 
 
 def test_baseline_is_stock_transformers_and_routed_variants_use_the_shipped_file(exports, loaded):
@@ -191,6 +221,8 @@ def test_greedy_generation_with_the_kv_cache_equals_the_harness(exports, loaded)
     _, ex = exports
     res, _ = loaded
     for label, e in ex.items():
+        if label == TOY:
+            continue  # 4 training steps: near-uniform logits, no greedy path worth comparing
         assert res[label]["cache"] == ["DynamicCache", 5], label
         ctx = [list(p.encode()) for p in PROMPTS]
         ours = e["model"].generate(ctx, NEW_TOKENS, stop_ids=[256])
@@ -287,8 +319,8 @@ def test_mhar_command_table(capsys, monkeypatch):
 @pytest.mark.slow
 def test_modeling_file_uses_the_mhar_kernels_when_importable(exports, tmp_path):
     """With mhar importable, routing_impl 'fused' runs mhar.model.routing's fused Triton router (CPU: the Triton
-    interpreter), same logits as the file's PyTorch routing; 'auto' keeps PyTorch on the CPU; without mhar,
-    asking for the kernels is a clear ImportError."""
+    interpreter), same logits as the shipped PyTorch routing; 'auto' keeps PyTorch on the CPU; without mhar,
+    asking for the kernels is a clear ImportError when the model is built."""
     pytest.importorskip("triton")
     _, ex = exports
     d = str(ex["mhar"]["hf"])
@@ -319,9 +351,8 @@ def test_modeling_file_uses_the_mhar_kernels_when_importable(exports, tmp_path):
     blocked = run_without_mhar(f"""
     import torch
     from transformers import AutoModelForCausalLM
-    m = AutoModelForCausalLM.from_pretrained({d!r}, trust_remote_code=True, routing_impl="fused")
     try:
-        m(input_ids=torch.zeros(1, 4, dtype=torch.long))
+        AutoModelForCausalLM.from_pretrained({d!r}, trust_remote_code=True, routing_impl="fused")
     except ImportError as e:
         print("ImportError:", e)
     """, tmp_path)
@@ -349,3 +380,61 @@ def test_a_gpu_trained_routing_impl_survives_the_round_trip_on_the_cpu(tmp_path,
     expected = json.loads(json.dumps(a["model_config"]))
     expected["residual"]["routing_impl"] = "fused"
     assert b["model_config"] == expected
+
+
+def test_every_file_of_an_export_has_the_same_mode(exports):
+    """model.safetensors is readable as the other files are (safetensors alone writes it 0600)."""
+    _, ex = exports
+    for label in ("baseline", "mhar"):
+        modes = {p.name: oct(p.stat().st_mode & 0o777) for p in ex[label]["hf"].iterdir()}
+        assert len(set(modes.values())) == 1, f"{label}: {modes}"
+
+
+def test_the_shipped_files_import_only_each_other_and_installed_packages(exports):
+    """An export ships the model package's own modules, flat: every relative import names a shipped file,
+    transformers copies every shipped file (its relative-import closure of modeling_mhar.py), the file it
+    checks imports nothing missing, and an absolute mhar import remains only for the Triton kernels (not shipped;
+    reached where mhar is installed). The harness's model modules are shipped verbatim but for those imports."""
+    import ast
+
+    from transformers.dynamic_module_utils import get_imports, get_relative_import_files
+
+    _, ex = exports
+    kernels = ship.plan().optional
+    assert kernels and all(k.startswith("mhar.model.routing.") for k in kernels)
+    for label, e in ex.items():
+        if label.startswith("baseline"):
+            assert not list(e["hf"].glob("*.py")), label
+            continue
+        folder, shipped = e["hf"], set(e["report"]["shipped"])
+        assert shipped == {p.name for p in folder.glob("*.py")}, label
+        assert {Path(f).name for f in get_relative_import_files(str(folder / "modeling_mhar.py"))} | \
+            {"modeling_mhar.py"} == shipped, label
+        assert set(get_imports(str(folder / "modeling_mhar.py"))) <= {"torch", "transformers", "importlib", "typing",
+                                                                       "__future__"}, label
+        for name in shipped:
+            for node in ast.walk(ast.parse((folder / name).read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level:
+                    assert node.level == 1 and f"{node.module}.py" in shipped, f"{label}/{name}: .{node.module}"
+                elif isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "mhar":
+                    assert node.module in kernels, f"{label}/{name}: from {node.module}"
+                elif isinstance(node, ast.Import):
+                    assert all(a.name.split(".")[0] != "mhar" for a in node.names), f"{label}/{name}"
+    mine = ex[TOY]["hf"] / "mhar_model_transformer.py"
+    original = (ROOT / "mhar" / "model" / "transformer.py").read_text()
+    import re
+    assert re.sub(r"from \.mhar_(\w+) import", lambda m: "from mhar." + m.group(1).replace("_", ".") + " import",
+                  mine.read_text()) == original
+    assert "tests_toy_variant.py" in ex[TOY]["report"]["shipped"]
+    assert "tests_toy_variant.py" not in ex["mhar"]["report"]["shipped"]
+
+
+def test_an_unshippable_import_is_refused_naming_it(tmp_path, monkeypatch):
+    """A variant module whose imports cannot become flat relative imports is refused with the line to change."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "shipme_a.py").write_text("import mhar.model.config\n")
+    (tmp_path / "shipme_b.py").write_text("from mhar.model import config\n")
+    with pytest.raises(ship.ShipError, match=r"shipme_a \(line 1\): `import mhar.model.config`"):
+        ship.plan("shipme_a")
+    with pytest.raises(ship.ShipError, match=r"imports a module.*mhar.model.config instead"):
+        ship.plan("shipme_b")

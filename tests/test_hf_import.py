@@ -106,3 +106,16 @@ def test_damaged_or_missing_inputs_are_one_error_line(tmp_path, capsys):
     capsys.readouterr()
     assert mhar_main(["import-hf", str(tmp_path / "ok"), "--out", str(tmp_path / "m.pt"), "--tokenizer", "byte"]) == 2
     assert "already exists" in capsys.readouterr().err and (tmp_path / "m.pt").read_text() == "x"
+
+
+def test_config_that_disagrees_with_the_weights_is_one_error_line(tmp_path, capsys):
+    """config.json says intermediate_size 128, the tensors have 192: the tensor and both shapes, nothing written."""
+    qwen3(intermediate_size=192).save_pretrained(tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(dict(cfg, intermediate_size=128)))
+    capsys.readouterr()
+    assert mhar_main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "m.pt"), "--tokenizer", "byte"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert "model.layers.0.mlp.gate_proj.weight" in err[0] and "(192, 64)" in err[0] and "(128, 64)" in err[0]
+    assert not (tmp_path / "m.pt").exists()

@@ -116,3 +116,57 @@ def test_workflow_scripts_import_names_that_exist():
                          env={**__import__("os").environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'workflow' / 'scripts'}"})
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == []
+
+
+def import_cycles(root: Path, packages: tuple[str, ...]) -> list[list[str]]:
+    """Strongly connected module groups (size > 1) of the import graph of ``packages``, every import counted
+    (function-level ones too); a module's import of its own parent package is not an edge."""
+    mods = {module_name(p, root): p for pkg in packages for p in (root / pkg).rglob("*.py")}
+
+    def owner(name: str) -> str:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {m: {t for _, imp in imported_modules(p, root) if (t := owner(imp)) and t != m
+                 and not m.startswith(t + ".")} for m, p in mods.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_analysis_has_no_import_cycles():
+    assert import_cycles(ROOT, ("eval",)) == []
+
+
+def test_cycle_checker_sees_function_level_imports(tmp_path):
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "__init__.py").write_text("")
+    (tmp_path / "eval" / "a.py").write_text("from .b import g\n")
+    (tmp_path / "eval" / "b.py").write_text("def g():\n    from .a import f\n")
+    assert import_cycles(tmp_path, ("eval",)) == [["eval.a", "eval.b"]]

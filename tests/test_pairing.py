@@ -20,7 +20,12 @@ try:
     import fixtures_analysis as fx
 except ImportError:
     from tests import fixtures_analysis as fx
-from eval import report, results_io as io, stats as st, tables, verdict as vd
+from eval import report, stats as st, verdict as vd
+from eval.load.runs import load_summaries
+from eval.tables.build import make_table, main as tables_main
+from eval.tables.cpt import cpt_table
+from eval.tables.downstream import downstream_table
+from eval.tables.table1 import table1
 from mhar.runs.config import load_run_config, run_identity
 
 
@@ -53,7 +58,7 @@ def test_other_data_seeds_are_not_paired(kind, tmp_path, capsys):
     if kind == "heads":  # H=4 against AttnRes (H=1) on the other data order
         paths += [fx.write_run(tmp_path, "attnres", "tiny", s, 3.97) for s in (0, 1, 2)]
     out = tmp_path / kind
-    assert tables.main([kind, "--inputs", *map(str, paths), "--out", str(out)]) == 2
+    assert tables_main([kind, "--inputs", *map(str, paths), "--out", str(out)]) == 2
     err = _error_line(capsys)
     assert "cannot pair" in err and ("data.seed (7 vs 0)" in err or "data.seed (0 vs 7)" in err), err
     assert "mhar" in err and ("baseline" in err or "attnres" in err)
@@ -62,9 +67,9 @@ def test_other_data_seeds_are_not_paired(kind, tmp_path, capsys):
 
 def test_same_data_order_pairs_and_matches_scipy(tmp_path):
     paths = _table1_runs(tmp_path, mhar_overrides=_data_seed(7), base_overrides=_data_seed(7))
-    t = tables.table1(paths)
+    t = table1(paths)
     row = next(r for r in t.rows if r["variant"] == "mhar")
-    runs = {(r.variant, r.seed): r.tail_mean_val_loss for r in io.load_summaries(paths)}
+    runs = {(r.variant, r.seed): r.tail_mean_val_loss for r in load_summaries(paths)}
     a = [runs[("mhar", s)] for s in (0, 1, 2)]
     b = [runs[("baseline", s)] for s in (0, 1, 2)]
     assert row["p"] == pytest.approx(sps.ttest_rel(a, b).pvalue) and row["seeds"] == "0 1 2"
@@ -75,7 +80,7 @@ def test_same_data_order_pairs_and_matches_scipy(tmp_path):
     ("train.steps", "train.steps=300", "200"), ("data.tokenizer", "data.tokenizer=gpt2", "'byte'")])
 def test_data_order_and_schedule_fields_are_named(field, override, shown, tmp_path, capsys):
     paths = _table1_runs(tmp_path, mhar_overrides=lambda s: [override])
-    assert tables.main(["table1", "--inputs", *map(str, paths), "--out", str(tmp_path / "t")]) == 2
+    assert tables_main(["table1", "--inputs", *map(str, paths), "--out", str(tmp_path / "t")]) == 2
     err = _error_line(capsys)
     assert f"{field} (" in err and shown in err, err
 
@@ -85,7 +90,7 @@ def test_execution_choices_do_not_break_pairing(tmp_path):
     paths = _table1_runs(tmp_path, mhar_overrides=lambda s: [
         "model.residual.routing_impl=compile", "train.compile=false", "train.device=cpu", "train.micro_batch=8",
         "train.threads=2"])
-    t = tables.table1(paths)
+    t = table1(paths)
     assert next(r for r in t.rows if r["variant"] == "mhar")["n_pairs"] == 3
 
 
@@ -94,7 +99,7 @@ def test_a_row_pools_only_seeds_of_one_config(tmp_path, capsys):
     paths = _table1_runs(tmp_path)
     extra = fx.write_run(tmp_path, "mhar", "tiny", 3, 3.9, heads=4, overrides=["train.lr=5e-3"])
     base3 = fx.write_run(tmp_path, "baseline", "tiny", 3, 4.0, overrides=["train.lr=5e-3"])
-    assert tables.main(["table1", "--inputs", *map(str, paths + [extra, base3]), "--out", str(tmp_path / "t")]) == 2
+    assert tables_main(["table1", "--inputs", *map(str, paths + [extra, base3]), "--out", str(tmp_path / "t")]) == 2
     err = _error_line(capsys)
     assert "one row" in err and "train.lr" in err
 
@@ -111,7 +116,7 @@ def test_two_hyper_n_values_are_two_rows_with_their_knobs(tmp_path):
         paths.append(fx.write_run(tmp_path, "hyper", "tiny", s, 3.97 + shock - 0.001 * s, label="hyper_n4",
                                   overrides=["model.residual.hyper_n=4"]))
     for kind in ("table1", "seeds"):
-        t = tables.make_table(kind, paths, tmp_path / kind)
+        t = make_table(kind, paths, tmp_path / kind)
         df = pd.read_csv(t[0])
         hyper = df[df["variant"] == "hyper"].set_index("method")
         assert set(hyper.index) == {"hyper-conn (hyper_n=2)", "hyper-conn (hyper_n=4)"}, list(df["method"])
@@ -127,7 +132,7 @@ def test_disjoint_seeds_of_two_knob_values_are_not_pooled(tmp_path, capsys):
     paths += [fx.write_run(tmp_path, "hyper", "tiny", s, 3.9 - 0.01 * s, overrides=["model.residual.hyper_n=2"])
               for s in (0, 1)]
     paths.append(fx.write_run(tmp_path, "hyper", "tiny", 2, 3.9, overrides=["model.residual.hyper_n=4"]))
-    assert tables.main(["table1", "--inputs", *map(str, paths), "--out", str(tmp_path / "t")]) == 2
+    assert tables_main(["table1", "--inputs", *map(str, paths), "--out", str(tmp_path / "t")]) == 2
     err = _error_line(capsys)
     assert "seed sets differ" in err and "hyper" in err and "[0, 1, 2]" in err
 
@@ -144,7 +149,7 @@ def _eval(tmp_path, variant, seed, values, heads=None, overrides=(), task="lamba
 def test_downstream_refuses_other_data_seeds(tmp_path, capsys):
     v = np.r_[np.ones(30), np.zeros(30)]
     dirs = [_eval(tmp_path, "baseline", 0, v), _eval(tmp_path, "mhar", 0, v, heads=8, overrides=["data.seed=7"])]
-    assert tables.main(["downstream", "--inputs", *map(str, dirs), "--out", str(tmp_path / "d")]) == 2
+    assert tables_main(["downstream", "--inputs", *map(str, dirs), "--out", str(tmp_path / "d")]) == 2
     err = _error_line(capsys)
     assert str(dirs[0]) in err and str(dirs[1]) in err and "data.seed" in err
 
@@ -155,7 +160,7 @@ def test_downstream_rows_by_full_residual_config(tmp_path):
     dirs = [_eval(tmp_path, "baseline", 0, b),
             _eval(tmp_path, "mhar", 0, np.maximum(b, rng.random(200) < 0.2), heads=8),
             _eval(tmp_path, "mhar", 0, b, heads=8, overrides=["model.residual.routing_eps=1e-5"])]
-    t = tables.downstream_table(dirs, n_resamples=99)
+    t = downstream_table(dirs, n_resamples=99)
     assert sorted(r["method"] for r in t.rows) == ["MHAR H=8 (routing_eps=1e-05)", "MHAR H=8 (routing_eps=1e-06)"]
 
 
@@ -167,7 +172,7 @@ def test_one_seed_downstream_says_models_differ_never_reproduced(tmp_path):
     u = rng.random(2000)
     b, a = (u < 0.3).astype(float), (u < 0.3 + 0.024).astype(float)  # exactly the paper's +0.024 gain
     dirs = [_eval(tmp_path, "baseline", 0, b), _eval(tmp_path, "mhar", 0, a, heads=8)]
-    t = tables.downstream_table(dirs, n_resamples=499)
+    t = downstream_table(dirs, n_resamples=499)
     r = t.rows[0]
     bb, cc = st.discordant_counts(a, b)
     assert r["p"] == pytest.approx(sps.binomtest(bb, bb + cc, 0.5).pvalue)  # exact McNemar, as before
@@ -176,7 +181,7 @@ def test_one_seed_downstream_says_models_differ_never_reproduced(tmp_path):
     b2 = b.copy()
     b2[:3] = 1 - b2[:3]  # 3 discordant questions: no detectable difference
     close = [_eval(tmp_path / "s", "baseline", 0, b), _eval(tmp_path / "s", "mhar", 0, b2, heads=8)]
-    assert tables.downstream_table(close, n_resamples=99).rows[0]["verdict"] == vd.NO_DIFFERENCE
+    assert downstream_table(close, n_resamples=99).rows[0]["verdict"] == vd.NO_DIFFERENCE
 
 
 def test_several_seeds_keep_the_seed_level_words(tmp_path):
@@ -185,7 +190,7 @@ def test_several_seeds_keep_the_seed_level_words(tmp_path):
     for seed in (0, 1, 2):
         u = rng.random(400)
         dirs += [_eval(tmp_path, "baseline", seed, u < 0.3), _eval(tmp_path, "mhar", seed, u < 0.3 + 0.024, heads=8)]
-    r = tables.downstream_table(dirs, n_resamples=99).rows[0]
+    r = downstream_table(dirs, n_resamples=99).rows[0]
     assert r["n_seeds"] == 3 and "over 3 seed" in r["test"] and "single seed" not in r["verdict"]
     assert r["verdict"] == vd.decide(st.PairedResult(r["delta"], r["ci_low"], r["ci_high"], r["p"], 3, "t"),
                                      r["published_delta"], r["same_scale"], r["p_holm"])
@@ -227,29 +232,29 @@ def _cpt_dirs(tmp_path, plain_over=(), mhar_over=(), n=400):
                                          (["data.corpus=nltk_gutenberg"], "data.corpus")])
 def test_cpt_arms_with_other_data_order_or_schedule_are_refused(over, field, tmp_path, capsys):
     dirs = _cpt_dirs(tmp_path, mhar_over=over)
-    assert tables.main(["cpt", "--inputs", *map(str, dirs), "--out", str(tmp_path / "c")]) == 2  # no manifest
+    assert tables_main(["cpt", "--inputs", *map(str, dirs), "--out", str(tmp_path / "c")]) == 2  # no manifest
     err = _error_line(capsys)
     assert f"{field} (" in err and str(dirs[1]) in err and str(dirs[2]) in err and "cpt_plain" in err, err
     man = tmp_path / "cpt.yaml"
     man.write_text("base: cpt/base\nplain: cpt/plain\nmhar: cpt/mhar\nscale: 8B\nbatch_check: {identical: true}\n")
-    assert tables.main(["cpt", "--inputs", str(man), "--out", str(tmp_path / "c")]) == 2  # with one
+    assert tables_main(["cpt", "--inputs", str(man), "--out", str(tmp_path / "c")]) == 2  # with one
     assert f"{field} (" in _error_line(capsys)
 
 
 def test_cpt_arms_of_one_schedule_are_paired_and_judged_as_two_models(tmp_path):
     dirs = _cpt_dirs(tmp_path)
-    t = tables.cpt_table(dirs, n_resamples=199)
+    t = cpt_table(dirs, n_resamples=199)
     r = t.rows[0]
     assert r["verdict"] in (vd.MODELS_DIFFER, vd.NO_DIFFERENCE) and r["judged"] == vd.SINGLE_SEED_JUDGED
     assert not any("not checked" in n for n in t.notes)
     # arms evaluated from models that record no run: the table says the pairing was not checked
-    t2 = tables.cpt_table(fx.make_cpt(tmp_path / "hf", n=200)[0], n_resamples=99)
+    t2 = cpt_table(fx.make_cpt(tmp_path / "hf", n=200)[0], n_resamples=99)
     assert any("was not checked" in n for n in t2.notes)
 
 
 def test_report_says_the_papers_cpt_evidence_is_single_run(tmp_path):
     rep = tmp_path / "rep"
-    tables.make_table("cpt", _cpt_dirs(tmp_path), rep / "cpt", n_resamples=99)
+    make_table("cpt", _cpt_dirs(tmp_path), rep / "cpt", n_resamples=99)
     text = report.build_report(rep, rep / "REPORT.md")
     cpt = text[text.index("## Continued pretraining"):]
     assert "Table 3" in cpt and "one run per arm" in cpt and "McNemar" in cpt
@@ -262,18 +267,18 @@ def test_older_records_still_pair(tmp_path, capsys):
     older eval records through their recorded config_hash and data seed."""
     paths = _table1_runs(tmp_path)  # older summaries: no run block
     assert all("run" not in json.loads(Path(p).read_text()) for p in paths)
-    assert next(r for r in tables.table1(paths).rows if r["variant"] == "mhar")["n_pairs"] == 3
+    assert next(r for r in table1(paths).rows if r["variant"] == "mhar")["n_pairs"] == 3
     v = np.r_[np.ones(20), np.zeros(20)]
     old = lambda label, variant, heads, h, ds: {"label": label, "residual": {"variant": variant, "heads": heads},  # noqa
                                                 "size": "100M", "seed": 0, "data_seed": ds, "config_hash": h}
     a = fx.write_eval(tmp_path / "o" / "a", "x", {"lambada_openai": v}, run=old("baseline", "baseline", 1, "aaa", 0))
     b = fx.write_eval(tmp_path / "o" / "b", "x", {"lambada_openai": v}, run=old("mhar_h8", "mhar", 8, "aaa", 0))
     c = fx.write_eval(tmp_path / "o" / "c", "x", {"lambada_openai": v}, run=old("mhar_h8", "mhar", 8, "aaa", 7))
-    assert len(tables.downstream_table([a, b], n_resamples=99).rows) == 1
-    assert tables.main(["downstream", "--inputs", str(a), str(c), "--out", str(tmp_path / "d")]) == 2
+    assert len(downstream_table([a, b], n_resamples=99).rows) == 1
+    assert tables_main(["downstream", "--inputs", str(a), str(c), "--out", str(tmp_path / "d")]) == 2
     assert "data seed (7 vs 0)" in _error_line(capsys)  # the variant first, then the reference
     new = _eval(tmp_path, "mhar", 0, v, heads=8)  # an older baseline record against a current one: unknown
-    assert tables.main(["downstream", "--inputs", str(a), str(new), "--out", str(tmp_path / "d")]) == 2
+    assert tables_main(["downstream", "--inputs", str(a), str(new), "--out", str(tmp_path / "d")]) == 2
     assert "re-evaluate" in _error_line(capsys)
 
 
@@ -288,6 +293,6 @@ def test_released_arms_pair_by_their_declared_pairing(tmp_path, capsys):
     w = lambda name, variant, group: fx.write_eval(tmp_path / name, "x", {"lambada_openai": v},  # noqa
                                                    run=arm(name, variant, group))
     base, mh, other = w("rel_base", "baseline", "g"), w("rel_mhar", "mhar", "g"), w("rel_other", "mhar", "h")
-    assert len(tables.downstream_table([base, mh], n_resamples=99).rows) == 1
-    assert tables.main(["downstream", "--inputs", str(base), str(other), "--out", str(tmp_path / "d")]) == 2
+    assert len(downstream_table([base, mh], n_resamples=99).rows) == 1
+    assert tables_main(["downstream", "--inputs", str(base), str(other), "--out", str(tmp_path / "d")]) == 2
     assert "pairing ('released-h' vs 'released-g')" in _error_line(capsys)

@@ -471,14 +471,16 @@ def test_mhar_parameter_overhead(preset, extra):
 
 
 def test_module_key_leaves_the_hashes_of_runs_without_it_unchanged():
-    """model.residual.module came after runs were recorded: unset, it is not hashed (identity and pairing hashes
-    equal those of the config without the key); set, it is part of the run identity."""
+    """model.residual.module (and open_attnres' gate_type / recency_bias_init) came after runs were recorded:
+    unset, they are not hashed (identity and pairing hashes equal those of the config without the keys); set,
+    they are part of the run identity."""
     from mhar.model.config import config_hash
     from mhar.runs.config import IDENTITY_EXCLUDE, identity_hash, load_run_config, pairing_hash
 
     cfg = load_run_config(REPO / "config" / "train" / "debug.yaml")
     old = cfg.to_dict()
-    del old["model"]["residual"]["module"]  # the dict a config had before the key existed
+    for key in ("module", "gate_type", "recency_bias_init"):
+        del old["model"]["residual"][key]  # the dict a config had before the keys existed
     old["data"]["seed"] = cfg.data_seed
     for key in IDENTITY_EXCLUDE:
         *parents, leaf = key.split(".")
@@ -494,3 +496,26 @@ def test_module_key_leaves_the_hashes_of_runs_without_it_unchanged():
                             ["model.residual.variant=toy_gated", "model.residual.heads=1"])
     assert identity_hash(user) != identity_hash(plain)
     assert pairing_hash(user) == pairing_hash(cfg)  # pairing ignores the residual section, module included
+    open_default = load_run_config(REPO / "config" / "train" / "debug.yaml", ["model.residual.variant=open_attnres"])
+    for knob in ("model.residual.gate_type=sigmoid_scalar", "model.residual.recency_bias_init=3.0"):
+        set_ = load_run_config(REPO / "config" / "train" / "debug.yaml", ["model.residual.variant=open_attnres", knob])
+        assert identity_hash(set_) != identity_hash(open_default), knob
+
+
+# --- open_attnres (the released Open AttnRes layout) -----------------------------------------------------------
+@pytest.mark.parametrize("variant", ["open_attnres", "open_attnres_full"])
+@torch.no_grad()
+def test_open_attnres_with_a_large_recency_bias_is_the_prenorm_baseline(variant):
+    """Its defining property: the residual stream is kept, and a recency bias far above the query logits puts all
+    the depth softmax on the current state, so every read is the stream x itself (the baseline's input)."""
+    base = _model("baseline")
+    ids = _ids()
+    ref = base(ids).logits
+    big = _model(variant, seed=4, recency_bias_init=60.0)
+    _shared_state(base, big)
+    _randomize_routing(big)  # |<q, k>| stays far below 60 at d=64
+    torch.testing.assert_close(big(ids).logits, ref, rtol=1e-5, atol=1e-5)
+    small = _model(variant, seed=4, recency_bias_init=0.0)
+    _shared_state(base, small)
+    _randomize_routing(small)
+    assert (small(ids).logits - ref).abs().max() > 1e-2  # without the bias the read mixes earlier states

@@ -7,9 +7,10 @@ import pytest
 
 from mhar.model.config import ConfigError
 from mhar.model.presets import PRESETS
-from mhar.runs.config import (IDENTITY_EXCLUDE, PAIRING_VARIES, dump_yaml, first_difference, identity_config,
-                            identity_hash, load_run_config, pairing_hash, recorded_run_config, run_config_from_dict,
-                            run_identity, yaml_load)
+from mhar.runs.config import (IDENTITY_EXCLUDE, PAIRING_VARIES, dump_yaml, identity_config, identity_hash,
+                            load_run_config, pairing_hash, recorded_run_config, run_config_from_dict, run_identity,
+                            yaml_load)
+from mhar.runs.pairing import first_difference
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "config" / "train").glob("*.yaml"))
 

@@ -9,13 +9,25 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats as sps
+import yaml
 from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
 
 try:  # tests/ on sys.path (pytest's default rootdir-less import mode)
     import fixtures_analysis as fx
 except ImportError:  # tests imported as a package
     from tests import fixtures_analysis as fx
-from eval import report, results_io as io, stats as st, tables, verdict as vd
+from eval import report, stats as st, verdict as vd
+from eval.load.bench import load_bench, provider_name
+from eval.load.common import AnalysisInputError
+from eval.load.published import load_published, paper_scales, published_value
+from eval.load.runs import group_runs, identify_eval, load_summaries, load_summary
+from eval.load.samples import load_eval_task
+from eval.tables.build import make_table, main as tables_main
+from eval.tables.cost import cost_table
+from eval.tables.cpt import cpt_table
+from eval.tables.downstream import downstream_table
+from eval.tables.render import to_markdown
+from eval.tables.table1 import table1
 
 PAPER = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "PAPER.md"
 
@@ -34,20 +46,20 @@ def _read(prefix: Path) -> pd.DataFrame:
 
 # --- published.csv ---------------------------------------------------------------------------
 def test_published_csv_schema_and_units():
-    pub = io.load_published()
+    pub = load_published()
     assert {"table", "scale", "method", "heads", "task", "metric", "value", "source"} <= set(pub.columns)
     assert pub["source"].notna().all()
-    assert io.published_value(pub, "table1", "1B", "mhar", "tail_mean_val_loss", heads=8) == 2.754
-    assert io.published_value(pub, "downstream", "1B", "mhar", "acc", task="lambada_openai") == pytest.approx(0.16)
-    assert io.published_value(pub, "cost", "1B", "eager", "throughput_ratio") is None  # OOM in the paper
-    assert io.published_value(pub, "cpt_mcnemar", "8B", "mhar_vs_plain", "p_value", task="gsm8k") == 0.004
+    assert published_value(pub, "arxiv-v2-table1", "1B", "mhar", "tail_mean_val_loss", heads=8) == 2.754
+    assert published_value(pub, "arxiv-v2-table2", "1B", "mhar", "acc", task="lambada_openai") == pytest.approx(0.16)
+    assert published_value(pub, "arxiv-v2-cost", "1B", "eager", "throughput_ratio") is None  # OOM in the paper
+    assert published_value(pub, "arxiv-v2-table3-mcnemar", "8B", "mhar_vs_plain", "p_value", task="gsm8k") == 0.004
 
 
 @pytest.mark.skipif(not PAPER.is_file(), reason="shared/reference/PAPER.md not present")
 def test_published_csv_matches_paper_tables():
     """Parse the markdown tables of PAPER.md independently and compare every number."""
     text = PAPER.read_text()
-    pub = io.load_published()
+    pub = load_published()
 
     def rows_until_blank(header_start):
         lines = text[text.index(header_start):].splitlines()
@@ -62,13 +74,13 @@ def test_published_csv_matches_paper_tables():
     keys = [("baseline", None), ("hyper", None), ("attnres", 1), ("mhar", 8), ("mhar", 16)]
     for row in t1:
         for (m, h), v in zip(keys, row[1:]):
-            assert io.published_value(pub, "table1", row[0], m, "tail_mean_val_loss", heads=h) == float(v.rstrip("."))
+            assert published_value(pub, "arxiv-v2-table1", row[0], m, "tail_mean_val_loss", heads=h) == float(v.rstrip("."))
     t2 = rows_until_blank("| scale | method | WikiText-2 ppl")
     for sc, meth, ppl, lam, hs in t2:
         m = "mhar" if meth == "MHAR" else "baseline"
-        assert io.published_value(pub, "downstream", sc, m, "word_perplexity", task="wikitext") == float(ppl)
-        assert io.published_value(pub, "downstream", sc, m, "acc", task="lambada_openai", as_fraction=False) == float(lam)
-        assert io.published_value(pub, "downstream", sc, m, "acc", task="hellaswag", as_fraction=False) == float(hs)
+        assert published_value(pub, "arxiv-v2-table2", sc, m, "word_perplexity", task="wikitext") == float(ppl)
+        assert published_value(pub, "arxiv-v2-table2", sc, m, "acc", task="lambada_openai", as_fraction=False) == float(lam)
+        assert published_value(pub, "arxiv-v2-table2", sc, m, "acc", task="hellaswag", as_fraction=False) == float(hs)
     t3 = rows_until_blank("| task | base | plain CPT | +MHAR |")
     assert len(t3) == 6
     got = pub[pub["table"] == "cpt"].pivot_table(index="task", columns="method", values="value", sort=False)
@@ -78,36 +90,36 @@ def test_published_csv_matches_paper_tables():
     names = {"baseline": "baseline", "eager reference": "eager", "torch.compile": "compile",
              "fused Triton (authors)": "fused"}
     for row in cost:
-        for scale, cell in zip(io.PAPER_SCALES, row[1:]):
+        for scale, cell in zip(paper_scales(), row[1:]):
             if cell.startswith("OOM"):
-                assert io.published_value(pub, "cost", scale, names[row[0]], "throughput_ratio") is None
+                assert published_value(pub, "arxiv-v2-cost", scale, names[row[0]], "throughput_ratio") is None
                 continue
             thr, gb = (float(x) for x in cell.split(" / "))
-            assert io.published_value(pub, "cost", scale, names[row[0]], "throughput_ratio") == thr
-            assert io.published_value(pub, "cost", scale, names[row[0]], "peak_mem_gb") == gb
+            assert published_value(pub, "arxiv-v2-cost", scale, names[row[0]], "throughput_ratio") == thr
+            assert published_value(pub, "arxiv-v2-cost", scale, names[row[0]], "peak_mem_gb") == gb
     item = r"[-+][\d.]+\+-[\d.]+"
     triple = rf"({item}, {item}, {item})"
     seeds = re.search(rf"HC {triple};\s*single {triple};\s*MHAR {triple}", " ".join(text.split()))
     for method, grp in zip(("hyper", "attnres", "mhar"), seeds.groups()):
-        for scale, item in zip(io.PAPER_SCALES, grp.split(", ")):
+        for scale, item in zip(paper_scales(), grp.split(", ")):
             d, sd = (float(x) for x in item.split("+-"))
-            assert io.published_value(pub, "seeds", scale, method, "delta_vs_baseline") == d
+            assert published_value(pub, "arxiv-v2-seeds", scale, method, "delta_vs_baseline") == d
             sel = pub[(pub["table"] == "seeds") & (pub["scale"] == scale) & (pub["method"] == method)]
             assert float(sel["sd"].iloc[0]) == sd
     probe = re.search(r"trained ([\d.]+) / ([\d.]+)\s+/ ([\d.]+), null ([\d.]+) / ([\d.]+) / ([\d.]+)", text)
-    for i, scale in enumerate(io.PAPER_SCALES):
-        assert io.published_value(pub, "probe", scale, "attnres", "kl_slice_shared") == float(probe.group(1 + i))
-        assert io.published_value(pub, "probe", scale, "null", "kl_slice_shared") == float(probe.group(4 + i))
+    for i, scale in enumerate(paper_scales()):
+        assert published_value(pub, "arxiv-v2-probe", scale, "attnres", "kl_slice_shared") == float(probe.group(1 + i))
+        assert published_value(pub, "arxiv-v2-probe", scale, "null", "kl_slice_shared") == float(probe.group(4 + i))
     sweep = re.search(r"H = 1/4/8/16 -> ([\d./ ]+)", text).group(1).split(" / ")
     for h, v in zip((1, 4, 8, 16), sweep):
-        assert io.published_value(pub, "heads", "1B", "mhar", "tail_mean_val_loss", heads=h) == float(v.rstrip("."))
+        assert published_value(pub, "arxiv-v2-heads", "1B", "mhar", "tail_mean_val_loss", heads=h) == float(v.rstrip("."))
 
 
 # --- from-scratch tables -----------------------------------------------------------------------------
 def test_table1_recovers_planted_deltas_and_pvalues(runs, tmp_path):
-    tables.make_table("table1", runs, tmp_path / "t1")
+    make_table("table1", runs, tmp_path / "t1")
     df = _read(tmp_path / "t1")
-    groups = io.group_runs(io.load_summaries(runs))
+    groups = group_runs(load_summaries(runs))
     for _, r in df[df["variant"] != "baseline"].iterrows():
         heads = None if pd.isna(r["heads"]) else int(r["heads"])
         var = groups[(r["variant"], r["size"], heads, ())]
@@ -145,23 +157,23 @@ def test_table1_recovers_planted_deltas_and_pvalues(runs, tmp_path):
 
 def test_table1_flags_opposite_sign_as_not_reproduced(tmp_path):
     paths = fx.make_runs(tmp_path, sizes=("100M",), effects={("mhar", 8): +0.03})
-    tables.make_table("table1", paths, tmp_path / "t1")
+    make_table("table1", paths, tmp_path / "t1")
     df = pd.read_csv(tmp_path / "t1.csv")
     assert df.loc[df["variant"] == "mhar", "verdict"].item() == vd.NOT_REPRODUCED
 
 
 def test_single_seed_is_insufficient_evidence(tmp_path):
     paths = fx.make_runs(tmp_path, sizes=("tiny",), seeds=(0,), effects={("mhar", 4): -0.04})
-    tables.make_table("table1", paths, tmp_path / "t1")
+    make_table("table1", paths, tmp_path / "t1")
     df = pd.read_csv(tmp_path / "t1.csv")
     row = df[df["variant"] == "mhar"].iloc[0]
     assert row["verdict"] == vd.INSUFFICIENT and pd.isna(row["p"])
 
 
 def test_seeds_table_per_seed_deltas(runs, tmp_path):
-    tables.make_table("seeds", runs, tmp_path / "s")
+    make_table("seeds", runs, tmp_path / "s")
     df = _read(tmp_path / "s")
-    groups = io.group_runs(io.load_summaries(runs))
+    groups = group_runs(load_summaries(runs))
     r = df[(df["variant"] == "attnres") & (df["size"] == "100M")].iloc[0]
     a, b = groups[("attnres", "100M", 1, ())], groups[("baseline", "100M", None, ())]
     d = [a[s].tail_mean_val_loss - b[s].tail_mean_val_loss for s in (0, 1, 2)]
@@ -172,7 +184,7 @@ def test_seeds_table_per_seed_deltas(runs, tmp_path):
 
 
 def test_heads_table_finds_planted_u_shape(runs, tmp_path):
-    tables.make_table("heads", runs, tmp_path / "h")
+    make_table("heads", runs, tmp_path / "h")
     df = pd.read_csv(tmp_path / "h.csv")
     tiny = df[df["size"] == "tiny"].set_index("heads")
     assert list(tiny.index) == [1, 4, 8, 16]
@@ -184,15 +196,15 @@ def test_heads_table_finds_planted_u_shape(runs, tmp_path):
 def test_heads_read_from_config_yaml_when_absent_from_summary(tmp_path):
     p = fx.write_run(tmp_path, "mhar", "tiny", 0, 3.0, heads=16, heads_in_summary=False, label="mhar_h16")
     assert "heads" not in json.loads(p.read_text())
-    s = io.load_summary(p)  # the summary's variant is the label; config.yaml has the residual section
+    s = load_summary(p)  # the summary's variant is the label; config.yaml has the residual section
     assert (s.variant, s.heads, s.name, s.label) == ("mhar", 16, "mhar_h16", "MHAR H=16")
     (p.parent / "config.yaml").unlink()
-    with pytest.raises(io.AnalysisInputError, match="not a residual variant"):
-        io.load_summary(p)  # the label alone does not say what was run
+    with pytest.raises(AnalysisInputError, match="not a residual variant"):
+        load_summary(p)  # the label alone does not say what was run
     q = fx.write_run(tmp_path, "mhar", "tiny", 1, 3.0, heads=16, heads_in_summary=False)
     (q.parent / "config.yaml").unlink()
-    with pytest.raises(io.AnalysisInputError, match="head count"):
-        io.load_summary(q)
+    with pytest.raises(AnalysisInputError, match="head count"):
+        load_summary(q)
 
 
 def test_a_new_variant_needs_no_display_entry(tmp_path):
@@ -206,9 +218,9 @@ def test_a_new_variant_needs_no_display_entry(tmp_path):
         paths.append(fx.write_run(tmp_path, "toy_gated", "tiny", seed, 4.0 + shock - 0.05 + 0.001 * seed,
                                   1, label="toy_gate", run_block=True,
                                   overrides=["model.residual.module=tests.toy_variant"]))
-    s = io.load_summary(paths[1])
+    s = load_summary(paths[1])
     assert (s.variant, s.label) == ("toy_gated", "toy_gate")
-    tables.make_table("table1", paths, tmp_path / "t1")
+    make_table("table1", paths, tmp_path / "t1")
     df = pd.read_csv(tmp_path / "t1.csv").set_index("method")
     assert set(df.index) == {"baseline", "toy_gate"}
     assert df.loc["toy_gate", "delta"] == pytest.approx(-0.05 + 0.0005, abs=1e-3)
@@ -217,11 +229,11 @@ def test_a_new_variant_needs_no_display_entry(tmp_path):
 def test_bad_inputs_give_clear_errors(tmp_path, capsys):
     bad = tmp_path / "summary.json"
     bad.write_text(json.dumps({"variant": "mhar", "size": "tiny", "seed": 0}))
-    assert tables.main(["table1", "--inputs", str(bad), "--out", str(tmp_path / "t")]) == 2
+    assert tables_main(["table1", "--inputs", str(bad), "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err
     assert "tail_mean_val_loss" in err and str(bad) in err
-    with pytest.raises(io.AnalysisInputError, match="not found"):
-        io.load_summary(tmp_path / "nope.json")
+    with pytest.raises(AnalysisInputError, match="not found"):
+        load_summary(tmp_path / "nope.json")
 
 
 def test_nonfinite_summary_and_unwritable_out_are_one_line_errors(tmp_path, capsys):
@@ -231,25 +243,25 @@ def test_nonfinite_summary_and_unwritable_out_are_one_line_errors(tmp_path, caps
     s = json.loads(bad.read_text())  # write_run returns the summary.json path
     s["tail_mean_val_loss"] = float("nan")
     bad.write_text(json.dumps(s))
-    assert tables.main(["table1", "--inputs", str(good), str(bad), "--out", str(tmp_path / "t")]) == 2
+    assert tables_main(["table1", "--inputs", str(good), str(bad), "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "non-finite tail_mean_val_loss" in err[0]
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    assert tables.main(["table1", "--inputs", str(good), "--out", str(blocker / "t")]) == 2
+    assert tables_main(["table1", "--inputs", str(good), "--out", str(blocker / "t")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: cannot write")
 
 
 def test_same_run_twice_is_an_error(runs, tmp_path):
-    with pytest.raises(io.AnalysisInputError, match="same run"):
-        tables.table1([runs[0], runs[0]])
+    with pytest.raises(AnalysisInputError, match="same run"):
+        table1([runs[0], runs[0]])
 
 
 # --- question-level tables ------------------------------------------------------------------------------
 def test_downstream_table_paired_tests(tmp_path):
     dirs, truth = fx.make_downstream(tmp_path, n_groups=15)
-    assert tables.main(["downstream", "--inputs", *map(str, dirs), "--out", str(tmp_path / "d"),
+    assert tables_main(["downstream", "--inputs", *map(str, dirs), "--out", str(tmp_path / "d"),
                         "--resamples", "999"]) == 0
     df = _read(tmp_path / "d").set_index("task")
     lam = df.loc["lambada_openai"]
@@ -278,8 +290,14 @@ def test_hellaswag_clusters_from_logged_doc(tmp_path):
     recs = [{"doc_id": i, "prompt_hash": "h", "metrics": {"acc": i % 2},
              "doc": {"source_id": f"activitynet~v_{i // 3}", "ctx": "..."}} for i in range(9)]
     (d / "samples.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
-    t = io.load_eval_task(tmp_path, "hellaswag")
+    # the task's cluster field comes from its YAML's metadata, as lm-eval records the task config in results.json
+    meta = yaml.safe_load((Path(__file__).parents[1] / "eval" / "tasks" / "hellaswag.yaml").read_text()
+                          .replace("!function", ""))["metadata"]
+    (d / "results.json").write_text(json.dumps({"n": 9, "lm_eval": {"config": {"metadata": meta}}}))
+    t = load_eval_task(tmp_path, "hellaswag")
     assert [t.docs[i]["group"] for i in range(4)] == ["activitynet~v_0"] * 3 + ["activitynet~v_1"]
+    (d / "results.json").write_text(json.dumps({"n": 9}))  # a record without the task's metadata: no clusters
+    assert load_eval_task(tmp_path, "hellaswag").docs[0]["group"] is None
 
 
 def test_downstream_rejects_prompt_mismatch(tmp_path):
@@ -288,13 +306,13 @@ def test_downstream_rejects_prompt_mismatch(tmp_path):
     lines = [json.loads(x) for x in sp.read_text().splitlines()]
     lines[3]["prompt_hash"] = "other"
     sp.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    with pytest.raises(io.AnalysisInputError, match="prompt_hash differs"):
-        tables.downstream_table(dirs, n_resamples=99)
+    with pytest.raises(AnalysisInputError, match="prompt_hash differs"):
+        downstream_table(dirs, n_resamples=99)
 
 
 def test_cpt_table_difference_in_differences(tmp_path):
     dirs, arms = fx.make_cpt(tmp_path)
-    tables.make_table("cpt", dirs, tmp_path / "c", n_resamples=1999)
+    make_table("cpt", dirs, tmp_path / "c", n_resamples=1999)
     r = _read(tmp_path / "c").iloc[0]
     ref = st.did_contrasts(arms["base"], arms["plain"], arms["mhar"], n_resamples=1999)
     assert r["cpt_gain"] == pytest.approx(ref["cpt_gain"].estimate)
@@ -306,15 +324,15 @@ def test_cpt_table_difference_in_differences(tmp_path):
     # the same through a manifest that declares the paper's scale
     man = tmp_path / "cpt.yaml"
     man.write_text("base: cpt/base\nplain: cpt/plain\nmhar: cpt/mhar\nscale: 8B\n")
-    t = tables.cpt_table([man], n_resamples=999)
+    t = cpt_table([man], n_resamples=999)
     assert t.rows[0]["same_scale"] and t.rows[0]["delta"] == pytest.approx(r["delta"])
-    with pytest.raises(io.AnalysisInputError, match="three eval dirs"):
-        tables.cpt_table(dirs[:2])
+    with pytest.raises(AnalysisInputError, match="three eval dirs"):
+        cpt_table(dirs[:2])
 
 
 def test_cost_table_ratios_and_verdicts(tmp_path):
     bench = fx.write_bench(tmp_path / "b.csv")
-    tables.make_table("cost", [bench], tmp_path / "cost")
+    make_table("cost", [bench], tmp_path / "cost")
     df = _read(tmp_path / "cost").set_index(["size", "provider"])
     raw = pd.read_csv(bench)
     base = raw[(raw["size"] == "100M") & (raw["provider"] == "baseline")]["tokens_per_s"].mean()
@@ -330,29 +348,29 @@ def test_cost_table_ratios_and_verdicts(tmp_path):
     f, bb = sub[sub["provider"] == "mhar_fused"]["tokens_per_s"], sub[sub["provider"] == "baseline"]["tokens_per_s"]
     want = (f.mean() / bb.mean()) * np.sqrt((f.sem() / f.mean()) ** 2 + (bb.sem() / bb.mean()) ** 2)
     assert df.loc[("100M", "fused"), "ratio_se"] == pytest.approx(want)
-    with pytest.raises(io.AnalysisInputError, match="provider"):
+    with pytest.raises(AnalysisInputError, match="provider"):
         bad = tmp_path / "bad.csv"
         bad.write_text("size,tokens_per_s\n100M,1\n")
-        io.load_bench([bad])
+        load_bench([bad])
 
 
 def test_cost_table_reads_training_benchmark_format(tmp_path):
     bench = fx.write_bench_training(tmp_path / "training.csv")
     op = tmp_path / "routing_op.csv"
     op.write_text("provider,N,fwd_ms\nfused,9,1.0\n")  # another benchmark's CSV: refused, not skipped
-    t = tables.cost_table([bench])
+    t = cost_table([bench])
     rows = {r["provider"]: r for r in t.rows}
     assert rows["fused"]["ratio"] == pytest.approx(0.45) and rows["fused"]["peak_mem_gb"] == 21.0
     assert 0.45 < 0.55 - 0.10  # in floating point; the old one-sided rule said "not reproduced" here
     assert rows["fused"]["verdict"] == vd.REPRODUCED  # 0.45 is exactly at the tolerance: within
     assert rows["compile"]["verdict"] == vd.REPRODUCED  # |0.25 - 0.23| <= 0.10
     assert rows["eager"]["status"] == "OOM" and rows["eager"]["verdict"] == vd.OOM
-    md = tables.to_markdown(t)
+    md = to_markdown(t)
     assert "| 1B | eager | 0 | OOM | OOM |" in md
-    with pytest.raises(io.AnalysisInputError, match="routing_op.csv: no tokens_per_s column"):
-        io.load_bench([bench, op])
-    with pytest.raises(io.AnalysisInputError, match="no training-throughput CSV given"):
-        io.load_bench([])
+    with pytest.raises(AnalysisInputError, match="routing_op.csv: no tokens_per_s column"):
+        load_bench([bench, op])
+    with pytest.raises(AnalysisInputError, match="no training-throughput CSV given"):
+        load_bench([])
 
 
 def test_cost_table_adds_inference_records(tmp_path):
@@ -365,8 +383,8 @@ def test_cost_table_adds_inference_records(tmp_path):
                    "prefill_tok_s,decode_ms_per_token,peak_mem_gib,routing_autotune\n"
                    "1B,baseline,,,1,torch.bfloat16,8,512,32,3,0.06,60000.0,50.0,2.5,1\n"
                    "1B,mhar,fused,8,1,torch.bfloat16,8,512,32,3,0.08,45000.0,80.0,3.25,1\n")
-    plain = {r["provider"]: r for r in tables.cost_table([bench]).rows}
-    t = tables.cost_table([bench, inf])
+    plain = {r["provider"]: r for r in cost_table([bench]).rows}
+    t = cost_table([bench, inf])
     rows = {r["provider"]: r for r in t.rows}
     assert rows["fused"]["ratio"] == plain["fused"]["ratio"] == pytest.approx(0.45)
     assert rows["fused"]["prefill_ratio"] == pytest.approx(0.75)
@@ -374,11 +392,11 @@ def test_cost_table_adds_inference_records(tmp_path):
     assert rows["fused"]["infer_peak_gb"] == pytest.approx(3.25)
     assert rows["baseline"]["prefill_ratio"] == pytest.approx(1.0)
     assert "prefill_tok_s" not in rows["compile"]  # not measured: no figures, no ratio
-    md = tables.to_markdown(t)
+    md = to_markdown(t)
     assert "| 45000 (0.75) | 80.0 (1.60) | 3.25 |" in md
-    assert "prefill" not in tables.to_markdown(tables.cost_table([bench]))
-    with pytest.raises(io.AnalysisInputError, match="no training-throughput CSV given"):
-        io.load_bench([inf])  # inference records alone make no cost table
+    assert "prefill" not in to_markdown(cost_table([bench]))
+    with pytest.raises(AnalysisInputError, match="no training-throughput CSV given"):
+        load_bench([inf])  # inference records alone make no cost table
 
 
 def test_cost_table_reads_scoring_records_beside_older_ones(tmp_path):
@@ -398,12 +416,12 @@ def test_cost_table_reads_scoring_records_beside_older_ones(tmp_path):
     old.write_text("size,variant,routing_impl,heads,params,dtype,batch,prompt_tokens,new_tokens,repeats,prefill_s,"
                    "prefill_tok_s,decode_ms_per_token,peak_mem_gib,routing_autotune\n"
                    "1B,mhar,fused,8,1,torch.bfloat16,8,512,32,3,0.08,45000.0,80.0,3.25,1\n")
-    rows = {r["provider"]: r for r in tables.cost_table([bench, new, old]).rows}
+    rows = {r["provider"]: r for r in cost_table([bench, new, old]).rows}
     assert rows["fused"]["score_ratio"] == pytest.approx(191000 / 212000)
     assert rows["fused"]["decode_ratio"] == pytest.approx(4.2 / 4.0)  # batch 8 only, the old row left out
     assert rows["fused"]["infer_peak_gb"] == pytest.approx(5.17) and "hf" not in rows
-    t = tables.cost_table([bench, new, old])
-    md = tables.to_markdown(t)
+    t = cost_table([bench, new, old])
+    md = to_markdown(t)
     assert "score tok/s (ratio)" in md and "| 191000 (0.90) |" in md
     assert any("Qwen3ForCausalLM" in n and "212000 vs 131000 tok/s" in n and "4.00 vs 26.70 ms/token" in n
                for n in t.notes)
@@ -416,14 +434,14 @@ def test_identify_eval_with_relative_model_path(tmp_path):
     rel = run.relative_to(tmp_path) / "model.pt"
     ev = tmp_path / "results" / "eval" / "hash" / "mhar_h8" / "tiny" / "seed1" / "e1"
     fx.write_eval(ev, str(rel), {"lambada_openai": np.ones(5)})
-    info = io.identify_eval(ev)
+    info = identify_eval(ev)
     assert (info["variant"], info["size"], info["seed"], info["heads"]) == ("mhar", "tiny", 1, 8)
 
 
 # --- report -----------------------------------------------------------------------------------------------
 def test_report_with_only_table1_lists_missing(runs, tmp_path):
     rep = tmp_path / "reports"
-    tables.make_table("table1", runs, rep / "table1")
+    make_table("table1", runs, rep / "table1")
     assert report.main(["--reports", str(rep), "--out", str(rep / "REPORT.md")]) == 0
     text = (rep / "REPORT.md").read_text()
     assert "## Table 1" in text and "**Reading:**" in text and "(of 10 comparisons)" in text
@@ -437,12 +455,12 @@ def test_report_with_only_table1_lists_missing(runs, tmp_path):
 def test_report_with_everything_present(runs, tmp_path):
     rep = tmp_path / "reports"
     for k in ("table1", "seeds", "heads"):
-        tables.make_table(k, runs, rep / k)
+        make_table(k, runs, rep / k)
     dirs, _ = fx.make_downstream(tmp_path / "ds")
-    tables.make_table("downstream", dirs, rep / "downstream", n_resamples=99)
+    make_table("downstream", dirs, rep / "downstream", n_resamples=99)
     cdirs, _ = fx.make_cpt(tmp_path / "cp", n=200)
-    tables.make_table("cpt", cdirs, rep / "cpt", n_resamples=99)
-    tables.make_table("cost", [fx.write_bench(tmp_path / "b.csv")], rep / "cost")
+    make_table("cpt", cdirs, rep / "cpt", n_resamples=99)
+    make_table("cost", [fx.write_bench(tmp_path / "b.csv")], rep / "cost")
     (rep / "figures").mkdir()
     for name in report.FIGURES:  # report only links images; their content is tested in test_figures
         (rep / "figures" / f"{name}.png").write_bytes(b"\x89PNG\r\n\x1a\n")
@@ -468,7 +486,7 @@ def test_mismatched_configs_exit_2_naming_both_runs(tmp_path, capsys):
             paths += [fx.write_run(tmp_path, "attnres", "100M", s, 3.0, heads=1, overrides=["train.lr=1e-4"])
                       for s in (0, 1, 2)]
         out = tmp_path / kind
-        assert tables.main([kind, "--inputs", *map(str, paths), "--out", str(out)]) == 2, kind
+        assert tables_main([kind, "--inputs", *map(str, paths), "--out", str(out)]) == 2, kind
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: cannot pair"), err
         assert "train.lr (0.003 vs 0.0001)" in err[0] or "train.lr (0.0001 vs 0.003)" in err[0], err[0]
@@ -479,11 +497,11 @@ def test_mismatched_configs_exit_2_naming_both_runs(tmp_path, capsys):
 def test_seed_mismatch_is_an_error_and_the_seed_column_shows_the_paired_seeds(tmp_path, capsys):
     base = [fx.write_run(tmp_path, "baseline", "tiny", s, 4.0 + 0.01 * s) for s in (0, 1, 2)]
     mh = [fx.write_run(tmp_path, "mhar", "tiny", s, 3.95 + 0.01 * s, heads=8, label="mhar_h8") for s in (0, 1)]
-    assert tables.main(["table1", "--inputs", *map(str, base + mh), "--out", str(tmp_path / "t")]) == 2
+    assert tables_main(["table1", "--inputs", *map(str, base + mh), "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "seed sets differ" in err[0] and "[0, 1]" in err[0] and "[0, 1, 2]" in err[0]
     assert "mhar_h8" in err[0] and "baseline" in err[0]
-    t = tables.table1(base[:2] + mh)
+    t = table1(base[:2] + mh)
     row = next(r for r in t.rows if r["variant"] == "mhar")
     assert row["seeds"] == "0 1" and row["n_pairs"] == 2
 
@@ -501,7 +519,7 @@ def test_run_identity_comes_from_the_record_not_the_path(tmp_path):
             s = json.loads((where / "summary.json").read_text())
             s["variant"] = "renamed"  # flat keys are only a fallback
             (where / "summary.json").write_text(json.dumps(s))
-    t = tables.table1(paths)
+    t = table1(paths)
     rows = {r["method"]: r for r in t.rows}
     assert set(rows) == {"baseline", "MHAR H=8"} and rows["MHAR H=8"]["seeds"] == "0 1 2"
     ident = json.loads(paths[1].read_text())["run"]
@@ -523,7 +541,7 @@ def test_downstream_b4_c0_is_not_reproduced_by_the_bootstrap_ci(tmp_path):
     a = b.copy()
     a[:4] = 1.0
     dirs = [_eval_of(tmp_path, "baseline", None, 0, b), _eval_of(tmp_path, "mhar", 8, 0, a)]
-    t = tables.downstream_table(dirs, n_resamples=1999)
+    t = downstream_table(dirs, n_resamples=1999)
     r = t.rows[0]
     assert r["p"] == pytest.approx(sm_mcnemar(np.array([[50, 4], [0, 146]]), exact=True).pvalue)
     assert r["ci_low"] > 0 and r["verdict"] == vd.NO_DIFFERENCE and r["test"] == "bootstrap CI, exact McNemar p"
@@ -539,7 +557,7 @@ def test_downstream_several_seeds_use_the_seed_as_unit(tmp_path):
         dirs += [_eval_of(tmp_path, "baseline", None, seed, b), _eval_of(tmp_path, "mhar", 8, seed, a)]
         accs["baseline"].append(b.mean())
         accs["mhar"].append(a.mean())
-    t = tables.downstream_table(dirs, n_resamples=99)
+    t = downstream_table(dirs, n_resamples=99)
     r = t.rows[0]
     ref = sps.ttest_rel(accs["mhar"], accs["baseline"])
     assert r["p"] == pytest.approx(ref.pvalue) and r["n"] == 3 and r["seeds"] == "0 1 2"
@@ -550,12 +568,12 @@ def test_downstream_mismatched_config_or_seeds_exit_2(tmp_path, capsys):
     v = np.r_[np.ones(20), np.zeros(20)]
     dirs = [_eval_of(tmp_path, "baseline", None, 0, v, config_hash="aaa"), _eval_of(tmp_path, "mhar", 8, 0, v,
                                                                                     config_hash="bbb")]
-    assert tables.main(["downstream", "--inputs", *map(str, dirs), "--out", str(tmp_path / "d")]) == 2
+    assert tables_main(["downstream", "--inputs", *map(str, dirs), "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(dirs[0]) in err[0] and str(dirs[1]) in err[0] and "config_hash" in err[0]
     dirs2 = [_eval_of(tmp_path, "baseline", None, 0, v), _eval_of(tmp_path, "baseline", None, 1, v),
              _eval_of(tmp_path, "mhar", 8, 0, v)]
-    assert tables.main(["downstream", "--inputs", *map(str, dirs2), "--out", str(tmp_path / "d")]) == 2
+    assert tables_main(["downstream", "--inputs", *map(str, dirs2), "--out", str(tmp_path / "d")]) == 2
     assert "seed sets differ" in capsys.readouterr().err
 
 
@@ -565,7 +583,7 @@ def test_cpt_failed_batch_check_gets_no_verdict(tmp_path):
     for identical, judged in ((True, True), (False, False)):
         man.write_text("base: cpt/base\nplain: cpt/plain\nmhar: cpt/mhar\nscale: 8B\n"
                        f"batch_check: {{identical: {str(identical).lower()}, steps: 10}}\n")
-        t = tables.cpt_table([man], n_resamples=199)
+        t = cpt_table([man], n_resamples=199)
         r = t.rows[0]
         if judged:
             assert r["verdict"] in (vd.MODELS_DIFFER, vd.NO_DIFFERENCE)  # one run per arm
@@ -582,7 +600,7 @@ def test_report_setup_comes_from_the_run_records(tmp_path):
         (p.parent / "provenance.json").write_text(json.dumps(
             {"hardware": {"cpu": "x86", "gpus": [{"name": "NVIDIA H200", "memory_gb": 139}] * 2}}))
     rep = tmp_path / "rep"
-    tables.make_table("table1", paths, rep / "table1")
+    make_table("table1", paths, rep / "table1")
     text = report.build_report(rep, rep / "REPORT.md")
     setup = text[text.index("## Setup"):text.index("## How to read")]
     row = next(ln for ln in setup.splitlines() if ln.startswith("| 100M"))
@@ -599,8 +617,8 @@ def test_every_bench_training_variant_is_tabulated_under_its_routing_impl():
     from benchmarks.bench_training import VARIANTS
     for name, spec in VARIANTS.items():
         want = spec.get("routing_impl", "baseline") + ("_nopdl" if name.endswith("_nopdl") else "")
-        assert io.provider_name(name) == want, name
-        assert io.provider_name(name.upper()) == io.provider_name(name)
+        assert provider_name(name) == want, name
+        assert provider_name(name.upper()) == provider_name(name)
 
 
 def test_older_records_name_their_rows_as_they_were(tmp_path):
@@ -613,7 +631,7 @@ def test_older_records_name_their_rows_as_they_were(tmp_path):
     new = tmp_path / "new.csv"
     new.write_text("size,variant,tokens_per_s,thr_ratio,status,routing_resolved\n1B,baseline,100,,ok,\n"
                    "1B,mhar_fused,91,0.91,ok,fused\n")
-    df = io.load_bench([old, new])
+    df = load_bench([old, new])
     assert list(df["provider"]) == ["baseline", "fused", "fused_v6", "baseline", "fused"]
 
 
@@ -627,7 +645,7 @@ def test_cost_table_same_run_ratios_are_averaged_over_runs(tmp_path):
             "1B,mhar_compile,9000,40.0,ok,"]  # no paired ratio: against the mean baseline
     bench = tmp_path / "training.csv"
     bench.write_text("\n".join(rows) + "\n")
-    t = tables.cost_table([bench])
+    t = cost_table([bench])
     r = {x["provider"]: x for x in t.rows}
     want = np.array([0.90, 0.91])
     assert r["fused_v7_sg8"]["ratio"] == pytest.approx(want.mean())
@@ -636,4 +654,4 @@ def test_cost_table_same_run_ratios_are_averaged_over_runs(tmp_path):
     base = np.array([40000, 20000.0])
     assert r["compile"]["ratio"] == pytest.approx(9000 / base.mean()) and r["compile"]["pairing"] == "mean baseline"
     assert r["compile"]["ratio_se"] == pytest.approx((9000 / base.mean()) * (base.std(ddof=1) / np.sqrt(2)) / base.mean())
-    assert "| 1B | fused_v7_sg8 | 2 |" in tables.to_markdown(t) and "same run" in tables.to_markdown(t)
+    assert "| 1B | fused_v7_sg8 | 2 |" in to_markdown(t) and "same run" in to_markdown(t)

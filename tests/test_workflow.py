@@ -135,6 +135,12 @@ def test_cpt_target_without_cpt_block_says_what_to_add(config_name, tmp_path):
     assert CPT_OVERLAY[config_name] in res.stdout + res.stderr
 
 
+def test_released_target_without_released_arms_says_what_to_add(tmp_path):
+    res = snakemake(["reproduce_released", "-n", *configfiles("config/ci.yaml")], tmp_path)
+    assert res.returncode != 0
+    assert "config/released.yaml" in res.stdout + res.stderr
+
+
 def test_invalid_config_names_the_field(tmp_path):
     cfg = load("config/ci.yaml")
     cfg["seeds"] = [0, "one"]
@@ -572,3 +578,14 @@ def test_probe_jobs_are_the_registry_routed_variants(tmp_path):
     probed = {Path(f).stem for f in planned_outputs(res.stdout, "probe")}
     assert {"attnres", "mhar", "toy_routed"} <= probed
     assert probed == set(routed_variants()) & set(cfg["variants"])
+
+
+def test_published_source_is_a_config_key_checked_at_dag_build(tmp_path):
+    ci = configfiles("config/ci.yaml")
+    res = snakemake(["reproduce_table1", "-n", *ci, "--config", "published={table1: arxiv-v2-web}"], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = snakemake(["reproduce_table1", "-n", *ci, "--config", "published={table1: arxiv-v3-table9}"], tmp_path)
+    errors = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("error:")]
+    assert res.returncode != 0 and len(errors) == 1, (res.stdout + res.stderr)[-2000:]
+    assert "published.table1: unknown published source 'arxiv-v3-table9'" in errors[0] and "arxiv-v2-web" in errors[0]
+    assert not (tmp_path / "results").exists()

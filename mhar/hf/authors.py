@@ -1,35 +1,44 @@
-"""The MHAR / AttnRes authors' Qwen3-AttnRes checkpoints -> our residual variants.
+"""The AttnRes authors' Qwen3-AttnRes checkpoints (``model_type: qwen3_attnres``) -> our residual variants.
 
-Their public ``modeling_qwen3_attnres.py`` (``Qwen3AttnResForCausalLM``, ``model_type: qwen3_attnres``;
-read for names and semantics, never imported or executed here) is a Qwen3 decoder whose layers carry,
-per sublayer, a pseudo-query ``attn_res_proj`` / ``mlp_res_proj`` (``nn.Linear(d, 1)``: weight (1, d))
-and a key RMSNorm ``attn_res_norm`` / ``mlp_res_norm`` (Qwen3RMSNorm(d), eps = ``rms_norm_eps``), plus a
-final read ``model.final_res_proj`` / ``model.final_res_norm`` before ``model.norm``. A read stacks its
-sources V, keys K = RMSNorm(V) over the full width, logits = <q, K> (``full_mh``: q and K split into
-``attnres_num_heads`` slices, one softmax per slice), softmax over the sources, output = weights x V;
-the sublayer then applies its usual pre-norm (``input_layernorm`` / ``post_attention_layernorm``).
-With ``attnres_gate_type: bias`` (the default) the routed mix is the sublayer's input as is.
+Two layouts share the model type; their ``modeling_*.py`` files are read for names and semantics, never
+imported or executed here. The tensors decide which one a checkpoint is: ``model.final_res_proj.weight``
+(a final read) is the MHAR layout, ``model.layers.{l}.attn_res_bias`` (a recency bias) the released one.
 
-Modes that are one of our variants (``attnres_mode``):
+**MHAR layout** (the MHAR repository's ``modeling_qwen3_attnres.py``; modes ``full_mh``, ``full``,
+``block``, ``full_hw``). A Qwen3 decoder whose layers carry, per sublayer, a pseudo-query
+``attn_res_proj`` / ``mlp_res_proj`` (``nn.Linear(d, 1)``: weight (1, d)) and a key RMSNorm
+``attn_res_norm`` / ``mlp_res_norm`` (eps = ``rms_norm_eps``), plus a final read ``model.final_res_proj`` /
+``model.final_res_norm`` before ``model.norm``. A read stacks its sources V, keys K = RMSNorm(V) over the full
+width, logits = <q, K> (``full_mh``: q and K split into ``attnres_num_heads`` slices, one softmax per slice),
+softmax over the sources, output = weights x V; the routed mix is the sublayer's input (``attnres_gate_type:
+bias``, the only gate accepted). Sources are sublayer *outputs*:
 
-* ``full_mh`` -> ``mhar`` with H = ``attnres_num_heads``: sources = embedding, then every sublayer's
-  raw output (their ``blocks`` list gets the previous ``partial_block``, which in this mode is the last
-  output); the final read routes over all 2L + 1.
+* ``full_mh`` -> ``mhar`` with H = ``attnres_num_heads``: the embedding, then every sublayer's raw output;
+  the final read routes over all 2L + 1.
 * ``full`` -> ``attnres`` (the same with one head).
 * ``block`` -> ``block_attnres``: layers are grouped ``ceil(L / attnres_num_blocks)`` to a block; at the
-  first layer of a block the running partial sum is closed (the embedding closes as block 0); every
-  read routes over the closed blocks plus the partial sum; the final read over all closed blocks plus
-  the last partial. Our ``block_attnres`` cuts the 2L sublayers into ``blocks`` near-equal groups, so
-  the two agree exactly when the block size divides L (converted with ``blocks = L / block size``);
-  otherwise their last block is shorter and the checkpoint is refused.
-* ``full_hw`` -> ``mhar_hw`` when ``attnres_num_heads`` is 1: each attention sublayer has one full-width
-  query per KV group (``attn_res_proj`` weight (G, d)) sharing one key norm (copied to each group's);
-  its MLP and final reads are multi-head with ``attnres_num_heads`` heads, ours single-head.
+  first layer of a block the running partial sum is closed (the embedding closes as block 0); our
+  ``block_attnres`` cuts the 2L sublayers into ``blocks`` near-equal groups, so the two agree exactly when
+  the block size divides L (converted with ``blocks = L / block size``; otherwise refused).
+* ``full_hw`` -> ``mhar_hw`` when ``attnres_num_heads`` is 1 (one full-width query per KV group on the
+  attention sublayers: ``attn_res_proj`` weight (G, d), one key norm copied to each group's).
 
-Refused, naming the field: other modes (delta, delta_block, block_mh, *_v, hyper_connection, ...), a
-gate other than ``bias``, the older layout with a recency bias (``attn_res_bias`` tensors or
-``attnres_recency_bias_init``: there ``full`` routed over cumulative states), a ``full``-family checkpoint
-without ``final_res_proj``, sliding-window attention, attention biases, a non-SiLU MLP.
+**Released layout** (Open AttnRes, repository ``wdlctc/open-attention-residuals``, ``modeling_attnres.py``:
+the published ``wdlctc/open-attnres-*`` models; modes ``block`` -> ``open_attnres``, ``full`` ->
+``open_attnres_full``, see :mod:`mhar.model.residuals.open_attnres` for the equations). The residual stream
+is kept and the sources are cumulative *states*; per sublayer ``{attn,mlp}_res_proj.weight`` (1, d) ->
+``residual.queries[s]``, ``{attn,mlp}_res_norm.weight`` (d,) -> ``residual.key_norms[s]``,
+``{attn,mlp}_res_bias`` () -> ``residual.recency_bias[s]`` (s = 2 l for attn, 2 l + 1 for mlp) and the gate of
+``attnres_gate_type``: ``sigmoid_scalar``: ``{attn,mlp}_res_gate_logit`` () -> ``residual.gate_logits[s]``;
+``sigmoid_vector``: ``{attn,mlp}_res_gate_proj.weight`` (d, d) / ``.bias`` (d,) -> ``residual.gate_weight[s]`` /
+``residual.gate_bias[s]``; ``learnable_alpha``: ``{attn,mlp}_res_alpha`` () -> ``residual.alphas[s]``;
+``bias``: none. ``attnres_num_blocks`` -> ``residual.blocks`` (same block rule),
+``attnres_recency_bias_init`` -> ``residual.recency_bias_init`` (an init value; the stored biases are loaded).
+
+Both: every tensor is placed or the checkpoint is refused naming it (the MHAR layout's ``*_null_source``,
+unused by its full / block modes, is dropped with a note); refused, naming the field: other modes, other gate
+types, sliding-window attention, attention biases, a non-SiLU MLP, a tensor whose shape disagrees with
+config.json.
 """
 from __future__ import annotations
 
@@ -40,13 +49,23 @@ import torch
 from torch import Tensor
 
 from mhar.model.config import ConfigError, ModelConfig, model_config
+from mhar.model.residuals.open_attnres import GATE_TYPES
 from mhar.hf.names import our_name
 
 MODEL_TYPE = "qwen3_attnres"
 MODES = {"full_mh": "mhar", "full": "attnres", "block": "block_attnres", "full_hw": "mhar_hw"}
+RELEASED_MODES = {"block": "open_attnres", "full": "open_attnres_full"}
 _ROUTING = re.compile(r"^model\.layers\.(\d+)\.(attn|mlp)_res_(proj|norm)\.weight$")
 _FINAL = {"model.final_res_proj.weight": "proj", "model.final_res_norm.weight": "norm"}
 _IGNORED = re.compile(r"^model\.layers\.\d+\.(attn|mlp)_null_source$")  # unused by the full / block modes
+_RELEASED = re.compile(r"^model\.layers\.(\d+)\.(attn|mlp)_res_(.+)$")
+_RECENCY = re.compile(r"^model\.layers\.\d+\.(attn|mlp)_res_bias$")
+# released layout: tensor suffix (after ``{attn,mlp}_res_``) -> (our parameter, its shape per site, gate types)
+_RELEASED_TENSORS = {
+    "proj.weight": ("queries", "1d", None), "norm.weight": ("key_norms", "d", None),
+    "bias": ("recency_bias", "", None), "gate_logit": ("gate_logits", "", "sigmoid_scalar"),
+    "gate_proj.weight": ("gate_weight", "dd", "sigmoid_vector"), "gate_proj.bias": ("gate_bias", "d", "sigmoid_vector"),
+    "alpha": ("alphas", "", "learnable_alpha")}
 
 
 class AuthorsFormatError(ValueError):
@@ -72,25 +91,28 @@ def block_size(n_layers: int, num_blocks: int) -> int:
     return max(1, -(-n_layers // num_blocks))
 
 
-def authors_model_config(hf: dict, tensors: dict[str, Tensor],
-                         routing_impl: str = "eager") -> tuple[ModelConfig, list[str]]:
-    """Our ModelConfig for an authors' ``config.json`` (+ its tensors, for shapes); (config, notes)."""
-    if hf.get("model_type") != MODEL_TYPE:
-        raise AuthorsFormatError(f"model_type {hf.get('model_type')!r} is not {MODEL_TYPE!r}")
-    notes: list[str] = []
-    mode = hf.get("attnres_mode", "block")
-    if mode not in MODES:
-        raise AuthorsFormatError(
-            f"attnres_mode {mode!r} has no equivalent residual variant here (convertible: "
-            f"{', '.join(f'{k} -> {v}' for k, v in MODES.items())})")
-    gate = hf.get("attnres_gate_type", "bias")
-    if gate != "bias":
-        raise AuthorsFormatError(f"attnres_gate_type {gate!r}: only 'bias' (the routed mix is the sublayer input "
-                                 "as is) matches our variants")
-    if "attnres_recency_bias_init" in hf or any(k.endswith("_res_bias") for k in tensors):
-        raise AuthorsFormatError(
-            "attnres_recency_bias_init / *_res_bias: the older recency-bias layout (its 'full' mode routes over "
-            "cumulative states, its block mode keeps the embedding in the first partial sum); not convertible")
+def layout(hf: dict, tensors: dict[str, Tensor]) -> str:
+    """``"mhar"`` (a final read: ``model.final_res_proj.weight``) or ``"released"`` (recency biases
+    ``model.layers.{l}.{attn,mlp}_res_bias``); refuses a checkpoint that is neither or both."""
+    final = "model.final_res_proj.weight" in tensors
+    recency = any(_RECENCY.match(k) for k in tensors)
+    if final and recency:
+        raise AuthorsFormatError("the checkpoint holds both model.final_res_proj.weight (MHAR layout) and *_res_bias "
+                                 "tensors (released Open AttnRes layout): not one of the two layouts")
+    if final:
+        if "attnres_recency_bias_init" in hf:
+            raise AuthorsFormatError("attnres_recency_bias_init is a field of the released Open AttnRes layout, but "
+                                     "the checkpoint has model.final_res_proj.weight (MHAR layout)")
+        return "mhar"
+    if recency:
+        return "released"
+    raise AuthorsFormatError(
+        f"attnres_mode {hf.get('attnres_mode', 'block')!r} without model.final_res_proj.weight (MHAR layout) or "
+        "model.layers.0.attn_res_bias (released Open AttnRes layout): not a layout we can convert")
+
+
+def _decoder_config(hf: dict, tensors: dict[str, Tensor]) -> dict:
+    """``model_config`` fields of the Qwen3 decoder shared by both layouts (everything but ``residual``)."""
     if hf.get("hidden_act", "silu") != "silu":
         raise AuthorsFormatError(f"hidden_act {hf.get('hidden_act')!r}: only silu (SwiGLU)")
     if hf.get("attention_bias", False):
@@ -106,9 +128,35 @@ def authors_model_config(hf: dict, tensors: dict[str, Tensor],
     head_dim = int(hf.get("head_dim") or q.shape[0] // n_heads)
     if head_dim * n_heads != q.shape[0]:
         raise AuthorsFormatError(f"head_dim {head_dim} x num_attention_heads {n_heads} != q_proj rows {q.shape[0]}")
-    if mode in ("full", "full_mh", "full_hw", "block") and "model.final_res_proj.weight" not in tensors:
-        raise AuthorsFormatError(f"attnres_mode {mode!r} without model.final_res_proj.weight: an older layout "
-                                 "without the final read; not convertible")
+    theta, scaling = _rope(hf)
+    tied = bool(hf.get("tie_word_embeddings", False)) if "lm_head.weight" in tensors else True
+    return dict(vocab_size=int(hf["vocab_size"]), d_model=D, n_layers=L, n_heads=n_heads, n_kv_heads=n_kv,
+                d_ff=int(hf["intermediate_size"]), head_dim=head_dim,
+                max_seq_len=int(hf.get("max_position_embeddings", 32768)), rope_theta=theta, rope_scaling=scaling,
+                norm_eps=float(hf.get("rms_norm_eps", 1e-6)), init_std=float(hf.get("initializer_range", 0.02)),
+                tie_embeddings=tied, qk_norm="model.layers.0.self_attn.q_norm.weight" in tensors)
+
+
+def _model_config(fields: dict, residual: dict) -> ModelConfig:
+    try:
+        return model_config(**fields, residual=residual)
+    except ConfigError as e:
+        raise AuthorsFormatError(f"converted config is invalid: {e}") from e
+
+
+def _mhar_layout_config(hf: dict, tensors: dict[str, Tensor], routing_impl: str) -> tuple[ModelConfig, list[str]]:
+    notes: list[str] = []
+    mode = hf.get("attnres_mode", "block")
+    if mode not in MODES:
+        raise AuthorsFormatError(
+            f"attnres_mode {mode!r} has no equivalent residual variant here (convertible: "
+            f"{', '.join(f'{k} -> {v}' for k, v in MODES.items())})")
+    gate = hf.get("attnres_gate_type", "bias")
+    if gate != "bias":
+        raise AuthorsFormatError(f"attnres_gate_type {gate!r}: in the MHAR layout only 'bias' (the routed mix is the "
+                                 "sublayer input as is) matches our variants")
+    fields = _decoder_config(hf, tensors)
+    L = fields["n_layers"]
     heads = int(hf.get("attnres_num_heads", 8))  # their config's default
     residual: dict = {"routing_impl": routing_impl, "routing_eps": float(hf.get("rms_norm_eps", 1e-6))}
     if mode == "full_mh":
@@ -130,35 +178,60 @@ def authors_model_config(hf: dict, tensors: dict[str, Tensor],
                 f"{L % size}; our block_attnres splits the {2 * L} sublayers evenly (convertible when the block size "
                 f"divides num_hidden_layers)")
         blocks = L // size
-        ours = [i * blocks // (2 * L) for i in range(2 * L)]
-        theirs = [(i // 2) // size for i in range(2 * L)]
-        if ours != theirs:  # pragma: no cover - guaranteed by the divisibility above
-            raise AuthorsFormatError(f"attnres_num_blocks {nb}: block assignment differs from block_attnres")
         residual.update(variant="block_attnres", blocks=blocks)
         if blocks != nb:
             notes.append(f"attnres_num_blocks {nb} with {L} layers gives {blocks} blocks of {size} layers")
     if hf.get("attnres_use_null_source"):
         notes.append("attnres_use_null_source: the *_null_source tensors are not read in mode "
                      f"{mode!r} and were dropped")
-    theta, scaling = _rope(hf)
-    if "lm_head.weight" in tensors:
-        tied = bool(hf.get("tie_word_embeddings", False))
-    else:
-        tied = True
-    try:
-        cfg = model_config(
-            vocab_size=int(hf["vocab_size"]), d_model=D, n_layers=L, n_heads=n_heads, n_kv_heads=n_kv,
-            d_ff=int(hf["intermediate_size"]), head_dim=head_dim,
-            max_seq_len=int(hf.get("max_position_embeddings", 32768)), rope_theta=theta, rope_scaling=scaling,
-            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), init_std=float(hf.get("initializer_range", 0.02)),
-            tie_embeddings=tied, qk_norm="model.layers.0.self_attn.q_norm.weight" in tensors, residual=residual)
-    except ConfigError as e:
-        raise AuthorsFormatError(f"converted config is invalid: {e}") from e
-    return cfg, notes
+    return _model_config(fields, residual), notes
 
 
-def map_authors_state_dict(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
-    """Their tensors -> ``Transformer.state_dict()`` names (fp32); refuses a tensor it cannot place."""
+def _released_layout_config(hf: dict, tensors: dict[str, Tensor]) -> tuple[ModelConfig, list[str]]:
+    mode = hf.get("attnres_mode", "block")
+    if mode not in RELEASED_MODES:
+        raise AuthorsFormatError(
+            f"attnres_mode {mode!r} is not a mode of the released Open AttnRes layout (convertible: "
+            f"{', '.join(f'{k} -> {v}' for k, v in RELEASED_MODES.items())})")
+    gate = hf.get("attnres_gate_type", "bias")
+    if gate not in GATE_TYPES:
+        raise AuthorsFormatError(f"attnres_gate_type {gate!r} is not a gate of the released Open AttnRes layout "
+                                 f"(convertible: {', '.join(GATE_TYPES)})")
+    fields = _decoder_config(hf, tensors)
+    residual: dict = {"variant": RELEASED_MODES[mode], "gate_type": gate, "routing_impl": "eager",
+                      "routing_eps": float(hf.get("rms_norm_eps", 1e-6))}
+    if mode == "block":
+        residual["blocks"] = int(hf.get("attnres_num_blocks", 8))  # their config's default
+    if hf.get("attnres_recency_bias_init") is not None:
+        residual["recency_bias_init"] = float(hf["attnres_recency_bias_init"])
+    notes = []
+    if mode == "block":
+        L, nb = fields["n_layers"], residual["blocks"]
+        P = block_size(L, nb)
+        if -(-L // P) != nb:
+            notes.append(f"attnres_num_blocks {nb} with {L} layers gives {-(-L // P)} blocks of up to {P} layers")
+    return _model_config(fields, residual), notes
+
+
+def authors_model_config(hf: dict, tensors: dict[str, Tensor],
+                         routing_impl: str = "eager") -> tuple[ModelConfig, list[str]]:
+    """Our ModelConfig for an authors' ``config.json`` (+ its tensors, for the layout and shapes); (config, notes)."""
+    if hf.get("model_type") != MODEL_TYPE:
+        raise AuthorsFormatError(f"model_type {hf.get('model_type')!r} is not {MODEL_TYPE!r}")
+    if layout(hf, tensors) == "released":
+        return _released_layout_config(hf, tensors)
+    return _mhar_layout_config(hf, tensors, routing_impl)
+
+
+def _decoder_tensor(name: str, t: Tensor, cfg: ModelConfig, out: dict[str, Tensor]) -> None:
+    ours = our_name(name)
+    if ours is None or ours.startswith("residual."):
+        raise AuthorsFormatError(f"tensor {name!r} has no place in a {cfg.residual.variant} model")
+    if not (cfg.tie_embeddings and ours == "lm_head.weight"):
+        out[ours] = t
+
+
+def _map_mhar_layout(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
     L, D, S = cfg.n_layers, cfg.d_model, cfg.n_sublayers
     hw = cfg.residual.variant == "mhar_hw"
     G = cfg.n_kv_heads
@@ -169,17 +242,19 @@ def map_authors_state_dict(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict
         m = _ROUTING.match(name)
         if m:
             layer, kind, what = int(m.group(1)), m.group(2), m.group(3)
+            want = D if what == "norm" else (G * D if hw and kind == "attn" else D)
+            if layer >= L or t.numel() != want:
+                raise AuthorsFormatError(f"tensor {name!r} has shape {tuple(t.shape)}; config.json (hidden_size {D}, "
+                                         f"num_hidden_layers {L}) has no such routing tensor")
             routing[(2 * layer + (kind == "mlp"), what)] = t
         elif name in _FINAL:
+            if t.numel() != D:
+                raise AuthorsFormatError(f"tensor {name!r} has shape {tuple(t.shape)}, config.json implies ({D},)")
             routing[(S, _FINAL[name])] = t
         elif _IGNORED.match(name):
             continue
         else:
-            ours = our_name(name)
-            if ours is None or ours.startswith("residual."):
-                raise AuthorsFormatError(f"tensor {name!r} has no place in a {cfg.residual.variant} model")
-            if not (cfg.tie_embeddings and ours == "lm_head.weight"):
-                out[ours] = t
+            _decoder_tensor(name, t, cfg, out)
     missing = [f"site {s} {w}" for s in range(S + 1) for w in ("proj", "norm") if (s, w) not in routing]
     if missing:
         raise AuthorsFormatError(f"routing tensors missing: {missing[:4]} (attn_res_proj/norm, mlp_res_proj/norm "
@@ -192,13 +267,55 @@ def map_authors_state_dict(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict
         out["residual.queries"] = torch.stack([routing[(s, "proj")].reshape(D) for s in sites])
         out["residual.key_norms"] = torch.stack([routing[(s, "norm")].reshape(D) for s in sites])
     else:
-        for s in range(S + 1):
-            if routing[(s, "proj")].numel() != D:
-                raise AuthorsFormatError(f"routing query of site {s} has shape {tuple(routing[(s, 'proj')].shape)}, "
-                                         f"expected (1, {D})")
         out["residual.queries"] = torch.stack([routing[(s, "proj")].reshape(D) for s in range(S + 1)])
         out["residual.key_norms"] = torch.stack([routing[(s, "norm")].reshape(D) for s in range(S + 1)])
-    if cfg.tie_embeddings:
+    return out
+
+
+def _map_released_layout(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    L, D, S = cfg.n_layers, cfg.d_model, cfg.n_sublayers
+    gate = cfg.residual.gate_type or "bias"
+    shapes = {"1d": (1, D), "d": (D,), "dd": (D, D), "": ()}
+    wanted = {ours: shapes[shape] for ours, shape, g in _RELEASED_TENSORS.values() if g in (None, gate)}
+    out: dict[str, Tensor] = {}
+    per_site: dict[str, dict[int, Tensor]] = {ours: {} for ours in wanted}
+    for name, t in tensors.items():
+        t = t.detach().to(torch.float32)
+        m = _RELEASED.match(name)
+        if m is None:
+            _decoder_tensor(name, t, cfg, out)
+            continue
+        layer, kind, suffix = int(m.group(1)), m.group(2), m.group(3)
+        ours, shape, g = _RELEASED_TENSORS.get(suffix, (None, None, None))
+        if ours is None or layer >= L:
+            raise AuthorsFormatError(f"tensor {name!r} has no place in a {cfg.residual.variant} model "
+                                     f"(num_hidden_layers {L})")
+        if ours not in wanted:
+            raise AuthorsFormatError(f"tensor {name!r} belongs to attnres_gate_type {g!r}, but config.json says "
+                                     f"{gate!r}")
+        if tuple(t.shape) != wanted[ours]:
+            raise AuthorsFormatError(f"tensor {name!r} has shape {tuple(t.shape)}, config.json (hidden_size {D}) "
+                                     f"implies {wanted[ours]}")
+        per_site[ours][2 * layer + (kind == "mlp")] = t
+    for ours, sites in per_site.items():
+        missing = [s for s in range(S) if s not in sites]
+        if missing:
+            s = missing[0]
+            suffix = next(k for k, v in _RELEASED_TENSORS.items() if v[0] == ours)
+            raise AuthorsFormatError(f"tensor model.layers.{s // 2}.{'mlp' if s % 2 else 'attn'}_res_{suffix} is "
+                                     f"missing ({len(missing)} of the {S} {ours} tensors of a {gate!r} checkpoint)")
+        stack = torch.stack([sites[s] for s in range(S)])
+        out[f"residual.{ours}"] = stack.reshape(S, D) if ours == "queries" else stack
+    return out
+
+
+def map_authors_state_dict(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """Their tensors -> ``Transformer.state_dict()`` names (fp32); refuses a tensor it cannot place."""
+    if cfg.residual.variant in RELEASED_MODES.values():
+        out = _map_released_layout(tensors, cfg)
+    else:
+        out = _map_mhar_layout(tensors, cfg)
+    if cfg.tie_embeddings and "embed.weight" in out:
         out["lm_head.weight"] = out["embed.weight"]
     return out
 
@@ -209,5 +326,5 @@ def convert_authors(hf: dict, tensors: dict[str, Tensor], routing_impl: str = "e
     return cfg, map_authors_state_dict(tensors, cfg), notes
 
 
-__all__ = ["MODEL_TYPE", "MODES", "AuthorsFormatError", "authors_model_config", "map_authors_state_dict",
-           "convert_authors", "block_size"]
+__all__ = ["MODEL_TYPE", "MODES", "RELEASED_MODES", "AuthorsFormatError", "layout", "authors_model_config",
+           "map_authors_state_dict", "convert_authors", "block_size"]

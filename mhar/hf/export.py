@@ -10,11 +10,13 @@ resolved run config, weight hashes) and ``mhar_export.json`` (the same as data, 
 
 * ``residual.variant: baseline`` is a stock ``Qwen3ForCausalLM`` (``qk_norm`` true) or ``LlamaForCausalLM``
   (``qk_norm`` false): ``AutoModelForCausalLM.from_pretrained(HF_DIR)`` needs no remote code.
-* every routed variant ships ``modeling_mhar.py`` (this package's file) referenced by ``auto_map``
-  (``AutoConfig`` / ``AutoModelForCausalLM``): ``from_pretrained(HF_DIR, trust_remote_code=True)``.
+* every other variant ships ``modeling_mhar.py`` (:mod:`mhar.hf.modeling_mhar`, referenced by ``auto_map``:
+  ``AutoConfig`` / ``AutoModelForCausalLM``) with the model package's own modules, flattened beside it
+  (:mod:`mhar.hf.ship`; the variant's module too when it lives outside ``mhar``):
+  ``from_pretrained(HF_DIR, trust_remote_code=True)`` works where ``mhar`` is not installed.
 
-Before anything is moved into place, the directory is loaded back (the stock class, or
-``modeling_mhar`` imported from this package) and its fp32 logits on a fixed token batch are compared
+Before anything is moved into place, the directory is loaded back as a user loads it (the stock class, or
+``trust_remote_code`` on the shipped files) and its fp32 logits on a fixed token batch are compared
 with the harness model's; more than ``CHECK_TOL`` x max(1, max |logit|) apart is an :class:`ExportError`
 (``check=False`` skips it). The directory appears atomically (built in a temporary sibling, then renamed); an existing
 non-empty ``--out`` is refused, never overwritten.
@@ -33,12 +35,15 @@ import torch
 from mhar.runs.atomic import read_json
 from mhar.runs.checkpoint import MODEL_FILE, CheckpointError, _pid_alive, file_sha256, load_model, read_checkpoint
 from mhar.model.config import ModelConfig, stored_routing_impl, to_dict
+from mhar.model.residuals import display_record
 from mhar.model.transformer import Transformer
+from mhar.hf import ship
+from mhar.hf.modeling_mhar import MharConfig
 from mhar.hf.names import hf_common_fields, mhar_config_fields, to_hf_state_dict
 
 FORMAT = "mhar-hf-v1"
 WEIGHTS_FILE = "model.safetensors"
-MODELING_FILE = "modeling_mhar.py"
+MODELING_FILE = ship.ENTRY_FILE + ".py"
 CHECK_TOL = 1e-5  # accepted max |logits difference| / max(1, max |logit|) in fp32 (measured: 0 for the same ops)
 AUTO_MAP = {"AutoConfig": "modeling_mhar.MharConfig", "AutoModelForCausalLM": "modeling_mhar.MharForCausalLM"}
 
@@ -82,8 +87,6 @@ def _hf_config(cfg: ModelConfig, tok: dict, meta: dict):
            "pad_token_id": tok.get("eos_token_id")}
     arch = architecture(cfg)
     if arch == "MharForCausalLM":
-        from mhar.hf.modeling_mhar import MharConfig
-
         hf_cfg = MharConfig(**mhar_config_fields(cfg), **ids, mhar=meta, dtype="float32")
         hf_cfg.auto_map = dict(AUTO_MAP)
     else:
@@ -129,7 +132,7 @@ def model_card(cfg: ModelConfig, report: dict) -> str:
     r = cfg.residual
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              "tags:", "- mhar", f"- residual-{r.variant}", "---", "",
-             f"# {label} ({r.variant}{f', H={r.heads}' if r.variant in ('mhar', 'mhar_delta') else ''}"
+             f"# {label} ({r.variant}{f', H={r.heads}' if display_record(r.variant)['shows_heads'] else ''}"
              f"{', ' + str(run['size']) if run.get('size') else ''}"
              f"{', seed ' + str(run['seed']) if run.get('seed') is not None else ''})", "",
              "Exported by the MHAR harness (`python -m mhar export-hf`), a reproduction of \"Multi-Head Attention "
@@ -209,19 +212,20 @@ def check_export(model: Transformer, folder: Path, seed: int = 0) -> dict:
     from transformers import AutoModelForCausalLM
 
     cfg = model.cfg
-    if architecture(cfg) == "MharForCausalLM":
-        from mhar.hf.modeling_mhar import MharForCausalLM as loader
-        name = "mhar.hf.modeling_mhar.MharForCausalLM"
-    else:
-        loader, name = AutoModelForCausalLM, f"transformers.{architecture(cfg)} (AutoModelForCausalLM)"
+    remote = architecture(cfg) == "MharForCausalLM"
+    name = (f"{MODELING_FILE} (AutoModelForCausalLM, trust_remote_code)" if remote
+            else f"transformers.{architecture(cfg)} (AutoModelForCausalLM)")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    try:
-        hf = loader.from_pretrained(str(folder), dtype=torch.float32).eval()
+    try:  # the shipped files are this package's own (mhar.hf.ship): trusted
+        hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, trust_remote_code=remote,
+                                                  routing_impl="torch") if remote else \
+            AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+        hf.eval()
     finally:
         hf_logging.enable_progress_bar()
-    if architecture(cfg) != "MharForCausalLM" and type(hf).__name__ != architecture(cfg):
+    if type(hf).__name__ != architecture(cfg):
         raise ExportError(f"the export loads as {type(hf).__name__}, expected {architecture(cfg)}")
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (2, min(32, cfg.max_seq_len)), generator=g)
@@ -271,18 +275,24 @@ def export_model(model: Transformer, out: Union[str, Path], tokenizer: Optional[
         _hf_config(cfg, tok, meta).save_pretrained(str(tmp))
         if tok.get("eos_token_id") is not None:
             _generation_config(tok).save_pretrained(str(tmp))
+        shipped = []
         if architecture(cfg) == "MharForCausalLM":
-            shutil.copyfile(Path(__file__).with_name(MODELING_FILE), tmp / MODELING_FILE)
+            try:
+                shipped = ship.write(tmp, cfg.residual.variant)
+            except ship.ShipError as e:
+                raise ExportError(str(e)) from e
         report = {"format": FORMAT, "architecture": architecture(cfg), "variant": cfg.residual.variant,
                   "model_config": to_dict(cfg), "params": model.num_params(), "tokenizer": tok,
                   "source_path": source.get("source_path"), "source_sha256": source.get("source_sha256"),
                   "source": source.get("info") or {}, "run": (extra or {}).get("run"),
-                  "weights_sha256": file_sha256(tmp / WEIGHTS_FILE),
+                  "weights_sha256": file_sha256(tmp / WEIGHTS_FILE), "shipped": shipped,
                   "check": check_export(model, tmp) if check else None,
                   "exporter": collect_provenance(), "seconds": None}
         report["seconds"] = round(time.time() - t0, 3)
         (tmp / "README.md").write_text(model_card(cfg, report), encoding="utf-8")
         (tmp / "mhar_export.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+        # safetensors writes its file readable by the owner only: give it the mode the other files have
+        os.chmod(tmp / WEIGHTS_FILE, (tmp / "config.json").stat().st_mode & 0o777)
         if out.is_dir():
             out.rmdir()  # empty (checked above)
         os.replace(tmp, out)

@@ -8,9 +8,11 @@
 * ``mhar``: our own exports; the weights come back identical (and ``extra.run`` with them).
 * ``qwen3`` / ``llama``: stock checkpoints (e.g. the CPT arm's base model) as the ``baseline`` variant
   (``qk_norm`` on for Qwen3, off for Llama; tying, RoPE incl. Llama-3 scaling, RMSNorm epsilon as stored).
-* ``qwen3_attnres``: the MHAR / AttnRes authors' checkpoints, converted by :mod:`mhar.hf.authors`
-  (``full_mh`` -> ``mhar`` with H heads, ``full`` -> ``attnres``, ``block`` -> ``block_attnres`` where the
-  blocks match, ``full_hw`` -> ``mhar_hw`` with one head); anything else is refused naming the field.
+* ``qwen3_attnres``: the AttnRes authors' checkpoints, converted by :mod:`mhar.hf.authors`: the MHAR
+  layout (``full_mh`` -> ``mhar`` with H heads, ``full`` -> ``attnres``, ``block`` -> ``block_attnres`` where
+  the blocks match, ``full_hw`` -> ``mhar_hw`` with one head) and the released Open AttnRes layout
+  (``block`` -> ``open_attnres``, ``full`` -> ``open_attnres_full``, every gate type); anything else is
+  refused naming the field.
 
 Check (on by default): ``qwen3`` / ``llama`` are loaded with transformers' own classes and ``mhar`` with
 this package's ``modeling_mhar`` (never the directory's copy), and their fp32 logits on a fixed token
@@ -20,12 +22,20 @@ tested against an independent implementation of their formulas (tests/test_hf_au
 
 Weights are read from ``*.safetensors`` (single or sharded with ``model.safetensors.index.json``) or, for
 older checkpoints, ``pytorch_model*.bin`` with ``torch.load(weights_only=True)`` (tensors only).
+A tensor whose shape disagrees with what config.json implies is refused naming the tensor and both shapes.
+Provenance (``extra.import_hf`` of ``model.pt``): the source, the requested ``revision``, ``hub_commit`` (the
+hub commit hash of the snapshot: a hub download or a folder of the hub cache, ``.../snapshots/<hash>``; None
+for any other folder), ``content_sha256`` (one hash over config.json and the weight files, whatever the
+source), the sha256 of each weight file, the check, the tokenizer spec and the importer's environment.
+
 The tokenizer spec stored in ``model.pt``: ``--tokenizer``, else ``byte`` for our byte-tokenizer exports,
 ``hf:<name>`` for a hub download, the directory itself when it holds ``tokenizer.json``.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
 from pathlib import Path
 from typing import Optional, Union
@@ -39,7 +49,7 @@ from mhar.model.transformer import Transformer
 from mhar.hf.authors import MODEL_TYPE as AUTHORS_TYPE
 from mhar.hf.authors import AuthorsFormatError, convert_authors
 from mhar.hf.export import CHECK_TOL
-from mhar.hf.names import from_hf_state_dict, model_config_from_mhar_fields
+from mhar.hf.names import from_hf_state_dict, hf_name, model_config_from_mhar_fields
 
 SUPPORTED = ("mhar", "qwen3", "llama", AUTHORS_TYPE)
 
@@ -205,6 +215,41 @@ def _tokenizer_spec(hf: dict, folder: Path, hub: Optional[str], given: Optional[
                         "tokenizer.json path or hf:<name>)")
 
 
+def _check_shapes(model: Transformer, state: dict[str, Tensor], folder: Path) -> None:
+    """Refuse a tensor whose shape is not the one the config implies (config.json and weights disagree)."""
+    for name, want in model.state_dict().items():  # the model's order: the first layer's first mismatch
+        t = state.get(name)
+        if t is not None and tuple(want.shape) != tuple(t.shape):
+            try:
+                theirs = hf_name(name)
+            except KeyError:
+                theirs = name
+            raise ImportHFError(f"{folder}: tensor {theirs} has shape {tuple(t.shape)} in the weights, but "
+                                f"config.json implies {tuple(want.shape)}; the config and the weights disagree "
+                                "(nothing was written)")
+
+
+_SNAPSHOT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def hub_commit(folder: Path) -> Optional[str]:
+    """The hub commit hash of a hub-cache snapshot folder (``models--org--name/snapshots/<hash>``), else None."""
+    folder = Path(folder).resolve()
+    if folder.parent.name == "snapshots" and _SNAPSHOT.match(folder.name) \
+            and folder.parent.parent.name.startswith("models--"):
+        return folder.name
+    return None
+
+
+def content_sha256(folder: Path, weights: dict[str, str]) -> str:
+    """One sha256 over config.json and the weight files (name and sha256 of each, sorted): the source's identity
+    when it is not a hub snapshot."""
+    h = hashlib.sha256()
+    for name, digest in sorted({**weights, "config.json": file_sha256(folder / "config.json")}.items()):
+        h.update(f"{name}\0{digest}\n".encode())
+    return h.hexdigest()
+
+
 def convert_folder(folder: Path, routing_impl: str = "eager") -> tuple[Transformer, dict, dict]:
     """(model, config.json, report fields) of a local Hugging Face directory."""
     hf = read_config(folder)
@@ -230,6 +275,7 @@ def convert_folder(folder: Path, routing_impl: str = "eager") -> tuple[Transform
     cfg.residual.routing_impl = "eager"  # the check runs here, on the CPU; the stored config keeps the trained one
     model = Transformer(cfg)
     cfg.residual.routing_impl = trained_impl
+    _check_shapes(model, state, folder)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ImportHFError(f"{folder}: weights do not match the config (missing {missing[:5]}, "
@@ -251,10 +297,10 @@ def import_hf(src: Union[str, Path], out: Union[str, Path], *, tokenizer: Option
     folder, hub = resolve_source(src, revision)
     model, hf, fields = convert_folder(folder)
     spec = _tokenizer_spec(hf, folder, hub, tokenizer)
-    weights = sorted(p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin"))
-    report = {"source": str(src), "folder": str(folder.resolve()), "revision": revision, **fields,
-              "variant": model.cfg.residual.variant, "heads": model.cfg.residual.heads,
-              "weights": {name: file_sha256(folder / name) for name in weights},
+    weights = {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.suffix in (".safetensors", ".bin")}
+    report = {"source": str(src), "folder": str(folder.resolve()), "revision": revision,
+              "hub_commit": hub_commit(folder), "content_sha256": content_sha256(folder, weights), **fields,
+              "variant": model.cfg.residual.variant, "heads": model.cfg.residual.heads, "weights": weights,
               "check": check_import(model, folder, fields["model_type"]) if check else None,
               "tokenizer": spec, "importer": collect_provenance(), "seconds": None}
     report["seconds"] = round(time.time() - t0, 3)

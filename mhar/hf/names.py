@@ -2,7 +2,7 @@
 
 The decoder's tensors take Qwen3 / Llama names (``model.embed_tokens``, ``model.layers.{i}.self_attn.q_proj``,
 ``input_layernorm``, ``post_attention_layernorm``, ``model.norm``, ``lm_head``); a residual variant's own
-parameters keep their harness names under ``model.residual.`` (``modeling_mhar.py`` builds the same tree).
+parameters keep their harness names under ``model.residual.`` (``TOP_MODULES`` / ``LAYER_MODULES``).
 A tied ``lm_head.weight`` is not stored (transformers ties it to ``model.embed_tokens.weight``).
 """
 from __future__ import annotations
@@ -12,18 +12,19 @@ from typing import Optional
 
 from torch import Tensor
 
-from mhar.model.config import ModelConfig, model_config, stored_routing_impl
+from mhar.model.config import ROUTING_IMPLS, ModelConfig, model_config, stored_routing_impl, to_dict
 
-_TOP = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight",
-        "lm_head.weight": "lm_head.weight"}
-_LAYER = {  # ours under layers.{i}. -> theirs under model.layers.{i}.
-    "attn.q_proj.weight": "self_attn.q_proj.weight", "attn.k_proj.weight": "self_attn.k_proj.weight",
-    "attn.v_proj.weight": "self_attn.v_proj.weight", "attn.o_proj.weight": "self_attn.o_proj.weight",
-    "attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight",
-    "mlp.gate_proj.weight": "mlp.gate_proj.weight", "mlp.up_proj.weight": "mlp.up_proj.weight",
-    "mlp.down_proj.weight": "mlp.down_proj.weight", "attn_norm.weight": "input_layernorm.weight",
-    "mlp_norm.weight": "post_attention_layernorm.weight",
-}
+# ours -> theirs, per module: the decoder's modules take Qwen3 / Llama names (``modeling_mhar`` registers the
+# harness model's modules under these names, so its state dict is the export's)
+TOP_MODULES = {"embed": "model.embed_tokens", "final_norm": "model.norm", "residual": "model.residual",
+               "lm_head": "lm_head"}
+LAYER_MODULES = {"attn": "self_attn", "attn_norm": "input_layernorm", "mlp": "mlp",
+                 "mlp_norm": "post_attention_layernorm"}  # under layers.{i}. / model.layers.{i}.
+_TOP = {f"{m}.weight": f"{TOP_MODULES[m]}.weight" for m in ("embed", "final_norm", "lm_head")}
+_LAYER = {f"{m}.{leaf}.weight": f"{LAYER_MODULES[m]}.{leaf}.weight"
+          for m, leaves in (("attn", ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")),
+                            ("mlp", ("gate_proj", "up_proj", "down_proj"))) for leaf in leaves}
+_LAYER.update({f"{m}.weight": f"{LAYER_MODULES[m]}.weight" for m in ("attn_norm", "mlp_norm")})
 _LAYER_BACK = {v: k for k, v in _LAYER.items()}
 _TOP_BACK = {v: k for k, v in _TOP.items()}
 _OURS_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -90,25 +91,21 @@ def hf_common_fields(cfg: ModelConfig) -> dict:
 
 
 def mhar_config_fields(cfg: ModelConfig) -> dict:
-    """``modeling_mhar.MharConfig`` fields of a model config."""
-    r = cfg.residual
+    """``modeling_mhar.MharConfig`` fields of a model config: Qwen3's, plus the residual config as it is
+    (``routing_impl`` apart: how the export runs, ``auto``, and how the model was trained, ``mhar_routing_impl``)."""
+    residual = {k: v for k, v in to_dict(cfg.residual).items() if k != "routing_impl"}
     return dict(hf_common_fields(cfg), rope_theta=cfg.rope_theta,
                 rope_llama3=dict(cfg.rope_scaling) if cfg.rope_scaling else None, qk_norm=cfg.qk_norm,
-                residual={"variant": r.variant, "heads": r.heads, "hyper_n": r.hyper_n,
-                          "hyper_dynamic": r.hyper_dynamic, "blocks": r.blocks,
-                          "delta_block_layers": r.delta_block_layers, "routing_eps": r.routing_eps},
-                routing_impl="auto", mhar_routing_impl=r.routing_impl)
+                residual=residual, routing_impl="auto", mhar_routing_impl=cfg.residual.routing_impl)
 
 
-def model_config_from_mhar_fields(d: dict) -> ModelConfig:
-    """The inverse of :func:`mhar_config_fields` (a ``model_type: mhar`` config.json)."""
-    r = dict(d.get("residual") or {})
-    residual = {k: r[k] for k in ("variant", "heads", "hyper_n", "hyper_dynamic", "blocks", "delta_block_layers",
-                                  "routing_eps") if k in r}
+def model_config_from_mhar_fields(d: dict, routing_impl: Optional[str] = None) -> ModelConfig:
+    """The inverse of :func:`mhar_config_fields` (a ``model_type: mhar`` config.json); ``routing_impl``: the
+    implementation to build it with (default: the one it was trained with, as a current name)."""
+    residual = dict(d.get("residual") or {})
     # an execution choice: an export written before the routing registry may name a withdrawn fused variant
-    residual["routing_impl"] = stored_routing_impl(d.get("mhar_routing_impl") or "eager")
-    if residual["routing_impl"] not in _routing_impls():
-        residual["routing_impl"] = "eager"
+    trained = stored_routing_impl(d.get("mhar_routing_impl") or "eager")
+    residual["routing_impl"] = routing_impl or (trained if trained in ROUTING_IMPLS else "eager")
     head_dim = d.get("head_dim")
     if head_dim == d["hidden_size"] // d["num_attention_heads"]:
         head_dim = None  # the default, as the harness writes it
@@ -119,9 +116,3 @@ def model_config_from_mhar_fields(d: dict) -> ModelConfig:
         rope_scaling=d.get("rope_llama3") or None, norm_eps=float(d["rms_norm_eps"]),
         init_std=float(d.get("initializer_range", 0.02)), tie_embeddings=bool(d.get("tie_word_embeddings", True)),
         qk_norm=bool(d.get("qk_norm", True)), residual=residual)
-
-
-def _routing_impls() -> tuple:
-    from mhar.model.config import ROUTING_IMPLS
-
-    return ROUTING_IMPLS

@@ -55,6 +55,10 @@ class ResidualConfig:
     blocks: int = 8
     # mhar_delta: consecutive transformer layers per delta source (paper: 4).
     delta_block_layers: int = 4
+    # open_attnres / open_attnres_full: the gate of the depth read (bias | sigmoid_scalar | sigmoid_vector |
+    # learnable_alpha; None: bias) and the initial recency bias on the current state's logit (None: 0.0).
+    gate_type: Optional[str] = None
+    recency_bias_init: Optional[float] = None
     # Routing implementation (ROUTING_IMPLS): auto (fused on CUDA with Triton, else eager), eager (PyTorch
     # reference), compile (torch.compile of it), fused (Triton kernels). How it runs, not what it computes.
     routing_impl: str = "auto"

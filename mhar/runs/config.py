@@ -22,8 +22,8 @@ resolved config without :data:`IDENTITY_EXCLUDE` (labels, paths, cadence, execut
 directory belongs to one identity (the trainer refuses another) and the workflow's run path carries it once:
 ``results/runs/<label>/<size>/seed<k>/<identity[:10]>/`` (``mhar.runs.layout``). Pairing is derived from the same
 identity: two runs are paired iff their identity configs differ only under :data:`PAIRING_VARIES` (the
-residual section), i.e. iff their ``pairing_hash`` is equal; :func:`first_difference` names the first
-field that differs. :func:`run_identity` is the ``run`` record every result carries.
+residual section), i.e. iff their ``pairing_hash`` is equal; the rule and :func:`first_difference` (the first
+field that differs) live in :mod:`mhar.runs.pairing`. :func:`run_identity` is the ``run`` record every result carries.
 """
 from __future__ import annotations
 
@@ -37,11 +37,12 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from mhar.model.config import ConfigError, ModelConfig, config_hash, from_dict, model_config_from_dict
+from mhar.runs.pairing import PAIRING_VARIES
 
 __all__ = [
     "MetaConfig", "DataConfig", "TrainConfig", "RunConfig", "load_run_config", "run_config_from_dict",
     "parse_overrides", "apply_overrides", "identity_config", "identity_hash", "pairing_config", "pairing_hash",
-    "first_difference", "recorded_run_config", "run_identity", "IDENTITY_EXCLUDE",
+    "recorded_run_config", "run_identity", "IDENTITY_EXCLUDE",
     "PAIRING_VARIES", "IDENTITY_LEN", "PATH_ID_LEN", "yaml_load", "yaml_error_line", "dump_yaml",
 ]
 
@@ -322,15 +323,11 @@ IDENTITY_EXCLUDE: dict[str, str] = {
     "data.cache_dir": "path (token cache)",
     "data.data_dir": "path (local data mirror)",
 }
-# What two runs may differ in and still be paired (on top of IDENTITY_EXCLUDE): the residual variant and its
-# knobs. Equal everything else means the same size, seeds (train and resolved data seed), data order (corpus,
-# tokenizer, seq_len, ...) and schedule.
-PAIRING_VARIES = ("model.residual",)
 IDENTITY_LEN = 16  # hex digits of `identity` / `pairing` in records; run paths carry the first PATH_ID_LEN
 PATH_ID_LEN = 10
 # Keys left out of the identity while unset (None): options added after runs were recorded, so the identity of
 # configs that do not use them stays what it was.
-OMIT_UNSET = ("model.residual.module",)
+OMIT_UNSET = ("model.residual.module", "model.residual.gate_type", "model.residual.recency_bias_init")
 
 
 def _drop(d: dict, dotted: str) -> None:
@@ -379,25 +376,6 @@ def identity_hash(cfg: RunConfig, length: int = IDENTITY_LEN) -> str:
 def pairing_hash(cfg: RunConfig, length: int = IDENTITY_LEN) -> str:
     """Hash of the identity without the residual section: two runs pair iff their pairing hashes are equal."""
     return config_hash(pairing_config(identity_config(cfg)), length)
-
-
-def first_difference(a: Any, b: Any, ignore: Sequence[str] = (), prefix: str = "") -> Optional[tuple[str, Any, Any]]:
-    """(dotted key, value in a, value in b) of the first difference of two config dicts (in a's key order,
-    then b's extra keys), skipping the dotted keys in ``ignore`` and what lies below them; None when equal."""
-    if not (isinstance(a, dict) and isinstance(b, dict)):
-        return None if a == b else (prefix.rstrip(".") or "(config)", a, b)
-    for k in list(a) + [k for k in b if k not in a]:
-        key = f"{prefix}{k}"
-        if key in ignore:
-            continue
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            found = first_difference(va, vb, ignore, key + ".")
-            if found:
-                return found
-        elif va != vb:
-            return key, va, vb
-    return None
 
 
 def recorded_run_config(raw: Any) -> RunConfig:

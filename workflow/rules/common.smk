@@ -382,6 +382,51 @@ def reproduce_cost_inputs(wildcards):
     return table_files("cost")
 
 
+# --- released checkpoints (config `released:`; their rules and RELEASED in released.smk) ---------------------
+def check_released_arms(arms):
+    """Stop with one `error:` line (nothing runs) when an arm's `hf:` is a local path that is not a model folder,
+    or its `published:` choice names no row of eval/published.csv (table released)."""
+    for label, arm in arms.items():
+        hf = Path(str(arm["hf"])).expanduser()
+        local = Path(str(arm["hf"])).is_absolute() or str(arm["hf"]).startswith(
+            (".", "~")
+        )
+        if local and not (hf / "config.json").is_file():
+            what = (
+                "does not exist"
+                if not hf.exists()
+                else "has no config.json (not a Hugging Face model folder)"
+            )
+            print(
+                f"error: released.{label}.hf: local path {arm['hf']!r} {what}; give a Hugging Face model "
+                "folder or a hub name org/name",
+                file=sys.stderr,
+            )
+            sys.exit(1)
+    # (without the analysis packages where Snakemake runs, the table job checks the choices)
+    try:
+        from eval.released import check_choices
+        from eval.load.common import AnalysisInputError
+    except ImportError as err:
+        logger.warning(f"released.*.published not checked here ({err})")
+        return
+    try:
+        check_choices(arms)
+    except AnalysisInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+def reproduce_released_inputs(wildcards):
+    """The released-models table, or a clear error when this config has no released arms."""
+    if not RELEASED:
+        raise WorkflowError(
+            "reproduce_released: this config has no `released:` arms; add them, e.g. "
+            "--configfile config/released.yaml (the authors' released checkpoints)"
+        )
+    return table_files("released")
+
+
 def report_inputs():
     """Everything REPORT.md summarises (sections without a config block are left out)."""
     files = []

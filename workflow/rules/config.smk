@@ -80,6 +80,25 @@ except WorkflowError:
     ) from None
 
 
+# A published source a table quotes must be one of eval/published_sources.csv: refused now, not in the table job.
+def _check_published_sources():
+    import csv
+
+    with open(
+        Path(workflow.basedir) / "eval" / "published_sources.csv", newline=""
+    ) as f:
+        known = [row["id"] for row in csv.DictReader(f)]
+    for kind, source in (config.get("published") or {}).items():
+        if source not in known:
+            _config_error(
+                f"published.{kind}: unknown published source {source!r}; choose one of "
+                f"{', '.join(known)} (eval/published_sources.csv)"
+            )
+
+
+_check_published_sources()
+
+
 # The committed reports/ folders belong to the config files under config/ that name them (reports/ to
 # the defaults): a run with anything of yours on top (an overlay file outside config/, or --config) that
 # does not set reports_dir itself writes its tables to <results_dir>/reports/<config hash> instead.

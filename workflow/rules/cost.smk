@@ -36,5 +36,6 @@ rule table_cost:
     params:
         kind="cost",
         resamples=config["stats"]["resamples"],
+        published=config.get("published", {}),
     script:
         "../scripts/table.py"

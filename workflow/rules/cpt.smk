@@ -148,5 +148,6 @@ rule cpt_table:
     params:
         scale=CPT.scale,
         resamples=config.get("stats", {}).get("resamples", 4999),
+        published=config.get("published", {}),
     script:
         "../scripts/cpt_table.py"

@@ -1,7 +1,10 @@
-# Released checkpoints as downstream arms (config `released:`): each is imported once (python -m mhar import-hf:
-# stock Qwen3 / Llama, our exports, the authors' Qwen3-AttnRes) into results/released/<label>/model.pt, with a
-# run block {label, residual, size, seed 0, pairing "released-<group>"}, then evaluated per task like a run;
-# the downstream table pairs each arm with the baseline arm of its size label and group (same questions).
+# Released checkpoints as downstream arms (config `released:`, e.g. config/released.yaml): each is imported once
+# (python -m mhar import-hf: stock Qwen3 / Llama, our exports, the authors' checkpoints) into
+# results/released/<label>/model.pt, its source pinned (hub: the commit read; local folder: its content hash) in
+# the run block {label, residual, size, seed 0, pairing "released-<group>", source} and provenance.json, then
+# evaluated per task like a run. The downstream table pairs each arm with the baseline arm of its size label and
+# group (same questions); reproduce_released writes <reports>/released.{md,csv,tex} (eval/released.py): each arm
+# beside the numbers its authors published (released.<label>.published names the source), and the paired tests.
 
 RELEASED = {
     label: {
@@ -9,12 +12,19 @@ RELEASED = {
         "group": "released",
         "tokenizer": None,
         "revision": None,
+        "published": None,
         **arm,
     }
     for label, arm in (config.get("released") or {}).items()
 }
+# local paths and published choices are checked before anything is planned
+check_released_arms(RELEASED)
 RELEASED_MODEL = f"{RESULTS}/released/{{label}}/model.pt"
 RELEASED_EVAL = f"{RESULTS}/eval/released/{{label}}/{{ehash}}/{{task}}"
+RELEASED_EVAL_DIRS = [
+    str(Path(RELEASED_EVAL).parent).format(label=label, ehash=EHASH)
+    for label in RELEASED
+]
 RELEASED_RESULTS = [
     f"{RELEASED_EVAL}/results.json".format(label=label, ehash=EHASH, task=task)
     for label in RELEASED
@@ -66,3 +76,22 @@ rule evaluate_released:
         tasks_dir=TASKS_DIR,
     script:
         "../scripts/evaluate.py"
+
+
+rule table_released:
+    input:
+        results=RELEASED_RESULTS,
+    output:
+        table_report("released"),
+    log:
+        f"{LOGS}/reports/released.log",
+    benchmark:
+        f"{BENCHMARKS}/reports/released.tsv"
+    conda:
+        "../envs/analysis.yaml"
+    params:
+        arms={label: {"published": arm["published"]} for label, arm in RELEASED.items()},
+        eval_dirs=RELEASED_EVAL_DIRS,
+        resamples=config["stats"]["resamples"],
+    script:
+        "../scripts/released_table.py"

@@ -18,6 +18,7 @@ rule table1:
     params:
         kind="table1",
         resamples=config["stats"]["resamples"],
+        published=config.get("published", {}),
     script:
         "../scripts/table.py"
 
@@ -36,6 +37,7 @@ rule table_seeds:
     params:
         kind="seeds",
         resamples=config["stats"]["resamples"],
+        published=config.get("published", {}),
     script:
         "../scripts/table.py"
 
@@ -54,6 +56,7 @@ rule table_heads:
     params:
         kind="heads",
         resamples=config["stats"]["resamples"],
+        published=config.get("published", {}),
     script:
         "../scripts/table.py"
 
@@ -72,5 +75,6 @@ rule table_downstream:
     params:
         kind="downstream",
         resamples=config["stats"]["resamples"],
+        published=config.get("published", {}),
     script:
         "../scripts/table.py"

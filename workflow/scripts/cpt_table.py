@@ -14,5 +14,5 @@ dirs = {Path(p).parent.parent.name: Path(p).parent.parent for p in sm.input.resu
 prefix = Path(sm.output[0]).with_suffix("")
 check = json.loads(Path(sm.input.batch_check).read_text())
 for path in write_cpt_table(dirs["base"], dirs["plain"], dirs["mhar"], prefix, sm.params.scale, check,
-                            n_resamples=sm.params.resamples):
+                            n_resamples=sm.params.resamples, published=dict(sm.params.published)):
     log.info("wrote %s", path)

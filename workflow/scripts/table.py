@@ -1,13 +1,14 @@
-"""Build one table with eval.tables.make_table; writes <prefix>.{csv,md,tex}.
+"""Build one table with eval.tables.build.make_table; writes <prefix>.{csv,md,tex}.
 
 ``params.kind`` names the table; its inputs are the rule's ``summaries`` (table1, seeds,
-heads), ``results`` (downstream: their eval dirs) or ``csvs`` (cost).
+heads), ``results`` (downstream: their eval dirs) or ``csvs`` (cost); ``params.published`` names the published
+source each table quotes (the config's ``published`` block).
 """
 
 from pathlib import Path
 
 from _glue import start
-from eval.tables import make_table
+from eval.tables.build import make_table
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)
@@ -24,7 +25,7 @@ if not inputs:
     raise RuntimeError(f"table {kind}: no inputs (check the config block of this table)")
 prefix = Path(sm.output[0]).with_suffix("")
 log.info("table %s from %d inputs -> %s.{csv,md,tex}", kind, len(inputs), prefix)
-for path in make_table(kind, inputs, prefix, n_resamples=sm.params.resamples):
+for path in make_table(kind, inputs, prefix, n_resamples=sm.params.resamples, published=dict(sm.params.published)):
     log.info("wrote %s", path)
 missing = [o for o in sm.output if not Path(o).is_file()]
 if missing:

@@ -61,9 +61,13 @@ def routed_variants() -> tuple[str, ...]:
 
 def display_record(variant: str) -> dict:
     """How tables and reports show ``variant`` (its class's ``display_name``, ``table_order``, ``shows_heads``):
-    ``{"display": str, "order": int, "shows_heads": bool}``. The trainer records it in summary.json (``display``)."""
+    ``{"display": str, "order": int, "shows_heads": bool}``, plus ``"heads"`` when the class fixes its routing
+    head count (``fixed_heads``). The trainer records it in summary.json (``display``)."""
     cls = residual_class(variant)
-    return {"display": cls.display_name or cls.name, "order": int(cls.table_order), "shows_heads": bool(cls.shows_heads)}
+    out = {"display": cls.display_name or cls.name, "order": int(cls.table_order), "shows_heads": bool(cls.shows_heads)}
+    if cls.fixed_heads is not None:
+        out["heads"] = int(cls.fixed_heads)
+    return out
 
 
 def import_variant_module(module: str) -> None:
@@ -99,11 +103,15 @@ def build_residual(cfg: ModelConfig) -> Residual:
     return cls(cfg)
 
 
-# Built-in variants: every module of this package registers its own classes when imported.
-for _info in pkgutil.iter_modules(__path__):
-    if not _info.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_info.name}")
-del _info
+# Built-in variants: every module of this package registers its own classes when imported. (A Hugging Face
+# export ships a flat copy of this file, which is not a package: there the export imports the variant modules.)
+def _import_variant_modules(path: list[str]) -> None:
+    for info in pkgutil.iter_modules(path):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+_import_variant_modules(globals().get("__path__", []))
 
 __all__ = ["Residual", "RESIDUALS", "register", "variant_names", "routed_variants", "residual_class", "display_record",
            "import_variant_module", "build_residual"]

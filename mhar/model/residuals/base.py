@@ -41,6 +41,9 @@ class Residual(nn.Module):
     display_name: Optional[str] = None
     table_order: int = 100
     shows_heads: bool = False
+    # The routing head count the variant fixes whatever model.residual.heads says (single-head AttnRes: 1); the
+    # tables' H column shows it (the head sweep's H=1). None: no fixed count.
+    fixed_heads: Optional[int] = None
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -67,6 +67,7 @@ class AttnRes(MultiHeadAttnRes):
     display_name = "single-head (AttnRes)"
     table_order = 2
     shows_heads = False
+    fixed_heads = 1
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, heads=1)
