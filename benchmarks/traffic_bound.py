@@ -191,7 +191,8 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
 
 
 # The kernels of routing_impl fused (score table, forward groups, source groups) in ``kernel_bytes``.
-FUSED_KERNELS = ("_append_kernel", "_score_kernel", "_prefix_fwd_table_kernel", "_route_fwd_table_kernel", "_stash_kernel",
+FUSED_KERNELS = ("_append_kernel", "_score_kernel", "_prefix_fwd_table_kernel", "_route_fwd_table_kernel",
+                 "_stash_kernel",
                  "_src_group_bwd_kernel", "_src_bwd_kernel")
 
 

@@ -572,7 +572,7 @@ def test_model_prefix_sharing_matches_eager(table):
     (4, 2, 7, 256, 8, 8, False, False),  # eight heads of width 32; one group of all reads
     (6, 1, 7, 24, 8, 4, True, False),  # a null source: no table (the reads score their sources), still exact
 ])
-def test_table_score_table(N, B, T, D, H, K, with_null, with_extra, dtype):
+def test_score_table(N, B, T, D, H, K, with_null, with_extra, dtype):
     """The score table against the float64 reference: the forward takes its scores from the table (plain reads and the
     prefix kernel of groups of K), the gradient kernel too; outputs and every gradient."""
     _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=7 * N + H,
@@ -733,7 +733,8 @@ def test_loop_kernels_autotune_per_loop_length(impl_kwargs, monkeypatch):
     from mhar.model.routing import _kernels as K
     loops = {K._route_fwd_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]),
              K._route_fwd_table_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]),
-             K._prefix_fwd_kernel: ("NB", lambda a: a["n_buf"]), K._prefix_fwd_table_kernel: ("NB", lambda a: a["n_buf"]),
+             K._prefix_fwd_kernel: ("NB", lambda a: a["n_buf"]),
+             K._prefix_fwd_table_kernel: ("NB", lambda a: a["n_buf"]),
              K._src_bwd_kernel: ("JB", lambda a: a["k_hi"] - a["k_lo"]),
              K._src_group_bwd_kernel: ("JB", lambda a: -(-(a["k_hi"] - a["k_lo"]) // 16))}
     for kernel, (name, _) in loops.items():
@@ -868,9 +869,10 @@ def test_gpu_table_every_launch_config(D, H, which, monkeypatch):
     or for the prefix kernel (groups of 4), gives the reference's outputs and gradients."""
     from mhar.model.routing import _kernels as K
 
-    forced = (K._route_fwd_table_kernel, K._src_bwd_kernel) if which == "route_fwd_table" else (K._prefix_fwd_table_kernel,)
-    configs = K._loop_configs(full=True) if which == "route_fwd_table" else K._prefix_table_configs(full=True)
-    _each_launch_config(monkeypatch, forced, configs, D, H, with_null=False, group=4 if which == "prefix_fwd_table" else None,
+    table = which == "route_fwd_table"
+    forced = (K._route_fwd_table_kernel, K._src_bwd_kernel) if table else (K._prefix_fwd_table_kernel,)
+    configs = K._loop_configs(full=True) if table else K._prefix_table_configs(full=True)
+    _each_launch_config(monkeypatch, forced, configs, D, H, with_null=False, group=None if table else 4,
                         table=True)
 
 

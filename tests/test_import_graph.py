@@ -217,7 +217,8 @@ def test_checker_finds_function_level_cycles(tmp_path):
         "mhar/a.py": "from mhar.sub import b\nimport json\n",
         "mhar/sub/b.py": "def f():\n    from mhar.a import g\n",  # function-level: counts
         "mhar/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mhar.d import X\n",
-        "mhar/d.py": "from mhar.c import Y\ndef f():\n    import triton\n",  # annotations-only and third-party: no cycle
+        # annotations-only and third-party imports: no cycle
+        "mhar/d.py": "from mhar.c import Y\ndef f():\n    import triton\n",
         "eval/e.py": "from mhar.a import g\nfrom . import f\n", "eval/f.py": "def h():\n    from eval.e import x\n",
     }
     for rel, text in files.items():

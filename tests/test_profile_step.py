@@ -11,7 +11,8 @@ def test_every_router_kernel_is_found_and_categorised():
     for n in names:
         assert hasattr(getattr(_kernels, n), "run")  # a Triton kernel (JITFunction / Autotuner)
         assert ps.kernel_category(n, names) == f"routing: {n}"
-    assert ps.kernel_category("_route_fwd_table_kernel") != "routing: _route_fwd_table_kernel"  # only names given as routing
+    # only names given as routing
+    assert ps.kernel_category("_route_fwd_table_kernel") != "routing: _route_fwd_table_kernel"
 
 
 @pytest.mark.parametrize("name,cat", [

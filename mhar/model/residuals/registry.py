@@ -54,7 +54,8 @@ def display_record(variant: str) -> dict:
     """How tables and reports show ``variant`` (its class's ``display_name``, ``table_order``, ``shows_heads``):
     ``{"display": str, "order": int, "shows_heads": bool}``. The trainer records it in summary.json (``display``)."""
     cls = residual_class(variant)
-    return {"display": cls.display_name or cls.name, "order": int(cls.table_order), "shows_heads": bool(cls.shows_heads)}
+    return {"display": cls.display_name or cls.name, "order": int(cls.table_order),
+            "shows_heads": bool(cls.shows_heads)}
 
 
 def import_variant_module(module: str) -> None:

@@ -996,10 +996,10 @@ def prefix_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: i
 # The score table. The queries are static parameters, so a source's per-head score for every later read is known
 # as soon as the source exists: ``score_sources`` computes S[slot, k, t, h] = rms^-1 * <x_h, q_k g_k>_h for all
 # announced reads k >= k_lo in ONE pass over the source (tensor-core dots; bf16 sources dot against a hi + lo bf16
-# split of q g, so the scores keep fp32 accuracy). The forward (``_route_fwd_table_kernel``) then takes the max of its scores
-# from the table first and mixes with one multiply-add per element and source (no online-softmax rescaling); the
-# prefix kernel (``_prefix_fwd_table_kernel``) mixes K reads in one pass over their common prefix; the gradient kernel
-# reads the score instead of a per-head dot product.
+# split of q g, so the scores keep fp32 accuracy). The forward (``_route_fwd_table_kernel``) then takes the max of
+# its scores from the table first and mixes with one multiply-add per element and source (no online-softmax
+# rescaling); the prefix kernel (``_prefix_fwd_table_kernel``) mixes K reads in one pass over their common prefix;
+# the gradient kernel reads the score instead of a per-head dot product.
 
 
 @triton.jit
@@ -1188,7 +1188,8 @@ def route_fwd_table(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: 
     args = (buf, S[0, k], out, lse, init if init is not None else out, init_lse if init_lse is not None else lse,
             lo, n_buf, buf.stride(0), S.stride(0), BT, nb, D, H, D // H)
     flags = dict(HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB, JC=16)
-    _launch(_route_fwd_table_kernel, ("route_fwd_table", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args, flags)
+    key = ("route_fwd_table", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:6]))
+    _launch(_route_fwd_table_kernel, key, grid, args, flags)
     LAUNCHES["route_fwd_table"] += 1
     return out, lse
 
@@ -1270,10 +1271,12 @@ def prefix_fwd_table(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf:
     nb = _loop_bucket(n_buf)
     args = (buf, S[0, k0], P, lse, n_buf, buf.stride(0), S.stride(0), BT, K, nb, D, H, D // H)
     flags = dict(KP=triton.next_power_of_2(K), HP=HP, DA=DA, DB=DB, JC=8)
-    _launch(_prefix_fwd_table_kernel, ("prefix_fwd_table", D, H, nb, *flags.values(), str(buf.dtype), str(out_dtype)), grid, args, flags)
+    key = ("prefix_fwd_table", D, H, nb, *flags.values(), str(buf.dtype), str(out_dtype))
+    _launch(_prefix_fwd_table_kernel, key, grid, args, flags)
     LAUNCHES["prefix_fwd_table"] += 1
     return P, lse
 
 
 # the kernels that begin with ``_pdl_enter`` (``_launch`` gives them ``_pdl_kwargs``)
-_PDL_KERNELS = (_append_kernel, _route_fwd_table_kernel, _prefix_fwd_table_kernel, _stash_kernel, _src_bwd_kernel, _src_group_bwd_kernel)
+_PDL_KERNELS = (_append_kernel, _route_fwd_table_kernel, _prefix_fwd_table_kernel, _stash_kernel, _src_bwd_kernel,
+                _src_group_bwd_kernel)

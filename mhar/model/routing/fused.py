@@ -34,9 +34,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from mhar.model.routing._kernels import (LAUNCHES, append_source, dW_all, prefix_fwd, prefix_fwd_table, route_bwd, route_fwd, route_fwd_table,
-                       score_sources, source_bwd, source_group_bwd, split_weights, stash)
-from mhar.model.routing.names import SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, TABLE_MAX_HEAD, READ_GROUP
+from mhar.model.routing._kernels import (LAUNCHES, append_source, dW_all, prefix_fwd, prefix_fwd_table, route_bwd,
+                                         route_fwd, route_fwd_table, score_sources, source_bwd, source_group_bwd,
+                                         split_weights, stash)
+from mhar.model.routing.names import READ_GROUP, SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, TABLE_MAX_HEAD
 from mhar.model.routing.base import Router
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES", "SOURCE_GROUP_MAX_HEAD", "TABLE_MAX_HEAD"]

@@ -64,6 +64,7 @@ class AutoRouter(Router):
         return resolve_routing_impl("auto", device)
 
     def traceable_on(self, device) -> bool:
+        # builds the router for ``device`` now (kept), so a trace of the next forward finds it made
         return self.router_for(device).traceable_on(device)
 
     def router_for(self, device) -> Router:
