@@ -20,9 +20,9 @@ from typing import Optional, Sequence
 
 from mhar.runs.atomic import atomic_write_text
 
+from . import verdict as vd
 from .load.provenance import provenance
 from .load.published import load_published, paper_scales, sources_section
-from . import verdict as vd
 
 # What a reader must know beside a table (shown under its reading line).
 TABLE_NOTES = {
