@@ -34,6 +34,7 @@ from eval.run import Subset, arguments_hash, evaluate_model, main  # noqa: E402
 from mhar.runs.checkpoint import save_model, sha256_path, write_sha256  # noqa: E402
 from mhar.model.config import model_config  # noqa: E402
 from mhar.model.transformer import Transformer  # noqa: E402
+from mhar.data.tokenizer import ByteTokenizer  # noqa: E402
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parent.parent
@@ -219,7 +220,7 @@ def test_gsm8k_five_shot_strict_and_flexible(runs):
 
 @needs_data
 def test_missing_local_file_and_unknown_task_are_clear_errors(tmp_path):
-    lm = MharLM.from_model(Transformer(model_config("debug")), __import__("mhar.data.tokenizer", fromlist=["ByteTokenizer"]).ByteTokenizer(),
+    lm = MharLM.from_model(Transformer(model_config("debug")), ByteTokenizer(),
                            device="cpu")
     with pytest.raises(FileNotFoundError, match="lambada_test.jsonl"):
         evaluate_model("mem", ["lambada_openai"], tmp_path, limit=2, lm=lm, data_dir=tmp_path)
@@ -288,7 +289,7 @@ def test_gpqa_text_never_written_to_disk(runs):
     parent_existed = out.parent.exists()
     try:
         torch.manual_seed(0)
-        lm = MharLM.from_model(Transformer(model_config("debug")), __import__("mhar.data.tokenizer", fromlist=["ByteTokenizer"]).ByteTokenizer(),
+        lm = MharLM.from_model(Transformer(model_config("debug")), ByteTokenizer(),
                                device="cpu")
         evaluate_model("mem", ["gpqa_main_zeroshot"], out, subset="first:2", lm=lm, bootstrap_iters=0)
         assert (out / "gpqa_main_zeroshot" / "samples.jsonl").is_file()
