@@ -15,6 +15,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import yaml
 
+from mhar.runs.atomic import read_json as atomic_read_json
 from mhar.runs.config import yaml_error_line
 
 
@@ -24,13 +25,8 @@ class AnalysisInputError(ValueError):
 
 
 def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AnalysisInputError(f"{path}: file not found (did the producing step run?)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AnalysisInputError(f"{path}: not valid JSON ({e}); re-run the step that wrote it "
-                                 "(or check that this is the right file)") from None
+    """The JSON document at ``path``; a missing or malformed file is one AnalysisInputError line."""
+    return atomic_read_json(path, error=AnalysisInputError)
 
 
 def read_yaml(path: str | os.PathLike) -> Any:
