@@ -167,7 +167,10 @@ def loaded(exports, tmp_path_factory):
         batch = tok(prompts, return_tensors="pt", padding=True)
         gen = model.generate(**batch, max_new_tokens={NEW_TOKENS}, do_sample=False)
         single = model.generate(**tok(prompts[0], return_tensors="pt"), max_new_tokens={NEW_TOKENS}, do_sample=False)
+        beams = [model.generate(**batch, max_new_tokens=6, num_beams=3, num_return_sequences=2, use_cache=c)
+                 for c in (True, False)]
         res[label] = {{"class": type(model).__name__, "module": type(model).__module__,
+                       "beams": [torch.equal(*beams), beams[0].shape[0]],
                        "batch": gen[:, batch["input_ids"].shape[1]:].tolist(),
                        "single": single[0, len(prompts[0].encode()):].tolist(),
                        "encode": [tok(p)["input_ids"] for p in prompts + ["é<|endoftext|>"]],
@@ -229,6 +232,7 @@ def test_greedy_generation_with_the_kv_cache_equals_the_harness(exports, loaded)
         theirs = [until_eos(row) for row in res[label]["batch"]]
         assert theirs == ours, label
         assert until_eos(res[label]["single"]) == ours[0], label
+        assert res[label]["beams"] == [True, 2 * len(PROMPTS)], label  # beam search reorders the cached rows
         assert sum(len(set(o)) for o in ours) > 3, label  # generations are not one repeated token
 
 

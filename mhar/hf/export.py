@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -212,6 +213,18 @@ def _clean_stale(out: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _remove_module_copy(module: str) -> None:
+    """Remove the folder transformers copied a remote-code module into (under its modules cache)."""
+    from transformers.utils import HF_MODULES_CACHE
+
+    folder = Path(sys.modules[module].__file__).parent
+    cache = Path(HF_MODULES_CACHE).resolve()
+    if cache in folder.resolve().parents:
+        shutil.rmtree(folder, ignore_errors=True)
+        if {p.name for p in folder.parent.iterdir()} <= {"__init__.py", "__pycache__"}:
+            shutil.rmtree(folder.parent, ignore_errors=True)  # the temporary folder's name: nothing else under it
+
+
 @torch.no_grad()
 def check_export(model: Transformer, folder: Path, seed: int = 0) -> dict:
     """Load ``folder`` back with transformers and compare its fp32 logits with ``model``'s."""
@@ -231,6 +244,8 @@ def check_export(model: Transformer, folder: Path, seed: int = 0) -> dict:
         hf.eval()
     finally:
         hf_logging.enable_progress_bar()
+    if remote:  # the copy transformers made of the temporary folder's files: no one loads it again
+        _remove_module_copy(type(hf).__module__)
     if type(hf).__name__ != architecture(cfg):
         raise ExportError(f"the export loads as {type(hf).__name__}, expected {architecture(cfg)}")
     g = torch.Generator().manual_seed(seed)
