@@ -198,7 +198,7 @@ def _variant_imports(planner: _Planner, variants: list[str]) -> str:
     return "".join(lines)
 
 
-def write(folder: Path, variant: str) -> list[str]:
+def write_shipped(folder: Path, variant: str) -> list[str]:
     """Write the flat files an export of residual variant ``variant`` needs into ``folder``; returns their names."""
     shipment = plan(variant_module(variant))
     for name, text in shipment.files.items():
