@@ -23,7 +23,6 @@ from mhar.model.residuals.registry import (RESIDUALS, build_residual, display_re
                                            residual_class, routed_variants, variant_names)
 
 
-
 def _import_variant_modules(path: list[str]) -> None:
     """Built-in variants: every module of this package registers its own classes when imported. (A Hugging Face
     export ships a flat copy of this file, which is not a package: there the export imports the variant modules.)"""
