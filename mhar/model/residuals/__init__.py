@@ -22,9 +22,10 @@ from mhar.model.residuals.base import Residual
 from mhar.model.residuals.registry import (RESIDUALS, build_residual, display_record, import_variant_module, register,
                                            residual_class, routed_variants, variant_names)
 
-# Built-in variants: every module of this package registers its own classes when imported. (A Hugging Face
-# export ships a flat copy of this file, which is not a package: there the export imports the variant modules.)
+
 def _import_variant_modules(path: list[str]) -> None:
+    """Built-in variants: every module of this package registers its own classes when imported. (A Hugging Face
+    export ships a flat copy of this file, which is not a package: there the export imports the variant modules.)"""
     for info in pkgutil.iter_modules(path):
         if not info.name.startswith("_"):
             importlib.import_module(f"{__name__}.{info.name}")

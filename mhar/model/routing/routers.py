@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from mhar.model.choices import ROUTING_IMPLS
-from mhar.model.routing import decode
+from mhar.model.routing.decode import available as decode_kernel_available, decode_read
 from mhar.model.routing.base import Router
 from mhar.model.routing.names import resolve_routing_impl
 from mhar.model.routing.reference import route_reference, route_slots_reference, write_slot
@@ -129,7 +129,7 @@ class DecodeRouter(Router):
     def resolve(self, device: torch.device) -> "DecodeRouter":
         """Fix ``kernel`` for ``device`` (None: the kernel where it runs, i.e. CUDA with Triton)."""
         if self.kernel is None:
-            self.kernel = decode.available(device) and device.type == "cuda"
+            self.kernel = decode_kernel_available(device) and device.type == "cuda"
         return self
 
     def _slot(self, n: int, device: torch.device) -> Tensor:
@@ -163,7 +163,7 @@ class DecodeRouter(Router):
     def read(self, state: _Slots, query: Tensor, norm_weight: Tensor, num_heads: int, eps: float = 1e-6, *,
              extra: Optional[Tensor] = None, return_weights: bool = False, lookahead=None):
         if self.kernel and not return_weights:
-            out = decode.decode_read(state.buf, state.ms.view(state.ms.shape[:-1]), state.n, query, norm_weight,
+            out = decode_read(state.buf, state.ms.view(state.ms.shape[:-1]), state.n, query, norm_weight,
                                      int(num_heads), float(eps), pending=state.pending, extra=extra)
             if state.pending is not None:
                 state.n, state.pending = state.n + 1, None
