@@ -259,12 +259,20 @@ def _n_label(r) -> str:
     return f"n={int(v)} {unit}" if v is not None and np.isfinite(float(v)) else "n=?"
 
 
+def _same_metric(r) -> bool:
+    """Whether the row's published delta is in the row's own metric (eval.lm_metrics: bits per byte rows carry
+    the paper's word-perplexity delta for its sign only)."""
+    pm, m = r.get("published_metric"), r.get("metric")
+    return not (isinstance(pm, str) and isinstance(m, str) and pm != m.split(",")[0])
+
+
 def _delta_unit(name: str, df) -> str:
     if name.startswith("table1") or name.startswith("seeds") or name.startswith("heads"):
         return "Δ tail-mean val loss (nats; < 0 = better)"
     if "metric" in df.columns and df["metric"].nunique() == 1:
         m = str(df["metric"].iloc[0]).split(",")[0]
-        unit = "perplexity" if "perplexity" in m else "fraction" if m in ("acc", "acc_norm", "exact_match") else m
+        unit = ("perplexity" if "perplexity" in m else "bits; < 0 = better" if m == "bits_per_byte"
+                else "fraction" if m in ("acc", "acc_norm", "exact_match") else m)
         return f"Δ {m} ({unit})"
     return "paired Δ (variant - reference)"
 
@@ -302,7 +310,8 @@ def forest(table_csvs: Sequence[str | Path], out: str | Path) -> list[Path]:
             if np.isfinite(r["ci_low"]) and np.isfinite(r["ci_high"]):
                 ax.plot([r["ci_low"], r["ci_high"]], [yi, yi], color=c, lw=2)
             ax.plot(r["delta"], yi, "o", color=c)
-            if "published_delta" in df.columns and np.isfinite(r.get("published_delta", np.nan)):
+            if "published_delta" in df.columns and np.isfinite(r.get("published_delta", np.nan)) \
+                    and _same_metric(r):  # a word-perplexity delta has no place on a bits-per-byte axis
                 ax.plot(r["published_delta"], yi, "x", color="k", ms=7)
         ax.axvline(0, color="k", lw=0.8)
         ax.set_yticks(y, [f"{c} ({_n_label(r)})" for c, (_, r) in zip(df["comparison"], df.iterrows())], fontsize=7)

@@ -134,9 +134,10 @@ def _paper_beside(r) -> str:
     same_scale = str(r.get("same_scale", True)) not in ("False", "false", "0")
     if same_metric and same_scale:
         return f", paper {_fmt(pub)}"
-    sign = "lower" if float(pub) < 0 else "higher" if float(pub) > 0 else "no change"
+    sign = "lower" if float(pub) < 0 else "higher" if float(pub) > 0 else "no change in"
     where = f" at {r.get('published_scale')}" if isinstance(r.get("published_scale"), str) else ""
-    return f" (paper{where}: {sign}; sign compared only)"
+    what = f" {pm}" if not same_metric else ""
+    return f" (paper{where}: {sign}{what}; sign compared only)"
 
 
 SETUP_COLUMNS = (("params", "parameters"), ("tokens", "training tokens"), ("steps", "steps"),

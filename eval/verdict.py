@@ -69,7 +69,8 @@ VERDICTS = (REPRODUCED, SAME_SIGN, NOT_REPRODUCED, OPPOSITE_SIGN, EFFECT_DIFFERS
 _EPS = 1e-9  # float-safe comparisons at a tolerance edge (0.45 vs 0.55 - 0.10)
 
 VERDICT_RULE = "\n".join([
-    "Each row compares OUR paired delta (variant - reference) with the PUBLISHED delta (eval/verdict.py). Unit of "
+    "Verdict rule (eval/verdict.py): each row compares OUR paired delta (variant - reference) with the PUBLISHED "
+    "delta. Unit of "
     "evidence: the seed for losses and for downstream metrics of several seeds (paired t over seeds); the "
     "question for one seed (exact McNemar for 0/1 scores, sign-flip otherwise, cluster-robust t where questions "
     f"share a context); the document for perplexity (document bootstrap). p (Holm) adjusts the printed p across "
