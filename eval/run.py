@@ -406,6 +406,16 @@ def _model_file(model_path: str) -> Optional[Path]:
     return path / MODEL_FILE if path.is_dir() else path
 
 
+def _batch_size_arg(text: str) -> int | str:
+    """--batch-size: an integer, 'auto' or 'auto:N' (checked by eval.adapter when the model is built)."""
+    if text.strip().lower().startswith("auto"):
+        return text.strip().lower()
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer, 'auto' or 'auto:N'") from None
+
+
 def no_checkpoint_message(model_path: str) -> str:
     """Why ``model_path`` has no model to evaluate: a run folder whose training has not finished says so, with
     its progress (read by mhar.runs.layout from the folder's own records); anything else is not a checkpoint."""
@@ -652,7 +662,9 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--limit", type=int, help="first N documents (same as --subset first:N)")
     sel.add_argument("--subset", help="full | first:N | random:N:SEED")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=_batch_size_arg, default=8,
+                   help="sequences per forward, or auto / auto:N (the largest that fits, found again N times over a "
+                        "run, as lm-eval's --batch_size auto); default 8")
     p.add_argument("--max-length", type=int, default=None, help="context length (default: the model's training context)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: as stored / HF auto)")
     p.add_argument("--num-fewshot", "--num_fewshot", type=int, default=None,
