@@ -93,7 +93,8 @@ COST_RULE = (
     "are not judged. Hardware differs from the paper's single H100, so ratios, not tokens/s, are compared."
 )
 SCALE_NOTE = ("judged = 'sign only' for sizes the paper did not run (compared with the paper's 100M numbers "
-              "by the sign of the paired delta; magnitudes are not comparable across scales).")
+              f"by the sign of the paired delta, verdict '{SAME_SIGN}' / '{OPPOSITE_SIGN}'; magnitudes are not "
+              "comparable across scales).")
 
 
 # --- evidence, one function per unit --------------------------------------------------------------------
