@@ -595,11 +595,13 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
             Column("test", lambda r: r["test"]), *(c() for c in P_COLS),
             Column("MDE (80%)", lambda r: f_num(r["mde80"])),
             Column("paper base / MHAR", lambda r: _with_scale(
-                f"{f_num(r['published_baseline'])} / {f_num(r['published_variant'])}", r)),
+                f"{f_num(r['published_baseline'])} / {f_num(r['published_variant'])}"
+                + lm_metrics.unit_note(r["metric"], r["published_metric"]), r)),
             Column("paper Δ", lambda r: _with_scale(f_ci(r["published_delta"], None, None)
                                                     + lm_metrics.unit_note(r["metric"], r["published_metric"]), r)),
             *(c() for c in JUDGE_COLS)]
-    notes = [lm_metrics.NOTE, "Paired by document (same doc_id and prompt) and by seed. One seed: 0/1 scores use the exact McNemar p "
+    notes = [lm_metrics.NOTE,
+             "Paired by document (same doc_id and prompt) and by seed. One seed: 0/1 scores use the exact McNemar p "
              "with a percentile-bootstrap CI, or the cluster-robust t (CR1, clusters - 1 df) when questions share a "
              "context (HellaSwag); perplexity uses the document bootstrap with per-document swap p. Several seeds: "
              "paired t over seeds of the per-seed metric. The column 'test' names the test whose p is printed. "

@@ -29,7 +29,8 @@ def test_help_describes_each_command_not_its_entry_point():
 
 
 def _killed_run(root: Path, at: int = 20, steps: int = 40) -> Path:
-    run = fx.write_run(root, "baseline", "debug", 0, 3.5, steps=steps, every=10, overrides=[f"train.steps={steps}"]).parent
+    run = fx.write_run(root, "baseline", "debug", 0, 3.5, steps=steps, every=10,
+                       overrides=[f"train.steps={steps}"]).parent
     (run / "summary.json").unlink()
     lines = (run / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text("\n".join(ln for ln in lines if json.loads(ln)["step"] <= at) + "\n")
