@@ -72,6 +72,49 @@ def _as_bool(name: str, value: Any) -> Optional[bool]:
     raise ValueError(f"MharLM: {name} must be true or false, got {value!r}")
 
 
+# batch_size=auto on a CPU: tokens per forward (batch x length). A CPU forward gains little past a few thousand
+# tokens, and memory is what a bigger batch costs; lm-eval's hf model has no CPU rule (it probes as on a GPU).
+CPU_AUTO_TOKENS = 16384
+AUTO_MAX_BATCH = 64  # lm-eval's hf default for max_batch_size
+
+
+def _is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def largest_batch(fits, start: int) -> int:
+    """The largest batch size ``b <= start`` for which ``fits(b)`` runs without a CUDA out-of-memory error,
+    halving from ``start`` (lm-eval's hf model does the same search through accelerate; written here because
+    the adapter needs no accelerate). Any error other than out-of-memory is raised; at b = 1 too."""
+    b = max(1, int(start))
+    while True:
+        try:
+            fits(b)
+            return b
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
+            if not _is_oom(err) or b == 1:
+                raise
+            b //= 2
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+
+def _parse_batch_size(batch_size: Any) -> tuple[Optional[int], int]:
+    """(fixed batch size or None for auto, how many times auto re-detects over a run: the N of auto:N)."""
+    text = str(batch_size).strip().lower()
+    if text.startswith("auto"):
+        _, _, n = text.partition(":")
+        try:
+            times = int(float(n)) if n else 1
+        except ValueError:
+            raise ValueError(f"MharLM: batch_size must be an integer, 'auto' or 'auto:N', got {batch_size!r}") from None
+        if times < 1:
+            raise ValueError(f"MharLM: batch_size auto:N needs N >= 1, got {batch_size!r}")
+        return None, times
+    return _as_int("batch_size", batch_size), 1
+
+
 def _as_int(name: str, value: Any) -> int:
     try:
         return int(value)
@@ -91,7 +134,7 @@ class MharLM(TemplateLM):
         tokenizer: Any = None,
         device: Optional[str] = None,
         batch_size: int | str = 8,
-        max_batch_size: Optional[int] = None,  # accepted for lm-eval's CLI; batch size is fixed
+        max_batch_size: Optional[int | str] = None,  # the cap of batch_size=auto (lm-eval's hf: 64)
         max_length: Optional[int | str] = None,
         max_gen_toks: int | str = 256,
         dtype: Optional[str] = None,
@@ -146,13 +189,18 @@ class MharLM(TemplateLM):
                     else f"MharLM: model={type(self.model).__name__}")
         # Run the output head only on scored positions when the model exposes its parts.
         self._split_head = hasattr(self.model, "hidden") and hasattr(self.model, "lm_head")
-        if str(batch_size).startswith("auto"):
-            raise ValueError("MharLM: batch_size='auto' is not supported; give an integer")
-        self.batch_size = _as_int("batch_size", batch_size)
+        fixed, self.batch_schedule = _parse_batch_size(batch_size)
+        self.auto_batch = fixed is None
+        self.max_batch_size = _as_int("max_batch_size", max_batch_size) if max_batch_size is not None \
+            else AUTO_MAX_BATCH
+        self.batch_size = fixed if fixed is not None else "auto" if self.batch_schedule == 1 \
+            else f"auto:{self.batch_schedule}"
+        self.batch_sizes: dict[int, int] = {}  # auto: sequence length probed -> batch size found
         self._max_length = _as_int("max_length", max_length) if max_length is not None else int(model.cfg.max_seq_len)
         self.max_gen_toks = _as_int("max_gen_toks", max_gen_toks)
         self.rolling_context = _as_int("rolling_context", rolling_context)
-        for name in ("batch_size", "_max_length", "max_gen_toks", "rolling_context"):
+        for name in ("max_batch_size", "_max_length", "max_gen_toks", "rolling_context") + \
+                (() if self.auto_batch else ("batch_size",)):
             if getattr(self, name) < 1:
                 raise ValueError(f"MharLM: {name.lstrip('_')} must be >= 1, got {getattr(self, name)}")
         self.add_bos_token = _as_bool("add_bos_token", add_bos_token)
@@ -203,6 +251,7 @@ class MharLM(TemplateLM):
     def describe(self) -> dict:
         """Settings that change the numbers (recorded next to every result)."""
         return {"adapter": "mhar", "max_length": self.max_length, "batch_size": self.batch_size,
+                **({"auto_batch_sizes": dict(self.batch_sizes)} if self.auto_batch else {}),
                 "max_gen_toks": self.max_gen_toks, "rolling_context": self.rolling_context,
                 "dtype": str(next(self.model.parameters()).dtype), "device": str(self.device),
                 "tokenizer": self.tokenizer_name, "eot_id": self.eot_token_id,
@@ -302,7 +351,7 @@ class MharLM(TemplateLM):
         coll = Collator(pieces, sort_fn=lambda p: (-len(p[0]), tuple(p[0])))
         scores = []
         pbar = tqdm(total=len(pieces), disable=disable_tqdm or len(pieces) < 2, desc="loglikelihood")
-        for chunk in coll.get_batched(n=self.batch_size):
+        for chunk in coll.get_batched(**self._batching(len(pieces), lambda p: len(p[0]))):
             scores += self._score([inp for inp, _ in chunk], [cont for _, cont in chunk])
             pbar.update(len(chunk))
         pbar.close()
@@ -315,6 +364,44 @@ class MharLM(TemplateLM):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, res)
         return results
+
+    # --- batch size ---------------------------------------------------------------------
+    def _batching(self, n_items: int, length) -> dict:
+        """``Collator.get_batched`` arguments: a fixed ``n``, or for batch_size=auto(:N) a ``batch_fn`` that picks
+        the size of each batch when it starts, from the length of its first (longest) item, re-detected N times
+        over the run (at the first batch of each N-th of the sorted items), as lm-eval's hf model does."""
+        if not self.auto_batch:
+            return {"n": self.batch_size}
+        span = max(1, -(-n_items // self.batch_schedule))  # items per re-detection
+        state = {"start": 0, "size": 0, "part": -1}
+
+        def batch_fn(i: int, items) -> int:
+            if i >= state["start"] + state["size"]:  # a new batch begins at item i
+                part = i // span
+                if part != state["part"]:
+                    state["part"], state["auto"] = part, self.detect_batch_size(length(items[i]))
+                state["start"], state["size"] = i, state["auto"]
+            return state["size"]
+
+        return {"n": 0, "batch_fn": batch_fn}
+
+    def detect_batch_size(self, length: int) -> int:
+        """The largest batch (up to ``max_batch_size``) of ``length``-token sequences to score at once: on CUDA
+        found by running the scoring forward and halving on out-of-memory; on a CPU ``CPU_AUTO_TOKENS`` tokens
+        per forward."""
+        length = max(1, min(int(length), self.max_length))
+        if length in self.batch_sizes:
+            return self.batch_sizes[length]
+        if self.device.type == "cuda":
+            def fits(b: int) -> None:  # every position scored: the most memory a request of this length needs
+                row = [self.prefix_token_id] * length
+                self._score([row] * b, [row] * b)
+
+            size = largest_batch(fits, self.max_batch_size)
+        else:
+            size = max(1, min(self.max_batch_size, CPU_AUTO_TOKENS // length))
+        self.batch_sizes[length] = size
+        return size
 
     def rolling_windows(self, tokens: list[int]) -> list[tuple[list[int], list[int]]]:
         """Disjoint (context, continuation) windows covering ``tokens`` once (lm-eval's scheme)."""
@@ -382,7 +469,7 @@ class MharLM(TemplateLM):
                         group_fn=lambda x: x[2], group_by="gen_kwargs")
         results = []
         pbar = tqdm(total=len(items), disable=disable_tqdm or len(items) < 2, desc="generate_until")
-        for chunk in coll.get_batched(n=self.batch_size):
+        for chunk in coll.get_batched(**self._batching(len(items), lambda _: self.max_length)):
             until, max_new = self._gen_settings(chunk[0][2])
             room = self.max_length - max_new  # cut the context once, as hf's left_truncate_len
             texts = self.greedy_generate([c[-room:] for _, c, _ in chunk], until, max_new)

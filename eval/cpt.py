@@ -8,6 +8,7 @@ manifest) is ``eval.tables.cpt.check_arms``. The config and run configs of the a
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -52,8 +53,10 @@ def write_cpt_table(base_eval: str | Path, plain_eval: str | Path, mhar_eval: st
 
     out_prefix = Path(out_prefix)
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
-    manifest = {"base": str(Path(base_eval).resolve()), "plain": str(Path(plain_eval).resolve()),
-                "mhar": str(Path(mhar_eval).resolve()), "scale": scale}
+    # relative to the manifest's folder (as eval.tables reads them): the same file wherever the tree lies
+    here = out_prefix.parent.resolve()
+    rel = lambda p: os.path.relpath(Path(p).resolve(), here)  # noqa: E731
+    manifest = {"base": rel(base_eval), "plain": rel(plain_eval), "mhar": rel(mhar_eval), "scale": scale}
     if batch_check is not None:
         manifest["batch_check"] = batch_check
     mpath = out_prefix.with_name(out_prefix.name + ".manifest.yaml")

@@ -23,6 +23,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .load.common import AnalysisInputError, read_json, run_cli  # noqa: E402
@@ -32,16 +33,23 @@ from .load.published import load_published, paper_scales  # noqa: E402
 from .load.runs import RunSummary, group_runs, load_summaries, run_label  # noqa: E402
 from .tables.cost import cost_table  # noqa: E402
 from .tables.heads import SWEPT  # noqa: E402
+from . import sidecar  # noqa: E402
 
 KINDS = ("loss_curves", "loss_vs_compute", "routing_heatmap", "head_sweep", "forest", "cost")
-VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "effect differs": "tab:orange",
+VERDICT_COLORS = {"reproduced": "tab:green", "same sign as paper": "yellowgreen", "not reproduced": "tab:red",
+                  "opposite sign to paper": "lightcoral", "effect differs": "tab:orange",
                   "inconclusive at this power": "tab:gray", "insufficient evidence": "silver",
                   "models differ (single seed)": "tab:purple", "no detectable difference (single seed)": "tab:brown"}
 
 
+def _verdict_kind(v) -> str:
+    """The verdict word of a table cell ('effect differs: smaller (..)' -> 'effect differs'); 'no verdict'."""
+    v = "" if v is None or (isinstance(v, float) and not np.isfinite(v)) else str(v)
+    return next((k for k in VERDICT_COLORS if v.startswith(k)), "no verdict")
+
+
 def _verdict_color(v) -> str:
-    v = str(v)
-    return next((c for k, c in VERDICT_COLORS.items() if v.startswith(k)), "tab:blue")
+    return VERDICT_COLORS.get(_verdict_kind(v), "tab:blue")
 
 
 _COMMAND: list[str] = []  # set by make_figure: the command recorded in the image metadata
@@ -52,11 +60,14 @@ def save(fig, prefix: str | Path, inputs: Sequence[str | Path]) -> list[Path]:
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     prov = provenance(inputs, command=_COMMAND[-1:] or None)
-    desc = json.dumps({k: prov[k] for k in ("command", "inputs", "git", "generated_utc")})
+    desc = json.dumps(sidecar.tracked(prov))  # the time, git state and versions go to the untracked sidecar
     png, pdf = prefix.with_name(prefix.name + ".png"), prefix.with_name(prefix.name + ".pdf")
     fig.savefig(png, dpi=130, bbox_inches="tight", metadata={"Software": "mhar eval.figures", "Description": desc})
-    fig.savefig(pdf, bbox_inches="tight", metadata={"Creator": "mhar eval.figures", "Subject": desc[:2000]})
+    # no CreationDate: the same inputs give the same bytes
+    fig.savefig(pdf, bbox_inches="tight", metadata={"Creator": "mhar eval.figures", "Subject": desc[:2000],
+                                                    "CreationDate": None})
     plt.close(fig)
+    sidecar.write(prefix, prov)
     return [png, pdf]
 
 
@@ -254,12 +265,20 @@ def _n_label(r) -> str:
     return f"n={int(v)} {unit}" if v is not None and np.isfinite(float(v)) else "n=?"
 
 
+def _same_metric(r) -> bool:
+    """Whether the row's published delta is in the row's own metric (eval.lm_metrics: bits per byte rows carry
+    the paper's word-perplexity delta for its sign only)."""
+    pm, m = r.get("published_metric"), r.get("metric")
+    return not (isinstance(pm, str) and isinstance(m, str) and pm != m.split(",")[0])
+
+
 def _delta_unit(name: str, df) -> str:
     if name.startswith("table1") or name.startswith("seeds") or name.startswith("heads"):
         return "Δ tail-mean val loss (nats; < 0 = better)"
     if "metric" in df.columns and df["metric"].nunique() == 1:
         m = str(df["metric"].iloc[0]).split(",")[0]
-        unit = "perplexity" if "perplexity" in m else "fraction" if m in ("acc", "acc_norm", "exact_match") else m
+        unit = ("perplexity" if "perplexity" in m else "bits; < 0 = better" if m == "bits_per_byte"
+                else "fraction" if m in ("acc", "acc_norm", "exact_match") else m)
         return f"Δ {m} ({unit})"
     return "paired Δ (variant - reference)"
 
@@ -284,28 +303,35 @@ def forest(table_csvs: Sequence[str | Path], out: str | Path) -> list[Path]:
             panels.append((Path(p).stem, df))
     if not panels:
         raise AnalysisInputError("forest: no comparison rows with a delta in the given tables")
-    heights = [max(1.5, 0.35 * len(df) + 0.8) for _, df in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, sum(heights)), squeeze=False,
+    heights = [max(1.6, 0.35 * len(df) + 1.0) for _, df in panels]
+    # constrained layout keeps titles, axis labels and the figure legend from overlapping one another
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, sum(heights) + 0.8), squeeze=False, layout="constrained",
                              gridspec_kw={"height_ratios": heights})
+    seen: dict[str, str] = {}
     for ax, (name, df) in zip(axes[:, 0], panels):
         y = np.arange(len(df))[::-1]
         for yi, (_, r) in zip(y, df.iterrows()):
             c = _verdict_color(r.get("verdict"))
+            seen.setdefault(_verdict_kind(r.get("verdict")), c)
             if np.isfinite(r["ci_low"]) and np.isfinite(r["ci_high"]):
                 ax.plot([r["ci_low"], r["ci_high"]], [yi, yi], color=c, lw=2)
             ax.plot(r["delta"], yi, "o", color=c)
-            if "published_delta" in df.columns and np.isfinite(r.get("published_delta", np.nan)):
+            if "published_delta" in df.columns and np.isfinite(r.get("published_delta", np.nan)) \
+                    and _same_metric(r):  # a word-perplexity delta has no place on a bits-per-byte axis
                 ax.plot(r["published_delta"], yi, "x", color="k", ms=7)
         ax.axvline(0, color="k", lw=0.8)
         ax.set_yticks(y, [f"{c} ({_n_label(r)})" for c, (_, r) in zip(df["comparison"], df.iterrows())], fontsize=7)
         ax.set_title(f"{name}: paired delta, bar = 95% CI (x = paper)", fontsize=9)
         ax.set_xlabel(_delta_unit(name, df))
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=6))
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))  # large deltas: x 1e5 offset, short labels
         ax.grid(axis="x", alpha=0.3)
-    handles = [plt.Line2D([], [], color=c, marker="o", lw=2, label=v) for v, c in VERDICT_COLORS.items()]
-    handles.append(plt.Line2D([], [], color="tab:blue", marker="o", lw=2, label="no verdict"))
+    # the legend names only the verdicts drawn (in eval.verdict's reading order), below every panel
+    order = list(VERDICT_COLORS) + ["no verdict"]
+    handles = [plt.Line2D([], [], color=c, marker="o", lw=2, label=v)
+               for v, c in sorted(seen.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))]
     handles.append(plt.Line2D([], [], color="k", marker="x", lw=0, label="paper"))
-    axes[-1, 0].legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4)
-    fig.tight_layout()
+    fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncol=min(4, len(handles)))
     return save(fig, out, table_csvs)
 
 

@@ -32,8 +32,10 @@ import torch
 from torch import Tensor
 
 from mhar import env
-from mhar.runs.atomic import atomic_write_text
+from mhar.runs.atomic import atomic_write_text, check_writable
+from mhar.runs.checkpoint import load_model
 
+from . import sidecar
 from .load.provenance import provenance
 from .vocab import check_vocab
 
@@ -210,19 +212,27 @@ def probe_tokens(tokenizer, vocab_size: int, batch: int, seq_len: int, text: Opt
         need = batch * seq_len
         if len(ids) < need:
             raise ValueError(f"{path}: only {len(ids)} tokens, need batch*seq_len={need}")
-        return torch.tensor(ids[:need], dtype=torch.long).view(batch, seq_len), f"text:{path}"
+        return torch.tensor(ids[:need], dtype=torch.long).view(batch, seq_len), f"text:{_portable(path, root)}"
     return torch.randint(0, vocab_size, (batch, seq_len), generator=g), f"random(seed={seed})"
+
+
+def _portable(path: Path, data_root: Optional[Path]) -> str:
+    """``path`` as a probe record names it: relative to the data mirror ($MHAR_DATA_DIR/...) or to the working
+    folder when under either, so the record does not change when the mirror moves; absolute otherwise."""
+    p = path.resolve()
+    for root, shown in ((data_root, "$MHAR_DATA_DIR/"), (Path.cwd(), "")):
+        if root is not None:
+            try:
+                return shown + p.relative_to(Path(root).resolve()).as_posix()
+            except ValueError:
+                pass
+    return str(path)
 
 
 def run_probe(model_path: str | Path, out: str | Path, slices: int = 4, batch: int = 4, seq_len: int = 256,
               text: Optional[str] = None, null_draws: int = 8, seed: int = 0,
               data_dir: Optional[str | Path] = None) -> dict:
     """Load a model, probe it, write the JSON (with provenance) to ``out``; returns the dict."""
-    from mhar.runs.checkpoint import load_model
-
-
-    from mhar.runs.atomic import check_writable
-
     check_writable(Path(out).parent)  # a read-only or full output folder fails now, not after the probe
     torch.manual_seed(seed)
     model, tok, _ = load_model(model_path, routing_impl="eager")  # refuses a model without its checksum
@@ -230,8 +240,12 @@ def run_probe(model_path: str | Path, out: str | Path, slices: int = 4, batch: i
     seq_len = min(seq_len, model.cfg.max_seq_len)
     ids, src = probe_tokens(tok, model.cfg.vocab_size, batch, seq_len, text, seed, data_dir)
     d = probe_model(model, ids, slices, null_draws, seed, str(model_path), src).to_dict()
-    d["provenance"] = provenance([str(model_path)] + ([text] if text else []))
+    prov = provenance([str(model_path)] + ([text] if text else []),
+                      command=["python", "-m", "eval.probe", "--model", str(model_path), "--out", str(out),
+                               "--slices", str(slices)])  # the call, not the interpreter's argv (a temp script)
+    d["provenance"] = sidecar.tracked(prov)  # time, git state, versions: in the untracked sidecar
     atomic_write_text(Path(out), json.dumps(d, indent=1))  # same-folder temp + fsync + rename
+    sidecar.write(out, prov)
     return d
 
 

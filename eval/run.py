@@ -130,7 +130,7 @@ class ModelSpec:
             return lm, {"adapter": "hf", **args, "batch_size": self.batch_size, "device": self.device,
                         "max_length": lm.max_length}
         if not Path(self.path).exists():
-            raise FileNotFoundError(f"--model {self.path}: no such checkpoint (expected RUN_DIR/model.pt or hf:<name>)")
+            raise FileNotFoundError(no_checkpoint_message(str(self.path)))
         from .adapter import MharLM
 
         lm = MharLM(pretrained=self.path, device=self.device, batch_size=self.batch_size,
@@ -413,6 +413,34 @@ def _model_file(model_path: str) -> Optional[Path]:
     return path / MODEL_FILE if path.is_dir() else path
 
 
+def _batch_size_arg(text: str) -> int | str:
+    """--batch-size: an integer, 'auto' or 'auto:N' (checked by eval.adapter when the model is built)."""
+    if text.strip().lower().startswith("auto"):
+        return text.strip().lower()
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer, 'auto' or 'auto:N'") from None
+
+
+def no_checkpoint_message(model_path: str) -> str:
+    """Why ``model_path`` has no model to evaluate: a run folder whose training has not finished says so, with
+    its progress (read by mhar.runs.layout from the folder's own records); anything else is not a checkpoint."""
+    path = _model_file(model_path)
+    run = path.parent if path is not None else None
+    if run is not None and (run / "config.yaml").is_file():
+        from mhar.runs.layout import run_info
+
+        info = run_info(run, run.parent, check_layout=False)
+        progress = f"step {info.step if info.step is not None else 0} of {info.steps if info.steps else '?'}"
+        todo = {"incomplete": "rerun its training command to finish it (it resumes from the last checkpoint)",
+                "running": "its training is still running; evaluate it when it has finished",
+                "diverged": "it diverged and has no model to evaluate"}.get(info.status)
+        if todo:
+            return f"--model {model_path}: run {info.status} ({progress}), no model.pt yet; {todo}"
+    return f"--model {model_path}: no such checkpoint (expected RUN_DIR/model.pt or hf:<name>)"
+
+
 def weights_sha256(model_path: str) -> Optional[str]:
     """sha256 of an exported model file, checked against its ``.sha256`` (CheckpointError when it fails or
     is missing: such a file is never evaluated); None for ``hf:`` models and paths that are not a file."""
@@ -580,7 +608,7 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     if conflict:
         raise FileExistsError(conflict)
     if lm is None and path_file is not None and not path_file.is_file():
-        raise FileNotFoundError(f"--model {model_path}: no such checkpoint (expected RUN_DIR/model.pt or hf:<name>)")
+        raise FileNotFoundError(no_checkpoint_message(str(model_path)))
     if device is None:
         import torch
 
@@ -629,7 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--limit", type=int, help="first N documents (same as --subset first:N)")
     sel.add_argument("--subset", help="full | first:N | random:N:SEED")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=_batch_size_arg, default=8,
+                   help="sequences per forward, or auto / auto:N (the largest that fits, found again N times over a "
+                        "run, as lm-eval's --batch_size auto); default 8")
     p.add_argument("--max-length", type=int, default=None, help="context length (default: the model's training context)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: as stored / HF auto)")
     p.add_argument("--num-fewshot", "--num_fewshot", type=int, default=None,

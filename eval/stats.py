@@ -289,8 +289,10 @@ def perplexity(loglik: Sequence[float], weight: Sequence[float]) -> float:
 
 def bootstrap_perplexity(loglik_a: Sequence[float], loglik_b: Sequence[float], weight: Sequence[float],
                          weight_b: Optional[Sequence[float]] = None, n_resamples: int = 4999,
-                         confidence: float = 0.95, seed: int = 0) -> PairedResult:
+                         confidence: float = 0.95, seed: int = 0, bits: bool = False) -> PairedResult:
     """ppl_a - ppl_b over the same documents; CI by resampling documents, p by per-document swaps.
+    ``bits``: the statistic is bits per unit, -sum loglik / sum weight / ln 2 (lm-eval's bits_per_byte with
+    byte counts as weights), instead of the perplexity exp(-sum loglik / sum weight).
 
     ``loglik_*`` are per-document summed log-likelihoods, ``weight`` the per-document word
     (or byte/token) counts. Under H0 the two models are exchangeable within a document, so the
@@ -304,17 +306,18 @@ def bootstrap_perplexity(loglik_a: Sequence[float], loglik_b: Sequence[float], w
     if np.any(wa <= 0) or np.any(wb <= 0):
         raise ValueError("document weights (word/byte counts) must be positive")
     n = la.size
-    est = perplexity(la, wa) - perplexity(lb, wb)
+    link = (lambda nats: nats / np.log(2)) if bits else np.exp  # noqa: E731  (nats per unit -> statistic)
+    est = float(link(-la.sum() / wa.sum()) - link(-lb.sum() / wb.sum()))
     rng = np.random.default_rng(seed)
     boot, null = np.empty(n_resamples), np.empty(n_resamples)
     chunk = max(1, min(n_resamples, 2 ** 21 // n))  # bounded memory for large corpora
     for s in range(0, n_resamples, chunk):
         k = min(chunk, n_resamples - s)
         idx = rng.integers(0, n, size=(k, n))  # (k, n) resampled document indices
-        boot[s:s + k] = np.exp(-la[idx].sum(1) / wa[idx].sum(1)) - np.exp(-lb[idx].sum(1) / wb[idx].sum(1))
+        boot[s:s + k] = link(-la[idx].sum(1) / wa[idx].sum(1)) - link(-lb[idx].sum(1) / wb[idx].sum(1))
         swap = rng.random((k, n)) < 0.5  # (k, n) which documents swap models
-        pa = np.exp(-np.where(swap, lb, la).sum(1) / np.where(swap, wb, wa).sum(1))
-        pb = np.exp(-np.where(swap, la, lb).sum(1) / np.where(swap, wa, wb).sum(1))
+        pa = link(-np.where(swap, lb, la).sum(1) / np.where(swap, wb, wa).sum(1))
+        pb = link(-np.where(swap, la, lb).sum(1) / np.where(swap, wa, wb).sum(1))
         null[s:s + k] = pa - pb
     alpha = 1 - confidence
     lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])

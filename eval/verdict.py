@@ -41,6 +41,7 @@ from . import stats as st
 
 __all__ = ["ALPHA", "REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "INSUFFICIENT", "NO_REFERENCE",
            "EFFECT_DIFFERS", "NOT_JUDGED", "OOM", "MODELS_DIFFER", "NO_DIFFERENCE", "SINGLE_SEED_JUDGED",
+           "SAME_SIGN", "OPPOSITE_SIGN", "VERDICTS",
            "VERDICT_RULE", "COST_RULE", "SCALE_NOTE",
            "seed_evidence", "question_evidence", "perplexity_evidence", "seed_level_evidence", "holm",
            "decide", "judged_on", "cost_verdict"]
@@ -57,27 +58,34 @@ OOM = "OOM"
 # fewer than 2 training seeds per arm: the evidence is about two models, not the method
 MODELS_DIFFER = "models differ (single seed)"
 NO_DIFFERENCE = "no detectable difference (single seed)"
+# a scale the paper did not run: only the sign of the delta is compared, and the word says so
+SAME_SIGN = "same sign as paper"
+OPPOSITE_SIGN = "opposite sign to paper"
 SINGLE_SEED_JUDGED = "these two models (single seed)"
 COST_TOLERANCE = 0.10
+# every verdict word (a verdict string starts with one of these), in reading order
+VERDICTS = (REPRODUCED, SAME_SIGN, NOT_REPRODUCED, OPPOSITE_SIGN, EFFECT_DIFFERS, INCONCLUSIVE, MODELS_DIFFER,
+            NO_DIFFERENCE, INSUFFICIENT, NO_REFERENCE, NOT_JUDGED, OOM)
 _EPS = 1e-9  # float-safe comparisons at a tolerance edge (0.45 vs 0.55 - 0.10)
 
-VERDICT_RULE = (
-    "Verdict rule (eval/verdict.py). Each row compares OUR paired delta (variant - reference) with the "
-    "PUBLISHED delta. The unit of evidence is the seed for losses (paired t over seeds) and for downstream "
-    "metrics of several seeds; the question for one seed (exact McNemar for 0/1 scores, sign-flip otherwise, "
-    "cluster-robust t where questions share a context); the document for perplexity (document bootstrap). "
-    "The p that decides is the one printed; p (Holm) adjusts it across the rows of the table (family-wise "
-    f"alpha {ALPHA}). 'insufficient evidence' = fewer than 2 units or a zero-width CI. With fewer than 2 "
-    "training seeds per arm (one-seed downstream rows; the CPT arms, one run each) the question- or "
-    "document-level test can show only that these two trained models differ, not that the method does (one "
-    f"training seed cannot separate the method from seed noise): such a row says '{MODELS_DIFFER}' (Holm p < "
-    f"{ALPHA}) or '{NO_DIFFERENCE}', never 'reproduced' or 'not reproduced'. Otherwise, with Holm p < {ALPHA}: "
-    "'not reproduced' if our sign differs from the paper's; at the paper's own scale our CI must also "
-    "include the published delta, else 'effect differs: smaller/larger (ratio ours/paper)'; otherwise "
-    f"'reproduced'. With Holm p >= {ALPHA}: 'not reproduced' at the paper's scale when our CI excludes the "
-    "published delta, else 'inconclusive at this power'. At scales the paper did not run (e.g. CPU 'tiny') "
-    "only the sign is judged (column 'judged')."
-)
+VERDICT_RULE = "\n".join([
+    "Verdict rule (eval/verdict.py): each row compares OUR paired delta (variant - reference) with the PUBLISHED "
+    "delta. Unit of "
+    "evidence: the seed for losses and for downstream metrics of several seeds (paired t over seeds); the "
+    "question for one seed (exact McNemar for 0/1 scores, sign-flip otherwise, cluster-robust t where questions "
+    f"share a context); the document for perplexity (document bootstrap). p (Holm) adjusts the printed p across "
+    f"the rows of a table (family-wise alpha {ALPHA}).",
+    "",
+    f"| the row | Holm p < {ALPHA} | Holm p >= {ALPHA} |",
+    "|---|---|---|",
+    f"| one training seed per arm (says nothing about the method) | {MODELS_DIFFER} | {NO_DIFFERENCE} |",
+    f"| paper's scale, our CI contains the paper's delta | {REPRODUCED} | {INCONCLUSIVE} |",
+    f"| paper's scale, our CI excludes the paper's delta | {EFFECT_DIFFERS}: smaller/larger (ratio ours/paper); "
+    f"{NOT_REPRODUCED} if the sign is opposite | {NOT_REPRODUCED} |",
+    f"| a scale the paper did not run (the sign only) | {SAME_SIGN} / {OPPOSITE_SIGN} | {INCONCLUSIVE} |",
+    "",
+    f"'{INSUFFICIENT}': fewer than 2 units or a zero-width CI; '{NO_REFERENCE}': the paper has no such row.",
+])
 COST_RULE = (
     f"Cost verdict: throughput ratio vs the baseline on our GPU; 'reproduced' if |ours - paper| <= "
     f"{COST_TOLERANCE:.2f} + 2 x (standard error of our ratio over repeat measurements, 0 without repeats), "
@@ -85,7 +93,8 @@ COST_RULE = (
     "are not judged. Hardware differs from the paper's single H100, so ratios, not tokens/s, are compared."
 )
 SCALE_NOTE = ("judged = 'sign only' for sizes the paper did not run (compared with the paper's 100M numbers "
-              "by the sign of the paired delta; magnitudes are not comparable across scales).")
+              f"by the sign of the paired delta, verdict '{SAME_SIGN}' / '{OPPOSITE_SIGN}'; magnitudes are not "
+              "comparable across scales).")
 
 
 # --- evidence, one function per unit --------------------------------------------------------------------
@@ -110,9 +119,11 @@ def question_evidence(a: Sequence[float], b: Sequence[float], clusters: Optional
 
 
 def perplexity_evidence(loglik_a, loglik_b, weight_a, weight_b=None, *, n_resamples: int = 4999,
-                        seed: int = 0) -> st.PairedResult:
-    """Documents as the unit: ppl_a - ppl_b, document-bootstrap CI, per-document swap permutation p."""
-    return st.bootstrap_perplexity(loglik_a, loglik_b, weight_a, weight_b, n_resamples=n_resamples, seed=seed)
+                        seed: int = 0, metric: str = "perplexity") -> st.PairedResult:
+    """Documents as the unit: ppl_a - ppl_b (or bits-per-byte a - b for ``metric`` bits_per_byte),
+    document-bootstrap CI, per-document swap permutation p."""
+    return st.bootstrap_perplexity(loglik_a, loglik_b, weight_a, weight_b, n_resamples=n_resamples, seed=seed,
+                                   bits=metric.split(",")[0] == "bits_per_byte")
 
 
 def seed_level_evidence(values_a: Sequence[float], values_b: Sequence[float]) -> st.PairedResult:
@@ -171,6 +182,8 @@ def decide(result: Optional[st.PairedResult], published_delta: Optional[float], 
     if single_seed:
         return MODELS_DIFFER if p < alpha else NO_DIFFERENCE
     covers = lo - _EPS <= published_delta <= hi + _EPS
+    if p < alpha and not same_scale:
+        return SAME_SIGN if np.sign(result.estimate) == np.sign(published_delta) else OPPOSITE_SIGN
     if p < alpha:
         if np.sign(result.estimate) != np.sign(published_delta):
             return NOT_REPRODUCED

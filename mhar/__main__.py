@@ -24,12 +24,22 @@ COMMANDS: dict[str, str] = {
     "cpt": "mhar.cpt.cli:main",
     "presets": "mhar.model.preset_table:main",
 }
+# What each subcommand does, for `mhar --help` (its own --help gives the arguments).
+SUMMARIES: dict[str, str] = {
+    "export-hf": "export a trained run as a Hugging Face folder (safetensors, config, tokenizer, model card)",
+    "import-hf": "import a Hugging Face model (an export, stock Qwen3/Llama, the authors') as a model.pt",
+    "runs": "list the run folders under results/ (label, size, seed, identity, step, loss; writes INDEX.md)",
+    "train": "train one model from a run config (= python -m mhar.train)",
+    "cpt": "continued pretraining of a released model: convert, export-hf, check-batches",
+    "presets": "list the model sizes (presets) with their shapes and parameter counts",
+}
 
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
-    rows = "\n".join(f"  {name:<{width}}  {target}" for name, target in COMMANDS.items())
-    return f"usage: mhar SUBCOMMAND [ARGS...]  (mhar SUBCOMMAND --help)\n\nsubcommands:\n{rows}\n"
+    rows = "\n".join(f"  {name:<{width}}  {SUMMARIES.get(name, '')}" for name in COMMANDS)
+    return ("usage: python -m mhar SUBCOMMAND [ARGS...]   (python -m mhar SUBCOMMAND --help for its arguments)\n\n"
+            f"subcommands:\n{rows}\n")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -122,8 +122,9 @@ def write_eval(eval_dir: Path, model_path: str, tasks: dict[str, np.ndarray | tu
 
 
 def make_downstream(root: Path, n: int = 200, acc_gain: float = 0.15, seed: int = 0,
-                    n_groups: Optional[int] = None) -> tuple[list[Path], dict]:
-    """Baseline and MHAR H=4 eval dirs (100M, seed 0) with a planted LAMBADA gain and lower perplexity."""
+                    n_groups: Optional[int] = None, tokenizer: Optional[str] = None) -> tuple[list[Path], dict]:
+    """Baseline and MHAR H=4 eval dirs (100M, seed 0) with a planted LAMBADA gain and lower perplexity
+    (``tokenizer``: the runs' data.tokenizer, default the run config's byte level)."""
     rng = np.random.default_rng(seed)
     groups = rng.integers(0, n_groups, n) if n_groups else None
     u = rng.random(n)
@@ -137,7 +138,8 @@ def make_downstream(root: Path, n: int = 200, acc_gain: float = 0.15, seed: int 
     ll_m = ll_b + rng.normal(0.1, 0.05, n) * words  # higher loglik -> lower perplexity
     dirs = []
     for variant, heads, lam, h, ll in (("baseline", None, lam_b, hs, ll_b), ("mhar", 4, lam_m, hs_m, ll_m)):
-        run = write_run(root, variant, "100M", 0, 3.0, heads).parent
+        run = write_run(root, variant, "100M", 0, 3.0, heads,
+                        overrides=[f"data.tokenizer={tokenizer}"] if tokenizer else ()).parent
         dirs.append(write_eval(run / "eval", str(run / "model.pt"),
                                {"lambada_openai": lam, "hellaswag": h, "wikitext": (ll, words)}, groups=groups))
     return dirs, {"lam_b": lam_b, "lam_m": lam_m, "hs_b": hs, "hs_m": hs_m, "ll_b": ll_b, "ll_m": ll_m,

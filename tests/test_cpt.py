@@ -325,3 +325,6 @@ def test_cpt_table_has_three_gains_and_mcnemar(tmp_path):
     assert (row["discordant_mhar_better"], row["discordant_plain_better"]) == (b, c)
     assert row["p"] == pytest.approx(binomtest(b, b + c, 0.5).pvalue)
     assert "MHAR gain" in (tmp_path / "rep" / "cpt_table.md").read_text()
+    # the manifest names the arms relative to itself: the same bytes wherever the tree lies
+    manifest = (tmp_path / "rep" / "cpt_table.manifest.yaml").read_text()
+    assert str(tmp_path) not in manifest and "../base" in manifest

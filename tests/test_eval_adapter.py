@@ -137,6 +137,53 @@ def test_batch_size_and_order_do_not_change_scores(byte_model):
         assert a == pytest.approx(b, abs=TOL) and ga == gb
 
 
+def test_batch_size_auto_gives_the_numbers_of_an_explicit_batch(byte_model):
+    """lm-eval users pass --batch_size auto (and auto:N); the adapter picks the largest batch that fits and the
+    scores are those of the same explicit batch size (and of batch 1, up to float rounding)."""
+    model, tok = byte_model
+    pairs = [("a" * n, " b" * (1 + n % 3)) for n in (1, 9, 3, 17, 5, 2, 30, 40, 7)]
+    reqs = [_req("loglikelihood", c, x) for c, x in pairs]
+    rolling = [_req("loglikelihood_rolling", "hello world " * n) for n in (1, 30, 4)]
+    auto = MharLM.from_model(model, tok, batch_size="auto", max_batch_size=4, device="cpu")
+    got, got_r = auto.loglikelihood(reqs), auto.loglikelihood_rolling(rolling)
+    assert set(auto.batch_sizes.values()) == {4} and auto.describe()["batch_size"] == "auto"
+    fixed = MharLM.from_model(model, tok, batch_size=4, device="cpu")
+    assert got == fixed.loglikelihood(reqs) and got_r == fixed.loglikelihood_rolling(rolling)
+    one = MharLM.from_model(model, tok, batch_size=1, device="cpu").loglikelihood(reqs)
+    assert all(a == pytest.approx(b, abs=TOL) and ga == gb for (a, ga), (b, gb) in zip(got, one))
+    # auto:N re-detects for each N-th of the sorted requests (shorter ones: a bigger batch on a CPU)
+    sched = MharLM.from_model(model, tok, batch_size="auto:3", max_batch_size=2, device="cpu")
+    assert all(a == pytest.approx(b, abs=TOL) for (a, _), (b, _) in zip(sched.loglikelihood(reqs), one))
+    assert len(sched.batch_sizes) == 3 and sched.describe()["batch_size"] == "auto:3"
+    from eval.adapter import CPU_AUTO_TOKENS
+
+    lm = MharLM.from_model(model, tok, batch_size="auto", max_batch_size=1000, device="cpu")
+    assert lm.detect_batch_size(100) == CPU_AUTO_TOKENS // 100 and lm.detect_batch_size(10 ** 6) == \
+        CPU_AUTO_TOKENS // lm.max_length  # no request is longer than max_length
+
+
+def test_largest_batch_backs_off_on_out_of_memory():
+    """The CUDA search: halve from max_batch_size until a forward fits; other errors are not swallowed."""
+    from eval.adapter import largest_batch
+
+    tried = []
+
+    def fits(b):
+        tried.append(b)
+        if b > 12:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    assert largest_batch(fits, 64) == 8 and tried == [64, 32, 16, 8]
+
+    def broken(b):
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        largest_batch(broken, 64)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        largest_batch(lambda b: fits(100), 4)
+
+
 @needs_gpt2
 def test_gpt2_leading_space_split_and_score(gpt2_model):
     """'The cat' + ' sat' with the GPT-2 BPE: ids hand-checked against the published vocab."""
@@ -287,7 +334,9 @@ def test_registered_and_loads_checkpoint(byte_model, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"batch_size": "auto"}, "auto"),
+    ({"batch_size": "auto:x"}, "auto:N"),
+    ({"batch_size": "auto:0"}, "N >= 1"),
+    ({"batch_size": 0}, "batch_size"),
     ({"max_length": 0}, "max_length"),
     ({"bogus": 1}, "bogus"),
     ({"dtype": "int8"}, "dtype"),

@@ -12,6 +12,7 @@ import io
 import hashlib
 import itertools
 import json
+import logging
 import math
 import os
 import random
@@ -391,3 +392,21 @@ def test_user_tasks_dir_yaml_with_any_file_name(tmp_path, capsys):
                  str(tmp_path / "o2"), "--limit", "1", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: unknown task 'tiny_numbrs'") and "tiny_numbers" in err[0]
+
+
+@needs_data
+def test_local_tasks_load_without_lm_eval_warnings(caplog):
+    """Every WikiText evaluation printed 8 lm-eval warnings (metrics without aggregation / direction, and the
+    --metadata advice for custom loaders); the YAMLs now state what lm-eval defaulted to, and the advice,
+    which does not apply to these loaders, is filtered where lm-eval logs it."""
+    _need("wikitext")
+    from lm_eval.tasks import get_task_dict
+
+    caplog.set_level(logging.INFO, logger="lm_eval")
+    tasks = get_task_dict(["wikitext", "lambada_openai"], DataSource.from_env().task_manager())
+    warned = [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval") and r.levelno >= logging.WARNING]
+    assert not warned, warned
+    wt = tasks["wikitext"]
+    assert wt.aggregation()["word_perplexity"].__name__ == "weighted_perplexity"
+    assert wt.aggregation()["bits_per_byte"].__name__ == "bits_per_byte"
+    assert wt.higher_is_better() == {"word_perplexity": False, "byte_perplexity": False, "bits_per_byte": False}

@@ -20,6 +20,7 @@ from eval.load.common import AnalysisInputError
 from eval.load.metrics import val_curve
 from eval.load.runs import group_runs, load_summaries, load_summary
 from eval.tables.build import make_table
+from eval import verdict as vd
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,40 @@ def test_forest_cost_and_heatmap(data):
     _check_image(out / "cost")
     figures.make_figure("routing_heatmap", [data["probe"]], out / "heat")
     _check_image(out / "heat")
+
+
+def _overlaps(boxes) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes)) if boxes[i].overlaps(boxes[j])]
+
+
+def test_forest_is_legible(tmp_path, monkeypatch):
+    """The committed forest.png had overlapping x tick labels (word-perplexity deltas of -350000), the x label
+    under the legend and 9 legend entries for 2 verdicts drawn. Rendered: no two tick labels of an axis
+    overlap, no axis label or title touches the legend, and the legend names only the verdicts drawn."""
+    rows = [{"comparison": f"v{i} - baseline: wikitext (tiny, seeds 0)", "metric": "word_perplexity",
+             "delta": -216087.788 + 3e4 * i, "ci_low": -360217.778, "ci_high": -116700.584 + 1e4 * i,
+             "published_delta": -5.5, "verdict": vd.MODELS_DIFFER, "n": 50, "unit": "documents"} for i in range(2)]
+    rows += [{"comparison": f"v{i} - baseline (tiny)", "metric": "acc", "delta": 0.01 * i, "ci_low": -0.02,
+              "ci_high": 0.03, "published_delta": -0.02, "verdict": vd.SAME_SIGN if i else vd.INCONCLUSIVE,
+              "n": 3, "unit": "seeds"} for i in range(3)]
+    pd.DataFrame(rows).to_csv(tmp_path / "downstream.csv", index=False)
+    figs = _capture(monkeypatch)
+    figures.make_figure("forest", [tmp_path / "downstream.csv"], tmp_path / "forest")
+    fig = figs[0]
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    legend = fig.legends[0]
+    assert {t.get_text() for t in legend.get_texts()} == {vd.MODELS_DIFFER, vd.SAME_SIGN, vd.INCONCLUSIVE, "paper"}
+    lbox = legend.get_window_extent(r)
+    for ax in fig.axes:
+        ticks = [t.get_window_extent(r) for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        assert len(ticks) >= 2 and not _overlaps(ticks), [t.get_text() for t in ax.get_xticklabels()]
+        for text in (ax.xaxis.label, ax.title, *ax.get_xticklabels()):
+            if text.get_text():
+                assert not text.get_window_extent(r).overlaps(lbox), text.get_text()
+    labels = [ax.xaxis.label.get_window_extent(r) for ax in fig.axes]
+    titles = [ax.title.get_window_extent(r) for ax in fig.axes]
+    assert not _overlaps(labels + titles)
 
 
 def test_routing_heatmap_from_model(tmp_path):

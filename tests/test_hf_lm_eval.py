@@ -119,3 +119,45 @@ def test_stock_lm_eval_hf_equals_mhar_lm_eval(setup):
     remote = args.get("trust_remote_code") if isinstance(args, dict) else "trust_remote_code=True" in args
     assert remote in (True, "True")
     print(f"stock lm-eval hf vs mhar-lm-eval: max |dLL| = {worst:.3g} over {n} requests")
+
+
+LAMBADA = ["the cat sat on the mat", "a dog ran in the park today", "she sells sea shells by the sea shore",
+           "colourless green ideas sleep furiously"]
+
+
+@pytest.mark.slow
+def test_stock_lm_eval_offline_with_our_task_folder(setup):
+    """The route docs/HUGGINGFACE.md gives a stock lm-eval user with no network: `lm_eval --model hf ... --tasks
+    lambada_openai --include_path "$(python -m eval.tasks)"` with MHAR_DATA_DIR set (without the include path
+    lm-eval fetches the hub dataset: a ConnectionError offline). Its per-sample log-likelihoods are those of
+    `mhar-lm-eval --model mhar` on the checkpoint, and `--batch_size auto` changes no number."""
+    root, ckpt, hf_dir, _ = setup
+    data = root / "data"
+    (data / "lambada_openai").mkdir(parents=True)
+    (data / "lambada_openai" / "lambada_test.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
+                                                                       for t in LAMBADA))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "HF_MODULES_CACHE": str(root / "hf_modules"), "MHAR_DATA_DIR": str(data),
+           "HF_DATASETS_CACHE": str(root / "ds_cache"), "PYTHONPATH": str(ROOT)}
+    include = subprocess.run([sys.executable, "-m", "eval.tasks"], env=env, capture_output=True, text=True,
+                             check=True, timeout=120).stdout.strip()
+    assert Path(include) == ROOT / "eval" / "tasks"
+    common = ["--tasks", "lambada_openai", "--device", "cpu", "--log_samples"]
+    lm_eval = [sys.executable, "-c", "import sys; from lm_eval.__main__ import cli_evaluate; sys.argv[0] = 'lm_eval'; "
+               "cli_evaluate()"]
+    r = subprocess.run(lm_eval + ["--model", "hf", "--model_args",
+                                  f"pretrained={hf_dir},trust_remote_code=True,dtype=float32,max_length=64",
+                                  "--include_path", include, "--batch_size", "auto",
+                                  "--output_path", str(root / "lam_hf"), *common],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    r = subprocess.run([sys.executable, "-m", "eval.lm_eval_cli", "--model", "mhar", "--model_args",
+                        f"pretrained={ckpt},max_length=64", "--batch_size", "3", "--output_path", str(root / "lam_m"),
+                        *common], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    a, b = _samples(root / "lam_hf", "lambada_openai"), _samples(root / "lam_m", "lambada_openai")
+    assert [s["doc_id"] for s in a] == [s["doc_id"] for s in b] == list(range(len(LAMBADA)))
+    worst = max(abs(x - y) for sa, sb in zip(a, b) for x, y in zip(_lls(sa["resps"]), _lls(sb["resps"])))
+    assert worst <= 1e-4, f"max |dLL| = {worst:.3g}"
+    res = json.loads(next((root / "lam_hf").rglob("results_*.json")).read_text())
+    assert res["configs"]["lambada_openai"]["metadata"]["source"] == "local"  # our YAML, the mirror's data

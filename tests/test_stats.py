@@ -152,6 +152,32 @@ def test_bootstrap_perplexity_matches_scipy_bootstrap_and_permutation():
     assert abs(r2.p_value - pref) < 0.03 + 0.1 * pref
 
 
+def test_bits_per_byte_delta_matches_scipy_bootstrap_and_has_the_word_perplexity_sign():
+    """bits=True: the statistic is -sum ll / sum bytes / ln 2 (lm-eval's bits_per_byte); on the same documents its
+    delta has the sign of the word-perplexity delta (eval.lm_metrics relies on it for sign-only verdicts)."""
+    from eval import lm_metrics
+
+    rng = np.random.default_rng(11)
+    la, lb, words = _docs(rng, 60, -0.03)
+    nbytes = words * 5.3
+    r = st.bootstrap_perplexity(la, lb, nbytes, n_resamples=4000, seed=1, bits=True)
+    direct = (-la.sum() / nbytes.sum() + lb.sum() / nbytes.sum()) / math.log(2)
+    assert r.estimate == pytest.approx(direct) and r.estimate < 0  # a has the higher log-likelihoods
+    assert lm_metrics.corpus_value("bits_per_byte,none", la, nbytes) - lm_metrics.corpus_value(
+        "bits_per_byte", lb, nbytes) == pytest.approx(direct)
+
+    def bpb_diff(a, b, bb, axis=-1):
+        return (-a.sum(axis) / bb.sum(axis) + b.sum(axis) / bb.sum(axis)) / math.log(2)
+
+    ref = sps.bootstrap((la, lb, nbytes), bpb_diff, paired=True, vectorized=True, n_resamples=4000,
+                        method="percentile", rng=np.random.default_rng(2))
+    half = (ref.confidence_interval.high - ref.confidence_interval.low) / 2
+    assert abs(r.ci_low - ref.confidence_interval.low) < 0.1 * half
+    assert abs(r.ci_high - ref.confidence_interval.high) < 0.1 * half
+    word = st.bootstrap_perplexity(la, lb, words, n_resamples=200, seed=1)
+    assert np.sign(word.estimate) == np.sign(r.estimate)
+
+
 def test_bootstrap_perplexity_identical_models():
     rng = np.random.default_rng(8)
     la, _, w = _docs(rng, 30, 0.0)
@@ -314,9 +340,10 @@ def _res(est, lo, hi, p=0.01, n=3):
 
 
 @pytest.mark.parametrize("res,pub,same,expected", [
-    (_res(-0.05, -0.08, -0.02), -0.05, False, vd.REPRODUCED),
+    (_res(-0.05, -0.08, -0.02), -0.05, False, vd.SAME_SIGN),  # a scale the paper did not run: the sign only
     (_res(-0.05, -0.08, -0.02), -0.06, True, vd.REPRODUCED),
-    (_res(0.05, 0.02, 0.08), -0.09, False, vd.NOT_REPRODUCED),
+    (_res(0.05, 0.02, 0.08), -0.09, False, vd.OPPOSITE_SIGN),
+    (_res(0.05, 0.02, 0.08), -0.09, True, vd.NOT_REPRODUCED),
     (_res(-0.005, -0.02, 0.01, p=0.4), -0.09, True, vd.NOT_REPRODUCED),  # CI rules out the published delta
     (_res(-0.005, -0.02, 0.01, p=0.4), -0.09, False, vd.INCONCLUSIVE),   # other scale: sign only
     (_res(-0.05, -0.12, 0.02, p=0.2), -0.09, True, vd.INCONCLUSIVE),
@@ -367,7 +394,7 @@ def test_magnitude_at_the_paper_scale(factor, word):
     got = vd.decide(r, pub, same_scale=True)
     assert got == f"{vd.EFFECT_DIFFERS}: {word} (ratio {ratio:.2g})"
     assert abs(ratio - factor) < 0.1 * factor
-    assert vd.decide(r, pub, same_scale=False) == vd.REPRODUCED and vd.judged_on(False) == "sign only"
+    assert vd.decide(r, pub, same_scale=False) == vd.SAME_SIGN and vd.judged_on(False) == "sign only"
 
 
 def test_clustered_questions_decide_by_the_cluster_robust_p():
@@ -386,7 +413,7 @@ def test_clustered_questions_decide_by_the_cluster_robust_p():
     assert "cluster" in r.method and "7 df" in r.method
     assert iid.p_value < 1e-6 < 0.05 < r.p_value
     assert vd.decide(r, float((a - b).mean()), same_scale=False) == vd.INCONCLUSIVE
-    assert vd.decide(iid, float((a - b).mean()), same_scale=False) == vd.REPRODUCED
+    assert vd.decide(iid, float((a - b).mean()), same_scale=False) == vd.SAME_SIGN
 
 
 def test_seed_level_evidence_for_several_seeds():

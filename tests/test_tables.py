@@ -140,7 +140,7 @@ def test_table1_recovers_planted_deltas_and_pvalues(runs, tmp_path):
         res = st.PairedResult(r["delta"], r["ci_low"], r["ci_high"], r["p"], 3, "t")
         assert r["verdict"] == vd.decide(res, r["published_delta"], r["same_scale"], r["p_holm"])
     tiny = judged[judged["size"] == "tiny"].set_index("method")
-    assert tiny.loc["MHAR H=8", "verdict"] == vd.REPRODUCED  # sign only at a non-paper size
+    assert tiny.loc["MHAR H=8", "verdict"] == vd.SAME_SIGN  # sign only at a non-paper size, and it says so
     m100 = judged[judged["size"] == "100M"].set_index("method")
     # planted -0.05 vs the paper's -0.062 at its own scale, tight CI: the magnitude is judged
     assert m100.loc["MHAR H=8", "verdict"].startswith(vd.EFFECT_DIFFERS + ": smaller")
@@ -260,7 +260,7 @@ def test_same_run_twice_is_an_error(runs, tmp_path):
 
 # --- question-level tables ------------------------------------------------------------------------------
 def test_downstream_table_paired_tests(tmp_path):
-    dirs, truth = fx.make_downstream(tmp_path, n_groups=15)
+    dirs, truth = fx.make_downstream(tmp_path, n_groups=15, tokenizer="hf:Qwen/Qwen3-0.6B")  # the paper's
     assert tables_main(["downstream", "--inputs", *map(str, dirs), "--out", str(tmp_path / "d"),
                         "--resamples", "999"]) == 0
     df = _read(tmp_path / "d").set_index("task")
@@ -282,6 +282,30 @@ def test_downstream_table_paired_tests(tmp_path):
     assert wt["ours_baseline"] == pytest.approx(ppl(truth["ll_b"]))
     assert wt["delta"] == pytest.approx(ppl(truth["ll_m"]) - ppl(truth["ll_b"]))
     assert wt["ci_high"] < 0 and wt["test"].startswith("document bootstrap") and wt["verdict"] == vd.MODELS_DIFFER
+    assert wt["metric"] == "word_perplexity" and wt["published_metric"] == "word_perplexity"
+
+
+def test_byte_level_runs_compare_bits_per_byte_not_word_perplexity(tmp_path):
+    """A byte-level model's word perplexity is not comparable with the paper's: WikiText compares bits per byte,
+    and the paper's word-perplexity delta stands beside it marked as another metric (judged by its sign)."""
+    dirs, truth = fx.make_downstream(tmp_path, n_groups=15)  # the run config's tokenizer: byte
+    t = tables.downstream_table(dirs, n_resamples=199)
+    wt = next(r for r in t.rows if r["task"] == "wikitext")
+    nbytes = truth["words"] * 5  # the fixture's byte counts
+    bpb = lambda ll: -ll.sum() / nbytes.sum() / np.log(2)  # noqa: E731
+    assert wt["metric"] == "bits_per_byte" and wt["published_metric"] == "word_perplexity"
+    assert wt["ours_baseline"] == pytest.approx(bpb(truth["ll_b"]))
+    assert wt["delta"] == pytest.approx(bpb(truth["ll_m"]) - bpb(truth["ll_b"])) and wt["ci_high"] < 0
+    md = tables.to_markdown(t)
+    row = next(ln for ln in md.splitlines() if "wikitext" in ln)
+    assert "bits_per_byte" in row and "word_perplexity" in row.split("|")[-4]  # the paper Δ column names its metric
+    from eval import report
+
+    t.rows = [wt]
+    tables.write_table(t, tmp_path / "rep" / "downstream")
+    reading = report.table_reading("downstream", tmp_path / "rep" / "downstream.csv")
+    assert "bits_per_byte: Δ -" in reading and "(paper at 100M: lower word_perplexity; sign compared only)" in reading
+    assert f"{wt['published_delta']:+.3f}" not in reading  # no word-perplexity number beside a bpb delta
 
 
 def test_hellaswag_clusters_from_logged_doc(tmp_path):

@@ -389,6 +389,31 @@ def test_each_config_writes_its_own_reports_folder(name, reports, tmp_path):
     assert f"{reports}/REPORT.md" in written and all(f.startswith(reports + "/") for f in written)
 
 
+def test_unknown_config_key_is_one_error_line(tmp_path):
+    """An unknown --config key (a typo) gave an 8-line WorkflowError trace; now one `error:` line naming it."""
+    res = snakemake(["reproduce_table1", "-n", "--config", "seeds=[0]", "sedes=[1]"], tmp_path)
+    out = res.stdout + res.stderr
+    errors = [ln for ln in out.splitlines() if ln.startswith("error:")]
+    assert res.returncode != 0 and len(errors) == 1, out[-2000:]
+    assert "'sedes' was unexpected" in errors[0] and "config/schema.yaml" in errors[0]
+    assert "Traceback" not in out and "WorkflowError" not in out and "File \"" not in out
+
+
+def test_overlay_says_where_its_reports_went_at_the_end(tmp_path):
+    """A user who adds seeds with an overlay finds its tables under results/reports/<hash>/, not in reports/:
+    the last line of a successful run says so (the cost table is the cheapest real job of an overlay)."""
+    bench_standins(tmp_path)
+    overlay = tmp_path / "my_seeds.yaml"
+    overlay.write_text("seeds: [0, 5]\n")
+    res = snakemake(["reproduce_cost", "--cores", "1", "--configfile", str(overlay)], tmp_path)
+    err = res.stderr.strip().splitlines()
+    assert res.returncode == 0, res.stderr[-3000:]
+    said = [ln for ln in err if ln.startswith("reports of this config: results/reports/")]
+    assert said and err.index(said[-1]) > max(i for i, ln in enumerate(err) if "steps (100%) done" in ln)
+    folder = tmp_path / said[-1].split()[4]
+    assert (folder / "cost.md").is_file() and not (tmp_path / "reports").exists()
+
+
 def test_unknown_task_stops_the_dry_run_in_one_line(tmp_path):
     ci = configfiles("config/ci.yaml")
     res = snakemake(["reproduce_downstream", "-n", *ci, "--config", "downstream={tasks: [lambada_openai, hellaswg]}"],

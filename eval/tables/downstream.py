@@ -6,6 +6,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .. import lm_metrics
 from .. import stats as st
 from .. import verdict as vd
 from ..load.common import AnalysisInputError
@@ -78,7 +79,7 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
             per_seed = []
             for s in seeds:
                 ta, tb = load_eval_task(var[s][0], task), load_eval_task(ref[s][0], task)
-                metric = primary_metric(ta)
+                metric = lm_metrics.for_tokenizer(primary_metric(ta), ta.metric_names(), var[s][1])
                 per_seed.append(compare_task(ta, tb, metric, n_resamples=n_resamples))
             c0 = per_seed[0]
             if len(seeds) == 1:
@@ -88,7 +89,7 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
                 res = vd.seed_level_evidence(va, vb)
                 sd = float(np.std(np.subtract(va, vb), ddof=1))
                 mde = st.mde_paired(len(seeds), sd)
-            mname = metric.split(",")[0]
+            mname = lm_metrics.published_metric(metric)
             pv = published_value(pub, source, scale, "mhar", mname, task=task) if variant == "mhar" else None
             pb = published_value(pub, source, scale, "baseline", mname, task=task)
             pdelta = pv - pb if pv is not None and pb is not None else None
@@ -100,6 +101,7 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
                          "ours_variant": float(np.mean([c.value_a for c in per_seed])),
                          "ours_baseline": float(np.mean([c.value_b for c in per_seed])),
                          "published_variant": pv, "published_baseline": pb, "published_delta": pdelta,
+                         "published_metric": mname,
                          "same_scale": same, "published_scale": scale, "published_source": source, "mde80": mde, "test": res.method,
                          "unit": "seeds" if not one else "documents" if c0.kind == "perplexity" else "questions",
                          "discordant_variant_better": c0.mcnemar.b if (one and c0.mcnemar) else None,
@@ -119,10 +121,13 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
             Column("test", lambda r: r["test"]), *(c() for c in P_COLS),
             Column("MDE (80%)", lambda r: f_num(r["mde80"])),
             Column("paper base / MHAR", lambda r: with_scale(
-                f"{f_num(r['published_baseline'])} / {f_num(r['published_variant'])}", r)),
-            Column("paper Δ", lambda r: with_scale(f_ci(r["published_delta"], None, None), r)),
+                f"{f_num(r['published_baseline'])} / {f_num(r['published_variant'])}"
+                + lm_metrics.unit_note(r["metric"], r["published_metric"]), r)),
+            Column("paper Δ", lambda r: with_scale(f_ci(r["published_delta"], None, None)
+                                                   + lm_metrics.unit_note(r["metric"], r["published_metric"]), r)),
             *(c() for c in JUDGE_COLS)]
-    notes = ["Paired by document (same doc_id and prompt) and by seed. One seed: 0/1 scores use the exact McNemar p "
+    notes = [lm_metrics.NOTE,
+             "Paired by document (same doc_id and prompt) and by seed. One seed: 0/1 scores use the exact McNemar p "
              "with a percentile-bootstrap CI, or the cluster-robust t (CR1, clusters - 1 df) when questions share a "
              "context (HellaSwag); perplexity uses the document bootstrap with per-document swap p. Several seeds: "
              "paired t over seeds of the per-seed metric. The column 'test' names the test whose p is printed. "

@@ -7,6 +7,7 @@ from typing import Optional
 
 import numpy as np
 
+from .. import lm_metrics
 from .. import stats as st
 from .. import verdict as vd
 from ..load.common import AnalysisInputError
@@ -55,9 +56,10 @@ def compare_task(a: EvalTask, b: EvalTask, metric: str, *, n_resamples: int = 49
     if wa is not None:
         if wb is None:
             raise AnalysisInputError(f"{a.path} vs {b.path}: metric {metric!r} stored differently")
-        res = vd.perplexity_evidence(xa, xb, wa, wb, n_resamples=n_resamples, seed=seed)
+        res = vd.perplexity_evidence(xa, xb, wa, wb, n_resamples=n_resamples, seed=seed, metric=metric)
         z = 2.8016  # z_{0.975} + z_{0.80}
-        return Comparison(st.perplexity(xa, wa), st.perplexity(xb, wb), res, z * res.se, "perplexity")
+        return Comparison(lm_metrics.corpus_value(metric, xa, wa), lm_metrics.corpus_value(metric, xb, wb), res,
+                          z * res.se, "perplexity")
     groups = [a.docs[k].get("group") for k in ids]
     clusters = groups if all(g is not None for g in groups) else None
     res = vd.question_evidence(xa, xb, clusters, n_resamples=n_resamples, seed=seed)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
 import random
 import zipfile
@@ -29,6 +30,18 @@ from typing import Any, Optional
 import datasets
 
 from mhar import env
+
+
+class _LocalLoaderAdvice(logging.Filter):
+    """Drops lm-eval's advice, printed for every task with a ``custom_dataset``, that custom kwargs go through
+    ``--metadata``: these loaders take their only kwarg (the data folder) from MHAR_DATA_DIR or eval.run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Custom kwargs can be passed to `--metadata`" not in str(record.msg)
+
+
+# lm-eval's task module logs it; this module is imported by every task YAML of this folder before the load.
+logging.getLogger("lm_eval.api.task").addFilter(_LocalLoaderAdvice())
 
 # Stock lm-eval prompt code, reused verbatim (identical prompts to the hub tasks).
 from lm_eval.tasks.gpqa.zeroshot.utils import preprocess as _gpqa_preprocess

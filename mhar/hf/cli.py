@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 from mhar.runs.checkpoint import CheckpointError
@@ -14,6 +15,21 @@ def _fail(err: BaseException) -> int:
     return 2
 
 
+def _run_below(src: str) -> Optional[str]:
+    """The error for a folder that holds no model.pt but run folders below it (results/runs/LABEL/SIZE/seedK is
+    the folder above the runs' ``<identity>/`` folders): names them. None when ``src`` is not such a folder."""
+    d = Path(src)
+    if not d.is_dir() or (d / "model.pt").exists():
+        return None
+    runs = sorted(p.parent for p in d.glob("*/model.pt"))
+    if not runs:
+        return None
+    if len(runs) == 1:
+        return f"{d} holds no model.pt; the run below it is {runs[0]} (export that folder)"
+    return (f"{d} holds no model.pt; it holds {len(runs)} runs ({', '.join(p.name for p in runs)}): "
+            f"export one of them, e.g. {runs[0]}")
+
+
 def export_main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(
         prog="mhar export-hf", description="Export a run's model as a Hugging Face directory (safetensors, config, "
@@ -23,6 +39,9 @@ def export_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer spec to write (default: the one stored in model.pt)")
     p.add_argument("--no-check", action="store_true", help="skip reloading the export and comparing its logits")
     a = p.parse_args(argv)
+    hint = _run_below(a.src)
+    if hint:
+        return _fail(hint)
     from mhar.hf.export import ExportError, export_hf  # torch and transformers: once the arguments parse
 
     try:

@@ -138,8 +138,9 @@ def _num(v: Any) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def run_info(path: Path, runs_root: Path) -> RunInfo:
-    """What one run folder is, from its own records."""
+def run_info(path: Path, runs_root: Path, check_layout: bool = True) -> RunInfo:
+    """What one run folder is, from its own records (``check_layout``: note when it is not where the results
+    layout puts it; off for folders outside a results folder)."""
     info = RunInfo(path=path, rel=path.relative_to(runs_root).as_posix())
     try:
         cfg = recorded_run_config(yaml_load((path / "config.yaml").read_text()))
@@ -149,7 +150,7 @@ def run_info(path: Path, runs_root: Path) -> RunInfo:
     key = run_key(cfg)
     info.label, info.size, info.seed = key["variant"], key["size"], key["seed"]
     info.identity, info.steps = identity_hash(cfg), cfg.train.steps
-    info.expected_rel = RUN_LAYOUT.format(**key).removeprefix("runs/")
+    info.expected_rel = RUN_LAYOUT.format(**key).removeprefix("runs/") if check_layout else None
     summary = read_json(path / "summary.json")
     diverged = read_json(path / "diverged.json")
     if isinstance(summary, dict) and summary.get("tail_mean_val_loss") is not None:
@@ -172,6 +173,19 @@ def scan(results: str | os.PathLike) -> list[RunInfo]:
     runs_root = Path(results) / "runs"
     rows = [run_info(p, runs_root) for p in run_dirs(runs_root)]
     return sorted(rows, key=lambda r: (r.label, r.size, r.seed if r.seed is not None else -1, r.rel))
+
+
+def scan_paths(paths: Sequence[str | os.PathLike]) -> list[RunInfo]:
+    """Run folders at or below each path (a run trained with ``--out`` anywhere); folders are shown relative to
+    the path's parent, and the results layout is not checked (these are not under a results folder)."""
+    rows = []
+    for given in map(Path, paths):
+        found = [given] if (given / "config.yaml").is_file() else _run_dirs(given)
+        for d in found:
+            info = run_info(d, given, check_layout=False)
+            info.rel = d.as_posix()  # as the user named it
+            rows.append(info)
+    return rows
 
 
 def _fmt(v: Optional[float], nd: int = 4) -> str:
@@ -226,9 +240,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv = argv[1:]
     p = argparse.ArgumentParser(prog="mhar runs", description="List every run folder (label, size, seed, identity, "
                                 "status, metrics) and write results/runs/INDEX.md.")
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="run folders, or folders holding them, anywhere (runs trained with --out elsewhere); "
+                        "listed only, no index written")
     p.add_argument("--results", default="results", help="results folder (default: results)")
     p.add_argument("--no-index", action="store_true", help="print only; do not write runs/INDEX.md")
     a = p.parse_args(argv)
+    if a.paths:
+        missing = [x for x in a.paths if not Path(x).is_dir()]
+        if missing:
+            print(f"error: {missing[0]}: no such folder (give a run folder or a folder holding run folders)",
+                  file=sys.stderr)
+            return 2
+        rows = scan_paths(a.paths)
+        if not rows:
+            print(f"error: no run folder (one holding config.yaml) at or below {' '.join(a.paths)}", file=sys.stderr)
+            return 2
+        _print_table(rows)
+        return 0
     if not Path(a.results).is_dir():
         print(f"error: {a.results}: no such results folder (give --results DIR)", file=sys.stderr)
         return 2

@@ -75,9 +75,9 @@ except WorkflowError:
             "; --replace-workflow-config makes the given files the whole config: drop it to apply them "
             "on top of config/config.yaml"
         )
-    raise WorkflowError(
+    _config_error(
         f"invalid workflow config at {where}: {cause.message} (see config/schema.yaml){hint}"
-    ) from None
+    )
 
 
 # A published source a table quotes must be one of eval/published_sources.csv: refused now, not in the table job.
@@ -130,3 +130,12 @@ if _reports:
         f"reports of this config (an overlay on {config['reports_dir']}): {_reports}"
     )
     config["reports_dir"] = _reports
+
+
+onsuccess:
+    # Said again at the end, where a reader of a long run looks: an overlay's tables are not in reports/.
+    if _reports:
+        print(
+            f"reports of this config: {_reports}/ (an overlay: reports/ is left as it was)",
+            file=sys.stderr,
+        )
