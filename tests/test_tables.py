@@ -26,7 +26,7 @@ from eval.tables.build import make_table, main as tables_main
 from eval.tables.cost import cost_table
 from eval.tables.cpt import cpt_table
 from eval.tables.downstream import downstream_table
-from eval.tables.render import to_markdown
+from eval.tables.render import to_markdown, write_table
 from eval.tables.table1 import table1
 
 PAPER = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "PAPER.md"
@@ -289,20 +289,20 @@ def test_byte_level_runs_compare_bits_per_byte_not_word_perplexity(tmp_path):
     """A byte-level model's word perplexity is not comparable with the paper's: WikiText compares bits per byte,
     and the paper's word-perplexity delta stands beside it marked as another metric (judged by its sign)."""
     dirs, truth = fx.make_downstream(tmp_path, n_groups=15)  # the run config's tokenizer: byte
-    t = tables.downstream_table(dirs, n_resamples=199)
+    t = downstream_table(dirs, n_resamples=199)
     wt = next(r for r in t.rows if r["task"] == "wikitext")
     nbytes = truth["words"] * 5  # the fixture's byte counts
     bpb = lambda ll: -ll.sum() / nbytes.sum() / np.log(2)  # noqa: E731
     assert wt["metric"] == "bits_per_byte" and wt["published_metric"] == "word_perplexity"
     assert wt["ours_baseline"] == pytest.approx(bpb(truth["ll_b"]))
     assert wt["delta"] == pytest.approx(bpb(truth["ll_m"]) - bpb(truth["ll_b"])) and wt["ci_high"] < 0
-    md = tables.to_markdown(t)
+    md = to_markdown(t)
     row = next(ln for ln in md.splitlines() if "wikitext" in ln)
     assert "bits_per_byte" in row and "word_perplexity" in row.split("|")[-4]  # the paper Δ column names its metric
     from eval import report
 
     t.rows = [wt]
-    tables.write_table(t, tmp_path / "rep" / "downstream")
+    write_table(t, tmp_path / "rep" / "downstream")
     reading = report.table_reading("downstream", tmp_path / "rep" / "downstream.csv")
     assert "bits_per_byte: Δ -" in reading and "(paper at 100M: lower word_perplexity; sign compared only)" in reading
     assert f"{wt['published_delta']:+.3f}" not in reading  # no word-perplexity number beside a bpb delta

@@ -6,7 +6,7 @@ import platform
 import sys
 from typing import Optional, Sequence
 
-from mhar.runs.provenance import git_info, utc_now
+from mhar.runs import provenance as run_provenance
 
 
 def provenance(inputs: Sequence[str | os.PathLike], command: Optional[Sequence[str]] = None) -> dict:
@@ -17,6 +17,6 @@ def provenance(inputs: Sequence[str | os.PathLike], command: Optional[Sequence[s
         if m is not None:
             versions[mod] = getattr(m, "__version__", "?")
     return {"command": " ".join(command if command is not None else sys.argv),
-            "inputs": [str(p) for p in inputs], "git": git_info(), "python": platform.python_version(),
-            "versions": versions, "generated_utc": utc_now()}
+            "inputs": [str(p) for p in inputs], "git": run_provenance.git_info(), "python": platform.python_version(),
+            "versions": versions, "generated_utc": run_provenance.utc_now()}
 

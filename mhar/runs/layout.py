@@ -180,7 +180,7 @@ def scan_paths(paths: Sequence[str | os.PathLike]) -> list[RunInfo]:
     the path's parent, and the results layout is not checked (these are not under a results folder)."""
     rows = []
     for given in map(Path, paths):
-        found = [given] if (given / "config.yaml").is_file() else _run_dirs(given)
+        found = [given] if (given / "config.yaml").is_file() else run_dirs(given)
         for d in found:
             info = run_info(d, given, check_layout=False)
             info.rel = d.as_posix()  # as the user named it
