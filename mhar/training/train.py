@@ -61,6 +61,8 @@ from mhar.training.distributed import (DistEnv, all_reduce_mean, all_reduce_sum,
                           init_distributed, no_grad_sync, shutdown, wrap_model)
 from mhar.model.transformer import Transformer
 from mhar.training.optim import EMA, batch_digest, load_init_weights, param_groups
+from mhar.training.preemption import EXIT_PREEMPTED, Preempted, StopSignals
+from mhar.training.tracking import Tracker, check_trackers, log_routing, open_trackers
 from mhar.runs.provenance import collect_provenance, utc_now
 from mhar.model.routing import check_kernel_env, routing_info
 from mhar.runs.config import (RunConfig, dump_yaml, identity_hash, legacy_identity_hash, load_run_config, pairing_hash,
@@ -460,6 +462,8 @@ def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[in
     """Train (or resume, or skip if finished) the run in ``out_dir``; returns the summary dict.
 
     ``stop_after=k`` checkpoints after step k and returns None (as if the job were killed there).
+    SIGTERM, SIGUSR1 and SIGINT finish the current step, checkpoint it and raise
+    :class:`mhar.training.preemption.Preempted` (the CLI: one line, exit code ``EXIT_PREEMPTED``).
     ``started``: the wall time the startup report counts from (default: now; the CLI: its import).
     """
     started = time.time() if started is None else started
@@ -475,18 +479,21 @@ def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[in
     missing = cuda_missing(cfg.train.device, f"train.device={cfg.train.device}", "train.device=cpu (or auto)")
     if missing:
         raise ConfigError(missing)
+    check_trackers(cfg.train.tracking)  # a tracker whose package is missing: fail before any work
     env = init_distributed(cfg.train.device, cfg.train.parallel)
     rd = RunDir(Path(out_dir))
     try:
         if env.is_main:  # before any data is loaded: an unusable --out fails in a second
             rd.acquire()
-        return _train(cfg, rd, env, stop_after, {"started": started, "compile_cache": cache})
+        with StopSignals() as stop:
+            return _train(cfg, rd, env, stop_after, {"started": started, "compile_cache": cache}, stop)
     finally:
         rd.release()
         shutdown(env)
 
 
-def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int], boot: dict) -> Optional[dict]:
+def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int], boot: dict,
+           stop: StopSignals) -> Optional[dict]:
     log, t = _log(env), cfg.train
     status = rd.status(cfg)
     if status == "done":
@@ -544,6 +551,8 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int], 
             prov["start_time"] = old.get("start_time", prov["start_time"])
             prov["resumes"] = old.get("resumes", []) + [{"step": prog.step, "time_utc": prov["time_utc"]}]
         atomic_write_json(rd.provenance, prov)
+    tracker = (open_trackers(cfg, rd.path, t.tracking, resume_step=prog.step if blob is not None else None,
+                             provenance=prov) if env.is_main else Tracker())
     metrics = MetricsLog(rd.metrics, env.is_main)
     metrics.open(blob["metrics_bytes"] if blob is not None else None,
                  blob.get("metrics_log") if blob is not None else None)
@@ -567,6 +576,9 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int], 
     seg_steps = 0
     model.train()
     try:
+        signum = stop.requested(env)  # a signal while the data and model were loaded: nothing new to save
+        if signum:
+            raise Preempted(prog.step, signum)
         while prog.step < t.steps:
             t_step = time.perf_counter()
             lr = lr_at(prog.step, cfg)
@@ -597,6 +609,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int], 
             if t.log_batch_hash:
                 row["batch_sha256"] = batch_digest(gather_batches(batches, env))  # the global batch
             metrics.write(row)
+            tracker.log(prog.step, {f"train/{k}": v for k, v in row.items() if k != "step"})
             bar.update(prog.step, row, speed.recent_tokens_per_s())
 
             final = prog.step == t.steps
@@ -608,17 +621,26 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int], 
                 prog.wall_s = wall0 + time.time() - seg_start
                 metrics.write({"split": "val", "step": prog.step, "val_loss": val, "tokens": prog.tokens,
                                "wall_s": round(prog.wall_s, 3), "flops": prog.flops})
+                tracker.log(prog.step, {"val/loss": val, "train/peak_mem_gb": _peak_mem_gb(env.device)})
+                if t.tracking:  # every rank: a forward pass under FSDP is collective
+                    log_routing(tracker, prog.step, _routing_weights(model, data, cfg, env))
                 log(f"step {prog.step} val_loss {val:.4f}")
             stopping = stop_after is not None and prog.step >= stop_after and not final
-            if prog.step % t.checkpoint_every == 0 or final or stopping:
+            signum = 0 if final else stop.requested(env)  # SIGTERM/SIGUSR1/SIGINT: checkpoint, then stop
+            if prog.step % t.checkpoint_every == 0 or final or stopping or signum:
                 prog.last_ckpt_step = prog.step
                 log_bytes = metrics.content()
                 save_state(rd, cfg, model, raw, opt, prog, len(log_bytes or b""), env, ema, log_bytes)
                 if t.save_model_every_checkpoint and not final:
                     _export_model(rd.path / "checkpoint" / "model.pt", model, raw, cfg, env, {"step": prog.step})
+            if signum:
+                raise Preempted(prog.step, signum)
             if stopping:
                 log(f"stopped after step {prog.step} (--stop-after); resume by running the same command again")
                 return None
+    except BaseException:  # stopped, diverged or failed: what was tracked so far is flushed
+        tracker.close()
+        raise
     finally:
         bar.close()
         metrics.close()
@@ -635,6 +657,8 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int], 
         with ema.applied():
             summary["final_val_loss_ema"] = evaluate(model, data, cfg, env)
             _export_model(rd.model, model, raw, cfg, env, {**extra, "weights": f"ema{t.ema_decay}"})
+    tracker.log(prog.step, {f"summary/{k}": v for k, v in summary.items()})
+    tracker.close()
     if env.is_main:
         atomic_write_json(rd.summary, summary)
         prov = _read_json(rd.provenance) or {}
@@ -643,6 +667,17 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, stop_after: Optional[int], 
         log(f"done: tail-mean val loss {summary['tail_mean_val_loss']:.4f} over the last "
             f"{len(summary['val_losses'][-t.tail_k:])} evals -> {rd.path}")
     return summary
+
+
+def _routing_weights(model: nn.Module, data: TrainData, cfg: RunConfig, env: DistEnv) -> dict:
+    """Depth weights of the routed variants (site -> (B, T, heads, sources)) on the first validation
+    micro-batch (the same batch at every evaluation); {} for a variant without routing."""
+    x = even_batches(list(data.val_batches(cfg.train.micro_batch, env.rank, env.world_size)), env)[0][0]
+    model.eval()
+    with torch.no_grad(), autocast_for(env.device, cfg.train.dtype):
+        routing = model(x.to(env.device), collect_routing=True).routing or {}
+    model.train()
+    return routing
 
 
 def _weights_finite(model: nn.Module, env: DistEnv) -> bool:
@@ -707,6 +742,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(dump_yaml(cfg.to_dict()) + f"# identity: {identity_hash(cfg)}\n# pairing: {pairing_hash(cfg)}")
             return 0
         train(cfg, args.out, stop_after=args.stop_after, started=_IMPORT_TIME)
+    except Preempted as e:  # a checkpoint of step e.step is on disk
+        if os.environ.get("RANK", "0") == "0":
+            print(e, file=sys.stderr)
+        return EXIT_PREEMPTED
+    except KeyboardInterrupt:  # Ctrl-C twice (or before training began): no traceback
+        print(f"interrupted; completed checkpoints in {args.out} are kept: run the same command again to resume",
+              file=sys.stderr)
+        return 130
     except (ConfigError, DataError, RunDirError, CheckpointError, TrainingDiverged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
