@@ -15,6 +15,7 @@ import torch
 from mhar.model.config import ConfigError
 from mhar.runs.config import load_run_config
 from mhar.training import tracking as TR
+from test_train import cfg_for, corpus  # noqa: F401  (corpus is a fixture)
 
 HAS_TB = TR.importlib.util.find_spec("tensorboard") is not None
 HAS_WANDB = TR.importlib.util.find_spec("wandb") is not None
@@ -156,3 +157,44 @@ def test_tensorboard_and_offline_wandb_hold_what_was_logged_and_a_reopened_run_c
     assert logged == rows  # exact: W&B keeps doubles
     (image,) = [row for row in wb["history"] if row.get("routing/depth_weights/_type") == "image-file"]
     assert image["step"] == 2 and (image["routing/depth_weights/width"], image["routing/depth_weights/height"]) == (3, 3)
+
+
+@needs_both
+def test_a_tracked_training_run_logs_metrics_jsonl_and_a_resume_continues_the_same_run(corpus, tmp_path, monkeypatch):
+    """train.tracking=[tensorboard, wandb] offline: every scalar of metrics.jsonl is in both (a killed segment's
+    later steps replaced by the resumed run's), the routing entropies and heatmap at each evaluation, one W&B
+    run id over both segments."""
+    import mhar.training.train as T
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    c = cfg_for(corpus, tmp_path / "cache", "model.residual.variant=mhar", "model.residual.heads=2",
+                "train.tracking=[tensorboard,wandb]", "train.tracking_group=0123abcd", "meta.name=mhar_h2")
+    out = tmp_path / "run"
+    assert T.train(c, out, stop_after=4) is None  # checkpoint at 4 (checkpoint_every=3 wrote 3 too)
+    T.train(c, out)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    expect = {}
+    for r in rows:  # train rows: every number as train/<key>; val rows: val_loss as val/loss
+        for k, v in r.items():
+            if r["split"] == "train" and k != "step" and isinstance(v, (int, float)):
+                expect.setdefault(f"train/{k}", {})[r["step"]] = v
+        if r["split"] == "val":
+            expect.setdefault("val/loss", {})[r["step"]] = r["val_loss"]
+    tb = tb_scalars(out / "tensorboard")
+    wb = wandb_run(out)
+    logged = {}
+    for row in wb["history"]:
+        for k, v in row.items():
+            if not k.startswith("_") and k != "step" and isinstance(v, (int, float)):
+                logged.setdefault(k, {})[row["step"]] = v  # a step logged again by the resumed run: its value
+    for tag, series in expect.items():
+        assert tb[tag] == {s: pytest.approx(v, rel=1e-6) for s, v in series.items()}, tag
+        if tag not in ("train/wall_s", "train/step_ms", "train/tok_s"):  # timings of the killed segment differ
+            assert logged[tag] == series, tag
+    evals = sorted(expect["val/loss"])
+    entropies = [t for t in tb if t.startswith("routing/entropy/")]
+    assert "routing/entropy/L0.attn/h1" in entropies and all(sorted(tb[t]) == evals for t in entropies)
+    assert tb_images(out / "tensorboard") == {"routing/depth_weights": evals}
+    assert "train/peak_mem_gb" in tb and "summary/tail_mean_val_loss" in tb
+    record = json.loads((out / TR.TRACKING_FILE).read_text())
+    assert set(wb["ids"]) == {record["wandb"]["id"]} and set(wb["groups"]) == {"0123abcd"}  # one run, resumed

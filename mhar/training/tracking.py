@@ -172,8 +172,8 @@ def open_trackers(cfg: RunConfig, run_dir: str | os.PathLike, names: Sequence[st
         record["wandb"] = wb
         config = {"config": cfg.to_dict(), "identity": ident["identity"], "pairing": ident["pairing"],
                   "run": {k: v for k, v in ident.items() if k != "config"}}
-        if provenance is not None:
-            config["provenance"] = provenance
+        if provenance is not None:  # the config and run record are there already
+            config["provenance"] = {k: v for k, v in provenance.items() if k not in ("config", "run")}
         atomic_write_json(run_dir / TRACKING_FILE, record)  # the id is on disk before the run is opened
         backends.append(_WandB(run_dir, wb, config))
     atomic_write_json(run_dir / TRACKING_FILE, record)
