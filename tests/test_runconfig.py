@@ -170,3 +170,11 @@ def test_non_finite_numbers_are_refused(overrides, key):
         load_run_config(None, overrides)
 
 
+
+
+def test_dumped_configs_read_back_equal_even_where_a_string_reads_as_a_number():
+    """A hash such as 0e093237 (train.tracking_group) is a float to YAML 1.2: dump_yaml quotes it."""
+    cfg = load_run_config(None, ["train.tracking=wandb", "train.tracking_group='0e093237'", "meta.name='1e5'"])
+    assert cfg.train.tracking_group == "0e093237"
+    text = dump_yaml(cfg.to_dict())
+    assert yaml_load(text) == cfg.to_dict() and run_config_from_dict(yaml_load(text)).train.tracking_group == "0e093237"

@@ -240,8 +240,17 @@ def yaml_error_line(e: "yaml.YAMLError") -> str:
     return f"{problem}{where}".replace("\n", " ")
 
 
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
+
+
 def dump_yaml(obj: Any) -> str:
-    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
+    """YAML that :func:`yaml_load` reads back as it was: a string that reads as a YAML-1.2 float (a hash such
+    as ``8e123456``) is quoted."""
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 # --- overrides ----------------------------------------------------------------------------
