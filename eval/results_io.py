@@ -6,6 +6,7 @@ Every loader fails with a message that names the file and the field and says wha
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
+
+from mhar.runs.atomic import read_json
 
 PUBLISHED_CSV = Path(__file__).with_name("published.csv")
 PAPER_SCALES = ("100M", "350M", "1B")
@@ -119,14 +122,7 @@ def variant_label(variant: str, heads: Optional[int], knobs: tuple = (), label: 
     return f"{name} ({knobs_text(knobs)})" if knobs else name
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AnalysisInputError(f"{path}: file not found (did the producing step run?)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AnalysisInputError(f"{path}: not valid JSON ({e}); re-run the step that wrote it "
-                                 "(or check that this is the right file)") from None
+_read_json = functools.partial(read_json, error=AnalysisInputError)  # mhar.runs.atomic.read_json
 
 
 def read_yaml(path: str | os.PathLike) -> Any:

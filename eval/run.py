@@ -238,7 +238,8 @@ def fill_missing_stderrs(metrics: dict, samples: list[dict], aggregations: dict,
 
 def _atomic_write(path: Path, text: str) -> None:
     """Same-folder temp + fsync + rename; a killed write's temp file goes at the next start."""
-    from mhar.runs.checkpoint import atomic_write_text, clean_stale_temps
+    from mhar.runs.atomic import atomic_write_text
+    from mhar.runs.checkpoint import clean_stale_temps
 
     clean_stale_temps(path.parent)
     atomic_write_text(path, text)

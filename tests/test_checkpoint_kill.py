@@ -217,6 +217,47 @@ def test_disk_full_during_a_checkpoint_is_one_error_line_and_loses_nothing(tmp_p
     assert _metrics(run) == _metrics(ref)
 
 
+@pytest.mark.parametrize("fault, says", [
+    (OSError(errno.ENOSPC, "No space left on device"), "No space left on device (ENOSPC); the disk is full"),
+    (ValueError("a write that fails without an OSError"),
+     "torch.save could not write the file ([enforce fail at inline_container.cc")])
+def test_a_write_failing_inside_torch_save_is_one_error_line_and_loses_nothing(tmp_path, capsys, monkeypatch, fault,
+                                                                                says):
+    """A full disk in the middle of a training state: torch.save's archive writer turns the failed write into a
+    RuntimeError ("[enforce fail at inline_container.cc] unexpected pos ..."), not an OSError. Still one error line
+    naming the reason, the previous checkpoint is kept, and the same command then finishes the run."""
+    cfg = _cfg(tmp_path, "train.save_model_every_checkpoint=false")
+    ref = tmp_path / "ref"
+    T.train(cfg, ref)
+    run = tmp_path / "run"
+    real = C._HashingWriter.write
+
+    class Full:  # the temp file once the disk is full
+        name = "full"
+
+        def write(self, b):
+            raise fault
+
+    def fails_mid_second_state(self, b):
+        if "state-00000004" in self._f.name and self.sha.digest() != C.hashlib.sha256().digest():
+            self._f = Full()  # part of the state is written
+        return real(self, b)
+
+    monkeypatch.setattr(C._HashingWriter, "write", fails_mid_second_state)
+    capsys.readouterr()
+    assert T.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    state = run / "checkpoint" / "state-00000004.pt"
+    assert err.count("\n") == 1 and err.startswith(f"error: training failed on {state}: {says}"), err
+    assert "run the same command again to resume" in err, err
+    left = sorted(p.name for p in (run / "checkpoint").iterdir())
+    assert left == ["state-00000002.pt", "state-00000002.pt.sha256"], left  # the previous one is intact
+    monkeypatch.setattr(C._HashingWriter, "write", real)
+    assert T.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 0
+    assert (run / "model.pt").read_bytes() == (ref / "model.pt").read_bytes()
+    assert _metrics(run) == _metrics(ref)
+
+
 def test_hashing_while_writing_gives_the_file_hash_and_a_checksum_is_never_missing(tmp_path):
     path = tmp_path / "x.pt"
     digest = C.atomic_torch_save({"w": torch.randn(300, 300), "n": [1, 2]}, path)

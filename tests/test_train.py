@@ -19,6 +19,7 @@ from mhar.runs.checkpoint import CheckpointError, load_model
 from mhar.model.config import config_hash
 from mhar.data.shards import unigram_entropy
 from mhar.runs.config import load_run_config
+from mhar.runs.run_dir import RunFolder
 
 
 def _text_corpus(path: Path, n_words: int = 30000) -> Path:
@@ -374,7 +375,7 @@ def test_cut_short_summary_is_rebuilt_and_records_are_atomic(corpus, tmp_path):
     assert T.train(cfg, run)["val_losses"] == summary["val_losses"]
     assert json.loads((run / "summary.json").read_text())["val_losses"] == summary["val_losses"]
     # a writer killed mid-write leaves the old record intact and a temp file the next start removes
-    code = ("import os, sys; from mhar.runs.checkpoint import atomic_write_bytes\n"
+    code = ("import os, sys; from mhar.runs.atomic import atomic_write_bytes\n"
             "def half(f):\n    f.write(b'{\"trunc'); f.flush(); os._exit(9)\n"
             "atomic_write_bytes(sys.argv[1], half)\n")
     r = subprocess.run([sys.executable, "-c", code, str(run / "summary.json")], cwd=Path(__file__).parents[1])
@@ -390,7 +391,7 @@ def test_second_trainer_is_refused_and_dead_lock_is_taken_over(corpus, tmp_path,
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(T.dump_yaml(cfg_for(corpus, tmp_path / "cache", "train.steps=2").to_dict()))
     run = tmp_path / "run"
-    holder = T.RunDir(run)
+    holder = RunFolder(run)
     holder.acquire()  # another trainer holds the directory
     try:
         assert T.main([str(cfg_file), "--out", str(run)]) == 2

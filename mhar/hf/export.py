@@ -30,6 +30,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from mhar.runs.atomic import read_json
 from mhar.runs.checkpoint import MODEL_FILE, CheckpointError, _pid_alive, file_sha256, load_model, read_checkpoint
 from mhar.model.config import ModelConfig, stored_routing_impl, to_dict
 from mhar.model.transformer import Transformer
@@ -54,18 +55,11 @@ def architecture(cfg: ModelConfig) -> str:
 
 
 # --- provenance of the source ------------------------------------------------------------------------
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def source_info(src: Path) -> dict:
     """Run-directory records next to ``src`` (a run dir or a model.pt): summary, run config, provenance."""
     run_dir = src if src.is_dir() else src.parent
     info: dict[str, Any] = {"run_dir": str(run_dir.resolve())}
-    summary = _read_json(run_dir / "summary.json")
+    summary = read_json(run_dir / "summary.json")
     if summary is not None:
         info["summary"] = summary
     if (run_dir / "config.yaml").is_file():
@@ -75,7 +69,7 @@ def source_info(src: Path) -> dict:
             info["run_config"] = yaml.safe_load((run_dir / "config.yaml").read_text())
         except yaml.YAMLError:
             info["run_config"] = None
-    prov = _read_json(run_dir / "provenance.json")
+    prov = read_json(run_dir / "provenance.json")
     if prov is not None:
         info["provenance"] = {k: prov.get(k) for k in ("git", "packages", "hardware", "identity", "pairing",
                                                        "config_hash") if k in prov}

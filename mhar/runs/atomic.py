@@ -1,6 +1,8 @@
 """Atomic file writes (same-folder temp file + fsync + rename), without torch: a crash or kill never
-leaves a half-written record; readers see the old file or the new one. Used by mhar.runs.checkpoint (weights,
-training state) and by the analysis stage (tables, report, probe).
+leaves a half-written record; readers see the old file or the new one. Every record of the project is written
+through here (JSON with :func:`atomic_write_json`; weights and training states through
+:func:`mhar.runs.checkpoint.atomic_torch_save`, built on the same temp-file rule), and read back with
+:func:`read_json`.
 
 Also the one-line wording of operating-system errors (:func:`os_error_line`: disk full, read-only, no
 permission) and :func:`check_writable`, which a command calls on its output folder before long work.
@@ -8,11 +10,13 @@ permission) and :func:`check_writable`, which a command calls on its output fold
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
-from typing import BinaryIO, Callable, Optional
+from typing import Any, BinaryIO, Callable, Optional
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "check_writable", "os_error_line"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "read_json", "check_writable",
+           "os_error_line"]
 
 
 def _fsync_dir(path: Path) -> None:
@@ -57,6 +61,35 @@ def atomic_write_bytes(path: str | os.PathLike, data: "bytes | Callable[[BinaryI
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 1) -> Path:
+    """``obj`` as indented JSON (values JSON does not know written with ``str``), atomically."""
+    return atomic_write_text(path, json.dumps(obj, indent=indent, default=str) + "\n")
+
+
+def read_json(path: str | os.PathLike, error: Optional[type[Exception]] = None) -> Any:
+    """The JSON document at ``path``.
+
+    Without ``error``: None when the file is missing or unreadable (a record the caller rebuilds or does
+    without). With ``error`` (an exception class): a missing file or invalid JSON raises it, one line naming the
+    file and what to do; other operating-system errors propagate."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        if error is None:
+            return None
+        raise error(f"{path}: file not found (did the producing step run?)") from None
+    except ValueError as e:  # invalid JSON or not UTF-8
+        if error is None:
+            return None
+        raise error(f"{path}: not valid JSON ({e}); re-run the step that wrote it "
+                    "(or check that this is the right file)") from None
+    except OSError:
+        if error is None:
+            return None
+        raise
 
 
 # --- operating-system errors --------------------------------------------------------------------

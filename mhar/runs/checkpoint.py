@@ -19,7 +19,6 @@ so identical runs export byte-identical ``model.pt`` files.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any, Optional
 
 import torch
 
-from mhar.runs.atomic import _fsync_dir, _tmp_of, atomic_write_bytes, atomic_write_text  # noqa: F401 (re-exported)
+from mhar.runs.atomic import _fsync_dir, _tmp_of, atomic_write_text
 from mhar.model.config import ConfigError, model_config_from_dict, stored_routing_impl, to_dict
 
 FORMAT = "mhar-model-v1"
@@ -36,10 +35,6 @@ MODEL_FILE = "model.pt"
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, corrupt or of the wrong format."""
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 1) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=indent, default=str) + "\n")
 
 
 _TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
@@ -155,10 +150,15 @@ class _HashingWriter:
 
     def __init__(self, f):
         self._f, self.sha = f, hashlib.sha256()
+        self.error: Optional[OSError] = None  # the failed write's reason (torch reports a RuntimeError instead)
 
     def write(self, b) -> int:
         self.sha.update(b)
-        return self._f.write(b)
+        try:
+            return self._f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
 
     def flush(self) -> None:
         self._f.flush()
@@ -189,7 +189,10 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
             holder["w"] = w = _HashingWriter(f)
             torch.save(obj, w)
 
-        _write_synced(tmp, write)
+        try:
+            _write_synced(tmp, write)
+        except RuntimeError as e:  # torch's archive writer reports a failed write as a RuntimeError
+            raise _write_failed(e, holder["w"].error if "w" in holder else None, path) from None
         digest = holder["w"].sha.hexdigest()
         _write_synced(side_tmp, lambda f: f.write(f"{digest}  {path.name}\n".encode()))
         os.replace(tmp, path)  # from here on the new file is valid: its checksum is complete beside it
@@ -204,6 +207,15 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
             raise
     _fsync_dir(path.parent)
     return digest
+
+
+def _write_failed(e: RuntimeError, cause: Optional[OSError], path: Path) -> OSError:
+    """The OSError for a ``torch.save`` that failed writing ``path``: torch's archive writer reports a failed
+    write (a full disk: "[enforce fail at inline_container.cc] unexpected pos ...") as a RuntimeError; the
+    operating system's error underneath (``cause``) names the reason when there is one."""
+    if cause is not None:
+        return OSError(cause.errno, cause.strerror or str(cause), str(path))
+    return OSError(None, f"torch.save could not write the file ({' '.join(str(e).split())[:160]})", str(path))
 
 
 def safe_torch_load(path: str | os.PathLike, required_checksum: bool = True) -> Any:

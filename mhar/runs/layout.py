@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mhar.runs.atomic import atomic_write_text, os_error_line
+from mhar.runs.atomic import atomic_write_text, os_error_line, read_json
 from mhar.model.config import config_hash
 from mhar.runs.config import PATH_ID_LEN, RunConfig, identity_hash, recorded_run_config, run_identity, yaml_load
 
@@ -115,13 +115,6 @@ def _run_dirs(runs_root: Path) -> list[Path]:
     return sorted(out)
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-
-
 def _locked(path: Path) -> bool:
     """Whether the trainer whose pid ``path/.lock`` names is alive on this machine (and is a Python process).
 
@@ -178,8 +171,8 @@ def run_info(path: Path, runs_root: Path) -> RunInfo:
     info.label, info.size, info.seed = key["variant"], key["size"], key["seed"]
     info.identity, info.steps = identity_hash(cfg), cfg.train.steps
     info.expected_rel = RUN_LAYOUT.format(**key).removeprefix("runs/")
-    summary = _read_json(path / "summary.json")
-    diverged = _read_json(path / "diverged.json")
+    summary = read_json(path / "summary.json")
+    diverged = read_json(path / "diverged.json")
     if isinstance(summary, dict) and summary.get("tail_mean_val_loss") is not None:
         info.status, info.step = "finished", summary.get("steps")
         info.metrics = {k: _num(summary.get(k)) for k in ("tail_mean_val_loss", "final_val_loss", "wall_s",
@@ -356,7 +349,7 @@ def migrate(results: str | os.PathLike, dry_run: bool = False, log=print) -> Pla
     if not root.is_dir():
         raise MigrationError(f"{root}: no such results folder (give --results DIR)")
     plan_path = root / PLAN_FILE
-    saved = _read_json(plan_path) if plan_path.is_file() else None
+    saved = read_json(plan_path) if plan_path.is_file() else None
     if isinstance(saved, dict) and saved.get("format") == "mhar-migrate-v1":
         plan = Plan([tuple(m) for m in saved["moves"]], list(saved.get("left", [])))
         log(f"resuming the interrupted migration recorded in {plan_path}")

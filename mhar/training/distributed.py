@@ -17,7 +17,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 __all__ = ["DistEnv", "init_distributed", "shutdown", "barrier", "all_reduce_mean", "all_reduce_sum",
-           "wrap_model", "no_grad_sync", "cuda_missing", "resolve_device", "gather_batches", "even_batches"]
+           "wrap_model", "no_grad_sync", "cuda_missing", "resolve_device", "gather_batches", "even_batches",
+           "full_state", "load_full_state", "full_model_state"]
 
 
 @dataclass
@@ -177,3 +178,36 @@ def no_grad_sync(model: nn.Module, env: DistEnv, skip: bool) -> Iterator[None]:
             yield
         finally:
             model.set_requires_gradient_sync(True)
+
+
+# --- full (unsharded) state for checkpoints and the export ----------------------------------------------
+def full_state(model: nn.Module, raw: nn.Module, opt: torch.optim.Optimizer, env: DistEnv) -> tuple[dict, dict]:
+    """``(model state, optimizer state)`` as one process holds them; a collective call under FSDP2
+    (gathered to CPU), the plain state dicts otherwise (``raw``: the unwrapped model)."""
+    if env.parallel == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        return get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return raw.state_dict(), opt.state_dict()
+
+
+def load_full_state(model: nn.Module, raw: nn.Module, opt: torch.optim.Optimizer, env: DistEnv,
+                    model_state: dict, optim_state: dict) -> None:
+    """The inverse of :func:`full_state` (every rank passes the full states)."""
+    if env.parallel == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(model, opt, model_state_dict=model_state, optim_state_dict=optim_state,
+                       options=StateDictOptions(full_state_dict=True))
+    else:
+        raw.load_state_dict(model_state)
+        opt.load_state_dict(optim_state)
+
+
+def full_model_state(model: nn.Module, env: DistEnv) -> Optional[dict]:
+    """Under FSDP2 the full model state (collective, on CPU); None otherwise (the unwrapped model holds it)."""
+    if env.parallel != "fsdp":
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

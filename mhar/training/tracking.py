@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from mhar.model.config import ConfigError
-from mhar.runs.checkpoint import atomic_write_json
+from mhar.runs.atomic import atomic_write_json
 from mhar.runs.config import RunConfig, dump_yaml, run_identity, tracker_names
 
 __all__ = ["Tracker", "open_trackers", "check_trackers", "routing_summary", "log_routing", "TRACKING_FILE", "TB_DIR"]
