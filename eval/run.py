@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import hashlib
 import json
 import logging
@@ -486,6 +487,7 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
                           bootstrap_iters=bootstrap_iters, task_manager=task_manager, evaluation_tracker=tracker,
                           batch_size=model_info.get("batch_size"), device=model_info.get("device"), **kwargs)
     wall = time.time() - t0
+    for_wandb = copy.deepcopy(res) if wandb_args else None  # lm-eval's file writers below change res in place
     # what `lm_eval --model <name> --model_args ...` records (simple_evaluate, given a built LM, records its class)
     res["config"]["model"] = lm_name
     tracker.general_config_tracker.model_source = lm_name
@@ -510,10 +512,11 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
     if wandb_args:  # as `lm_eval --wandb_args ...` does, after our records are complete
         from lm_eval.loggers import WandbLogger
 
+        samples = for_wandb.pop("samples")
         wandb_logger = WandbLogger(dict(wandb_args))
-        wandb_logger.post_init(res)
+        wandb_logger.post_init(for_wandb)
         wandb_logger.log_eval_result()
-        wandb_logger.log_eval_samples(res["samples"])
+        wandb_logger.log_eval_samples(samples)
         wandb_logger.run.finish()
     return summary
 
@@ -646,14 +649,24 @@ def _wandb_args(value: Optional[str | dict]) -> Optional[dict]:
 
     if importlib.util.find_spec("wandb") is None:
         raise ValueError("--wandb-args: wandb is not installed; pip install wandb (or pip install -e '.[track]')")
-    if isinstance(value, dict):
-        return value
-    from lm_eval.utils import simple_parse_args_string
+    import inspect
 
-    parsed = simple_parse_args_string(value.replace(" ", ","))
-    bad = [k for k in parsed if not k.isidentifier()]
-    if bad:
-        raise ValueError(f"--wandb-args {value!r}: expected key=val,key2=val2 (wandb.init arguments), got {bad[0]!r}")
+    import wandb
+
+    if isinstance(value, dict):
+        parsed = dict(value)
+    else:
+        from lm_eval.utils import simple_parse_args_string
+
+        parts = [p for p in value.replace(" ", ",").split(",") if p]
+        bad = [p for p in parts if "=" not in p]
+        if bad:
+            raise ValueError(f"--wandb-args {value!r}: expected key=val,key2=val2 (wandb.init arguments), got {bad[0]!r}")
+        parsed = simple_parse_args_string(",".join(parts))
+    known = inspect.signature(wandb.init).parameters
+    unknown = [k for k in parsed if k not in known]
+    if unknown:  # found now, not after the evaluation
+        raise ValueError(f"--wandb-args: {', '.join(unknown)} is not an argument of wandb.init")
     return parsed
 
 
