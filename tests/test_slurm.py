@@ -233,7 +233,7 @@ def _run_target(workdir: Path) -> str:
     """The one training run of the signal test: label mhar, seed 0 (its path from a dry run)."""
     res = snakemake(workdir, "-n", "--until", "train", "reproduce_table1")
     finish(res, workdir, 120)
-    (run,) = re.findall(r"output: (results/runs/mhar/\S+)/summary.json", (workdir / "snakemake.out").read_text())
+    (run,) = set(re.findall(r"output: (results/runs/mhar/[^/]+/seed0/\S+)/summary.json", (workdir / "snakemake.out").read_text()))
     return f"{run}/summary.json"
 
 
@@ -255,7 +255,8 @@ def test_a_training_job_signalled_like_the_time_limit_checkpoints_and_resumes_bi
     with local_cluster():
         ref = snakemake(local, "--cores", "1", target)
         run = snakemake(remote, "--profile", str(PROFILE), "--slurm-init-seconds-before-status-checks", "2",
-                        "--config", "train={train: {checkpoint_every: 1000, log_every: 10}}", target)
+                        "--config", "train={train: {checkpoint_every: 1000, log_every: 10}}", "--latency-wait", "60",
+                        target)  # (--config takes every word up to the next option)
         t0, job = time.time(), None
         while job is None and time.time() - t0 < 240 and run.poll() is None:
             logs = list(remote.glob("results/logs/train/mhar/*/seed0/*.log"))
