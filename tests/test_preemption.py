@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,53 @@ def test_a_signalled_trainer_checkpoints_exits_75_and_a_rerun_ends_bit_equal(ref
     assert f"resuming {out} from step {stopped}" in stdout
     assert _sha(out / "model.pt") == _sha(ref / "model.pt")
     assert read_metrics(out) == read_metrics(ref)
+
+
+def _rank_worker(rank: int, port: int, corpus: str, cache: str, out: str) -> None:
+    """DDP on 2 CPU processes; only rank 1 is sent SIGUSR1 (during step 3): both ranks stop after step 3."""
+    import json as _json
+
+    import torch
+
+    from test_train import cfg_for
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank))
+    cfg = cfg_for(Path(corpus), Path(cache), "train.steps=6", "train.checkpoint_every=100")
+    step = T._train_step
+
+    def signalled_step(run):
+        if rank == 1 and run.prog.step == 2:  # during step 3, on this rank only
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return step(run)
+
+    T._train_step = signalled_step
+    try:
+        T.train(cfg, Path(out))
+        got = {"finished": True}
+    except Preempted as e:
+        got = {"step": e.step, "signal": signal.Signals(e.signum).name}
+    Path(out, f"rank{rank}.json").write_text(_json.dumps(got))
+
+
+def test_ranks_agree_to_stop_when_one_of_them_is_signalled(corpus, tmp_path):
+    import socket
+    import json
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    ctx = mp.spawn(_rank_worker, args=(port, str(corpus), str(tmp_path / "cache"), str(out)), nprocs=2, join=False)
+    deadline = time.monotonic() + 240
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:  # ranks that disagree wait in each other's collectives for ever
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the two ranks did not finish within 240 s (hang)")
+    got = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert got == [{"step": 3, "signal": "SIGUSR1"}] * 2
+    assert sorted(p.name for p in (out / "checkpoint").glob("state-*.pt")) == ["state-00000003.pt"]
