@@ -109,11 +109,16 @@ def run_config(label, size, seed):
 def eval_wandb_args(wildcards, output):
     """eval.run --wandb-args of an evaluation job (config `eval_wandb_args`; None: off): group = the
     config's results hash, name = <label>/<size>/seed<k>/<task> unless the config sets them. A function
-    of the output path, so Snakemake's params-changed check does not rerun finished evaluations."""
+    of the output path, so Snakemake's params-changed check does not rerun finished evaluations.
+    """
     given = config.get("eval_wandb_args")
     if not given:
         return None
-    keys = {part.split("=", 1)[0].strip() for part in given.replace(" ", ",").split(",") if part}
+    keys = {
+        part.split("=", 1)[0].strip()
+        for part in given.replace(" ", ",").split(",")
+        if part
+    }
     extra = []
     if "group" not in keys:
         extra.append(f"group={STUDY_HASH}")
