@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import hashlib
 import json
 import logging
@@ -480,12 +481,13 @@ def load_task(task_name: str, source: DataSource, task_manager, num_fewshot: Opt
 
 def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource, task_manager, subset: Subset,
                   out_dir: Path, bootstrap_iters: int = 100000, model_path: str = "",
-                  identity: Optional[dict] = None) -> dict:
+                  identity: Optional[dict] = None, wandb_args: Optional[dict] = None) -> dict:
     """Run the loaded ``task`` (see :func:`load_task`) on the selected documents; write samples.jsonl and
     results.json. ``identity``: ``run`` + ``weights_sha256`` of the model (written into results.json).
     ``num_fewshot`` (set by load_task): None = the task's own setting; N is honoured when the task has a
     few-shot source (a fewshot or training split) and refused when it has none or is zero-shot by definition.
-    GPQA's answer order is the seeded stock order on the hub path too."""
+    GPQA's answer order is the seeded stock order on the hub path too. ``wandb_args`` (wandb.init arguments):
+    the results and samples also go to Weights & Biases through lm-eval's own WandbLogger."""
     from lm_eval.evaluator import simple_evaluate
 
     n_docs = len(task.eval_docs)
@@ -506,6 +508,7 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
                           bootstrap_iters=bootstrap_iters, task_manager=task_manager, evaluation_tracker=tracker,
                           batch_size=model_info.get("batch_size"), device=model_info.get("device"), **kwargs)
     wall = time.time() - t0
+    for_wandb = copy.deepcopy(res) if wandb_args else None  # lm-eval's file writers below change res in place
     # what `lm_eval --model <name> --model_args ...` records (simple_evaluate, given a built LM, records its class)
     res["config"]["model"] = lm_name
     tracker.general_config_tracker.model_source = lm_name
@@ -528,6 +531,15 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
         _drop_lm_eval_files(lm_eval_dir, lm_eval_files.values())
         raise
     _commit_lm_eval_files(lm_eval_dir, lm_eval_files.values())
+    if wandb_args:  # as `lm_eval --wandb_args ...` does, after our records are complete
+        from lm_eval.loggers import WandbLogger
+
+        samples = for_wandb.pop("samples")
+        wandb_logger = WandbLogger(dict(wandb_args))
+        wandb_logger.post_init(for_wandb)
+        wandb_logger.log_eval_result()
+        wandb_logger.log_eval_samples(samples)
+        wandb_logger.run.finish()
     return summary
 
 
@@ -575,7 +587,8 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
                    limit: Optional[int] = None, max_length: Optional[int] = None, dtype: Optional[str] = None,
                    bootstrap_iters: int = 100000, data_dir: Optional[str | os.PathLike] = None,
                    lm: Any = None, overwrite: bool = False, num_fewshot: Optional[int] = None,
-                   tasks_dir: Optional[str | os.PathLike] = None) -> dict[str, dict]:
+                   tasks_dir: Optional[str | os.PathLike] = None,
+                   wandb_args: Optional[str | dict] = None) -> dict[str, dict]:
     """Evaluate one checkpoint on ``tasks``; returns ``{task: results.json content}``.
 
     ``model_path``: an exported ``model.pt`` (or its run dir) or ``hf:<path or name>``.
@@ -589,6 +602,8 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     ``task:`` name), an include path on top of the stock tasks and ``eval/tasks``.
     ``overwrite``: replace results of another model or subset already in ``out_dir`` (default: refuse
     with ``FileExistsError`` before anything runs; results of the same model and subset are redone).
+    ``wandb_args``: lm-eval's ``--wandb_args`` (``key=val,key2=val2`` or a dict of wandb.init arguments):
+    each task's results and samples are logged to Weights & Biases by lm-eval's WandbLogger.
     """
     if limit is not None and subset is not None:
         raise ValueError("give either limit or subset, not both (limit=N is subset='first:N')")
@@ -601,6 +616,7 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     missing = cuda_missing(device, f"--device {device}", "--device cpu (or leave --device out)")
     if missing:  # not a silent fall-back to the CPU: a GPU run was asked for
         raise ValueError(missing)
+    wandb_args = _wandb_args(wandb_args)
     path_file = _model_file(str(model_path))
     sha = weights_sha256(str(model_path))  # refuses a model without (or failing) its checksum, before anything
     conflict = None if overwrite else existing_results_conflict(out_dir, ",".join(task_list), str(model_path), sub,
@@ -643,8 +659,37 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
         for name in task_list:
             log.info("evaluating %s on %s (%s, %s)", model_path, name, sub, source.describe())
             out[name] = evaluate_task(lm, info, tasks[name], name, source, tm, sub, Path(out_dir), bootstrap_iters,
-                                      str(model_path), identity)
+                                      str(model_path), identity, wandb_args)
     return out
+
+
+def _wandb_args(value: Optional[str | dict]) -> Optional[dict]:
+    """``--wandb-args`` as wandb.init arguments (lm-eval's ``key=val,key2=val2``); ValueError when wandb is missing."""
+    if not value:
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        raise ValueError("--wandb-args: wandb is not installed; pip install wandb (or pip install -e '.[track]')")
+    import inspect
+
+    import wandb
+
+    if isinstance(value, dict):
+        parsed = dict(value)
+    else:
+        from lm_eval.utils import simple_parse_args_string
+
+        parts = [p for p in value.replace(" ", ",").split(",") if p]
+        bad = [p for p in parts if "=" not in p]
+        if bad:
+            raise ValueError(f"--wandb-args {value!r}: expected key=val,key2=val2 (wandb.init arguments), got {bad[0]!r}")
+        parsed = simple_parse_args_string(",".join(parts))
+    known = inspect.signature(wandb.init).parameters
+    unknown = [k for k in parsed if k not in known]
+    if unknown:  # found now, not after the evaluation
+        raise ValueError(f"--wandb-args: {', '.join(unknown)} is not an argument of wandb.init")
+    return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -666,6 +711,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="few-shot examples per prompt (default: each task's own; refused where no few-shot split)")
     p.add_argument("--bootstrap-iters", type=int, default=100000, help="lm-eval bootstrap draws for stderrs (0: none)")
     p.add_argument("--data-dir", default=None, help="local data mirror (default: $MHAR_DATA_DIR; unset: hub)")
+    p.add_argument("--wandb-args", "--wandb_args", default=None, metavar="KEY=VAL,...",
+                   help="log results and samples to Weights & Biases through lm-eval's WandbLogger: wandb.init "
+                        "arguments as lm-eval's --wandb_args, e.g. project=mhar,mode=offline")
     p.add_argument("--tasks-dir", default=None,
                    help="folder of your own lm-eval task YAMLs (any file names), added to the stock tasks")
     return p
@@ -722,7 +770,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results = evaluate_model(args.model, args.tasks, args.out, subset=args.subset, limit=args.limit,
                                  device=args.device, batch_size=args.batch_size, max_length=args.max_length,
                                  dtype=args.dtype, bootstrap_iters=args.bootstrap_iters, data_dir=args.data_dir,
-                                 num_fewshot=args.num_fewshot, tasks_dir=args.tasks_dir)
+                                 num_fewshot=args.num_fewshot, tasks_dir=args.tasks_dir, wandb_args=args.wandb_args)
     except (CheckpointError, HubUnavailable, FileNotFoundError, FileExistsError, KeyError, ValueError) as e:
         # bad input (model file, task name, data dir, subset, adapter setting, results of another model in
         # --out): one line, no traceback

@@ -149,3 +149,26 @@ def test_eval_run_and_lm_eval_cli_share_one_registry(tmp_path, monkeypatch):
     monkeypatch.delenv("MHAR_DATA_DIR", raising=False)
     hub = {name: e.yaml_path for name, e in DataSource.from_env(None, mine).task_manager().task_index.items()}
     assert hub["lambada_openai"] != TASKS_DIR / "lambada_openai.yaml" and hub["my_cloze"] == mine / "anything.yaml"
+
+
+def test_eval_run_passes_lm_evals_own_wandb_logging_through(setup, monkeypatch, capsys):
+    """`eval.run --wandb-args project=...,mode=offline,dir=...`: lm-eval's WandbLogger writes an offline W&B run
+    holding the task's metrics (as `lm_eval --wandb_args` does); a bad value is one error line."""
+    pytest.importorskip("wandb")
+    from eval.run import main as run_main
+    from test_tracking import wandb_run
+
+    ckpt, env, tmp = setup
+    monkeypatch.setenv("MHAR_DATA_DIR", env["MHAR_DATA_DIR"])
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    args = ["--model", str(ckpt), "--tasks", "lambada_openai", "--limit", "2", "--device", "cpu", "--max-length", "64",
+            "--out", str(tmp / "run")]
+    for bad in ("project=x,oops", "projekt=x"):
+        assert run_main([*args, "--wandb-args", bad]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --wandb-args")
+    assert run_main([*args, "--wandb-args", f"project=mhar,mode=offline,dir={tmp},group=g1,name=mhar/debug/seed0"]) == 0
+    ours = json.loads((tmp / "run" / "lambada_openai" / "results.json").read_text())
+    wb = wandb_run(tmp)
+    assert wb["groups"] == ["g1"] and wb["names"] == ["mhar/debug/seed0"]
+    logged = {k: v for row in wb["history"] for k, v in row.items()}
+    assert logged["lambada_openai/acc"] == ours["metrics"]["acc"]

@@ -44,6 +44,8 @@ def test_resolved_config_round_trips(tmp_path):
     (["data.holdout=random"], "data.holdout"),
     (["train.device=tpu"], "train.device"),
     (["train.lr"], "key=value"),
+    (["train.tracking=[tensorboard,mlflow]"], "train.tracking: unknown tracker.*'mlflow'"),
+    (["train.tracking=3"], "train.tracking: expected a list"),
 ])
 def test_bad_config_names_the_key(overrides, match):
     with pytest.raises(ConfigError, match=match):
@@ -92,7 +94,8 @@ def test_identity_hash_sees_every_result_knob_and_nothing_else():
                    "model.residual.routing_impl": "compile", "train.compile": False, "train.cuda_graph": False,
                    "train.device": "cpu", "train.parallel": "fsdp", "train.micro_batch": 8, "train.threads": 3,
                    "train.log_every": 1, "train.checkpoint_every": 7, "train.save_model_every_checkpoint": True,
-                   "train.log_batch_hash": True, "data.cache_dir": "/elsewhere", "data.data_dir": "/mirror"}
+                   "train.log_batch_hash": True, "data.cache_dir": "/elsewhere", "data.data_dir": "/mirror",
+                   "train.tracking": ["tensorboard", "wandb"], "train.tracking_group": "0123abcd"}
     assert set(other_value) == set(IDENTITY_EXCLUDE)
     for key, value in other_value.items():
         moved = run_config_from_dict(_set(cfg.to_dict(), key, value))  # model.preset: the resolved shape stays
@@ -110,6 +113,25 @@ def test_identity_hash_sees_every_result_knob_and_nothing_else():
     assert run["residual"]["variant"] == "mhar" and run["residual"]["heads"] == 4
     assert "routing_impl" not in run["residual"] and "routing_impl" not in run["config"]["model"]["residual"]
     assert run["config"]["data"]["seed"] == 5 and "cache_dir" not in run["config"]["data"]
+
+
+# identity_hash of the example configs as the code before train.tracking computed them: bookkeeping keys
+# added to the config must not move a recorded run's identity (its run folder)
+RECORDED_IDENTITIES = {"cpu_tiny.yaml": "42ebb8dbd894bee7", "debug.yaml": "f957ed4e9de26b72",
+                       "gpu_smoke.yaml": "23aa6ce7161a3cca", "paper_100M.yaml": "d40157578e7b73f7",
+                       "paper_1B.yaml": "44f5b2c6fb55c278"}
+
+
+def test_example_config_identities_are_unchanged_and_tracking_is_bookkeeping():
+    assert {p.name: identity_hash(load_run_config(p)) for p in CONFIGS} == RECORDED_IDENTITIES
+    for p in CONFIGS:
+        tracked = load_run_config(p, ["train.tracking=[wandb,tensorboard]", "train.tracking_group=g"])
+        assert identity_hash(tracked) == RECORDED_IDENTITIES[p.name]
+        assert tracked.train.tracking == ["wandb", "tensorboard"]
+    for value, names in (("none", []), ("[]", []), ("null", []), ("wandb", ["wandb"]),
+                         ("[tensorboard,tensorboard]", ["tensorboard"])):
+        assert load_run_config(None, [f"train.tracking={value}"]).train.tracking == names, value
+    assert load_run_config(None).to_dict()["train"]["tracking"] == []
 
 
 def test_first_difference_names_the_first_field_in_config_order():
@@ -150,3 +172,11 @@ def test_non_finite_numbers_are_refused(overrides, key):
         load_run_config(None, overrides)
 
 
+
+
+def test_dumped_configs_read_back_equal_even_where_a_string_reads_as_a_number():
+    """A hash such as 0e093237 (train.tracking_group) is a float to YAML 1.2: dump_yaml quotes it."""
+    cfg = load_run_config(None, ["train.tracking=wandb", "train.tracking_group='0e093237'", "meta.name='1e5'"])
+    assert cfg.train.tracking_group == "0e093237"
+    text = dump_yaml(cfg.to_dict())
+    assert yaml_load(text) == cfg.to_dict() and run_config_from_dict(yaml_load(text)).train.tracking_group == "0e093237"

@@ -219,3 +219,73 @@ def test_reproduce_table1_through_real_slurm(tmp_path):
                                text=True, timeout=30).stdout.split()
         assert sacct == ["COMPLETED"]
         assert list(acct.glob("results/data/*/shards.json"))
+
+
+def test_profile_asks_for_sigterm_before_the_time_limit():
+    """Training jobs get SIGTERM before their time limit (sent to the job steps, where the trainer runs)."""
+    prof = yaml.safe_load((PROFILE / "config.yaml").read_text())
+    for rule in ("train", "cpt_pretrain_base", "cpt_train"):
+        extra = prof["set-resources"][rule]["slurm_extra"]
+        assert re.fullmatch(r"'--signal=TERM@\d+'", extra), (rule, extra)  # not B: (the batch shell only)
+
+
+def _run_target(workdir: Path) -> str:
+    """The one training run of the signal test: label mhar, seed 0 (its path from a dry run)."""
+    res = snakemake(workdir, "-n", "--until", "train", "reproduce_table1")
+    finish(res, workdir, 120)
+    (run,) = set(re.findall(r"output: (results/runs/mhar/[^/]+/seed0/\S+)/summary.json", (workdir / "snakemake.out").read_text()))
+    return f"{run}/summary.json"
+
+
+@pytest.mark.slow
+def test_a_training_job_signalled_like_the_time_limit_checkpoints_and_resumes_bit_equal(tmp_path):
+    """`scancel --signal=TERM` (what the profile's --signal=TERM@N sends) mid-run: the trainer checkpoints at
+    that step and exits 75, the profile's retry resumes from that very checkpoint (the config checkpoints
+    only at the end otherwise), and the run ends with the numbers and weights of an uninterrupted local run."""
+    why = _can_run_cluster()
+    if why:
+        pytest.skip(why)
+    data = os.environ.get("MHAR_DATA_DIR")
+    if not data or not Path(data, "tinyshakespeare").is_dir():
+        pytest.skip("needs the local data mirror (MHAR_DATA_DIR with tinyshakespeare/)")
+    local, remote = tmp_path / "local", tmp_path / "slurm"
+    for d in (local, remote):
+        d.mkdir()
+    target = _run_target(local)
+    with local_cluster():
+        ref = snakemake(local, "--cores", "1", target)
+        run = snakemake(remote, "--profile", str(PROFILE), "--slurm-init-seconds-before-status-checks", "2",
+                        "--config", "train={train: {checkpoint_every: 1000, log_every: 10}}", "--latency-wait", "60",
+                        target)  # (--config takes every word up to the next option)
+        t0, job = time.time(), None
+        while job is None and time.time() - t0 < 240 and run.poll() is None:
+            logs = list(remote.glob("results/logs/train/mhar/*/seed0/*.log"))
+            if logs and "[mhar.train] step 30 " in logs[0].read_text():
+                running = [j for j, comment, state in slurm_jobs()
+                           if comment.startswith("rule_train_") and state == "RUNNING"]
+                if running:
+                    job = running[0]
+                    subprocess.run(["scancel", "--signal=TERM", job], check=True, timeout=30)
+            time.sleep(0.05)
+        assert job is not None, (remote / "snakemake.out").read_text()[-3000:]
+        out = finish(run, remote, 300)
+        ref_out = finish(ref, local, 300)
+        assert ref.returncode == 0, ref_out[-3000:]
+        assert run.returncode == 0, out[-6000:]
+    submitted = [j for j, log in SUBMITTED.findall(out) if Path(log).parent.parent.name == "rule_train"]
+    assert len(submitted) == 2 and submitted[0] == job, out[-4000:]
+    (run_dir,) = [p.parent for p in remote.glob("results/runs/mhar/*/seed0/*/summary.json")]
+    (ref_dir,) = [p.parent for p in local.glob("results/runs/mhar/*/seed0/*/summary.json")]
+    log = "\n".join(p.read_text() for p in remote.glob("results/logs/train/mhar/*/seed0/*.log"))
+    step = json.loads((run_dir / "provenance.json").read_text())["resumed_from_step"]
+    assert step is not None and 30 <= step < OVERLAY["train"]["train"]["steps"], step
+    # the first segment's own line, left in the plugin's log of the signalled job
+    slurm_logs = "\n".join(p.read_text() for p in remote.glob(f".snakemake/slurm_logs/rule_train/*/{job}.log"))
+    assert f"stopped at step {step} by SIGTERM; rerun to resume" in slurm_logs + log, slurm_logs[-3000:]
+
+    def losses(d):
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r.get("loss"), r.get("val_loss")) for r in rows]
+
+    assert losses(run_dir) == losses(ref_dir)
+    assert (run_dir / "model.pt").read_bytes() == (ref_dir / "model.pt").read_bytes()

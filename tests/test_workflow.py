@@ -615,3 +615,32 @@ def test_published_source_is_a_config_key_checked_at_dag_build(tmp_path):
     assert res.returncode != 0 and len(errors) == 1, (res.stdout + res.stderr)[-2000:]
     assert "published.table1: unknown published source 'arxiv-v3-table9'" in errors[0] and "arxiv-v2-web" in errors[0]
     assert not (tmp_path / "results").exists()
+
+
+def test_tracked_runs_are_grouped_by_the_config_hash_and_keep_their_paths(tmp_path):
+    """`tracking: [tensorboard]` reaches every training run as train.tracking with the config's results hash
+    as its group (the overlay's reports folder name); it is bookkeeping: the same run paths and hash."""
+    data = os.environ.get("MHAR_DATA_DIR")
+    if not data or not Path(data, "tinyshakespeare").is_dir():
+        pytest.skip("needs the local data mirror (MHAR_DATA_DIR with tinyshakespeare/)")
+    env = {"MHAR_DATA_DIR": str(Path(data).resolve())}
+    over = tmp_path / "over.yaml"
+
+    def plan(overlay):
+        over.write_text(yaml.safe_dump(overlay))
+        res = snakemake(["reproduce_table1", "-n", "--until", "train", *configfiles("config/ci.yaml"), str(over)],
+                        tmp_path, env)
+        out = res.stdout + res.stderr
+        assert res.returncode == 0, out[-3000:]
+        return (re.findall(r"output: (results/runs/mhar/\S+)/summary.json", out),
+                re.search(r"reports of this config \(an overlay on \S+\): results/reports/([0-9a-f]{8})", out)[1])
+
+    runs, study = plan({"seeds": [0]})
+    (run,), tracked_study = plan({"seeds": [0], "tracking": ["tensorboard"], "eval_wandb_args": "project=x"})
+    assert [run] == runs and tracked_study == study
+    res = snakemake([f"{run}/summary.json", "--cores", "1", *configfiles("config/ci.yaml"), str(over)], tmp_path, env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    train = yaml.safe_load((tmp_path / run / "config.yaml").read_text())["train"]
+    assert train["tracking"] == ["tensorboard"] and train["tracking_group"] == study
+    assert json.loads((tmp_path / run / "tracking.json").read_text())["name"] == "mhar/debug/seed0"
+    assert list((tmp_path / run / "tensorboard").glob("events.out.tfevents.*"))

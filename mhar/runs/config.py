@@ -11,7 +11,8 @@ example configs in ``config/train/`` only state what differs)::
             weight_decay, beta1, beta2, eps, grad_clip, eval_every, tail_k,
             checkpoint_every, save_model_every_checkpoint, log_every, device, dtype,
             compile, threads, parallel,
-            init_from, decay_filter, z_loss, ema_decay, log_batch_hash}   # CPT options (mhar.cpt)
+            init_from, decay_filter, z_loss, ema_decay, log_batch_hash,   # CPT options (mhar.cpt)
+            tracking, tracking_group}                                       # mhar.training.tracking
 
 Overrides use dotted keys and YAML scalars: ``train.lr=3e-4 model.residual.heads=8``.
 Unknown keys and wrong types raise :class:`mhar.model.config.ConfigError` naming the key.
@@ -30,7 +31,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -43,8 +44,11 @@ __all__ = [
     "MetaConfig", "DataConfig", "TrainConfig", "RunConfig", "load_run_config", "run_config_from_dict",
     "parse_overrides", "apply_overrides", "identity_config", "identity_hash", "pairing_config", "pairing_hash",
     "recorded_run_config", "run_identity", "IDENTITY_EXCLUDE",
-    "PAIRING_VARIES", "IDENTITY_LEN", "PATH_ID_LEN", "yaml_load", "yaml_error_line", "dump_yaml",
+    "PAIRING_VARIES", "IDENTITY_LEN", "PATH_ID_LEN", "yaml_load", "yaml_error_line", "dump_yaml", "TRACKERS",
+    "tracker_names",
 ]
+
+TRACKERS = ("tensorboard", "wandb")  # train.tracking: experiment trackers (mhar.training.tracking)
 
 
 @dataclass
@@ -112,6 +116,9 @@ class TrainConfig:
     z_loss: float = 0.0  # weight of the z-loss mean(logsumexp(logits)^2); 0 disables
     ema_decay: float = 0.0  # > 0: keep an EMA of the weights; model.pt then holds the EMA weights
     log_batch_hash: bool = False  # train rows of metrics.jsonl carry batch_sha256 (paired-arm check)
+    # Experiment tracking (mhar.training.tracking): a list of TRACKERS, or none; the W&B group of the run
+    tracking: Any = field(default_factory=list)
+    tracking_group: Optional[str] = None
 
 
 @dataclass
@@ -184,7 +191,24 @@ class RunConfig:
              f"unknown filter {t.decay_filter!r}; choose all or matrices")
         need(t.z_loss >= 0, "train.z_loss", f"must be >= 0, got {t.z_loss}")
         need(0.0 <= t.ema_decay < 1.0, "train.ema_decay", f"must be in [0, 1) (0 disables), got {t.ema_decay}")
+        t.tracking = tracker_names(t.tracking)
         return self
+
+
+def tracker_names(value: Any) -> list[str]:
+    """``train.tracking`` as a list of :data:`TRACKERS`: ``none``/null/[] -> [], a name -> [name];
+    ConfigError for anything else."""
+    if value is None or value == "none":
+        return []
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"train.tracking: expected a list of tracker names ({', '.join(TRACKERS)}) or none, "
+                          f"got {value!r}")
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        raise ConfigError(f"train.tracking: unknown tracker(s) {', '.join(map(repr, unknown))}; "
+                          f"choose from {', '.join(TRACKERS)} (or none)")
+    return list(dict.fromkeys(names))
 
 
 # --- YAML with YAML-1.2 floats (PyYAML reads "3e-4" as a string otherwise) -----------------
@@ -217,8 +241,17 @@ def yaml_error_line(e: "yaml.YAMLError") -> str:
     return f"{problem}{where}".replace("\n", " ")
 
 
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
+
+
 def dump_yaml(obj: Any) -> str:
-    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
+    """YAML that :func:`yaml_load` reads back as it was: a string that reads as a YAML-1.2 float (a hash such
+    as ``8e123456``) is quoted."""
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 # --- overrides ----------------------------------------------------------------------------
@@ -320,6 +353,8 @@ IDENTITY_EXCLUDE: dict[str, str] = {
     "train.checkpoint_every": "cadence of checkpoints (a resume is bit-identical)",
     "train.save_model_every_checkpoint": "bookkeeping",
     "train.log_batch_hash": "bookkeeping (a digest of each batch in metrics.jsonl)",
+    "train.tracking": "bookkeeping (which experiment trackers receive a copy of the metrics)",
+    "train.tracking_group": "bookkeeping (the experiment tracker's group of the run)",
     "data.cache_dir": "path (token cache)",
     "data.data_dir": "path (local data mirror)",
 }

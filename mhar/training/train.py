@@ -47,12 +47,15 @@ from mhar.runs.checkpoint import CheckpointError
 from mhar.runs.config import RunConfig, dump_yaml, identity_hash, load_run_config, pairing_hash, run_identity
 from mhar.runs.provenance import collect_provenance, utc_now
 from mhar.runs.run_dir import STATE_FORMAT, MetricsLog, Progress, RunDirError, RunFolder, set_rng_state
-from mhar.training.distributed import (DistEnv, all_reduce_mean, barrier, cuda_missing, full_model_state, full_state,
-                                       gather_batches, init_distributed, load_full_state, no_grad_sync, shutdown,
+from mhar.training.distributed import (DistEnv, all_reduce_mean, barrier, cuda_missing, even_batches, full_model_state,
+                                       full_state, gather_batches, init_distributed, load_full_state, no_grad_sync, shutdown,
                                        wrap_model)
 from mhar.training.optim import EMA, batch_digest, load_init_weights, lr_at, param_groups
+from mhar.training.preemption import EXIT_PREEMPTED, Preempted, StopSignals
 from mhar.training.progress import Progressbar, Startup
-from mhar.training.step import StepPlan, Throughput, TrainStep, build_optimizer, flops_per_token, peak_flops, plan_step
+from mhar.training.step import (StepPlan, Throughput, TrainStep, autocast_for, build_optimizer, flops_per_token,
+                                peak_flops, plan_step)
+from mhar.training.tracking import Tracker, check_trackers, log_routing, open_trackers
 from mhar.training.validation import evaluate, weights_finite
 
 __all__ = ["train", "main", "TrainingDiverged", "RunDirError", "STATE_FORMAT"]
@@ -82,6 +85,8 @@ def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[in
     """Train (or resume, or skip if finished) the run in ``out_dir``; returns the summary dict.
 
     ``stop_after=k`` checkpoints after step k and returns None (as if the job were killed there).
+    SIGTERM, SIGUSR1 and SIGINT finish the current step, checkpoint it and raise
+    :class:`mhar.training.preemption.Preempted` (the CLI: one line, exit code ``EXIT_PREEMPTED``).
     ``started``: the wall time the startup report counts from (default: now; the CLI: its import).
     """
     started = time.time() if started is None else started
@@ -97,12 +102,14 @@ def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[in
     missing = cuda_missing(cfg.train.device, f"train.device={cfg.train.device}", "train.device=cpu (or auto)")
     if missing:
         raise ConfigError(missing)
+    check_trackers(cfg.train.tracking)  # a tracker whose package is missing: fail before any work
     env = init_distributed(cfg.train.device, cfg.train.parallel)
     folder = RunFolder(out_dir, writer=env.is_main)
     try:
         if env.is_main:  # before any data is loaded: an unusable --out fails in a second
             folder.acquire()
-        return _train(cfg, folder, env, stop_after, {"started": started, "compile_cache": cache})
+        with StopSignals() as stop:
+            return _train(cfg, folder, env, stop_after, {"started": started, "compile_cache": cache, "stop": stop})
     finally:
         folder.release()
         shutdown(env)
@@ -129,6 +136,7 @@ class _Run:
     speed: Optional[Throughput] = None
     startup: Optional[Startup] = None
     wall: Callable[[], float] = time.time  # the run's wall time so far (all segments)
+    tracker: Tracker = field(default_factory=Tracker)  # experiment trackers (rank 0; none: a no-op)
 
 
 def _train(cfg: RunConfig, folder: RunFolder, env: DistEnv, stop_after: Optional[int], boot: dict) -> Optional[dict]:
@@ -143,11 +151,19 @@ def _train(cfg: RunConfig, folder: RunFolder, env: DistEnv, stop_after: Optional
     if blob is not None:
         _restore(run, blob)
     _finish_setup(run, blob)
-    folder.start(cfg, _provenance(run, blob), run.prog.step if blob is not None else None)
+    prov = _provenance(run, blob)
+    folder.start(cfg, prov, run.prog.step if blob is not None else None)
+    if env.is_main:
+        run.tracker = open_trackers(cfg, folder.path, cfg.train.tracking,
+                                    resume_step=run.prog.step if blob is not None else None, provenance=prov)
     run.metrics = folder.open_metrics(blob)
     try:
         if not _loop(run, stop_after, boot):
+            run.tracker.close()
             return None
+    except BaseException:  # stopped on a signal, diverged or failed: what was tracked so far is flushed
+        run.tracker.close()
+        raise
     finally:
         run.metrics.close()
     return _finish(run)
@@ -219,9 +235,12 @@ def _provenance(run: _Run, blob: Optional[dict]) -> dict:
 # --- the loop -------------------------------------------------------------------------------------
 def _loop(run: _Run, stop_after: Optional[int], boot: dict) -> bool:
     """Train to the last step (True) or stop after ``stop_after`` with a checkpoint (False)."""
-    t, prog = run.cfg.train, run.prog
+    t, prog, stop = run.cfg.train, run.prog, boot["stop"]
     bar = _start_segment(run, boot)
     try:
+        signum = stop.requested(run.env)  # a signal while the data and model were loaded: nothing new to save
+        if signum:
+            raise Preempted(prog.step, signum)
         while prog.step < t.steps:
             row = _train_step(run)
             bar.update(prog.step, row, run.speed.recent_tokens_per_s())
@@ -229,8 +248,11 @@ def _loop(run: _Run, stop_after: Optional[int], boot: dict) -> bool:
             if prog.step % t.eval_every == 0 or final:
                 _validate(run, final)
             stopping = stop_after is not None and prog.step >= stop_after and not final
-            if prog.step % t.checkpoint_every == 0 or final or stopping:
+            signum = 0 if final else stop.requested(run.env)  # SIGTERM/SIGUSR1/SIGINT: checkpoint, then stop
+            if prog.step % t.checkpoint_every == 0 or final or stopping or signum:
                 _checkpoint(run, final)
+            if signum:
+                raise Preempted(prog.step, signum)
             if stopping:
                 run.log(f"stopped after step {prog.step} (--stop-after); resume by running the same command again")
                 return False
@@ -279,6 +301,7 @@ def _train_step(run: _Run) -> dict:
     if t.log_batch_hash:
         row["batch_sha256"] = batch_digest(gather_batches(batches, env))  # the global batch
     run.metrics.write(row)
+    run.tracker.log(prog.step, {f"train/{k}": v for k, v in row.items() if k != "step"})
     return row
 
 
@@ -301,7 +324,22 @@ def _validate(run: _Run, final: bool) -> None:
     prog.wall_s = run.wall()
     run.metrics.write({"split": "val", "step": prog.step, "val_loss": val, "tokens": prog.tokens,
                        "wall_s": round(prog.wall_s, 3), "flops": prog.flops})
+    run.tracker.log(prog.step, {"val/loss": val, "train/peak_mem_gb": _peak_mem_gb(run.env.device)})
+    if run.cfg.train.tracking:  # every rank: a forward pass under FSDP is collective
+        log_routing(run.tracker, prog.step, _routing_weights(run))
     run.log(f"step {prog.step} val_loss {val:.4f}")
+
+
+def _routing_weights(run: _Run) -> dict:
+    """Depth weights of a routed variant (site -> (B, T, heads, sources)) on the first validation micro-batch
+    (the same batch at every evaluation); {} for a variant without routing."""
+    cfg, env = run.cfg, run.env
+    x = even_batches(list(run.data.val_batches(cfg.train.micro_batch, env.rank, env.world_size)), env)[0][0]
+    run.model.eval()
+    with torch.no_grad(), autocast_for(env.device, cfg.train.dtype):
+        routing = run.model(x.to(env.device), collect_routing=True).routing or {}
+    run.model.train()
+    return routing
 
 
 def _checkpoint(run: _Run, final: bool) -> None:
@@ -348,6 +386,8 @@ def _finish(run: _Run) -> dict:
         with run.ema.applied():
             summary["final_val_loss_ema"] = evaluate(run.model, run.data, cfg, run.env)
             _export(run, run.folder.model, {**extra, "weights": f"ema{t.ema_decay}"})
+    run.tracker.log(prog.step, {f"summary/{k}": v for k, v in summary.items()})
+    run.tracker.close()
     run.folder.finish(summary)
     run.log(f"done: tail-mean val loss {summary['tail_mean_val_loss']:.4f} over the last "
             f"{len(summary['val_losses'][-t.tail_k:])} evals -> {run.folder.path}")
@@ -386,6 +426,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(dump_yaml(cfg.to_dict()) + f"# identity: {identity_hash(cfg)}\n# pairing: {pairing_hash(cfg)}")
             return 0
         train(cfg, args.out, stop_after=args.stop_after, started=_IMPORT_TIME)
+    except Preempted as e:  # a checkpoint of step e.step is on disk
+        if os.environ.get("RANK", "0") == "0":
+            print(e, file=sys.stderr)
+        return EXIT_PREEMPTED
+    except KeyboardInterrupt:  # Ctrl-C twice (or before training began): no traceback
+        print(f"interrupted; completed checkpoints in {args.out} are kept: run the same command again to resume",
+              file=sys.stderr)
+        return 130
     except (ConfigError, DataError, RunDirError, CheckpointError, TrainingDiverged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -81,10 +81,19 @@ def residual_of(label):
     return dict(config["variants"][label])
 
 
+# Experiment tracking (config `tracking`, bookkeeping): the runs of one config form one group, named by
+# the config's results hash (config.smk study_hash); each run is named <label>/<size>/seed<k>.
+TRACKING = [] if config.get("tracking") in (None, "none") else list(config["tracking"])
+STUDY_HASH = study_hash()
+
+
 def run_config(label, size, seed):
     """The resolved run-config dict of one run (what `python -m mhar.train` receives)."""
     over = config.get("size_overrides", {}).get(size, {})
     cfg = _deep_merge(config["train"], over)
+    train = {"seed": int(seed)}
+    if TRACKING:
+        train.update(tracking=TRACKING, tracking_group=STUDY_HASH)
     return _deep_merge(
         cfg,
         {
@@ -92,9 +101,32 @@ def run_config(label, size, seed):
             # variant + heads); the label is the run's name and its path component.
             "meta": {"name": label, "size": size},
             "model": {"preset": size, "residual": residual_of(label)},
-            "train": {"seed": int(seed)},
+            "train": train,
         },
     )
+
+
+def eval_wandb_args(wildcards, output):
+    """eval.run --wandb-args of an evaluation job (config `eval_wandb_args`; None: off): group = the
+    config's results hash, name = <label>/<size>/seed<k>/<task> unless the config sets them. A function
+    of the output path, so Snakemake's params-changed check does not rerun finished evaluations.
+    """
+    given = config.get("eval_wandb_args")
+    if not given:
+        return None
+    keys = {
+        part.split("=", 1)[0].strip()
+        for part in given.replace(" ", ",").split(",")
+        if part
+    }
+    extra = []
+    if "group" not in keys:
+        extra.append(f"group={STUDY_HASH}")
+    if "name" not in keys:
+        extra.append(
+            f"name={wildcards.variant}/{wildcards.size}/seed{wildcards.seed}/{wildcards.task}"
+        )
+    return ",".join([given, *extra])
 
 
 @functools.lru_cache(maxsize=None)

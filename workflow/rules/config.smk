@@ -102,8 +102,21 @@ _check_published_sources()
 # The committed reports/ folders belong to the config files under config/ that name them (reports/ to
 # the defaults): a run with anything of yours on top (an overlay file outside config/, or --config) that
 # does not set reports_dir itself writes its tables to <results_dir>/reports/<config hash> instead.
-# (Where the jobs run and on what - data_dir, resources, results_dir - changes no table.)
-EXECUTION_KEYS = ("data_dir", "resources", "results_dir")
+# (Where the jobs run and on what - data_dir, resources, results_dir - changes no table, nor does which
+# experiment trackers receive a copy of the metrics.)
+EXECUTION_KEYS = ("data_dir", "resources", "results_dir", "tracking", "eval_wandb_args")
+
+
+def study_hash():
+    """The config's results hash: everything but EXECUTION_KEYS and reports_dir (the overlay reports folder's
+    name, the experiment trackers' group of its runs)."""
+    sys.path.insert(0, str(Path(workflow.basedir).resolve()))
+    from mhar.model.config import config_hash
+
+    study = {
+        k: v for k, v in config.items() if k not in (*EXECUTION_KEYS, "reports_dir")
+    }
+    return config_hash(study, 8)
 
 
 def _own_reports_dir():
@@ -115,13 +128,7 @@ def _own_reports_dir():
     keys |= {str(a).partition("=")[0] for a in CONFIG_ARGS}
     if "reports_dir" in keys or keys <= set(EXECUTION_KEYS):
         return None
-    sys.path.insert(0, str(Path(workflow.basedir).resolve()))
-    from mhar.model.config import config_hash
-
-    study = {
-        k: v for k, v in config.items() if k not in (*EXECUTION_KEYS, "reports_dir")
-    }
-    return f"{config['results_dir'].rstrip('/')}/reports/{config_hash(study, 8)}"
+    return f"{config['results_dir'].rstrip('/')}/reports/{study_hash()}"
 
 
 _reports = _own_reports_dir()

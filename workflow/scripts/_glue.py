@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -59,13 +60,24 @@ def launcher(gpus: int) -> list[str]:
 
 def run_logged(cmd: Sequence[Any], log_path: str, threads: int = 1) -> None:
     """Run ``cmd`` (stdout and stderr appended to ``log_path``) with ``threads`` CPU threads;
-    raise with the tail of the log when it fails."""
+    raise with the tail of the log when it fails.
+
+    SIGTERM and SIGUSR1 (SLURM's warning before a time limit, see profiles/slurm) are passed on to the
+    command and this script waits for it: the trainer checkpoints and exits 75, the job fails, and
+    Snakemake's retry resumes the run."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cmd = [str(c) for c in cmd]
     with open(log_path, "a") as log:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}
+        try:
+            rc = proc.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
     if rc != 0:
         tail = Path(log_path).read_text().splitlines()[-30:]
         raise RuntimeError(f"command failed with exit code {rc} (log: {log_path}):\n" + "\n".join(tail))

@@ -21,5 +21,7 @@ if p.tasks_dir:
     cmd += ["--tasks-dir", Path(p.tasks_dir).expanduser().resolve()]
 if p.device != "auto":
     cmd += ["--device", p.device]
+if p.wandb_args:  # lm-eval's own W&B logging (config eval_wandb_args)
+    cmd += ["--wandb-args", p.wandb_args]
 log.info("evaluate %s on %s (%s)", sm.input.model, sm.wildcards.task, p.subset)
 run_logged(cmd, sm.log[0], threads=sm.threads)
