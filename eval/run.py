@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import hashlib
 import json
 import logging
 import os
@@ -40,13 +39,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from .records import (LM_EVAL_DIR, aggregate_metrics, commit_lm_eval_files, drop_lm_eval_files,
+                      fill_missing_stderrs, jsonable, lm_eval_model, lm_eval_staging, sample_records,
+                      write_lm_eval_files)
 from .data_local import STANDARD_TASKS, DataSource, unknown_task_message
 from .vocab import check_vocab
 
 log = logging.getLogger("eval.run")
 RESULTS_FILE = "results.json"
 SAMPLES_FILE = "samples.jsonl"
-LM_EVAL_DIR = "lm_eval"  # lm-eval's own output files (its --output_path) inside each task folder
 
 
 class HubUnavailable(RuntimeError):
@@ -139,110 +140,6 @@ class ModelSpec:
         return lm, lm.describe()
 
 
-# --- lm-eval output -> our files --------------------------------------------------------
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (str, int, float, bool)) or x is None:
-        return x
-    if hasattr(x, "item"):  # numpy / torch scalars
-        return x.item()
-    return str(x)
-
-
-def _metric_key(metric: str, filter_key: str) -> str:
-    return metric if filter_key == "none" else f"{metric},{filter_key}"
-
-
-def arguments_hash(arguments: Sequence[Any]) -> str:
-    """sha256 of all of a document's request arguments (contexts, continuations, gen settings).
-
-    Stored as ``arguments_hash``; ``prompt_hash`` keeps lm-eval's meaning (sha256 of the first
-    request's first argument, as lm-eval logs it), so joins with lm-eval's own logs work."""
-    blob = json.dumps(_jsonable(arguments), sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-
-def sample_records(samples: list[dict], output_type: str, cluster_field: Optional[str] = None) -> list[dict]:
-    """lm-eval logged samples (one per document and filter) -> one record per document.
-
-    ``cluster_field``: the document field that groups related questions (the task YAML's ``metadata:
-    cluster_field``), recorded as each record's ``group`` (clustered standard errors in the tables).
-
-    ``metrics`` holds each document's metric value under ``metric`` (filter ``none``) or
-    ``metric,filter``; perplexity-type metrics keep lm-eval's per-document item
-    (``[loglikelihood, n_words|n_bytes]`` for wikitext, the loglikelihood for lambada).
-    """
-    by_doc: dict[int, dict] = {}
-    for s in samples:
-        doc_id = int(s["doc_id"])
-        filt = s.get("filter", "none")
-        rec = by_doc.get(doc_id)
-        if rec is None:
-            target = None if output_type == "loglikelihood_rolling" else _jsonable(s["target"])
-            rec = by_doc[doc_id] = {
-                "doc_id": doc_id,
-                "prompt_hash": s.get("prompt_hash"),  # lm-eval's: sha256 of the first request's context
-                "arguments_hash": arguments_hash(s["arguments"]),  # ours: every argument of every request
-                "target": target,  # rolling tasks: the document itself (see target_hash)
-                "target_hash": s.get("target_hash"),
-                "doc_hash": s.get("doc_hash"),
-                "metrics": {},
-                "responses": {},
-            }
-            if output_type == "generate_until":
-                rec["generation"] = _jsonable(s["resps"][0][0]) if s["resps"] and s["resps"][0] else None
-            if cluster_field and isinstance(s.get("doc"), dict) and s["doc"].get(cluster_field) is not None:
-                rec["group"] = _jsonable(s["doc"][cluster_field])
-        for m in s["metrics"]:
-            rec["metrics"][_metric_key(m, filt)] = _jsonable(s[m])
-        rec["responses"][filt] = _jsonable(s["filtered_resps"])
-    return [by_doc[k] for k in sorted(by_doc)]
-
-
-def aggregate_metrics(task_results: dict) -> dict:
-    """lm-eval's ``{"acc,none": x, "acc_stderr,none": se}`` -> ``{"acc": x, "acc_stderr": se}``.
-
-    Metrics with a filter keep it (``exact_match,strict-match``); a standard error that
-    lm-eval does not provide (``"N/A"``) becomes ``None``.
-    """
-    out = {}
-    for key, value in task_results.items():
-        if "," not in key:
-            continue  # alias, sample_len, ...
-        metric, filt = key.split(",", 1)
-        out[_metric_key(metric, filt)] = None if value == "N/A" else _jsonable(value)
-    return out
-
-
-def fill_missing_stderrs(metrics: dict, samples: list[dict], aggregations: dict, iters: int) -> dict[str, str]:
-    """Bootstrap (over documents) the stderrs lm-eval leaves out (wikitext's perplexities, bits per byte).
-
-    Uses lm-eval's own ``bootstrap_stderr`` on the task's aggregation function; updates
-    ``metrics`` in place and returns ``{metric: how its stderr was obtained}``.
-    """
-    from lm_eval.api.metrics import bootstrap_stderr
-
-    how = {}
-    for name in list(metrics):
-        base, sep, filt = name.partition(",")
-        if base.endswith("_stderr"):
-            continue
-        key = f"{base}_stderr{sep}{filt}"
-        if metrics.get(key) is not None or base not in aggregations:
-            how[name] = "lm-eval" if metrics.get(key) is not None else "none"
-            continue
-        items = [s[base] for s in samples if s.get("filter", "none") == (filt or "none") and base in s]
-        if iters > 0 and len(items) > 1:
-            metrics[key] = float(bootstrap_stderr(aggregations[base], items, iters=iters))
-            how[name] = f"bootstrap over documents ({iters} draws, lm_eval.api.metrics.bootstrap_stderr)"
-        else:
-            how[name] = "none"
-    return how
-
-
 def _atomic_write(path: Path, text: str) -> None:
     """Same-folder temp + fsync + rename; a killed write's temp file goes at the next start."""
     from mhar.runs.atomic import atomic_write_text
@@ -274,99 +171,6 @@ def _caller_rng_kept():
         torch.set_rng_state(cpu)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
-
-
-# --- lm-eval's own output files ------------------------------------------------------------
-def lm_eval_model(model_info: dict, model_path: str, lm: Any) -> tuple[str, dict]:
-    """``(--model, --model_args)`` of the ``lm_eval`` command that evaluates the same model."""
-    kind = model_info.get("adapter")
-    if kind == "hf":
-        return "hf", {k: model_info[k] for k in ("pretrained", "dtype", "max_length") if model_info.get(k) is not None}
-    if kind == "mhar":
-        args = {"pretrained": str(model_path)}
-        if model_info.get("max_length") is not None:
-            args["max_length"] = model_info["max_length"]
-        return "mhar", args
-    return type(lm).__name__, {"pretrained": str(model_path)}
-
-
-_STAGING_PREFIX = f".{LM_EVAL_DIR}.tmp-"
-
-
-def _lm_eval_staging(task_dir: Path) -> Path:
-    """A fresh same-folder staging directory for lm-eval's files; those of killed runs are removed first."""
-    import shutil
-
-    from mhar.runs.checkpoint import _pid_alive
-
-    for old in task_dir.glob(_STAGING_PREFIX + "*") if task_dir.is_dir() else ():
-        pid = old.name[len(_STAGING_PREFIX):].split("-")[0]
-        if old.is_dir() and (not pid.isdigit() or not _pid_alive(int(pid))):
-            shutil.rmtree(old, ignore_errors=True)
-    return task_dir / f"{_STAGING_PREFIX}{os.getpid()}-{time.time_ns()}"
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_lm_eval_files(tracker, res: dict, task_name: str, staging: Path, dest: Path) -> dict:
-    """Write lm-eval's ``results_<date>.json`` and ``samples_<task>_<date>.jsonl`` with its own
-    EvaluationTracker (what ``lm_eval --output_path DEST --log_samples`` does after an evaluation), staged
-    and then moved into ``dest/<model>/`` BESIDE the files of a previous evaluation: the previous record
-    (results.json) names those by their date, so they stay until the new record is written
-    (:func:`_commit_lm_eval_files` then removes them; :func:`_drop_lm_eval_files` removes the new ones where
-    the new record could not be written).
-
-    lm-eval's tracker logs and swallows write errors: the files are checked here, and a missing one is an
-    OSError. Returns the two files' paths relative to ``dest``'s parent. ``res["samples"]`` is consumed
-    (lm-eval rewrites each sample's arguments and responses while saving)."""
-    import shutil
-
-    samples = res.pop("samples")
-    moved: list[Path] = []
-    try:
-        tracker.save_results_aggregated(results=res, samples=samples)
-        tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
-        found = {"results": sorted(staging.glob("*/results_*.json")),
-                 "samples": sorted(staging.glob(f"*/samples_{task_name}_*.jsonl"))}
-        if any(len(v) != 1 for v in found.values()):
-            raise OSError(f"lm-eval could not write its output files into {staging} (found {found}); "
-                          "check the free space and permissions of the output folder")
-        for p in found.values():
-            _fsync(p[0])
-        for (p,) in found.values():
-            target = dest / p.parent.name / p.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(p, target)
-            moved.append(target)
-    except BaseException:
-        _drop_lm_eval_files(dest, [str(Path(dest.name) / t.relative_to(dest)) for t in moved])
-        raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return {k: str(Path(dest.name) / m.relative_to(dest)) for k, m in zip(found, moved)}
-
-
-def _drop_lm_eval_files(dest: Path, files) -> None:
-    """Remove the new lm-eval files ``files`` (paths relative to ``dest``'s parent): their record was not written."""
-    for f in files:
-        (dest.parent / f).unlink(missing_ok=True)
-    for d in sorted((p for p in dest.rglob("*") if p.is_dir()), reverse=True) if dest.is_dir() else ():
-        if not any(d.iterdir()):
-            d.rmdir()
-
-
-def _commit_lm_eval_files(dest: Path, keep) -> None:
-    """Once results.json names ``keep`` (paths relative to ``dest``'s parent): the files of earlier evaluations
-    (and any a killed run left) go."""
-    keep = {(dest.parent / f).resolve() for f in keep}
-    stale = [p for p in dest.rglob("*") if p.is_file() and p.resolve() not in keep] if dest.is_dir() else []
-    _drop_lm_eval_files(dest, [str(p.relative_to(dest.parent)) for p in stale])
 
 
 # --- one task ---------------------------------------------------------------------------
@@ -501,7 +305,7 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
 
     lm_name, lm_args = lm_eval_model(model_info, model_path, lm)
     task_dir = Path(out_dir) / task_name
-    staging = _lm_eval_staging(task_dir)
+    staging = lm_eval_staging(task_dir)
     tracker = EvaluationTracker(output_path=str(staging))
     t0 = time.time()
     res = simple_evaluate(model=lm, model_args=lm_args, tasks=[task], log_samples=True,
@@ -528,9 +332,9 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
         summary = _write_task_records(task_dir, records, lm_eval_files, task, task_name, res, metrics, stderr_source, wall,
                             n_docs, doc_ids, subset, source, model_path, model_info, identity, bootstrap_iters)
     except BaseException:  # the previous record (if any) still names its own lm-eval files: keep those, not ours
-        _drop_lm_eval_files(lm_eval_dir, lm_eval_files.values())
+        drop_lm_eval_files(lm_eval_dir, lm_eval_files.values())
         raise
-    _commit_lm_eval_files(lm_eval_dir, lm_eval_files.values())
+    commit_lm_eval_files(lm_eval_dir, lm_eval_files.values())
     if wandb_args:  # as `lm_eval --wandb_args ...` does, after our records are complete
         from lm_eval.loggers import WandbLogger
 
@@ -558,21 +362,21 @@ def _write_task_records(task_dir, records, lm_eval_files, task, task_name, res, 
         "model_kind": model_info.get("adapter"),
         "metrics": metrics,
         "stderr_source": stderr_source,
-        "higher_is_better": _jsonable(res.get("higher_is_better", {}).get(task_name, {})),
+        "higher_is_better": jsonable(res.get("higher_is_better", {}).get(task_name, {})),
         "n": len(records),
         "n_docs_total": n_docs,
         "subset": {"spec": str(subset), **asdict(subset)},
         "doc_ids": doc_ids,
-        "num_fewshot": _jsonable(res.get("n-shot", {}).get(task_name)),
+        "num_fewshot": jsonable(res.get("n-shot", {}).get(task_name)),
         "output_type": task.OUTPUT_TYPE,
         "data_source": source.describe(),
         "data_files": source.file_hashes(task_name),
-        "model_info": _jsonable(model_info),
+        "model_info": jsonable(model_info),
         "bootstrap_iters": bootstrap_iters,
         "wall_s": round(wall, 3),
-        "lm_eval": {"version": lm_eval.__version__, "results": _jsonable(res["results"][task_name]),
-                    "version_of_task": _jsonable(res.get("versions", {}).get(task_name)),
-                    "config": _jsonable(res.get("configs", {}).get(task_name))},
+        "lm_eval": {"version": lm_eval.__version__, "results": jsonable(res["results"][task_name]),
+                    "version_of_task": jsonable(res.get("versions", {}).get(task_name)),
+                    "config": jsonable(res.get("configs", {}).get(task_name))},
         "samples_file": SAMPLES_FILE,
         "lm_eval_files": lm_eval_files,  # lm-eval's results_<date>.json / samples_<task>_<date>.jsonl
         "provenance": _provenance(settings),

@@ -31,7 +31,8 @@ pytest.importorskip("lm_eval")
 
 from eval.adapter import MharLM  # noqa: E402
 from eval.data_local import DataSource  # noqa: E402
-from eval.run import Subset, arguments_hash, evaluate_model, main  # noqa: E402
+from eval.records import arguments_hash  # noqa: E402
+from eval.run import Subset, evaluate_model, main  # noqa: E402
 from mhar.runs.checkpoint import save_model, sha256_path, write_sha256  # noqa: E402
 from mhar.model.config import model_config  # noqa: E402
 from mhar.model.transformer import Transformer  # noqa: E402

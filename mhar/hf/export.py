@@ -39,7 +39,7 @@ from transformers.utils import HF_MODULES_CACHE
 from transformers.utils import logging as hf_logging
 
 from mhar.runs.atomic import read_json
-from mhar.runs.checkpoint import MODEL_FILE, CheckpointError, _pid_alive, file_sha256, load_model, read_checkpoint
+from mhar.runs.checkpoint import MODEL_FILE, CheckpointError, pid_alive, file_sha256, load_model, read_checkpoint
 from mhar.model.config import ModelConfig, stored_routing_impl, to_dict
 from mhar.model.residuals import display_record
 from mhar.model.transformer import Transformer
@@ -203,7 +203,7 @@ def model_card(cfg: ModelConfig, report: dict) -> str:
 def _clean_stale(out: Path) -> None:
     for tmp in out.parent.glob(f".{out.name}.*.tmp"):
         pid = tmp.name[len(out.name) + 2: -len(".tmp")]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
 
 

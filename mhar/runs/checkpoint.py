@@ -42,7 +42,7 @@ class CheckpointError(RuntimeError):
 _TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
     try:
@@ -65,7 +65,7 @@ def clean_stale_temps(folder: str | os.PathLike) -> list[Path]:
     removed = []
     for tmp in sorted(folder.glob(".*.tmp")):
         m = _TMP_RE.match(tmp.name)
-        if not m or not tmp.is_file() or _pid_alive(int(m["pid"])):
+        if not m or not tmp.is_file() or pid_alive(int(m["pid"])):
             continue
         name = m["name"]
         if name.endswith(".sha256"):
