@@ -992,7 +992,7 @@ def test_pdl_on_by_default_on_sm90_unless_turned_off(monkeypatch):
 def test_provenance_records_whether_pdl_is_on(monkeypatch):
     """PDL is a default, so the run's ``MHAR_ROUTING_*`` settings alone do not say whether it was on:
     provenance records the effective setting (``routing_pdl``), False without CUDA, None when undeterminable."""
-    from mhar.runs.layout import provenance
+    from mhar.runs import provenance
     from mhar.model.routing import _kernels as K
     monkeypatch.setattr(K, "_PDL_ON", {})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
