@@ -45,8 +45,6 @@ class _EagerReplay:
         self.ids.copy_(self.out[:, None])
 
 
-
-
 class Decoder(Runner):
     """Greedy decoding of a ``mhar.model.transformer.Transformer`` (see the module docstring).
 
