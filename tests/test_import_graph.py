@@ -239,9 +239,6 @@ def test_model_package_has_no_import_cycles():
     assert cycles == [], _cycles_text(cycles, graph)
 
 
-# Cycles outside mhar/model are being removed in parallel branches: eval/adapter <-> eval/run and
-# eval/tables <-> eval/cpt (h6, analysis), mhar/hf (h2, export). The lead removes this mark when they are merged.
-@pytest.mark.xfail(strict=False, reason="cycles outside mhar/model: eval/ (h6), mhar/hf (h2)")
 def test_no_import_cycles():
     graph = import_graph(ROOT)
     cycles = import_cycles(graph)
