@@ -5,7 +5,7 @@ n = 1, 2, ..., 2L+1 sources (each sublayer reads the embedding and every earlier
 sees all 2L+1; ``routing_reads``, checked against a real model in the tests). One byte "unit" = sum_n n * E * 2.
 
 * ``fused_bytes``: what routing_impl ``fused`` moves per microbatch, forward and backward (its score table,
-  forward groups of ``V7_GROUP`` reads, source groups of ``SOURCE_GROUP``; ``fused_config``: heads wider than
+  forward groups of ``READ_GROUP`` reads, source groups of ``SOURCE_GROUP``; ``fused_config``: heads wider than
   ``SOURCE_GROUP_MAX_HEAD`` columns take one gradient pass per source). About 2 units: the forward reads each
   source about once per read; the source-major backward reads, per source, the douts of the reads that saw it,
   plus per-source O(N) terms (stash, the gradient written once, score rows, partial gradients of source groups).
@@ -32,7 +32,7 @@ from pathlib import Path
 from benchmarks.common import command_line, microbatch, write_csv
 from mhar.model.presets import PRESETS
 from mhar.runs.provenance import git_info
-from mhar.model.routing.names import SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, V7_GROUP
+from mhar.model.routing.names import SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, READ_GROUP
 
 BYTES_PER_ELT = 2  # bf16 sources under autocast
 
@@ -103,9 +103,9 @@ def _dout_passes(ns: list[int], source_group: int) -> tuple[int, int]:
 
 def fused_config(H: int, D: int, null: bool = False) -> dict:
     """The ``fused_bytes`` options of what routing_impl ``fused`` runs for H heads of width D: the score table
-    unless a null source broadcasts (mhar_delta), forward groups of V7_GROUP, source groups of SOURCE_GROUP up to
+    unless a null source broadcasts (mhar_delta), forward groups of READ_GROUP, source groups of SOURCE_GROUP up to
     SOURCE_GROUP_MAX_HEAD columns per head."""
-    return dict(group=V7_GROUP, table=not null, source_group=SOURCE_GROUP if D // H <= SOURCE_GROUP_MAX_HEAD else 1)
+    return dict(group=READ_GROUP, table=not null, source_group=SOURCE_GROUP if D // H <= SOURCE_GROUP_MAX_HEAD else 1)
 
 
 def fused_bytes(ns: list[int], E: int, H: int, D: int, elt: int = BYTES_PER_ELT, group: int = 1,
@@ -191,11 +191,12 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
 
 
 # The kernels of routing_impl fused (score table, forward groups, source groups) in ``kernel_bytes``.
-FUSED_KERNELS = ("_append_kernel", "_score_kernel", "_prefix7_kernel", "_fwd7_kernel", "_stash_kernel",
+FUSED_KERNELS = ("_append_kernel", "_score_kernel", "_prefix_fwd_table_kernel", "_route_fwd_table_kernel",
+                 "_stash_kernel",
                  "_src_group_bwd_kernel", "_src_bwd_kernel")
 
 
-def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group: int = SOURCE_GROUP) -> dict:
+def kernel_bytes(size: str, heads: int = 8, group: int = READ_GROUP, source_group: int = SOURCE_GROUP) -> dict:
     """Per routing kernel of ``fused`` at a preset (the paper's microbatch, bf16 sources): (launches, HBM bytes)
     per microbatch, each load and store of the kernel (``mhar/model/routing/_kernels.py``) counted once: L2 hits are not
     subtracted, so bytes / bandwidth is a lower bound on the kernel's time. Read k (k = 0..N-1, N = 2L+1) sees
@@ -230,10 +231,10 @@ def kernel_bytes(size: str, heads: int = 8, group: int = V7_GROUP, source_group:
     for a in range(0, N, group):
         K = min(group, N - a)
         if K > 1:
-            add("_prefix7_kernel", (a + 1) * (src + 2 * K * row) + K * (src + row))
+            add("_prefix_fwd_table_kernel", (a + 1) * (src + 2 * K * row) + K * (src + row))
         for i in range(a, a + K):
             newer = i - a if K > 1 else i + 1  # sources past the prefix
-            add("_fwd7_kernel", (src + row if K > 1 else 0) + newer * (src + 2 * row) + src + row)
+            add("_route_fwd_table_kernel", (src + row if K > 1 else 0) + newer * (src + 2 * row) + src + row)
     for ev in backward_passes(routing_reads(L), source_group):  # read k's one new source is slot k
         if ev[0] == "complete":  # a group member over its reads k..k_end-1: douts, lse, delta, scores; dsr out
             n = ev[3] - ev[2]

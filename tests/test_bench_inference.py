@@ -51,7 +51,7 @@ def test_cpu_smoke_writes_rows_with_provenance(tmp_path, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_fused_generation_equals_eager():
-    """On the GPU, greedy decoding with fused routing (v6, source groups, the v7 table of the paper configs)
+    """On the GPU, greedy decoding with fused routing (source groups, the score table of the paper configs)
     follows the eager reference (fp32)."""
     from mhar.model.config import model_config
     from mhar.model.transformer import build_model

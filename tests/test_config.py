@@ -103,13 +103,13 @@ def test_every_allowed_routing_impl_is_a_registered_router():
 def test_routing_impl_defaults_to_auto_and_refuses_withdrawn_names():
     """``auto`` is the default; a withdrawn fused variant's name is not a new config value: the error names the
     four choices (stored checkpoints still load it as ``fused``: tests/test_routing.py)."""
-    from mhar.model.config import LEGACY_ROUTING_IMPLS, stored_routing_impl
+    from mhar.model.config import stored_routing_impl
     assert ResidualConfig().routing_impl == "auto"
     assert model_config("debug", residual={"variant": "mhar", "heads": 4}).residual.routing_impl == "auto"
     with pytest.raises(ConfigError, match="model.residual.routing_impl: .*'fused_v7_sg8'.*auto, eager, compile, "
-                                          "fused.*withdrawn"):
+                                          "fused.*write fused"):
         model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused_v7_sg8"})
-    assert "fused_v7_sg8" in LEGACY_ROUTING_IMPLS and stored_routing_impl("fused_v7_sg8_norm") == "fused"
+    assert stored_routing_impl("fused_v7_sg8") == stored_routing_impl("fused_v7_sg8_norm") == "fused"
     assert stored_routing_impl("eager") == "eager"
 
 

@@ -154,16 +154,16 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
         assert ran == {"route_bwd": n_reads - 1, "stash": 1, "source_bwd": 1 + with_null}, ran
     if group is not None and group > 1 and lookahead:  # forward prefix sharing: one pass per group
         n_groups = -(-n_reads // group) - (n_reads % group == 1)  # a last group of one read is plain
-        n6, n7 = (fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("prefix6_fwd", "prefix7_fwd"))
-        assert n6 + n7 == n_groups, (n6, n7, n_groups)
+        n_own, n_table = (fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("prefix_fwd", "prefix_fwd_table"))
+        assert n6 + n7 == n_groups, (n_own, n_table, n_groups)
         if not table or with_null:
             assert n7 == 0
-        elif not with_extra or group % 2 == 0:  # (extra sources at odd reads: such a read opens with prefix6)
+        elif not with_extra or group % 2 == 0:  # (extra sources at odd reads: such a read opens with prefix_fwd)
             assert n6 == 0
     if table and lookahead and not with_null:  # every buffered source scored once; table reads
         assert fused_mod.LAUNCHES["score"] - launches.get("score", 0) == n_reads
-        n_fwd7 = fused_mod.LAUNCHES["route_fwd7"] - launches.get("route_fwd7", 0)
-        assert n_fwd7 == n_reads - n_extra, n_fwd7
+        n_table_reads = fused_mod.LAUNCHES["route_fwd_table"] - launches.get("route_fwd_table", 0)
+        assert n_table_reads == n_reads - n_extra, n_table_reads
     elif table and with_null:
         assert fused_mod.LAUNCHES["score"] - launches.get("score", 0) == 0
     names = [f"{k}{i}" for k in ("x", "null", "extra", "qs", "gs", "Ws")
@@ -240,7 +240,7 @@ def test_fused_router_as_registered(with_null, with_extra, dtype):
 
 def test_fused_router_wide_heads_score_without_the_table():
     """A head wider than TABLE_MAX_HEAD (H = 1 at D = 320; on the GPU the scoring tile of a 1024-column head does
-    not launch): get_router("fused") scores in the forward kernels (no table launch, prefix6 groups) and still
+    not launch): get_router("fused") scores in the forward kernels (no table launch, prefix_fwd groups) and still
     gives the reference's outputs and gradients (fp32; bf16 at wide heads: the GPU model tests)."""
     assert 320 > fused_mod.TABLE_MAX_HEAD
     _check_router(1, 5, 320, 1, n_reads=6, dtype=torch.float32, with_null=False, with_extra=False, seed=3, impl="fused")
@@ -337,7 +337,7 @@ def test_model_fused_matches_eager(variant, heads, res, config):
     if config in ("fused", "sg4") and variant in ("mhar", "attnres"):  # consecutive sources shared passes
         assert fused_mod.LAUNCHES["source_group_bwd"] > launches.get("source_group_bwd", 0)
     if config in ("fused", "table") and variant in ("mhar", "attnres"):  # scored once, reads and groups from it
-        assert all(fused_mod.LAUNCHES[k] > launches.get(k, 0) for k in ("score", "route_fwd7", "prefix7_fwd"))
+        assert all(fused_mod.LAUNCHES[k] > launches.get(k, 0) for k in ("score", "route_fwd_table", "prefix_fwd_table"))
     logits_e, grads_e = _model_grads(variant, "eager", heads, **res)
     assert rel(logits_f, logits_e) <= 1e-5
     assert grads_f.keys() == grads_e.keys()
@@ -349,11 +349,11 @@ def test_model_fused_matches_eager(variant, heads, res, config):
 def test_model_fused_deeper_matches_eager(variant, res):
     """routing_impl 'fused' in a 4-layer debug model (9 reads: forward groups of 4, 4 and 1; a source group of 8):
     eager routing's logits and parameter grads (fp32)."""
-    launches = {k: fused_mod.LAUNCHES[k] for k in ("prefix7_fwd", "prefix6_fwd", "source_group_bwd")}
+    launches = {k: fused_mod.LAUNCHES[k] for k in ("prefix_fwd_table", "prefix_fwd", "source_group_bwd")}
     logits_f, grads_f = _model_grads(variant, "fused", 4, n_layers=4, **res)
     grew = {k for k, v in launches.items() if fused_mod.LAUNCHES[k] > v}
-    # (mhar_delta's null source: no table, so its groups' prefixes take prefix6)
-    assert grew == {"prefix7_fwd" if variant == "mhar" else "prefix6_fwd", "source_group_bwd"}, grew
+    # (mhar_delta's null source: no table, so its groups' prefixes take prefix_fwd)
+    assert grew == {"prefix_fwd_table" if variant == "mhar" else "prefix_fwd", "source_group_bwd"}, grew
     logits_e, grads_e = _model_grads(variant, "eager", 4, n_layers=4, **res)
     assert rel(logits_f, logits_e) <= 1e-5 and grads_f.keys() == grads_e.keys()
     for n in grads_e:
@@ -382,7 +382,7 @@ def test_model_fused_inference_matches_eager(config):
             cache = KVCache(model.cfg.n_layers)
             steps = [model.hidden(ids[:, :6], cache), model.hidden(ids[:, 6:7], cache), model.hidden(ids[:, 7:], cache)]
         if name == "fused" and config == "fused":  # the table path ran: scored once, reads from the table
-            assert all(fused_mod.LAUNCHES[k] > launches.get(k, 0) for k in ("score", "route_fwd7"))
+            assert all(fused_mod.LAUNCHES[k] > launches.get(k, 0) for k in ("score", "route_fwd_table"))
         hs.append((full.cpu(), torch.cat(steps, dim=1).cpu()))
     (full_f, inc_f), (full_e, inc_e) = hs
     assert rel(full_f, full_e) <= 1e-5 and rel(inc_f, inc_e) <= 1e-5 and rel(inc_f, full_f) <= 1e-5
@@ -440,13 +440,13 @@ def test_gpu_model_fused_matches_float64(variant, heads, D, res, dtype):
     (3, 2, 9, 40, 2, False, True),  # two heads of width 20
     (6, 1, 7, 24, 8, True, False),  # eight heads of width 3
 ])
-def test_v6_heads_null_extra(N, B, T, D, H, with_null, with_extra, dtype):
+def test_fused_heads_null_extra(N, B, T, D, H, with_null, with_extra, dtype):
     _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=5 * N + H)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_null,with_extra", [(False, False), (True, True)])
-def test_v6_unannounced_reads_fall_back(with_null, with_extra, dtype):
+def test_fused_unannounced_reads_fall_back(with_null, with_extra, dtype):
     """Reads that were not announced by the first read's lookahead run their own backward for their part
     (accumulated into gacc); the write-once kernel adds that when it forms each source's gradient."""
     _check_router(2, 9, 48, 4, n_reads=4, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=3,
@@ -459,14 +459,14 @@ def test_v6_unannounced_reads_fall_back(with_null, with_extra, dtype):
     (7, 1, 13, 48, 4, 3, False, True),  # groups of 3, 3, 1; extra sources
     (4, 1, 11, 40, 1, 8, True, True),  # K larger than the reads: one group; single head, D=40
 ])
-def test_v6_forward_prefix_sharing(N, B, T, D, H, K, with_null, with_extra, dtype):
+def test_fused_forward_prefix_sharing(N, B, T, D, H, K, with_null, with_extra, dtype):
     """group=K without the table: K announced reads share one forward pass over their common prefix (the
     backward is the same source-major one)."""
     _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=N * K,
                   group=K)
 
 
-def test_v6_read_whose_output_reaches_no_loss():
+def test_fused_read_whose_output_reaches_no_loss():
     """A source-major read whose output is not used (its gradient arrives as None: the router's functions do not
     materialise gradients) still hands its sources their other reads' gradients; all gradients match eager."""
     gen = torch.Generator().manual_seed(8)
@@ -495,12 +495,12 @@ def test_v6_read_whose_output_reaches_no_loss():
         assert rel(a, b) < 1e-5, rel(a, b)
 
 
-def test_v6_many_sources():
+def test_fused_many_sources():
     """N from 1 to 73: 73 reads, each appending a source (tiny B*T*D keeps the interpreter fast)."""
     _check_router(1, 3, 16, 2, n_reads=73, dtype=torch.float32, with_null=True, with_extra=False, seed=73)
 
 
-def test_v6_stale_read_and_weights():
+def test_fused_stale_read_and_weights():
     """A read over an older state (after newer appends), an unannounced read and an analysis read
     (return_weights) in one forward: outputs, weights and every gradient match eager."""
     gen = torch.Generator().manual_seed(4)
@@ -533,12 +533,12 @@ def test_v6_stale_read_and_weights():
 
 
 @pytest.mark.parametrize("table", [False, True])
-def test_model_v6_prefix_sharing_matches_eager(table):
+def test_model_prefix_sharing_matches_eager(table):
     """MHAR debug model with the fused router sharing forward prefixes (groups of 3), with the score table or
     without: eager logits and grads."""
     torch.manual_seed(0)
     cfg = model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused"})
-    names = ("prefix7_fwd", "route_fwd7", "score") if table else ("prefix6_fwd",)
+    names = ("prefix_fwd_table", "route_fwd_table", "score") if table else ("prefix_fwd",)
     launches = {k: fused_mod.LAUNCHES[k] for k in names}
 
     def run(router):
@@ -572,14 +572,14 @@ def test_model_v6_prefix_sharing_matches_eager(table):
     (4, 2, 7, 256, 8, 8, False, False),  # eight heads of width 32; one group of all reads
     (6, 1, 7, 24, 8, 4, True, False),  # a null source: no table (the reads score their sources), still exact
 ])
-def test_v7_score_table(N, B, T, D, H, K, with_null, with_extra, dtype):
+def test_score_table(N, B, T, D, H, K, with_null, with_extra, dtype):
     """The score table against the float64 reference: the forward takes its scores from the table (plain reads and the
     prefix kernel of groups of K), the gradient kernel too; outputs and every gradient."""
     _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=7 * N + H,
                   group=K, table=True)
 
 
-def test_v7_many_sources():
+def test_table_many_sources():
     """N from 1 to 73 with the table and groups of 8 (tiny B*T*D keeps the interpreter fast)."""
     _check_router(1, 3, 16, 2, n_reads=73, dtype=torch.float32, with_null=False, with_extra=False, seed=71,
                   group=8, table=True)
@@ -605,7 +605,7 @@ def _check_scores(D, H, k_lo, Kr, BT, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("D,H,k_lo,Kr", [(96, 2, 0, 6), (64, 1, 3, 6), (40, 8, 1, 6), (320, 2, 2, 6),
                                          (32, 2, 5, 140), (48, 3, 0, 37)])
-def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, Kr, dtype):
+def test_table_scores_match_rmsnorm_dot(D, H, k_lo, Kr, dtype):
     """score_sources against its definition: rms(x)^-1 * <x_h, (q g)_h> per head, in fp64 from the stored
     source; rows below k_lo are left untouched (NaN). bf16 sources use the hi + lo split of q g: fp32 accuracy.
     135 reads: two launches (at most ``SCORE_READS`` reads each), the first with a 128-read tile."""
@@ -617,7 +617,7 @@ def test_v7_scores_match_rmsnorm_dot(D, H, k_lo, Kr, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("D,k_lo,Kr,BT", [(1280, 0, 73, 2048), (1280, 40, 73, 2048), (1024, 0, 49, 4096),
                                           (512, 0, 25, 16384), (1024, 3, 200, 1024)])
-def test_gpu_v7_scores_all_reads(D, k_lo, Kr, BT, dtype):
+def test_gpu_table_scores_all_reads(D, k_lo, Kr, BT, dtype):
     """The scoring kernel at the presets' widths, microbatches and read counts (1B: 73 reads, a 128-read tile
     at head width 160 = 128 + 32, which faulted with 64 tokens x 8 warps per program), and a 100-layer model
     (200 reads: two launches)."""
@@ -644,7 +644,7 @@ def test_gpu_realistic_shapes(N, B, T, D, H, dtype, impl):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("N,B,T,D,H,K", [(12, 2, 2048, 512, 8, 5), (12, 2, 1024, 1280, 8, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_v6_prefix_sharing_realistic(N, B, T, D, H, K, dtype):
+def test_gpu_fused_prefix_sharing_realistic(N, B, T, D, H, K, dtype):
     """Forward prefix sharing at the paper's widths (100M: D=512; 1B: D=1280), several groups, null source."""
     _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=True, with_extra=False, seed=N + K, group=K)
 
@@ -652,7 +652,7 @@ def test_gpu_v6_prefix_sharing_realistic(N, B, T, D, H, K, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_v6_deep(dtype):
+def test_gpu_fused_deep(dtype):
     """1B width with many reads (the write-once kernel loops over up to 25 reads' douts), null + extra."""
     _check_router(1, 512, 1280, 8, n_reads=25, dtype=dtype, with_null=True, with_extra=True, seed=25)
 
@@ -661,7 +661,7 @@ def test_gpu_v6_deep(dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("D,K", [(1280, 4), (1024, 8), (512, 1)])  # 1B (head width 160 = 128 + 32), 350M, 100M
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_v7_deep(D, K, dtype):
+def test_gpu_table_deep(D, K, dtype):
     """The score table (tensor-core scoring, groups of K) at the paper's widths with 25 reads, extra sources."""
     _check_router(1, 512, D, 8, n_reads=25, dtype=dtype, with_null=False, with_extra=True, seed=D + K, group=K,
                   table=True)
@@ -670,7 +670,7 @@ def test_gpu_v7_deep(D, K, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("G,with_null,with_extra,H", [(2, False, False, 4), (3, True, False, 4), (4, True, True, 3),
                                                       (8, False, False, 1), (5, True, False, 2)])
-def test_v6_source_groups(G, with_null, with_extra, H, dtype):
+def test_fused_source_groups(G, with_null, with_extra, H, dtype):
     """Gradients of G consecutive sources from one pass over the later reads' douts (the newest complete, the
     others partial, completed by their first reader): same outputs and gradients as the reference; groups of
     G larger than the reads left, with the null / extra sources, H not a power of two."""
@@ -681,7 +681,7 @@ def test_v6_source_groups(G, with_null, with_extra, H, dtype):
 @pytest.mark.parametrize("D,H,parts", [(1280, 8, (8, 128, 32)), (1280, 16, (16, 64, 16)), (1024, 8, (8, 128, 0)),
                                          (512, 8, (8, 64, 0)), (48, 3, (4, 16, 0)), (24, 8, (8, 2, 1)),
                                          (40, 2, (2, 16, 4)), (112, 1, (1, 64, 64))])
-def test_v6_row_split(D, H, parts):
+def test_fused_row_split(D, H, parts):
     """The kernels hold a head's D / H columns as two power-of-two tiles: the largest power of two and the
     rest (padded only when the rest is not a power of two itself, e.g. 112 = 64 + 48 -> 64)."""
     from mhar.model.routing import _kernels as K
@@ -692,13 +692,13 @@ def test_v6_row_split(D, H, parts):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_v6_source_groups_many_reads(dtype):
+def test_fused_source_groups_many_reads(dtype):
     """A group pass over more reads than one chunk of the read loop (KC = 16): the oldest groups of 4 see 30+
     later reads (3 chunks, the last one partly masked); head width 24 = one masked 32-column part."""
     _check_router(1, 5, 48, 2, n_reads=37, dtype=dtype, with_null=True, with_extra=False, seed=37, source_group=4)
 
 
-def test_v6_source_groups_without_lookahead_fall_back():
+def test_fused_source_groups_without_lookahead_fall_back():
     """Without announced reads no older source qualifies for a group: the plain path, same gradients."""
     launches = fused_mod.LAUNCHES["source_group_bwd"]
     _check_router(1, 7, 32, 2, n_reads=4, dtype=torch.float32, with_null=True, with_extra=False, seed=3,
@@ -707,7 +707,7 @@ def test_v6_source_groups_without_lookahead_fall_back():
 
 
 @pytest.mark.parametrize("max_head,grouped", [(16, False), (24, True)])
-def test_v6_source_groups_only_up_to_max_head(max_head, grouped, monkeypatch):
+def test_fused_source_groups_only_up_to_max_head(max_head, grouped, monkeypatch):
     """Heads wider than SOURCE_GROUP_MAX_HEAD columns (24 here) take the per-source pass (no group launch; the
     group kernel spills registers at such widths), heads up to it are grouped; same gradients either way."""
     monkeypatch.setattr(fused_mod, "SOURCE_GROUP_MAX_HEAD", max_head)
@@ -731,9 +731,10 @@ def test_loop_kernels_autotune_per_loop_length(impl_kwargs, monkeypatch):
     from collections import defaultdict
 
     from mhar.model.routing import _kernels as K
-    loops = {K._fwd6_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]),
-             K._fwd7_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]),
-             K._prefix6_kernel: ("NB", lambda a: a["n_buf"]), K._prefix7_kernel: ("NB", lambda a: a["n_buf"]),
+    loops = {K._route_fwd_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]),
+             K._route_fwd_table_kernel: ("NB", lambda a: a["n_buf"] - a["lo"]),
+             K._prefix_fwd_kernel: ("NB", lambda a: a["n_buf"]),
+             K._prefix_fwd_table_kernel: ("NB", lambda a: a["n_buf"]),
              K._src_bwd_kernel: ("JB", lambda a: a["k_hi"] - a["k_lo"]),
              K._src_group_bwd_kernel: ("JB", lambda a: -(-(a["k_hi"] - a["k_lo"]) // 16))}
     for kernel, (name, _) in loops.items():
@@ -755,7 +756,7 @@ def test_loop_kernels_autotune_per_loop_length(impl_kwargs, monkeypatch):
     _check_router(1, 2, 16, 2, n_reads=20, dtype=torch.float32, with_null=False, with_extra=False, seed=20,
                   source_group=impl_kwargs["source_group"], group=impl_kwargs["group"],
                   table=impl_kwargs.get("table", False))
-    fwd = "_fwd7_kernel" if impl_kwargs.get("table") else "_fwd6_kernel"
+    fwd = "_route_fwd_table_kernel" if impl_kwargs.get("table") else "_route_fwd_kernel"
     assert len(seen[fwd]) >= 2 and len(seen["_src_bwd_kernel"]) >= 2, dict(seen)
 
 
@@ -771,7 +772,7 @@ def test_benchmarks_log_the_tuned_configurations(monkeypatch):
         st = router.append(st, torch.randn(1, 3, 16, device=DEV))
     router.read(st, torch.randn(16, device=DEV), torch.ones(16, device=DEV), 2)
     lines = tuned_lines(seen)
-    assert any(line.startswith("TUNED fwd7 (16, 2, 8,") and "BLOCK_T" in line for line in lines), lines
+    assert any(line.startswith("TUNED route_fwd_table (16, 2, 8,") and "BLOCK_T" in line for line in lines), lines
     assert tuned_lines(seen) == []
 
 
@@ -780,14 +781,14 @@ def test_router_arguments_checked():
     the router's arguments are checked."""
     r = get_router("fused")
     assert isinstance(r, fused_mod.FusedRouter) and r.name == "fused"
-    assert (r.table, r.group, r.source_group) == (True, fused_mod.V7_GROUP, fused_mod.SOURCE_GROUP) == (True, 4, 8)
+    assert (r.table, r.group, r.source_group) == (True, fused_mod.READ_GROUP, fused_mod.SOURCE_GROUP) == (True, 4, 8)
     for kw in (dict(source_group=0), dict(source_group=1.5), dict(group=0), dict(group=True)):
         with pytest.raises(ValueError, match=next(iter(kw))):
             fused_mod.FusedRouter(**kw)
 
 
 @pytest.mark.parametrize("table", [False, True])
-def test_v6_buffers_freed_after_backward_without_gc(table):
+def test_fused_buffers_freed_after_backward_without_gc(table):
     """Once a forward's backward has run and the caller drops its tensors, the router's source and dout buffers
     are freed by reference counting alone (a reference cycle through the read chain kept one set per training
     step alive until Python's garbage collector ran); the score table is dropped by the backward itself."""
@@ -825,13 +826,13 @@ def test_v6_buffers_freed_after_backward_without_gc(table):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])  # 1B (head width 160, padded to 256), 350M
 @pytest.mark.parametrize("source_group", [1, 8])
-def test_gpu_v6_every_launch_config(D, H, source_group, monkeypatch):
+def test_gpu_fused_every_launch_config(D, H, source_group, monkeypatch):
     """Each launch configuration the autotuner may pick for the forward / write-once backward (BLOCK_T x
     warps x pipeline stages), or with ``source_group`` for the source-group kernel, gives the reference's
     outputs and gradients (the tuned runs only exercise the fastest one)."""
     from mhar.model.routing import _kernels as K
 
-    forced = (K._fwd6_kernel, K._src_bwd_kernel) if source_group == 1 else (K._src_group_bwd_kernel,)
+    forced = (K._route_fwd_kernel, K._src_bwd_kernel) if source_group == 1 else (K._src_group_bwd_kernel,)
     configs = K._loop_configs(full=True) if source_group == 1 else K._group_configs(full=True)
     _each_launch_config(monkeypatch, forced, configs, D, H, with_null=True, source_group=source_group)
 
@@ -862,22 +863,23 @@ def _each_launch_config(monkeypatch, forced, configs, D, H, **check):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("D,H", [(1280, 8), (1024, 8)])
-@pytest.mark.parametrize("which", ["fwd7", "prefix7"])
-def test_gpu_v7_every_launch_config(D, H, which, monkeypatch):
+@pytest.mark.parametrize("which", ["route_fwd_table", "prefix_fwd_table"])
+def test_gpu_table_every_launch_config(D, H, which, monkeypatch):
     """Each launch configuration the autotuner may pick for the table forward and gradient kernels (table reads),
     or for the prefix kernel (groups of 4), gives the reference's outputs and gradients."""
     from mhar.model.routing import _kernels as K
 
-    forced = (K._fwd7_kernel, K._src_bwd_kernel) if which == "fwd7" else (K._prefix7_kernel,)
-    configs = K._loop_configs(full=True) if which == "fwd7" else K._prefix7_configs(full=True)
-    _each_launch_config(monkeypatch, forced, configs, D, H, with_null=False, group=4 if which == "prefix7" else None,
+    table = which == "route_fwd_table"
+    forced = (K._route_fwd_table_kernel, K._src_bwd_kernel) if table else (K._prefix_fwd_table_kernel,)
+    configs = K._loop_configs(full=True) if table else K._prefix_table_configs(full=True)
+    _each_launch_config(monkeypatch, forced, configs, D, H, with_null=False, group=None if table else 4,
                         table=True)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_v6_source_groups_deep(dtype):
+def test_gpu_fused_source_groups_deep(dtype):
     """Source groups of 8 at 1B width with many reads (group passes over 17 reads: two chunks), null + extra."""
     _check_router(1, 512, 1280, 8, n_reads=25, dtype=dtype, with_null=True, with_extra=True, seed=26,
                   source_group=8)
@@ -1032,7 +1034,7 @@ def test_launch_passes_pdl_to_the_kernels_that_wait(monkeypatch):
             return lambda *a, **kw: seen.append(kw)
 
     names = {k.fn.__name__ for k in K._PDL_KERNELS}
-    assert {"_append_kernel", "_fwd7_kernel", "_prefix7_kernel", "_stash_kernel", "_src_bwd_kernel",
+    assert {"_append_kernel", "_route_fwd_table_kernel", "_prefix_fwd_table_kernel", "_stash_kernel", "_src_bwd_kernel",
             "_src_group_bwd_kernel"} <= names
     fake, other = Fake(), Fake()
     monkeypatch.setattr(K, "_PDL_KERNELS", (fake,))

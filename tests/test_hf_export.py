@@ -167,7 +167,24 @@ def loaded(exports, tmp_path_factory):
         batch = tok(prompts, return_tensors="pt", padding=True)
         gen = model.generate(**batch, max_new_tokens={NEW_TOKENS}, do_sample=False)
         single = model.generate(**tok(prompts[0], return_tensors="pt"), max_new_tokens={NEW_TOKENS}, do_sample=False)
+        tok.padding_side = "right"
+        right = tok(prompts, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            padded = model(**right).logits
+            alone = [model(**tok(p, return_tensors="pt")).logits[0] for p in prompts]
+            holed = right["attention_mask"].clone()
+            holed[0, 1] = 0
+            try:
+                model(input_ids=right["input_ids"], attention_mask=holed)
+                refused = ""
+            except ValueError as e:
+                refused = str(e)
+        right_diff = max(((padded[i, :len(a)] - a).abs().max() / a.abs().max()).item() for i, a in enumerate(alone))
+        tok.padding_side = "left"
+        beams = [model.generate(**batch, max_new_tokens=6, num_beams=3, num_return_sequences=2, use_cache=c)
+                 for c in (True, False)]
         res[label] = {{"class": type(model).__name__, "module": type(model).__module__,
+                       "beams": [torch.equal(*beams), beams[0].shape[0]], "right": [right_diff, refused],
                        "batch": gen[:, batch["input_ids"].shape[1]:].tolist(),
                        "single": single[0, len(prompts[0].encode()):].tolist(),
                        "encode": [tok(p)["input_ids"] for p in prompts + ["é<|endoftext|>"]],
@@ -229,6 +246,10 @@ def test_greedy_generation_with_the_kv_cache_equals_the_harness(exports, loaded)
         theirs = [until_eos(row) for row in res[label]["batch"]]
         assert theirs == ours, label
         assert until_eos(res[label]["single"]) == ours[0], label
+        assert res[label]["beams"] == [True, 2 * len(PROMPTS)], label  # beam search reorders the cached rows
+        diff, refused = res[label]["right"]  # a right-padded batch: each row's logits as alone (relative diff)
+        assert diff <= 1e-5, (label, diff)
+        assert label.startswith("baseline") or "contiguous" in refused, (label, refused)  # ours refuse a hole
         assert sum(len(set(o)) for o in ours) > 3, label  # generations are not one repeated token
 
 
@@ -420,11 +441,15 @@ def test_the_shipped_files_import_only_each_other_and_installed_packages(exports
                     assert node.module in kernels, f"{label}/{name}: from {node.module}"
                 elif isinstance(node, ast.Import):
                     assert all(a.name.split(".")[0] != "mhar" for a in node.names), f"{label}/{name}"
-    mine = ex[TOY]["hf"] / "mhar_model_transformer.py"
-    original = (ROOT / "mhar" / "model" / "transformer.py").read_text()
-    import re
-    assert re.sub(r"from \.mhar_(\w+) import", lambda m: "from mhar." + m.group(1).replace("_", ".") + " import",
-                  mine.read_text()) == original
+    for theirs, ours in (("mhar_model_transformer.py", "mhar/model/transformer.py"),
+                         ("tests_toy_variant.py", "tests/toy_variant.py")):
+        shipped_lines = (ex[TOY]["hf"] / theirs).read_text().splitlines()
+        original = (ROOT / ours).read_text().splitlines()
+        assert len(shipped_lines) == len(original), theirs
+        for a, b in zip(shipped_lines, original):  # verbatim, but `from mhar.x.y import` -> `from .mhar_x_y import`
+            if a != b:
+                module = b.split()[1]
+                assert module.startswith("mhar.") and a == b.replace(f"from {module} ", f"from .{module.replace('.', '_')} ")
     assert "tests_toy_variant.py" in ex[TOY]["report"]["shipped"]
     assert "tests_toy_variant.py" not in ex["mhar"]["report"]["shipped"]
 

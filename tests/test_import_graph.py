@@ -116,3 +116,133 @@ def test_workflow_scripts_import_names_that_exist():
                          env={**__import__("os").environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'workflow' / 'scripts'}"})
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == []
+
+
+# --- import cycles -----------------------------------------------------------------------------------------
+# Every import between the project's modules counts, function-level ones included: a lazy import may avoid a
+# heavy optional third-party dependency (transformers, lm_eval, triton, ...), never a project module's cycle.
+CYCLE_PACKAGES = ("mhar", "eval")
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    """Lines of ``if TYPE_CHECKING:`` blocks (annotations only: never executed)."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for sub in node.body:
+                lines.update(range(sub.lineno, (sub.end_lineno or sub.lineno) + 1))
+    return lines
+
+
+def import_graph(root: Path, packages=CYCLE_PACKAGES) -> dict[str, dict[str, int]]:
+    """module -> {imported project module: line}; an imported name resolves to the longest module prefix
+    (``from mhar.model.residuals import register`` -> mhar.model.residuals). No edge to parent packages."""
+    paths = {module_name(p, root): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
+    graph: dict[str, dict[str, int]] = {}
+    for mod, path in paths.items():
+        skip = _type_checking_lines(ast.parse(path.read_text(), filename=str(path)))
+        edges = graph.setdefault(mod, {})
+        for line, name in imported_modules(path, root):
+            parts = name.split(".")
+            target = next((".".join(parts[:k]) for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in paths),
+                          None)
+            if target is not None and target != mod and line not in skip:
+                edges.setdefault(target, line)
+    return graph
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (modules, first repeated at the end) per strongly connected component of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    comps: list[set[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    cycles = []
+    for comp in comps:  # the shortest way back to the component's first module
+        start = min(comp)
+        prev: dict[str, str] = {}
+        frontier = [start]
+        while frontier and start not in prev:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v]):
+                    if w in comp and w not in prev:
+                        prev[w] = v
+                        nxt.append(w)
+            frontier = nxt
+        path = [start]
+        while True:
+            path.append(prev[path[-1]])
+            if path[-1] == start:
+                break
+        cycles.append(path[::-1])
+    return sorted(cycles)
+
+
+def cycle_text(graph: dict[str, dict[str, int]], cycle: list[str]) -> str:
+    return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
+
+
+def test_checker_finds_function_level_cycles(tmp_path):
+    (tmp_path / "mhar" / "sub").mkdir(parents=True)
+    (tmp_path / "eval").mkdir()
+    files = {
+        "mhar/__init__.py": "", "mhar/sub/__init__.py": "", "eval/__init__.py": "",
+        "mhar/a.py": "from mhar.sub import b\nimport json\n",
+        "mhar/sub/b.py": "def f():\n    from mhar.a import g\n",  # function-level: counts
+        "mhar/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mhar.d import X\n",
+        # annotations-only and third-party imports: no cycle
+        "mhar/d.py": "from mhar.c import Y\ndef f():\n    import triton\n",
+        "eval/e.py": "from mhar.a import g\nfrom . import f\n", "eval/f.py": "def h():\n    from eval.e import x\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).write_text(text)
+    graph = import_graph(tmp_path)
+    cycles = import_cycles(graph)
+    assert cycles == [["eval.e", "eval.f", "eval.e"], ["mhar.a", "mhar.sub.b", "mhar.a"]]
+    assert cycle_text(graph, cycles[1]) == "mhar.a (line 1) -> mhar.sub.b (line 2) -> mhar.a"
+
+
+def _cycles_text(cycles: list[list[str]], graph) -> str:
+    return "import cycles:\n" + "\n".join(cycle_text(graph, c) for c in cycles)
+
+
+def test_model_package_has_no_import_cycles():
+    graph = import_graph(ROOT)
+    cycles = [c for c in import_cycles(graph) if any(m.startswith("mhar.model") for m in c)]
+    assert cycles == [], _cycles_text(cycles, graph)
+
+
+# Cycles outside mhar/model are being removed in parallel branches: eval/adapter <-> eval/run and
+# eval/tables <-> eval/cpt (h6, analysis), mhar/hf (h2, export). The lead removes this mark when they are merged.
+@pytest.mark.xfail(strict=False, reason="cycles outside mhar/model: eval/ (h6), mhar/hf (h2)")
+def test_no_import_cycles():
+    graph = import_graph(ROOT)
+    cycles = import_cycles(graph)
+    assert cycles == [], _cycles_text(cycles, graph)

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from mhar.model.config import model_config
-from mhar.model.inference import (Decoder, InferenceRouter, Scorer, batch_bucket, score_length_bucket, traceable_router,
-                            use_router)
+from mhar.model.inference import Decoder, Scorer, batch_bucket, score_length_bucket, use_router
 from mhar.model.transformer import KVCache, build_model
 from mhar.model.residuals import RESIDUALS
-from mhar.model.routing import route_reference
+from mhar.model.routing import DecodeRouter, route_reference, routing_traceable
 
 torch.set_num_threads(1)
 VOCAB = 257
@@ -40,7 +39,7 @@ def _contexts(seed: int, lengths=(5, 12, 1, 8, 3)):
 # --- the routing of the decode steps ---------------------------------------------------------------------
 @pytest.mark.parametrize("H,null,extra,dtype", [(1, False, False, torch.float32), (4, True, True, torch.float32),
                                                 (8, False, True, torch.float32), (4, True, False, torch.bfloat16)])
-def test_inference_router_equals_reference(H, null, extra, dtype):
+def test_decode_router_equals_reference(H, null, extra, dtype):
     g = torch.Generator().manual_seed(H)
     B, T, D, N = 3, 2, 32, 5
     srcs = [torch.randn(B, T, D, generator=g).to(dtype) * (1 + i) for i in range(N)]
@@ -51,7 +50,7 @@ def test_inference_router_equals_reference(H, null, extra, dtype):
     ref, ref_w = route_reference(torch.stack(srcs + ([ex] if extra else [])), q, w, H, 1e-6, return_weights=True)
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     for kernel in (False, True):  # the PyTorch expression; the Triton decode kernel (interpreter on CPU)
-        r = InferenceRouter(kernel=kernel)
+        r = DecodeRouter(kernel=kernel)
         st = r.init(srcs[0], capacity=N + 2)
         for s in srcs[1:]:
             st = r.append(st, s)
@@ -71,7 +70,7 @@ def test_inference_router_equals_reference(H, null, extra, dtype):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_decode_state_equals_full_forward(variant):
     """Prefill of ragged right-padded rows, then steps through the static cache with the decode router
-    (InferenceRouter: this position's sources only) == the full forward of each row at those positions."""
+    (DecodeRouter: this position's sources only) == the full forward of each row at those positions."""
     model = _model(variant)
     g = torch.Generator().manual_seed(2)
     full = [torch.randint(0, VOCAB, (n,), generator=g) for n in (13, 9, 11)]
@@ -85,7 +84,7 @@ def test_decode_state_equals_full_forward(variant):
         model.hidden(ids, cache, ctx_len)
         assert cache.k[0].shape[2] == 16 and cache.pos.tolist() == ctx_len.tolist()
         pos = ctx_len.clone()
-        with use_router(model, InferenceRouter()):
+        with use_router(model, DecodeRouter()):
             for width in (1, 1, 2):
                 step = torch.stack([full[r][pos[r]: pos[r] + width] for r in range(3)])
                 h = model.hidden(step, cache)
@@ -223,7 +222,7 @@ def test_scoring_compiled_equals_eager(variant):
 def test_whole_model_traces_without_graph_breaks(variant):
     """Every variant (eager routing) compiles as one graph: the scoring forward and the decode step."""
     model = _model(variant)
-    assert traceable_router(model)
+    assert routing_traceable(model, torch.device("cpu"))
     ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(9))
     with torch.no_grad():
         ex = torch._dynamo.explain(model.hidden)(ids)
@@ -234,14 +233,13 @@ def test_whole_model_traces_without_graph_breaks(variant):
 @pytest.mark.parametrize("variant", ["mhar", "block_attnres", "mhar_delta"])
 def test_whole_model_scoring_with_the_fused_router_traces_through_the_custom_op(variant, monkeypatch):
     """A router dynamo cannot trace (the fused one; here a stand-in that fails when traced) is replaced in a
-    `whole` compile by InferenceRouter with the custom op mhar::decode_read (Triton interpreter on CPU):
+    `whole` compile by DecodeRouter with the custom op mhar::decode_read (Triton interpreter on CPU):
     fullgraph (no graph break), the eager per-sample log-likelihoods."""
-    import mhar.model.inference as inf
+    import mhar.model.inference.scoring as scoring
     model = _model(variant)
     ids = torch.randint(0, VOCAB, (2, 21), generator=torch.Generator().manual_seed(23))
     ref = Scorer(model, compile=False).sequence_logprobs(ids)
-    monkeypatch.setattr(inf, "traceable_router", lambda m: False)  # as for routing_impl fused
-    monkeypatch.setattr(inf, "_kernel_available", lambda dev: True, raising=False)
+    monkeypatch.setattr(scoring, "routing_traceable", lambda m, dev: False)  # as for routing_impl fused
     sc = Scorer(model, compile="whole", backend="aot_eager")
     assert sc._whole_router() is not None
     torch.testing.assert_close(sc.sequence_logprobs(ids), ref, rtol=1e-5, atol=1e-4)

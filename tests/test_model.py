@@ -173,8 +173,8 @@ def test_paper_scale_names():
 def test_presets_cli(capsys):
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "mhar.model.preset_table"], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "mhar.model.preset_table"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout.splitlines()
     assert all(c in out[0] for c in COLUMNS)

@@ -7,11 +7,12 @@ from benchmarks import profile_step as ps
 def test_every_router_kernel_is_found_and_categorised():
     names = ps._routing_kernel_names()
     from mhar.model.routing import _kernels
-    assert "_fwd7_kernel" in names and "_src_group_bwd_kernel" in names
+    assert "_route_fwd_table_kernel" in names and "_src_group_bwd_kernel" in names
     for n in names:
         assert hasattr(getattr(_kernels, n), "run")  # a Triton kernel (JITFunction / Autotuner)
         assert ps.kernel_category(n, names) == f"routing: {n}"
-    assert ps.kernel_category("_fwd7_kernel") != "routing: _fwd7_kernel"  # only names given as routing
+    # only names given as routing
+    assert ps.kernel_category("_route_fwd_table_kernel") != "routing: _route_fwd_table_kernel"
 
 
 @pytest.mark.parametrize("name,cat", [
@@ -25,24 +26,24 @@ def test_every_router_kernel_is_found_and_categorised():
     ("some_unknown_kernel", "other"),
 ])
 def test_kernel_categories(name, cat):
-    assert ps.kernel_category(name, ("_fwd7_kernel",)) == cat
+    assert ps.kernel_category(name, ("_route_fwd_table_kernel",)) == cat
 
 
 def test_category_table_sums_and_differences():
     r = {"baseline": {"wall_ms": 10.0, "kernels": {"nvjet_gemm_a": [6.0, 3], "triton_poi_fused_add_0": [2.0, 4]}},
          "mhar": {"wall_ms": 11.5, "kernels": {"nvjet_gemm_a": [6.1, 3], "triton_per_fused_mul_1": [1.0, 2],
-                                                "_fwd7_kernel": [1.5, 49], "_score_kernel": [0.5, 49]}}}
-    routing = ("_fwd7_kernel", "_score_kernel")
+                                                "_route_fwd_table_kernel": [1.5, 49], "_score_kernel": [0.5, 49]}}}
+    routing = ("_route_fwd_table_kernel", "_score_kernel")
     cats = ps.by_category(r["mhar"]["kernels"], routing)
-    assert cats == pytest.approx({"gemm": 6.1, "inductor fused": 1.0, "routing: _fwd7_kernel": 1.5,
+    assert cats == pytest.approx({"gemm": 6.1, "inductor fused": 1.0, "routing: _route_fwd_table_kernel": 1.5,
                                   "routing: _score_kernel": 0.5})
     rows = {line.split("  ")[1].strip(): line.split() for line in ps.category_table(r, routing).splitlines()[1:]}
-    assert float(rows["routing: _fwd7_kernel"][-1]) == pytest.approx(1.5)  # d = mhar - baseline
+    assert float(rows["routing: _route_fwd_table_kernel"][-1]) == pytest.approx(1.5)  # d = mhar - baseline
     assert float(rows["inductor fused"][-1]) == pytest.approx(-1.0)
     assert float(rows["all kernels"][-3]) == pytest.approx(8.0) and float(rows["all kernels"][-1]) == pytest.approx(1.1)
     assert float(rows["wall"][-1]) == pytest.approx(1.5)
     first = ps.category_table(r, routing).splitlines()[1]
-    assert first.strip().startswith("routing: _fwd7_kernel")  # largest difference first
+    assert first.strip().startswith("routing: _route_fwd_table_kernel")  # largest difference first
 
 
 def test_launch_sites_groups_matching_launches_by_operator_shapes_and_stack():

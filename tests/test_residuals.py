@@ -20,15 +20,23 @@ from mhar.model.config import ConfigError, model_config
 from mhar.model.transformer import Transformer, build_model
 from mhar.model.residuals import RESIDUALS, build_residual, register, variant_names
 
+# Variants registered from test modules join every registry-wide test below, as a user's variant would: a
+# non-routed one (toy_gated) and a routed one (toy_routed). The tests choose by class property, never by name.
+import tests.toy_routed  # noqa: F401
+import tests.toy_variant  # noqa: F401
+
 B, T = 2, 7  # T odd on purpose
 VOCAB = 257
 
-# (variant, extra residual config) for every registered variant; hyper in both forms.
-# `debug` has 2 layers (4 sublayers): the defaults blocks=8 and delta_block_layers=4 do not fit it.
+# (variant, extra residual config) for every registered variant; hyper in both forms; a variant whose head
+# count shows in its name (``shows_heads``) also with H=4. `debug` has 2 layers (4 sublayers): the defaults
+# blocks=8 and delta_block_layers=4 do not fit it.
 _DEBUG_EXTRA = {"block_attnres": {"blocks": 2}, "mhar_delta": {"delta_block_layers": 1, "heads": 4}}
-ALL_VARIANTS = [(v, _DEBUG_EXTRA.get(v, {})) for v in sorted(RESIDUALS)] + [
-    ("hyper", {"hyper_dynamic": False}), ("mhar", {"heads": 4})]
-ROUTED = [("attnres", {}), ("mhar", {"heads": 4}), ("block_attnres", {"blocks": 2}), ("mhar_hw", {})]
+ALL_VARIANTS = [(v, _DEBUG_EXTRA.get(v, {})) for v in sorted(RESIDUALS)] + [("hyper", {"hyper_dynamic": False})] + [
+    (v, {**_DEBUG_EXTRA.get(v, {}), "heads": 4}) for v in sorted(RESIDUALS)
+    if RESIDUALS[v].shows_heads and "heads" not in _DEBUG_EXTRA.get(v, {})]
+ROUTED_VARIANTS = [(v, e) for v, e in ALL_VARIANTS if RESIDUALS[v].routed]
+UNROUTED_VARIANTS = [(v, e) for v, e in ALL_VARIANTS if not RESIDUALS[v].routed]
 
 
 def _ids(seed: int = 0, b: int = B, t: int = T) -> torch.Tensor:
@@ -281,8 +289,7 @@ def test_causal_every_variant(variant, extra):
 
 
 # --- routed variants -----------------------------------------------------------------
-@pytest.mark.parametrize("variant,extra", [(v, e) for v, e in ALL_VARIANTS if v not in ("baseline", "hyper")],
-                         ids=lambda x: str(x) if not isinstance(x, dict) else "")
+@pytest.mark.parametrize("variant,extra", ROUTED_VARIANTS, ids=lambda x: str(x) if not isinstance(x, dict) else "")
 def test_zero_init_routing_is_exactly_uniform(variant, extra):
     model = _model(variant, **extra)
     out = model(_ids(), collect_routing=True)
@@ -292,7 +299,7 @@ def test_zero_init_routing_is_exactly_uniform(variant, extra):
         assert torch.equal(w, torch.full_like(w, 1.0 / w.shape[-1])), site
 
 
-@pytest.mark.parametrize("variant,extra", [("baseline", {}), ("hyper", {})])
+@pytest.mark.parametrize("variant,extra", UNROUTED_VARIANTS, ids=lambda x: str(x) if not isinstance(x, dict) else "")
 def test_unrouted_variants_log_nothing(variant, extra):
     assert _model(variant, **extra)(_ids(), collect_routing=True).routing == {}
 

@@ -13,7 +13,8 @@ import torch
 import mhar.model.routing.routers as R
 from mhar.model.config import ROUTING_IMPLS, model_config
 from mhar.model.transformer import build_model
-from mhar.model.routing import AutoRouter, EagerRouter, check_kernel_env, get_router, names, resolve_routing_impl
+from mhar.model.routing import (AutoRouter, DecodeRouter, EagerRouter, check_kernel_env, get_router, names,
+                                resolve_routing_impl, routing_traceable)
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the fused kernels run: the GPU, else the CPU under the Triton interpreter (conftest.py), where ``auto``
@@ -35,6 +36,20 @@ def test_auto_is_fused_on_cuda_with_triton_and_eager_elsewhere(monkeypatch):
     with pytest.raises(ValueError, match="auto, eager, compile, fused"):
         resolve_routing_impl("fused_v7_sg8", "cuda")
     assert set(ROUTING_IMPLS) == {"auto", "eager", "compile", "fused"}
+
+
+def test_traceable_is_one_router_property(monkeypatch):
+    """Whether dynamo traces a model's routing is each router's ``traceable_on(device)``: the reference routers
+    and the decode router yes, the fused one no, ``auto`` as the router it picks there; no router: yes."""
+    monkeypatch.setattr(names, "triton_available", lambda: True)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert get_router("eager").traceable_on(cuda) and get_router("compile").traceable_on(cuda)
+    assert DecodeRouter(kernel=False).traceable_on(cpu) and not get_router("fused").traceable_on(cpu)
+    auto = get_router("auto")
+    assert auto.traceable_on(cpu) and not auto.traceable_on(cuda)
+    baseline = build_model(model_config("debug"))
+    routed = build_model(model_config("debug", residual={"variant": "mhar", "heads": 4, "routing_impl": "fused"}))
+    assert routing_traceable(baseline, cuda) and not routing_traceable(routed, cpu)
 
 
 def _routed(router, x, qs, gs, H=2):

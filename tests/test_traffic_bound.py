@@ -86,7 +86,7 @@ def test_unit_bytes_and_bounds():
 
 def test_fused_config_is_what_the_router_runs():
     """The byte model's options for routing_impl fused are the router's: table (none with a null source), forward
-    groups of V7_GROUP, source groups up to SOURCE_GROUP_MAX_HEAD columns per head (H = 4 at 350M: no groups)."""
+    groups of READ_GROUP, source groups up to SOURCE_GROUP_MAX_HEAD columns per head (H = 4 at 350M: no groups)."""
     from mhar.model.routing.fused import FusedRouter
     r = FusedRouter()
     assert tb.fused_config(8, 1280) == dict(group=r.group, table=r.table, source_group=r.source_group)
@@ -127,7 +127,7 @@ def test_source_group_dout_passes_by_hand():
     assert b2 - b1 == -4 * E * 2 + 4 * (5 * E * 2 + (E // D) * 4 + 2 * (E // D) * 2 * 4)
 
 
-def test_v7_table_bytes_by_hand():
+def test_table_table_bytes_by_hand():
     """The score table's bytes: five reads over 1..5 sources. Scoring reads each source and
     its sums of squares once and writes one fp32 row of H per token for every read that sees it; a read then
     reads two rows per source (the max, the mix) instead of the sums of squares; the gradient kernel one row per

@@ -91,7 +91,8 @@ def data_of(cfg, size):
 
     over = (cfg.get("size_overrides") or {}).get(size) or {}
     data = {**(cfg["train"].get("data") or {}), **(over.get("data") or {})}
-    model = {**(PRESETS[size].model if size in PRESETS else {}), **(cfg["train"].get("model") or {}), **(over.get("model") or {})}
+    preset = PRESETS[size].model if size in PRESETS else {}
+    model = {**preset, **(cfg["train"].get("model") or {}), **(over.get("model") or {})}
     return json.dumps({k: v for k, v in data.items() if k not in ("seed", "cache_dir", "data_dir")}, sort_keys=True), \
         model.get("vocab_size")
 

@@ -4,8 +4,9 @@
     python -m mhar import-hf HF_DIR_OR_HUB_NAME --out MODEL_PT [--tokenizer SPEC] [--no-check]
 
 * :mod:`mhar.hf.export`: safetensors + config + generation config + tokenizer files + model card; the
-  baseline as a stock ``Qwen3ForCausalLM`` / ``LlamaForCausalLM``, every routed variant with
-  ``modeling_mhar.py`` (:mod:`mhar.hf.modeling_mhar`, self-contained) via ``auto_map``.
+  baseline as a stock ``Qwen3ForCausalLM`` / ``LlamaForCausalLM``, every other variant with
+  ``modeling_mhar.py`` (:mod:`mhar.hf.modeling_mhar`, a ``transformers`` wrapper over the harness's
+  ``Transformer``) via ``auto_map`` and the model package's own modules beside it (:mod:`mhar.hf.ship`).
 * :mod:`mhar.hf.importer`: our exports (identical weights), stock Qwen3 / Llama, and the authors'
   Qwen3-AttnRes checkpoints (:mod:`mhar.hf.authors`).
 * :mod:`mhar.hf.names`: the weight-name and config-field map shared by both directions.

@@ -23,7 +23,7 @@ def export_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer spec to write (default: the one stored in model.pt)")
     p.add_argument("--no-check", action="store_true", help="skip reloading the export and comparing its logits")
     a = p.parse_args(argv)
-    from mhar.hf.export import ExportError, export_hf
+    from mhar.hf.export import ExportError, export_hf  # torch and transformers: once the arguments parse
 
     try:
         rep = export_hf(a.src, a.out, tokenizer=a.tokenizer, check=not a.no_check)
@@ -46,7 +46,7 @@ def import_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--revision", default=None, help="hub revision (hub names only)")
     p.add_argument("--no-check", action="store_true", help="skip the logits comparison with transformers' model")
     a = p.parse_args(argv)
-    from mhar.hf.importer import ImportHFError, import_hf
+    from mhar.hf.importer import ImportHFError, import_hf  # torch and transformers: once the arguments parse
 
     try:
         rep = import_hf(a.src, a.out, tokenizer=a.tokenizer, check=not a.no_check, revision=a.revision)

@@ -26,23 +26,31 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
+import yaml
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen3Config
+from transformers.utils import HF_MODULES_CACHE
+from transformers.utils import logging as hf_logging
 
 from mhar.runs.checkpoint import MODEL_FILE, CheckpointError, _pid_alive, file_sha256, load_model, read_checkpoint
 from mhar.model.config import ModelConfig, stored_routing_impl, to_dict
 from mhar.model.residuals import display_record
 from mhar.model.transformer import Transformer
-from mhar.hf import ship
+from mhar.hf.ship import ENTRY_FILE, ShipError, write_shipped
 from mhar.hf.modeling_mhar import MharConfig
 from mhar.hf.names import hf_common_fields, mhar_config_fields, to_hf_state_dict
+from mhar.hf.tokenizer_files import write_tokenizer
+from mhar.runs.provenance import collect_provenance
 
 FORMAT = "mhar-hf-v1"
 WEIGHTS_FILE = "model.safetensors"
-MODELING_FILE = ship.ENTRY_FILE + ".py"
+MODELING_FILE = ENTRY_FILE + ".py"
 CHECK_TOL = 1e-5  # accepted max |logits difference| / max(1, max |logit|) in fp32 (measured: 0 for the same ops)
 AUTO_MAP = {"AutoConfig": "modeling_mhar.MharConfig", "AutoModelForCausalLM": "modeling_mhar.MharForCausalLM"}
 
@@ -74,8 +82,6 @@ def source_info(src: Path) -> dict:
     if summary is not None:
         info["summary"] = summary
     if (run_dir / "config.yaml").is_file():
-        import yaml
-
         try:
             info["run_config"] = yaml.safe_load((run_dir / "config.yaml").read_text())
         except yaml.YAMLError:
@@ -96,8 +102,6 @@ def _hf_config(cfg: ModelConfig, tok: dict, meta: dict):
         hf_cfg = MharConfig(**mhar_config_fields(cfg), **ids, mhar=meta, dtype="float32")
         hf_cfg.auto_map = dict(AUTO_MAP)
     else:
-        from transformers import LlamaConfig, Qwen3Config
-
         scaling = {"rope_type": "llama3", **cfg.rope_scaling} if cfg.rope_scaling else None
         # legacy keywords rope_theta / rope_scaling: understood by transformers 4.x and 5.x alike
         kw = dict(hf_common_fields(cfg), rope_theta=cfg.rope_theta, rope_scaling=scaling, attention_bias=False,
@@ -109,8 +113,6 @@ def _hf_config(cfg: ModelConfig, tok: dict, meta: dict):
 
 
 def _generation_config(tok: dict):
-    from transformers import GenerationConfig
-
     kw = {k: tok[k] for k in ("bos_token_id", "eos_token_id") if tok.get(k) is not None}
     if tok.get("eos_token_id") is not None:
         kw["pad_token_id"] = tok["eos_token_id"]
@@ -145,8 +147,9 @@ def model_card(cfg: ModelConfig, report: dict) -> str:
              "Residuals\" (arXiv:2607.27230). "
              + ("A plain pre-norm decoder: it loads as the stock "
                 f"`{arch}`, no remote code." if not remote else
-                f"The residual variant `{r.variant}` is defined in `{MODELING_FILE}` (shipped here, pure PyTorch; "
-                "it uses the `mhar` package's fused kernels on a GPU when `mhar` is installed)."), "",
+                f"`{MODELING_FILE}` and the `mhar_*.py` files beside it are the harness's own model modules (pure "
+                f"PyTorch; the residual variant `{r.variant}` among them); on a GPU with the `mhar` package "
+                "installed the routing uses its fused kernels."), "",
              "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
              f"model = AutoModelForCausalLM.from_pretrained(PATH{', trust_remote_code=True' if remote else ''})",
              f"tok = AutoTokenizer.from_pretrained(PATH{', trust_remote_code=True' if remote else ''})",
@@ -197,8 +200,6 @@ def model_card(cfg: ModelConfig, report: dict) -> str:
     else:
         lines.append("Not checked (`--no-check`).")
     if run_cfg:
-        import yaml
-
         lines += ["", "<details><summary>Resolved run config</summary>", "", "```yaml",
                   yaml.safe_dump(run_cfg, sort_keys=False).rstrip(), "```", "", "</details>"]
     return "\n".join(lines) + "\n"
@@ -212,25 +213,31 @@ def _clean_stale(out: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _remove_module_copy(module: str) -> None:
+    """Remove the folder transformers copied a remote-code module into (under its modules cache)."""
+    folder = Path(sys.modules[module].__file__).parent
+    cache = Path(HF_MODULES_CACHE).resolve()
+    if cache in folder.resolve().parents:
+        shutil.rmtree(folder, ignore_errors=True)
+        if {p.name for p in folder.parent.iterdir()} <= {"__init__.py", "__pycache__"}:
+            shutil.rmtree(folder.parent, ignore_errors=True)  # the temporary folder's name: nothing else under it
+
+
 @torch.no_grad()
 def check_export(model: Transformer, folder: Path, seed: int = 0) -> dict:
     """Load ``folder`` back with transformers and compare its fp32 logits with ``model``'s."""
-    from transformers import AutoModelForCausalLM
-
     cfg = model.cfg
     remote = architecture(cfg) == "MharForCausalLM"
     name = (f"{MODELING_FILE} (AutoModelForCausalLM, trust_remote_code)" if remote
             else f"transformers.{architecture(cfg)} (AutoModelForCausalLM)")
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()
     try:  # the shipped files are this package's own (mhar.hf.ship): trusted
-        hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, trust_remote_code=remote,
-                                                  routing_impl="torch") if remote else \
-            AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-        hf.eval()
+        kw = {"trust_remote_code": True, "routing_impl": "torch"} if remote else {}
+        hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **kw).eval()
     finally:
         hf_logging.enable_progress_bar()
+    if remote:  # the copy transformers made of the temporary folder's files: no one loads it again
+        _remove_module_copy(type(hf).__module__)
     if type(hf).__name__ != architecture(cfg):
         raise ExportError(f"the export loads as {type(hf).__name__}, expected {architecture(cfg)}")
     g = torch.Generator().manual_seed(seed)
@@ -251,10 +258,6 @@ def export_model(model: Transformer, out: Union[str, Path], tokenizer: Optional[
 
     ``tokenizer``: the harness tokenizer spec (``byte``, a tokenizer.json path, ``hf:<name>``); None writes
     no tokenizer files. ``source``: provenance of where the model came from (``export_hf`` fills it)."""
-    from safetensors.torch import save_file
-
-    from mhar.runs.provenance import collect_provenance
-
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} already exists and is not empty; choose a new --out (an export never overwrites)")
@@ -268,8 +271,6 @@ def export_model(model: Transformer, out: Union[str, Path], tokenizer: Optional[
     tmp.mkdir()
     t0 = time.time()
     try:
-        from mhar.hf.tokenizer_files import write_tokenizer
-
         try:
             tok = write_tokenizer(tokenizer, tmp, cfg.max_seq_len)
         except (ValueError, OSError) as e:
@@ -284,8 +285,8 @@ def export_model(model: Transformer, out: Union[str, Path], tokenizer: Optional[
         shipped = []
         if architecture(cfg) == "MharForCausalLM":
             try:
-                shipped = ship.write(tmp, cfg.residual.variant)
-            except ship.ShipError as e:
+                shipped = write_shipped(tmp, cfg.residual.variant)
+            except ShipError as e:
                 raise ExportError(str(e)) from e
         report = {"format": FORMAT, "architecture": architecture(cfg), "variant": cfg.residual.variant,
                   "model_config": to_dict(cfg), "params": model.num_params(), "tokenizer": tok,

@@ -13,8 +13,8 @@ The model is the harness's ``Transformer``; its modules are registered here unde
 ``routing_impl``: ``auto`` (the ``mhar`` fused kernels on a GPU where ``mhar`` is installed, else the shipped
 PyTorch reference), ``torch`` (the reference), or a ``mhar.model.routing`` name (``fused`` needs ``mhar``).
 
-Padding: each row's tokens must be contiguous (left padding, as ``generate`` uses; right padding without a
-cache). A left-padded batch runs as the harness runs ragged rows: each row shifted to start at position 0.
+Padding: each row's tokens must be contiguous (left padding, as ``generate`` uses, or right padding). A padded
+batch runs as the harness runs ragged rows: each row shifted to start at position 0, with its own length.
 Cache: ``generate`` passes a ``transformers`` ``Cache`` (a ``DynamicCache``); it carries the harness's
 ``KVCache`` (static keys/values, one next position per row) and, in its layer 0, one (row index) entry per
 token, so ``get_seq_length`` counts the padded columns and a reordering of rows (beam search) reaches the
@@ -165,18 +165,18 @@ class MharForCausalLM(MharPreTrainedModel, GenerationMixin):
         """Final-normed hidden states (B, T, D) in the caller's (left-padded) layout."""
         B, T = ids.shape
         past = cache.get_seq_length() if cache is not None else 0
-        lead = _leading_padding(mask, past, T, cache is not None)  # (B,) or None
+        padding = _padding(mask, past, T)
         if cache is not None:
             rows = torch.arange(B, device=ids.device, dtype=torch.float32).view(B, 1, 1, 1).expand(B, 1, T, 1)
             track, _ = cache.update(rows, rows, 0)
         if past == 0 or cache is None:
             kv = None
             if cache is not None:
-                kv = cache.mhar_kv = KVCache(self.config.num_hidden_layers)
-            if lead is None:
+                kv = cache.mhar_kv = KVCache(self.config.num_hidden_layers, capacity=T)  # grows by doubling
+            if padding is None:
                 return self.decoder.hidden(ids, kv)
-            shifted = _shift(ids, -lead)  # right-padded: each row starts at position 0
-            return _shift(self.decoder.hidden(shifted, kv, lengths=T - lead), lead)
+            lead, length = padding  # each row shifted to start at position 0 (right-padded), and back
+            return _shift(self.decoder.hidden(_shift(ids, -lead), kv, lengths=length), lead)
         kv = getattr(cache, "mhar_kv", None)
         if kv is None:
             raise ValueError("this cache holds positions this model did not compute; pass a new cache")
@@ -186,8 +186,9 @@ class MharForCausalLM(MharPreTrainedModel, GenerationMixin):
         return self.decoder.hidden(ids, kv)
 
 
-def _leading_padding(mask: Optional[Tensor], past: int, T: int, cached: bool) -> Optional[Tensor]:
-    """Padding columns before each row's tokens (B,), or None without any; refuses other padding."""
+def _padding(mask: Optional[Tensor], past: int, T: int) -> Optional[tuple[Tensor, Tensor]]:
+    """(padding columns before each row's tokens, the row's token count), both (B,), for a first call with
+    padding; None without any (or on a later call). Refuses a row whose tokens are not contiguous."""
     if mask is None:
         return None
     if mask.dim() != 2 or mask.shape[-1] != past + T:
@@ -195,15 +196,14 @@ def _leading_padding(mask: Optional[Tensor], past: int, T: int, cached: bool) ->
     m = mask.bool()
     if past:
         if not bool(m[:, past:].all()):
-            raise ValueError("attention_mask: new tokens after the prompt cannot be padding")
+            raise ValueError("attention_mask: a token after the cached positions cannot be padding")
         return None
     lead = (~m).long().cumprod(-1).sum(-1)  # (B,)
-    end = lead + m.sum(-1)
+    length = m.sum(-1)
     cols = torch.arange(T, device=m.device)[None, :]
-    if not torch.equal(m, (cols >= lead[:, None]) & (cols < end[:, None])) or (cached and bool((end < T).any())):
-        raise ValueError("attention_mask: each row's tokens must be contiguous and come after its padding "
-                         "(left padding; right padding only without a cache)")
-    return lead if bool(lead.any()) else None
+    if not torch.equal(m, (cols >= lead[:, None]) & (cols < (lead + length)[:, None])):
+        raise ValueError("attention_mask: each row's tokens must be contiguous (padding before or after them)")
+    return (lead, length) if bool(m.logical_not().any()) else None
 
 
 def _shift(x: Tensor, by: Tensor) -> Tensor:

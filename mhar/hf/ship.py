@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from mhar.model.residuals import RESIDUALS
+
 ENTRY = "mhar.hf.modeling_mhar"
 ENTRY_FILE = "modeling_mhar"
 REGISTRY = "mhar.model.residuals"
@@ -127,21 +129,19 @@ class _Planner:
 
 def variant_module(variant: str) -> Optional[str]:
     """The module that registers ``variant`` when it lives outside the registry's package (None: built in)."""
-    from mhar.model.residuals import RESIDUALS
-
     module = RESIDUALS[variant].__module__
     return None if module.startswith(REGISTRY + ".") else module
 
 
-def plan(variant_module: Optional[str] = None) -> Shipment:
-    """The files an export ships when its variant is defined in ``variant_module`` (None: in the registry's
+def plan(outside: Optional[str] = None) -> Shipment:
+    """The files an export ships when its variant is defined in module ``outside`` (None: in the registry's
     package; see :func:`variant_module`)."""
-    roots = {"mhar"} | ({variant_module.split(".")[0]} if variant_module else set())
+    roots = {"mhar"} | ({outside.split(".")[0]} if outside else set())
     planner = _Planner(roots)
     registry_path = Path(_source(REGISTRY)[0]).parent
     variants = [f"{REGISTRY}.{m.name}" for m in pkgutil.iter_modules([str(registry_path)]) if not m.name.startswith("_")]
-    if variant_module and variant_module not in variants:
-        variants.append(variant_module)
+    if outside and outside not in variants:
+        variants.append(outside)
     out = Shipment()
     queue, seen = [ENTRY, *variants], set()
     while queue:
@@ -198,7 +198,7 @@ def _variant_imports(planner: _Planner, variants: list[str]) -> str:
     return "".join(lines)
 
 
-def write(folder: Path, variant: str) -> list[str]:
+def write_shipped(folder: Path, variant: str) -> list[str]:
     """Write the flat files an export of residual variant ``variant`` needs into ``folder``; returns their names."""
     shipment = plan(variant_module(variant))
     for name, text in shipment.files.items():

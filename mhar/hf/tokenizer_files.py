@@ -17,6 +17,12 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer
+
+from mhar.data.tokenizer import get_tokenizer
+from mhar.env import data_dir
+
 BYTE_EOT = "<|endoftext|>"
 _COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -37,8 +43,6 @@ def byte_alphabet() -> dict[int, str]:
 
 def byte_tokenizer_json() -> str:
     """``tokenizer.json`` of the byte tokenizer (built with the ``tokenizers`` library)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
     vocab = {ch: b for b, ch in byte_alphabet().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -60,8 +64,6 @@ def _config(eos: str, bos: Optional[str], max_len: int) -> dict:
 def write_tokenizer(spec: Optional[str], out: Path, max_len: int) -> dict:
     """Write the tokenizer files of ``spec`` into ``out``; returns {"spec", "eos_token_id", "bos_token_id",
     "files"} (ids as the harness tokenizer declares them). ``spec`` None writes nothing."""
-    from mhar.data.tokenizer import get_tokenizer
-
     out = Path(out)
     if spec is None:
         return {"spec": None, "eos_token_id": None, "bos_token_id": None, "files": []}
@@ -74,17 +76,13 @@ def write_tokenizer(spec: Optional[str], out: Path, max_len: int) -> dict:
         return {"spec": spec, "eos_token_id": 256, "bos_token_id": None,
                 "files": ["tokenizer.json", "tokenizer_config.json"]}
     if spec.startswith("hf:"):
-        from transformers import AutoTokenizer
-
         AutoTokenizer.from_pretrained(spec[3:]).save_pretrained(str(out))
         files = sorted(p.name for p in out.iterdir() if p.name.startswith(("tokenizer", "special_tokens", "vocab",
                                                                               "merges", "added_tokens")))
         return {"spec": spec, "eos_token_id": tok.eot_id, "bos_token_id": tok.bos_id, "files": files}
     src = Path(spec)
     if not src.exists():
-        from mhar import env
-
-        root = env.data_dir(None)
+        root = data_dir(None)
         src = root / spec if root is not None else src
     src_dir = src if src.is_dir() else src.parent
     tok_json = src if src.is_file() else src / "tokenizer.json"

@@ -14,27 +14,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from mhar.model.choices import ROUTING_IMPLS, ConfigError, stored_routing_impl
 from mhar.model.presets import PRESETS
-
-
-class ConfigError(ValueError):
-    """Invalid configuration. The message names the field and what to do."""
-
-
-# The routing implementations (``routing_impl``): the one list of their names (mhar.model.routing builds its routers,
-# the workflow schema and the benchmarks derive from it). ``auto``: ``fused`` on CUDA when Triton imports, else
-# ``eager`` (``mhar.model.routing.resolve_routing_impl``). An execution choice: a run trained with one loads with another.
-ROUTING_IMPLS = ("auto", "eager", "compile", "fused")
-# Names of withdrawn fused kernel variants that older checkpoints store: loaded as ``fused``, not accepted in
-# new configs (``stored_routing_impl``; the code of each is in git history, docs/PERFORMANCE.md names the commit).
-LEGACY_ROUTING_IMPLS = frozenset({
-    "fused_v5", "fused_sg4", "fused_sg8", "fused_v7", "fused_v7_sg8", "fused_v7_sg8_norm", "fused_v7_sg8_ts",
-    "fused_v7_sg8_async", "fused_v7_sg8_defer", "fused_v7_sg8_overlap"})
-
-
-def stored_routing_impl(impl: str) -> str:
-    """``routing_impl`` as a stored (checkpoint) config names it -> a current name: a legacy fused name is ``fused``."""
-    return "fused" if impl in LEGACY_ROUTING_IMPLS else impl
 
 
 @dataclass
@@ -111,14 +92,15 @@ class ModelConfig:
                  f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set head_dim explicitly")
         need(self.resolved_head_dim % 2 == 0, "head_dim", "must be even for RoPE")
         r = self.residual
-        # The registry is the one list of variant names (imported here: it imports torch and this module).
+        # The registry is the one list of variant names. Imported here, not above: it needs torch, and this
+        # module must import without it (the analysis environment reads configs; residuals/ never imports it).
         from mhar.model.residuals import residual_class
 
         variant_cls = residual_class(r.variant, r.module)
         need(r.routing_impl in ROUTING_IMPLS, "residual.routing_impl",
              f"unknown routing implementation {r.routing_impl!r}; choose one of {', '.join(ROUTING_IMPLS)}"
-             + (" (a withdrawn fused variant: its work is done by fused)" if r.routing_impl in LEGACY_ROUTING_IMPLS
-                else ""))
+             + (" (a name of the fused kernels: write fused)" if stored_routing_impl(r.routing_impl) == "fused"
+                and r.routing_impl != "fused" else ""))
         need(r.heads >= 1, "residual.heads", f"must be >= 1, got {r.heads}")
         need(self.d_model % r.heads == 0, "residual.heads",
              f"routing heads H={r.heads} must divide d_model={self.d_model}")

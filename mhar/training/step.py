@@ -33,7 +33,9 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from mhar.model.compile import compile_fn
 from mhar.model.config import ConfigError
+from mhar.model.routing import routing_traceable
 
 __all__ = ["StepPlan", "StepResult", "TrainStep", "plan_step", "build_optimizer", "autocast_for", "peak_flops",
            "micro_forward", "Throughput", "GRAPH_WARMUP"]
@@ -87,13 +89,6 @@ def _flag(value: Any, key: str) -> Optional[bool]:
     raise ConfigError(f"{key}: expected auto, true or false, got {value!r}")
 
 
-def _traceable_routing(raw: nn.Module, device: torch.device) -> bool:
-    """Whether dynamo can trace the model's routing on ``device`` (no router, or eager / compile routing: the
-    implementation ``routing_impl`` resolves to there; the fused kernels run outside the graph)."""
-    router = getattr(getattr(raw, "residual", None), "router", None)
-    return router is None or router.impl_for(device) in ("eager", "compile")
-
-
 def plan_step(raw: nn.Module, device: torch.device, *, compile: Any = "auto", cuda_graph: Any = "auto",
               world_size: int = 1, parallel: str = "ddp") -> StepPlan:
     """Decide how the step runs (see the module docstring)."""
@@ -103,7 +98,7 @@ def plan_step(raw: nn.Module, device: torch.device, *, compile: Any = "auto", cu
     do_compile = cuda and not (world_size > 1 and parallel == "fsdp") if want_compile is None else want_compile
     kind = "none"
     if do_compile:
-        kind = "decoder" if _traceable_routing(raw, device) else "sublayers"
+        kind = "decoder" if routing_traceable(raw, device) else "sublayers"
     single = world_size == 1
     if want_graph is None:
         graph = cuda and single and do_compile
@@ -131,24 +126,18 @@ def build_optimizer(model: nn.Module, groups: list[dict], lr: float, betas: tupl
 
 def _compile_model(raw: nn.Module, kind: str) -> None:
     """Replace the methods that the step calls by their compiled versions (in place, on the raw model)."""
-    # With graph breaks around routing calls each block's method is a frame of its own; dynamo's default cache
-    # limits would fall back to eager after 8 variants, silently. One graph per sublayer kind is expected.
-    for name, val in (("cache_size_limit", 1024), ("recompile_limit", 1024),
-                      ("accumulated_cache_size_limit", 8192), ("accumulated_recompile_limit", 8192)):
-        if hasattr(torch._dynamo.config, name) and getattr(torch._dynamo.config, name) < val:
-            setattr(torch._dynamo.config, name, val)
     if kind == "sublayers":
         # The token embedding too (its forward; autograd then runs the compiled backward): inductor lowers the
         # lookup's gradient to a fill and a scatter of atomic adds, as in the baseline's compiled decoder (eager
         # autograd's sort-based embedding backward is several times slower). The order of those adds, so the last
         # bits of the embedding's gradient, then varies from run to run, as it does for the baseline.
-        raw.embed.forward = torch.compile(raw.embed.forward)
+        raw.embed.forward = compile_fn(raw.embed.forward)
         for blk in raw.layers:
-            blk.attn_sublayer = torch.compile(blk.attn_sublayer)
-            blk.mlp_sublayer = torch.compile(blk.mlp_sublayer)
+            blk.attn_sublayer = compile_fn(blk.attn_sublayer)
+            blk.mlp_sublayer = compile_fn(blk.mlp_sublayer)
     elif kind == "decoder":
-        raw.hidden = torch.compile(raw.hidden)
-    raw.head_loss = torch.compile(raw.head_loss)
+        raw.hidden = compile_fn(raw.hidden)
+    raw.head_loss = compile_fn(raw.head_loss)
 
 
 @dataclass

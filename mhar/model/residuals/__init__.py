@@ -17,91 +17,15 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-import re
-from typing import Callable, Optional
 
-from mhar.model.config import ConfigError, ModelConfig
 from mhar.model.residuals.base import Residual
-
-RESIDUALS: dict[str, type[Residual]] = {}
-_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-def register(name: str) -> Callable[[type[Residual]], type[Residual]]:
-    """Class decorator: make ``cls`` the residual variant ``name`` (``model.residual.variant: name``)."""
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise ValueError(f"residual variant name {name!r}: use letters, digits, '_', '.', '-' (it names "
-                         "result directories and table rows)")
-
-    def deco(cls: type[Residual]) -> type[Residual]:
-        if not (isinstance(cls, type) and issubclass(cls, Residual)):
-            raise TypeError(f"@register({name!r}) needs a subclass of mhar.model.residuals.base.Residual, got {cls!r}")
-        old = RESIDUALS.get(name)
-        # the same class imported again (importlib.reload) may register again; another class may not
-        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"residual variant {name!r} is registered twice: {old.__module__}.{old.__qualname__} "
-                             f"and {cls.__module__}.{cls.__qualname__}; rename one")
-        cls.name = name
-        RESIDUALS[name] = cls
-        return cls
-
-    return deco
+from mhar.model.residuals.registry import (RESIDUALS, build_residual, display_record, import_variant_module, register,
+                                           residual_class, routed_variants, variant_names)
 
 
-def variant_names() -> tuple[str, ...]:
-    """Names of the registered variants (the built-in ones plus any imported module's), sorted."""
-    return tuple(sorted(RESIDUALS))
-
-
-def routed_variants() -> tuple[str, ...]:
-    """Registered variants that route over every earlier sublayer output with one query per site
-    (``Residual.routes_full_depth``): the ones the mechanism probe runs on, sorted."""
-    return tuple(sorted(n for n, cls in RESIDUALS.items() if cls.routes_full_depth))
-
-
-def display_record(variant: str) -> dict:
-    """How tables and reports show ``variant`` (its class's ``display_name``, ``table_order``, ``shows_heads``):
-    ``{"display": str, "order": int, "shows_heads": bool}``. The trainer records it in summary.json (``display``)."""
-    cls = residual_class(variant)
-    return {"display": cls.display_name or cls.name, "order": int(cls.table_order), "shows_heads": bool(cls.shows_heads)}
-
-
-def import_variant_module(module: str) -> None:
-    """Import ``module`` (``model.residual.module``) so that the variants it defines register themselves."""
-    if not isinstance(module, str) or not _MODULE_NAME.match(module):
-        raise ConfigError(f"model.residual.module: {module!r} is not a Python module name (e.g. mypkg.my_variant)")
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
-            raise ConfigError(
-                f"model.residual.module: cannot import {module!r} (no module {e.name!r}); install the package "
-                "that holds it or run from the folder that does (it must be importable on the Python path)"
-            ) from None
-        raise
-
-
-def residual_class(variant: str, module: Optional[str] = None) -> type[Residual]:
-    """The class registered as ``variant``, importing ``module`` first when one is given."""
-    if module is not None:
-        import_variant_module(module)
-    if variant not in RESIDUALS:
-        where = (f"module {module!r} does not register it (@mhar.model.residuals.register({variant!r}))" if module
-                 else "if it is defined outside mhar.model.residuals, name its module in model.residual.module")
-        raise ConfigError(f"model.residual.variant: unknown variant {variant!r}; choose one of "
-                          f"{', '.join(variant_names())} ({where})")
-    return RESIDUALS[variant]
-
-
-def build_residual(cfg: ModelConfig) -> Residual:
-    cls = residual_class(cfg.residual.variant, cfg.residual.module)
-    cls.check_config(cfg)
-    return cls(cfg)
-
-
-# Built-in variants: every module of this package registers its own classes when imported. (A Hugging Face
-# export ships a flat copy of this file, which is not a package: there the export imports the variant modules.)
 def _import_variant_modules(path: list[str]) -> None:
+    """Built-in variants: every module of this package registers its own classes when imported. (A Hugging Face
+    export ships a flat copy of this file, which is not a package: there the export imports the variant modules.)"""
     for info in pkgutil.iter_modules(path):
         if not info.name.startswith("_"):
             importlib.import_module(f"{__name__}.{info.name}")

@@ -18,11 +18,12 @@ attention sublayer (MHAR-HW: one mixture per KV group); ``Attention`` accepts bo
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from torch import Tensor, nn
 
-from mhar.model.config import ModelConfig
+if TYPE_CHECKING:
+    from mhar.model.config import ModelConfig
 
 
 class Residual(nn.Module):
@@ -30,6 +31,10 @@ class Residual(nn.Module):
     (which sets ``name``)."""
 
     name: str = "abstract"
+    # True when the variant mixes its sources by depth routing (``mhar.model.routing``): learnable pseudo-queries,
+    # zero-initialised so every routing softmax is uniform at init, and the routing weights logged per site when
+    # ``routing_log`` is set. False: no routing weights exist (the registry-wide tests choose by it).
+    routed: bool = False
     # True when every sublayer and the final read mix the embedding and ALL earlier sublayer outputs with one
     # (D,) pseudo-query per site (``queries`` / ``key_norms``, ``heads``, ``eps``; a list state on the eager
     # router): the layout the mechanism probe and the routing heatmap read (``routed_variants()``). Block and

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from mhar.model.residuals import register
+from mhar.model.residuals.registry import register
 from mhar.model.residuals.base import Residual
 
 

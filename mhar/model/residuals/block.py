@@ -15,17 +15,23 @@ With blocks = 2L every block holds one sublayer and this is exactly AttnRes.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
-from mhar.model.config import ConfigError, ModelConfig
+from mhar.model.choices import ConfigError
 from mhar.model.routing import get_router
-from mhar.model.residuals import register
+from mhar.model.residuals.registry import register
 from mhar.model.residuals.base import Residual
+
+if TYPE_CHECKING:
+    from mhar.model.config import ModelConfig
 
 
 @register("block_attnres")
 class BlockAttnRes(Residual):
+    routed = True
     display_name = "Block AttnRes"
     table_order = 3
 

@@ -20,15 +20,18 @@ which is what makes the Llama -> delta conversion in ``mhar.cpt`` exact.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from mhar.model.config import ConfigError, ModelConfig
+from mhar.model.choices import ConfigError
 from mhar.model.routing import get_router
-from mhar.model.residuals import register
+from mhar.model.residuals.registry import register
 from mhar.model.residuals.base import Residual
+
+if TYPE_CHECKING:
+    from mhar.model.config import ModelConfig
 
 
 class DeltaState(NamedTuple):
@@ -41,6 +44,7 @@ class DeltaState(NamedTuple):
 class DeltaAttnRes(Residual):
     """Gated multi-head depth routing over block deltas (``cfg.residual.heads`` heads)."""
 
+    routed = True
     display_name = "MHAR-delta"
     table_order = 6
     shows_heads = True

@@ -12,17 +12,22 @@ Parameter overhead over the baseline: 2 D (L G + L + 1).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
-from mhar.model.config import ModelConfig
 from mhar.model.routing import get_router
-from mhar.model.residuals import register
+from mhar.model.residuals.registry import register
 from mhar.model.residuals.base import Residual
+
+if TYPE_CHECKING:
+    from mhar.model.config import ModelConfig
 
 
 @register("mhar_hw")
 class HeadWiseAttnRes(Residual):
+    routed = True
     display_name = "MHAR-HW"
     table_order = 5
 

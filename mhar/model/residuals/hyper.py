@@ -30,14 +30,16 @@ This variant has no routing weights.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor, nn
 
-from mhar.model.config import ModelConfig
-from mhar.model.residuals import register
+from mhar.model.residuals.registry import register
 from mhar.model.residuals.base import Residual
+
+if TYPE_CHECKING:
+    from mhar.model.config import ModelConfig
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -7,19 +7,24 @@ is the sublayer's input; nothing is added to a running stream.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
-from mhar.model.config import ModelConfig
 from mhar.model.routing import get_router
-from mhar.model.residuals import register
+from mhar.model.residuals.registry import register
 from mhar.model.residuals.base import Residual
+
+if TYPE_CHECKING:
+    from mhar.model.config import ModelConfig
 
 
 @register("mhar")
 class MultiHeadAttnRes(Residual):
     """MHAR with H = cfg.residual.heads routing heads (H=1 is AttnRes)."""
 
+    routed = True
     routes_full_depth = True  # probed (eval.probe, the workflow's probe jobs); subclasses inherit it
     display_name = "MHAR"
     table_order = 4

@@ -10,7 +10,7 @@ per-program partial sums are reduced by the caller in a fixed order.
 
 Forward: ``route_fwd`` (a read that scores its sources: one online-softmax pass, optionally continuing a prefix
 partial), ``score_sources`` (a source's scores for every announced read, into the score table),
-``route_fwd7`` (a read from the table), ``prefix6_fwd`` / ``prefix7_fwd`` (K reads' partials over their common
+``route_fwd_table`` (a read from the table), ``prefix_fwd`` / ``prefix_fwd_table`` (K reads' partials over their common
 prefix in one pass). Backward: ``stash`` (keep a read's dout and <dout, out>), ``source_bwd`` (one source's
 gradient from all its reads' douts, once), ``source_group_bwd`` (partial gradients of consecutive sources in one
 pass), ``dW_all`` (the queries' and key norms' gradients in one matmul), ``route_bwd`` (a read's own backward over
@@ -289,7 +289,7 @@ def _split(D: int, H: int) -> tuple[int, int, int]:
     return triton.next_power_of_2(H), DA, (0 if DA == DH else triton.next_power_of_2(DH - DA))
 
 
-def _prune6(configs, named_args, **kwargs):
+def _prune_tiles(configs, named_args, **kwargs):
     """Tiles (BLOCK_T, HP, DA + DB): 256..8192 elements, at least 64 per warp."""
     return _keep_tiles(configs, _arg(named_args, kwargs, "HP") * (_arg(named_args, kwargs, "DA") +
                                                                    _arg(named_args, kwargs, "DB")), 8192)
@@ -335,8 +335,8 @@ def route_fwd(buf: torch.Tensor | None, ss: torch.Tensor | None, n_buf: int, nul
     flags = dict(HAS_NULL=null is not None, HAS_EXTRA=extra is not None, STORE_SCORES=store_scores,
                  HAS_INIT=init is not None)
     flags.update(zip(("HP", "DA", "DB"), _split(D, H)))
-    key = ("fwd6", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:9]))
-    _launch(_fwd6_kernel, key, grid, args, flags)
+    key = ("route_fwd", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:9]))
+    _launch(_route_fwd_kernel, key, grid, args, flags)
     LAUNCHES["route_fwd"] += 1
     return out, lse, scores
 
@@ -398,9 +398,9 @@ def _loop_configs(full: bool = False) -> list:
 
 
 @triton.autotune(configs=_loop_configs(), key=["D", "H", "HAS_NULL", "HAS_EXTRA", "HAS_INIT", "NB"],
-                 prune_configs_by={"early_config_prune": _prune6})
+                 prune_configs_by={"early_config_prune": _prune_tiles})
 @triton.jit
-def _fwd6_kernel(
+def _route_fwd_kernel(
     buf_ptr, null_ptr, extra_ptr, q_ptr, g_ptr, out_ptr, lse_ptr, score_ptr, init_ptr, init_lse_ptr, ss_ptr,
     lo, n_buf, buf_stride, BT, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, N_TOTAL, eps, NB,
     HAS_NULL: tl.constexpr, HAS_EXTRA: tl.constexpr, STORE_SCORES: tl.constexpr, HAS_INIT: tl.constexpr,
@@ -471,7 +471,7 @@ def _fwd6_kernel(
 @triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]
                  if not autotune()
                  else [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (2, 4, 8) for nw in (4, 8)],
-                 key=["D"], prune_configs_by={"early_config_prune": _prune6})
+                 key=["D"], prune_configs_by={"early_config_prune": _prune_tiles})
 @triton.jit
 def _append_kernel(src_ptr, dst_ptr, ss_ptr, BT, D, BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr,
                    DB: tl.constexpr, PDL: tl.constexpr = False):
@@ -508,7 +508,7 @@ def append_source(src: torch.Tensor, dst: torch.Tensor, ss: torch.Tensor) -> Non
 
 
 @triton.autotune(configs=_loop_configs(), key=["D", "H", "IS_NULL", "HAS_INIT", "HAS_S", "HAS_CINIT", "JB"],
-                 prune_configs_by={"early_config_prune": _prune6})
+                 prune_configs_by={"early_config_prune": _prune_tiles})
 @triton.jit
 def _src_bwd_kernel(
     x_ptr, ss_ptr, dbuf_ptr, lse_ptr, delta_ptr, w_ptr, init_ptr, grad_ptr, dsr_ptr, s_ptr, cinit_ptr,
@@ -525,7 +525,7 @@ def _src_bwd_kernel(
     dsr's dtype. The read loop is a ``tl.range`` loop (software-pipelined: the douts stream through shared
     memory) whose body reduces over each head's columns only (the RMS term is summed per head and reduced over
     heads once, after the loop). Rows are the two tiles of ``_split``. D, H and DH are compile-time constants
-    (per model width, as the autotuning key already was), so masks and address arithmetic fold: the loop is
+    (per model width, as is the autotuning key), so masks and address arithmetic fold: the loop is
     issue-bound."""
     _pdl_enter(PDL)
     pid = tl.program_id(0)
@@ -794,7 +794,7 @@ def source_group_bwd(buf: torch.Tensor, ss: torch.Tensor, s0: int, NG: int, dbuf
 @triton.autotune(configs=[triton.Config({"BLOCK_T": 2}, num_warps=4)]
                  if not autotune()
                  else [triton.Config({"BLOCK_T": bt}, num_warps=nw) for bt in (2, 4, 8, 16) for nw in (4, 8)],
-                 key=["D", "H"], prune_configs_by={"early_config_prune": _prune6})
+                 key=["D", "H"], prune_configs_by={"early_config_prune": _prune_tiles})
 @triton.jit
 def _stash_kernel(dout_ptr, out_ptr, dslot_ptr, delta_ptr, BT, D, H, DH,
                   BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
@@ -903,24 +903,24 @@ def _dW(dsr: torch.Tensor, x: torch.Tensor, H: int) -> torch.Tensor:
 # Forward prefix sharing without the score table (a null source, or a group opened by a read with an extra
 # source): K announced reads share ONE pass over their common prefix: one program per (token block, head), the K
 # reads a tile dimension, so each source's head slice is read once for all K, each read with its own
-# w_k = q_k * g_k (``_prefix6_kernel``). Outputs the normalised partial mix P_k and its log-sum-exp per read; each
+# w_k = q_k * g_k (``_prefix_fwd_kernel``). Outputs the normalised partial mix P_k and its log-sum-exp per read; each
 # read then continues with its newer sources (route_fwd with init=...). The backward needs no partials.
-def _prefix6_configs(full: bool = False) -> list:
+def _prefix_configs(full: bool = False) -> list:
     if not full and not autotune():
         return [triton.Config({"BLOCK_T": 2, "STAGES": 2}, num_warps=2)]
     return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw) for bt in (1, 2, 4, 8) for nw in (2, 4, 8)
             for ns in (2, 4)]
 
 
-def _prune_prefix6(configs, named_args, **kwargs):
+def _prune_prefix(configs, named_args, **kwargs):
     """Tiles (KP, BLOCK_T, DHP) of one head: 256..8192 elements, at least 64 per warp."""
     return _keep_tiles(configs, _arg(named_args, kwargs, "KP") * _arg(named_args, kwargs, "DHP"), 8192)
 
 
-@triton.autotune(configs=_prefix6_configs(), key=["D", "H", "K", "HAS_NULL", "NB"],
-                 prune_configs_by={"early_config_prune": _prune_prefix6})
+@triton.autotune(configs=_prefix_configs(), key=["D", "H", "K", "HAS_NULL", "NB"],
+                 prune_configs_by={"early_config_prune": _prune_prefix})
 @triton.jit
-def _prefix6_kernel(buf_ptr, null_ptr, w_ptr, p_ptr, lse_ptr, ss_ptr, n_buf, buf_stride, BT, D, H, DH, K, eps, NB,
+def _prefix_fwd_kernel(buf_ptr, null_ptr, w_ptr, p_ptr, lse_ptr, ss_ptr, n_buf, buf_stride, BT, D, H, DH, K, eps, NB,
                     HAS_NULL: tl.constexpr, BLOCK_T: tl.constexpr, KP: tl.constexpr, HP: tl.constexpr,
                     DHP: tl.constexpr, DP: tl.constexpr, STAGES: tl.constexpr):
     """K reads' partials over [null] + buf[0:n_buf) for ONE head (program axis 1) of BLOCK_T tokens: the reads
@@ -971,7 +971,7 @@ def _head_update_reads(x, r, w, m, l, acc):
     return m_new, l * alpha + p, acc * alpha[:, :, None] + p[:, :, None] * x[None, :, :]
 
 
-def prefix6_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: int, D: int,
+def prefix_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: int, D: int,
                 out_dtype: torch.dtype, ss: torch.Tensor | None = None):
     """Partials of K reads (W = q * g, (K, D) fp32 contiguous) over [null] + buf[0:n_buf): P (K, BT, D) in
     ``out_dtype``, lse (K, BT, H) fp32. ss: the buffer's sums of squares (cap, BT) fp32 (required with
@@ -981,25 +981,25 @@ def prefix6_fwd(buf, n_buf: int, null, W: torch.Tensor, H: int, eps: float, BT: 
     HP, DHP = _tiles(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]), H)  # noqa: E731
     if n_buf and ss is None:
-        raise ValueError("prefix6_fwd: buffered sources need their sums of squares (ss)")
+        raise ValueError("prefix_fwd: buffered sources need their sums of squares (ss)")
     nb = _loop_bucket(n_buf)
     args = (buf if buf is not None else P, null if null is not None else P, W, P, lse, ss if ss is not None else lse,
             n_buf, buf.stride(0) if buf is not None else 0, BT, D, H, D // H, K, eps, nb)
     flags = dict(HAS_NULL=null is not None, KP=triton.next_power_of_2(K), HP=HP, DHP=DHP,
                  DP=triton.next_power_of_2(D))
-    key = ("p6fwd", D, H, K, nb, *flags.values(), *(str(a.dtype) for a in args[:6]))
-    _launch(_prefix6_kernel, key, grid, args, flags)
-    LAUNCHES["prefix6_fwd"] += 1
+    key = ("prefix_fwd", D, H, K, nb, *flags.values(), *(str(a.dtype) for a in args[:6]))
+    _launch(_prefix_fwd_kernel, key, grid, args, flags)
+    LAUNCHES["prefix_fwd"] += 1
     return P, lse
 
 
 # The score table. The queries are static parameters, so a source's per-head score for every later read is known
 # as soon as the source exists: ``score_sources`` computes S[slot, k, t, h] = rms^-1 * <x_h, q_k g_k>_h for all
 # announced reads k >= k_lo in ONE pass over the source (tensor-core dots; bf16 sources dot against a hi + lo bf16
-# split of q g, so the scores keep fp32 accuracy). The forward (``_fwd7_kernel``) then takes the max of its scores
-# from the table first and mixes with one multiply-add per element and source (no online-softmax rescaling); the
-# prefix kernel (``_prefix7_kernel``) mixes K reads in one pass over their common prefix; the gradient kernel
-# reads the score instead of a per-head dot product.
+# split of q g, so the scores keep fp32 accuracy). The forward (``_route_fwd_table_kernel``) then takes the max of
+# its scores from the table first and mixes with one multiply-add per element and source (no online-softmax
+# rescaling); the prefix kernel (``_prefix_fwd_table_kernel``) mixes K reads in one pass over their common prefix;
+# the gradient kernel reads the score instead of a per-head dot product.
 
 
 @triton.jit
@@ -1115,9 +1115,9 @@ def score_sources(buf: torch.Tensor, ss: torch.Tensor, W: torch.Tensor, S: torch
 
 
 @triton.autotune(configs=_loop_configs(), key=["D", "H", "HAS_INIT", "NB"],
-                 prune_configs_by={"early_config_prune": _prune6})
+                 prune_configs_by={"early_config_prune": _prune_tiles})
 @triton.jit
-def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr,
+def _route_fwd_table_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr,
                  lo, n_buf, buf_stride, s_stride, BT,
                  NB, D: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, HAS_INIT: tl.constexpr,
                  BLOCK_T: tl.constexpr, HP: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr,
@@ -1172,7 +1172,7 @@ def _fwd7_kernel(buf_ptr, s_ptr, out_ptr, lse_ptr, init_ptr, init_lse_ptr,
     tl.store(lse_ptr + hoffs, m + tl.log(l), mask=smask)
 
 
-def route_fwd7(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: int, H: int, BT: int, D: int,
+def route_fwd_table(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: int, H: int, BT: int, D: int,
                out_dtype: torch.dtype, init: torch.Tensor | None = None, init_lse: torch.Tensor | None = None,
                lse_out: torch.Tensor | None = None):
     """Read k of the score table S (cap, K, BT, H) over buf[lo:n_buf) (after the partial init / init_lse, if
@@ -1188,29 +1188,30 @@ def route_fwd7(buf: torch.Tensor, S: torch.Tensor, k: int, lo: int, n_buf: int, 
     args = (buf, S[0, k], out, lse, init if init is not None else out, init_lse if init_lse is not None else lse,
             lo, n_buf, buf.stride(0), S.stride(0), BT, nb, D, H, D // H)
     flags = dict(HAS_INIT=init is not None, HP=HP, DA=DA, DB=DB, JC=16)
-    _launch(_fwd7_kernel, ("fwd7", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:6])), grid, args, flags)
-    LAUNCHES["route_fwd7"] += 1
+    key = ("route_fwd_table", D, H, nb, *flags.values(), *(str(a.dtype) for a in args[:6]))
+    _launch(_route_fwd_table_kernel, key, grid, args, flags)
+    LAUNCHES["route_fwd_table"] += 1
     return out, lse
 
 
-def _prefix7_configs(full: bool = False) -> list:
+def _prefix_table_configs(full: bool = False) -> list:
     if not full and not autotune():
         return [triton.Config({"BLOCK_T": 1, "STAGES": 2}, num_warps=4)]
     return [triton.Config({"BLOCK_T": bt, "STAGES": ns}, num_warps=nw) for bt in (1, 2) for nw in (4, 8)
             for ns in (2, 3, 4)]
 
 
-def _prune_prefix7(configs, named_args, **kwargs):
+def _prune_prefix_table(configs, named_args, **kwargs):
     """Tiles (KP, BLOCK_T, HP, DA + DB): at most 16384 fp32 accumulators per program, 64 per warp at least."""
     row = _arg(named_args, kwargs, "KP") * _arg(named_args, kwargs, "HP") * (_arg(named_args, kwargs, "DA") +
                                                                             _arg(named_args, kwargs, "DB"))
     return _keep_tiles(configs, row, 16384)
 
 
-@triton.autotune(configs=_prefix7_configs(), key=["D", "H", "KP", "NB"],
-                 prune_configs_by={"early_config_prune": _prune_prefix7})
+@triton.autotune(configs=_prefix_table_configs(), key=["D", "H", "KP", "NB"],
+                 prune_configs_by={"early_config_prune": _prune_prefix_table})
 @triton.jit
-def _prefix7_kernel(buf_ptr, s_ptr, p_ptr, lse_ptr, n_buf, buf_stride, s_stride, BT, K, NB, D: tl.constexpr,
+def _prefix_fwd_table_kernel(buf_ptr, s_ptr, p_ptr, lse_ptr, n_buf, buf_stride, s_stride, BT, K, NB, D: tl.constexpr,
                     H: tl.constexpr, DH: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, HP: tl.constexpr,
                     DA: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr, JC: tl.constexpr,
                     PDL: tl.constexpr = False):
@@ -1258,22 +1259,24 @@ def _prefix7_kernel(buf_ptr, s_ptr, p_ptr, lse_ptr, n_buf, buf_stride, s_stride,
     tl.store(lse_ptr + koffs, m + tl.log(l), mask=kmask3)
 
 
-def prefix7_fwd(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf: int, H: int, BT: int, D: int,
+def prefix_fwd_table(buf: torch.Tensor, S: torch.Tensor, k0: int, K: int, n_buf: int, H: int, BT: int, D: int,
                 out_dtype: torch.dtype):
     """Partials of reads k0..k0+K-1 of the score table S over buf[0:n_buf): P (K, BT, D) in ``out_dtype``,
     lse (K, BT, H) fp32."""
     if n_buf < 1:
-        raise ValueError("prefix7_fwd needs at least one buffered source")
+        raise ValueError("prefix_fwd_table needs at least one buffered source")
     P, lse = _prefix_outputs(buf, n_buf, None, K, BT, D, H, buf.device, out_dtype)
     HP, DA, DB = _split(D, H)
     grid = lambda meta: (triton.cdiv(BT, meta["BLOCK_T"]),)  # noqa: E731
     nb = _loop_bucket(n_buf)
     args = (buf, S[0, k0], P, lse, n_buf, buf.stride(0), S.stride(0), BT, K, nb, D, H, D // H)
     flags = dict(KP=triton.next_power_of_2(K), HP=HP, DA=DA, DB=DB, JC=8)
-    _launch(_prefix7_kernel, ("p7fwd", D, H, nb, *flags.values(), str(buf.dtype), str(out_dtype)), grid, args, flags)
-    LAUNCHES["prefix7_fwd"] += 1
+    key = ("prefix_fwd_table", D, H, nb, *flags.values(), str(buf.dtype), str(out_dtype))
+    _launch(_prefix_fwd_table_kernel, key, grid, args, flags)
+    LAUNCHES["prefix_fwd_table"] += 1
     return P, lse
 
 
 # the kernels that begin with ``_pdl_enter`` (``_launch`` gives them ``_pdl_kwargs``)
-_PDL_KERNELS = (_append_kernel, _fwd7_kernel, _prefix7_kernel, _stash_kernel, _src_bwd_kernel, _src_group_bwd_kernel)
+_PDL_KERNELS = (_append_kernel, _route_fwd_table_kernel, _prefix_fwd_table_kernel, _stash_kernel, _src_bwd_kernel,
+                _src_group_bwd_kernel)

@@ -6,7 +6,8 @@ as ``mhar.model.routing.reference.route_reference`` does (RMSNorm keys, one soft
 the newest source, not yet written: the kernel writes it (and its mean square) into slot ``n`` and includes
 it, so a decode step's append costs no launch of its own; ``extra``: one transient source read last (Block
 AttnRes' partial sum). One program per (position, head) streams that head's slice of the position's sources
-in chunks with an online softmax: a read is one launch (the torch expression of ``mhar.model.inference`` takes four
+in chunks with an online softmax: a read is one launch (the torch expression ``reference.route_slots_reference``
+takes four
 or five small kernels, which dominate a decode step replayed as a CUDA graph). The training kernels
 (``mhar.model.routing.fused``) are built for thousands of positions per read; decoding has a few.
 

@@ -9,10 +9,10 @@ append n, which hands source n its gradient. Saved for backward: each read's out
 
 Forward. The first read announces the reads to come (``lookahead``: the model's static pseudo-queries, in
 order). Each buffered source is then scored once for all announced reads (the score table, ``score_sources``),
-every announced read mixes its sources with the table's scores (``route_fwd7``), and groups of ``V7_GROUP``
-consecutive announced reads share one pass over their common prefix (``prefix7_fwd``). Reads the table does not
+every announced read mixes its sources with the table's scores (``route_fwd_table``), and groups of ``READ_GROUP``
+consecutive announced reads share one pass over their common prefix (``prefix_fwd_table``). Reads the table does not
 serve (heads wider than ``TABLE_MAX_HEAD`` columns, a broadcast null source, a transient ``extra`` source, ``return_weights``, a read nobody announced) score
-their sources themselves (``route_fwd``; a group's shared prefix ``prefix6_fwd``).
+their sources themselves (``route_fwd``; a group's shared prefix ``prefix_fwd``).
 
 Backward, source-major: an announced read's backward keeps its dout (``stash``), and the backward of the first
 read that saw a source forms that source's gradient ONCE from every later read's dout (``source_bwd``; for up to
@@ -34,10 +34,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from mhar.model.routing._kernels import (LAUNCHES, append_source, dW_all, prefix6_fwd, prefix7_fwd, route_bwd, route_fwd, route_fwd7,
-                       score_sources, source_bwd, source_group_bwd, split_weights, stash)
-from mhar.model.routing.names import SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, TABLE_MAX_HEAD, V7_GROUP
-from mhar.model.routing.routers import Router
+from mhar.model.routing._kernels import (LAUNCHES, append_source, dW_all, prefix_fwd, prefix_fwd_table, route_bwd,
+                                         route_fwd, route_fwd_table, score_sources, source_bwd, source_group_bwd,
+                                         split_weights, stash)
+from mhar.model.routing.names import READ_GROUP, SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, TABLE_MAX_HEAD
+from mhar.model.routing.base import Router
 
 __all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES", "SOURCE_GROUP_MAX_HEAD", "TABLE_MAX_HEAD"]
 
@@ -235,7 +236,7 @@ class _Read(torch.autograd.Function):
         nul = null.contiguous() if null is not None else None
         scores = None
         if table:  # the scores from the table (no null / extra / returned weights: see FusedRouter.read)
-            out, lse = route_fwd7(st.buf, v.S, k, lo if P is not None else 0, n_buf, H, BT, D, st.dtype,
+            out, lse = route_fwd_table(st.buf, v.S, k, lo if P is not None else 0, n_buf, H, BT, D, st.dtype,
                                   init=P.reshape(BT, D) if P is not None else None,
                                   init_lse=lse_p.reshape(BT, H) if P is not None else None, lse_out=v.lse[k])
         elif P is None:
@@ -359,7 +360,7 @@ class FusedRouter(Router):
 
     name = "fused"
 
-    def __init__(self, group: int = V7_GROUP, source_group: int = SOURCE_GROUP, table: bool = True):
+    def __init__(self, group: int = READ_GROUP, source_group: int = SOURCE_GROUP, table: bool = True):
         for arg, val in (("group", group), ("source_group", source_group)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{arg} must be an integer >= 1 (1 = no sharing), got {val!r}")
@@ -478,10 +479,10 @@ class FusedRouter(Router):
                 v.group = grp = None
                 K = min(self.group, v.K - k)
                 if K > 1 and table and n > 0:
-                    Pk, lk = prefix7_fwd(st.buf, v.S, k, K, n, H, B * T, D, st.dtype)
+                    Pk, lk = prefix_fwd_table(st.buf, v.S, k, K, n, H, B * T, D, st.dtype)
                     v.group = grp = (k, K, n, Pk, lk)
                 elif K > 1 and n + (st.null is not None) > 0:
-                    Pk, lk = prefix6_fwd(st.buf if n else None, n, st.null.contiguous() if st.null is not None
+                    Pk, lk = prefix_fwd(st.buf if n else None, n, st.null.contiguous() if st.null is not None
                                          else None, v.W[k:k + K], H, eps, B * T, D, st.dtype, ss=st.ss)
                     v.group = grp = (k, K, n, Pk, lk)
             if grp is not None:

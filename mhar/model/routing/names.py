@@ -1,16 +1,16 @@
 """What the routing package and its fused kernels share, importable without torch or Triton: the fused path's
 fixed parameters, the ``auto`` rule, and the two kernel settings read from the environment.
 
-The names users choose from (``routing_impl``) are the registry ``mhar.model.config.ROUTING_IMPLS``.
+The names users choose from (``routing_impl``) are ``mhar.model.choices.ROUTING_IMPLS``.
 """
 from __future__ import annotations
 
 import os
 from functools import lru_cache
 
-from mhar.model.config import ROUTING_IMPLS
+from mhar.model.choices import ROUTING_IMPLS
 
-V7_GROUP = 4  # announced reads per forward group: one pass over their common prefix (score table reads)
+READ_GROUP = 4  # announced reads per forward group: one pass over their common prefix (score table reads)
 SOURCE_GROUP = 8  # consecutive sources whose gradients share one pass over the later reads' douts
 # Widest head (D / H columns) that takes source groups: the group kernel holds a head's columns for a group's
 # sources per token, which up to 160 (H = 8 at the 1B width) compiles without register spills for sm_90; wider
@@ -19,7 +19,7 @@ SOURCE_GROUP_MAX_HEAD = 160
 # Widest head that takes the score table: the scoring kernel holds a token block's head columns and the reads'
 # weights for them in one tile; at 1024 columns (H = 1 at D = 1024) that tile needs 320 KiB of shared memory and
 # does not launch on the H200, at 256 (H = 4) it runs (GPU tests). Wider heads score their sources in the
-# forward kernels (one pass per read, or per group of reads over their common prefix), as before the table.
+# forward kernels (one pass per read, or per group of reads over their common prefix).
 TABLE_MAX_HEAD = 256
 
 # The fused kernels' settings (documented in docs/ARCHITECTURE.md, "Routing"; provenance records them). Each

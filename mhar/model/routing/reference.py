@@ -13,6 +13,8 @@ Softmax statistics are computed in fp32; the output has the sources' dtype.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -52,3 +54,40 @@ def route_reference(
     if return_weights:
         return out, weights.permute(1, 2, 3, 0).contiguous()  # (B, T, H, N)
     return out
+
+
+def write_slot(buf: Tensor, ms: Tensor, src: Tensor, n: Tensor) -> None:
+    """Write source ``src`` (B, T, D), or a broadcast one, into slot ``n`` (0-dim long tensor) of ``buf``
+    (cap, B, T, D), and its mean square over D (fp32) into ``ms`` (cap, B, T, 1)."""
+    src = src.expand(buf.shape[1:])
+    idx = n.view(1)
+    buf.index_copy_(0, idx, src.to(buf.dtype).unsqueeze(0))
+    ms.index_copy_(0, idx, src.float().pow(2).mean(-1, keepdim=True).unsqueeze(0))
+
+
+def route_slots_reference(buf: Tensor, ms: Tensor, n: Tensor, query: Tensor, norm_weight: Tensor, num_heads: int,
+                          eps: float, extra: Optional[Tensor] = None, pending: Optional[Tensor] = None
+                          ) -> tuple[Tensor, Tensor]:
+    """``route_reference`` over the first ``n`` slots of a fixed-capacity buffer ``buf`` (cap, B, T, D) whose
+    mean squares over D are kept in ``ms`` (cap, B, T, 1) fp32 (+ ``pending``, written to slot n first, +
+    ``extra``, read last): ``softmax_n(rsqrt(ms_n + eps) * <s_n[h], (g q)[h]>)`` per head, mixed in fp32 (the
+    products' order differs from ``route_reference``: equal to rounding). Every slot is scored (one shape for
+    every read, so one compiled graph serves all of a model's reads); unwritten slots get weight exactly 0.
+
+    Returns out (B, T, D) in ``buf.dtype`` and the weights (cap [+ 1], B, T, H) fp32."""
+    if pending is not None:
+        write_slot(buf, ms, pending, n)
+        n = n + 1
+    cap, B, T, D = buf.shape
+    H = num_heads
+    S = buf.float().view(cap, B, T, H, D // H)
+    gq = (norm_weight.float() * query.float()).view(H, D // H)
+    scores = (S * gq).sum(-1) * torch.rsqrt(ms + eps)  # (cap, B, T, H)
+    scores = scores.masked_fill((torch.arange(cap, device=buf.device) >= n).view(cap, 1, 1, 1), float("-inf"))
+    if extra is not None:
+        E = extra.float().view(1, B, T, H, D // H)
+        es = (E * gq).sum(-1) * torch.rsqrt(extra.float().pow(2).mean(-1, keepdim=True) + eps)
+        S, scores = torch.cat([S, E]), torch.cat([scores, es])
+    w = torch.softmax(scores, dim=0)
+    out = (w.unsqueeze(-1) * S).sum(0).reshape(B, T, D).to(buf.dtype)
+    return out, w
