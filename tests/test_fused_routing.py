@@ -155,11 +155,11 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
     if group is not None and group > 1 and lookahead:  # forward prefix sharing: one pass per group
         n_groups = -(-n_reads // group) - (n_reads % group == 1)  # a last group of one read is plain
         n_own, n_table = (fused_mod.LAUNCHES[k] - launches.get(k, 0) for k in ("prefix_fwd", "prefix_fwd_table"))
-        assert n6 + n7 == n_groups, (n_own, n_table, n_groups)
+        assert n_own + n_table == n_groups, (n_own, n_table, n_groups)
         if not table or with_null:
-            assert n7 == 0
+            assert n_table == 0
         elif not with_extra or group % 2 == 0:  # (extra sources at odd reads: such a read opens with prefix_fwd)
-            assert n6 == 0
+            assert n_own == 0
     if table and lookahead and not with_null:  # every buffered source scored once; table reads
         assert fused_mod.LAUNCHES["score"] - launches.get("score", 0) == n_reads
         n_table_reads = fused_mod.LAUNCHES["route_fwd_table"] - launches.get("route_fwd_table", 0)

@@ -34,7 +34,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from mhar.hf.names import LAYER_MODULES, TOP_MODULES, model_config_from_mhar_fields
 from mhar.model.residuals import RESIDUALS
-from mhar.model.transformer import KVCache, Rotary, Transformer, rope_frequencies
+from mhar.model.kv_cache import KVCache
+from mhar.model.transformer import Rotary, Transformer, rope_frequencies
 
 # transformers 5 renamed the cache argument / output field from ``past_key_values`` to ``cache``
 _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
