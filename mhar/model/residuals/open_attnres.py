@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mhar.model.config import ConfigError, ModelConfig
-from mhar.model.residuals import register
+from mhar.model.residuals.registry import register
 from mhar.model.residuals.base import Residual
 
 GATE_TYPES = ("bias", "sigmoid_scalar", "sigmoid_vector", "learnable_alpha")
@@ -61,6 +61,7 @@ class OpenState(NamedTuple):
 class OpenAttnRes(Residual):
     """Block mode: a state is closed after the last layer of each block of ``layers_per_block`` layers."""
 
+    routed = True  # zero-init pseudo-queries; its own depth read (no Router), weights logged per site
     display_name = "Open AttnRes (block)"
     table_order = 7
     shows_heads = False
