@@ -22,6 +22,8 @@ def _model(variant="mhar", impl="eager", device="cpu", seed=0):
     res = {"variant": variant}
     if variant != "baseline":
         res.update(heads=2, routing_impl=impl)
+    if variant == "mhar_delta":
+        res.update(delta_block_layers=1)  # the debug preset has 2 layers; the default block of 4 does not divide it
     return build_model(model_config("debug", residual=res)).to(device)
 
 
