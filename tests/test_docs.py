@@ -37,3 +37,34 @@ def test_links_and_commands_exist(doc):
         if not (REPO / path).exists():
             bad.append(path)
     assert not bad, f"{doc.relative_to(REPO)} names what does not exist: {sorted(bad)}"
+
+
+PATH_ROOTS = ("mhar/", "eval/", "workflow/", "config/", "tests/", "benchmarks/", "scripts/", "docs/", "profiles/",
+              "results/bench/")
+
+
+def named_paths(text: str) -> set[str]:
+    """Repository paths a document names: `code` spans or table cells that start with a top-level folder of the
+    repository (patterns with <placeholders>, {alternatives}, * or ... are not single paths)."""
+    found = set()
+    for span in re.findall(r"`([^`\n]+)`", text) + re.findall(r"\|\s*([\w./-]+/[\w./-]*)\s*\|", text):
+        for token in re.split(r"[\s,()]+", span):
+            token = token.strip("[]").rstrip(".:;")
+            if token.startswith(PATH_ROOTS) and not re.search(r"[<{*$]|\.\.\.", token):
+                found.add(token.split("::")[0])
+    return found
+
+
+@pytest.mark.parametrize("doc", ["docs/ARCHITECTURE.md", "docs/DESIGN.md"])
+def test_architecture_names_only_paths_that_exist(doc):
+    text = (REPO / doc).read_text()
+    missing = sorted(p for p in named_paths(text) if not (REPO / p).exists())
+    assert not missing, f"{doc} names paths that do not exist: {missing}"
+
+
+def test_architecture_is_a_short_map():
+    assert len((REPO / "docs" / "ARCHITECTURE.md").read_text().splitlines()) <= 200
+
+
+def test_path_check_sees_a_missing_path():
+    assert named_paths("| `mhar/nope.py` | x |\n`eval/load/<x>.py` `mhar/model/` ") == {"mhar/nope.py", "mhar/model/"}
