@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Optional
 from pathlib import Path
 
 import pytest
@@ -100,12 +101,15 @@ def exports(tmp_path_factory):
     return root, out
 
 
-def train_toy(root: Path) -> Path:
+def train_toy(root: Path, residual: str = f"{{variant: {TOY}, module: tests.toy_variant}}",
+              corpus: Optional[Path] = None) -> Path:
     """A few steps of ``python -m mhar.train`` on tests/toy_variant.py's variant (a module outside mhar)."""
     root.mkdir()
-    corpus, cfg, run = root / "corpus.txt", root / "toy.yaml", root / "run"
-    corpus.write_text("".join(f"line {i} of a small corpus for the toy variant\n" for i in range(400)))
-    cfg.write_text(f"model:\n  preset: debug\n  residual: {{variant: {TOY}, module: tests.toy_variant}}\n")
+    cfg, run = root / "toy.yaml", root / "run"
+    if corpus is None:
+        corpus = root / "corpus.txt"
+        corpus.write_text("".join(f"line {i} of a small corpus for the toy variant\n" for i in range(400)))
+    cfg.write_text(f"model:\n  preset: debug\n  residual: {residual}\n")
     cmd = [sys.executable, "-m", "mhar.train", str(cfg), f"data.corpus={corpus}", "data.seq_len=32",
            f"data.cache_dir={root / 'cache'}", "data.val_tokens=256", "train.steps=4", "train.global_batch=4",
            "train.micro_batch=2", "train.warmup_steps=1", "train.eval_every=2", "train.tail_k=1",
@@ -463,3 +467,19 @@ def test_an_unshippable_import_is_refused_naming_it(tmp_path, monkeypatch):
         ship.plan("shipme_a")
     with pytest.raises(ship.ShipError, match=r"imports a module.*mhar.model.config instead"):
         ship.plan("shipme_b")
+
+
+def test_toy_variant_is_tabulated_under_its_own_display_name(tmp_path):
+    """The toy variant (a module outside mhar; nothing else edited), trained by python -m mhar.train as for the
+    export tests above, appears in Table 1 under the display name its class declares, paired with a baseline."""
+    from eval.tables.build import make_table
+    from tests.toy_variant import GatedResidual
+
+    corpus = tmp_path / "corpus.txt"  # one config but the residual: the same corpus, hence the same data order
+    corpus.write_text("".join(f"line {i} of a small corpus for the toy variant\n" for i in range(400)))
+    base = train_toy(tmp_path / "base", residual="{variant: baseline}", corpus=corpus)
+    toy = train_toy(tmp_path / "toy", corpus=corpus)
+    assert json.loads((toy / "summary.json").read_text())["display"]["display"] == GatedResidual.display_name
+    make_table("table1", [base / "summary.json", toy / "summary.json"], tmp_path / "t1")
+    rows = (tmp_path / "t1.md").read_text()
+    assert f"| {GatedResidual.display_name}" in rows or f" {GatedResidual.display_name} " in rows, rows

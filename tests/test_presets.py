@@ -38,12 +38,15 @@ def test_a_taken_size_name_is_refused():
 def test_display_record_reads_the_class_attributes():
     cls = residual_class("toy_gated")
     rec = display_record("toy_gated")
-    assert rec == {"display": "toy_gated", "order": cls.table_order, "shows_heads": cls.shows_heads}
+    assert rec == {"display": "toy gated residual", "order": 90, "shows_heads": cls.shows_heads}
+    saved = cls.display_name, cls.table_order, cls.shows_heads
     try:  # a variant's display is its class attributes, nothing else
         cls.display_name, cls.table_order, cls.shows_heads = "Toy gate", 7, True
         assert display_record("toy_gated") == {"display": "Toy gate", "order": 7, "shows_heads": True}
+        cls.display_name = None  # no name of its own: the registered name
+        assert display_record("toy_gated")["display"] == "toy_gated"
     finally:
-        del cls.display_name, cls.table_order, cls.shows_heads
+        cls.display_name, cls.table_order, cls.shows_heads = saved
 
 
 def test_built_in_display_names_and_order():

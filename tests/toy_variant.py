@@ -16,6 +16,9 @@ from mhar.model.residuals.base import Residual
 
 @register("toy_gated")
 class GatedResidual(Residual):
+    display_name = "toy gated residual"  # what tables and the model card call it
+    table_order = 90
+
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
         if cfg.residual.heads != 1:
