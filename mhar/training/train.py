@@ -405,7 +405,7 @@ def _summary(run: _Run) -> dict:
         "val_losses": prog.val_losses, "wall_s": round(prog.wall_s, 3), "flops": prog.flops,
         "params": run.raw.num_params(), "tokens_per_s": prog.tokens / max(prog.train_s, 1e-9),
         "peak_mem_gb": round(_peak_mem_gb(run.env.device), 3), "run": run_identity(cfg),
-        "display": display_record(cfg.variant),  # how tables show the variant (its Residual class's attributes)
+        "display": display_record(cfg.model.residual.variant),  # how tables show the variant (its Residual class's attributes)
         **run.speed.summary(run.plan), "startup": run.startup.record,
     }
 
