@@ -39,6 +39,7 @@ from mhar.runs.atomic import (atomic_write_bytes, atomic_write_json, atomic_writ
 from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, clean_stale_temps, load_error_brief,
                                   safe_torch_load, save_model, sha256_path)
 from mhar.runs.config import RunConfig, dump_yaml, identity_hash, recorded_run_config, yaml_error_line, yaml_load
+from mhar.runs.pairing import differences
 from mhar.runs.provenance import utc_now
 
 __all__ = ["RunFolder", "RunDirError", "MetricsLog", "Progress", "STATE_FORMAT", "rng_state", "set_rng_state"]
@@ -131,17 +132,6 @@ class MetricsLog:
             self._f = None
 
 
-def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += _dict_diff(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
-    return out
-
-
 class RunFolder:
     """One training run's folder: lock, status, records, metrics log, checkpoints, model export.
 
@@ -213,7 +203,7 @@ class RunFolder:
             why = yaml_error_line(e) if isinstance(e, yaml.YAMLError) else str(e).replace("\n", " ")
             raise RunDirError(f"{self.config} is unreadable ({why}); refusing to overwrite the run in {self.path}") from None
         if identity_hash(old) != identity_hash(cfg):
-            diff = _dict_diff(old.to_dict(), cfg.to_dict())
+            diff = [f"{k}: {va!r} -> {vb!r}" for k, va, vb in differences(old.to_dict(), cfg.to_dict())]
             raise RunDirError(f"{self.path} holds a run of a different config (differs in: {', '.join(diff[:8])}); "
                               "refusing to overwrite it. Choose another --out (the workflow's run paths "
                               "carry the run identity, so a changed definition gets its own directory).")
