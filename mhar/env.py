@@ -37,6 +37,14 @@ DEFAULT_COMPILE_CACHE = "results/cache/compile"
 _USER_COMPILE_ENV = {k: os.environ.get(k) for k in COMPILE_CACHE_ENV}
 
 
+WANDB_PROJECT_ENV = "WANDB_PROJECT"  # W&B's own variable; the harness's default project is "mhar"
+
+
+def wandb_project() -> str:
+    """The W&B project of tracked runs: ``$WANDB_PROJECT`` (W&B's own variable), else ``mhar``."""
+    return os.environ.get(WANDB_PROJECT_ENV) or "mhar"
+
+
 def data_dir(explicit: Optional[str | os.PathLike] = None) -> Optional[Path]:
     """The data directory: ``explicit`` when given, else ``$MHAR_DATA_DIR``, else None (the hub).
 

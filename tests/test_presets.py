@@ -53,7 +53,8 @@ def test_built_in_display_names_and_order():
     """What the paper calls each built-in variant, in the tables' order; H is shown for mhar and mhar_delta."""
     want = [("baseline", "baseline", False), ("hyper", "hyper-conn", False),
             ("attnres", "single-head (AttnRes)", False), ("block_attnres", "Block AttnRes", False),
-            ("mhar", "MHAR", True), ("mhar_hw", "MHAR-HW", False), ("mhar_delta", "MHAR-delta", True)]
+            ("mhar", "MHAR", True), ("mhar_hw", "MHAR-HW", False), ("mhar_delta", "MHAR-delta", True),
+            ("open_attnres", "Open AttnRes (block)", False), ("open_attnres_full", "Open AttnRes (full)", False)]
     builtin = [v for v in variant_names() if residual_class(v).__module__.startswith("mhar.")]
     recs = sorted(((display_record(v)["order"], v) for v in builtin))
     assert [v for _, v in recs] == [v for v, _, _ in want]

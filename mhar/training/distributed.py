@@ -57,10 +57,15 @@ def resolve_device(pref: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
+def launch_rank() -> int:
+    """This process's rank as torchrun set it (0 when not launched by torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def init_distributed(device_pref: str = "auto", parallel: str = "ddp") -> DistEnv:
     """Join the process group when launched by torchrun (or with RANK/WORLD_SIZE set)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
+    rank = launch_rank()
     local = int(os.environ.get("LOCAL_RANK", str(rank)))
     device = resolve_device(device_pref, local)
     if world > 1:

@@ -32,6 +32,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
+from mhar import env
 from mhar.model.config import ConfigError
 from mhar.runs.atomic import atomic_write_json
 from mhar.runs.config import RunConfig, dump_yaml, run_identity, tracker_names
@@ -114,7 +115,7 @@ class _WandB:
 
         self.wandb = wandb
         try:
-            self.run = wandb.init(project=record["project"], entity=os.environ.get("WANDB_ENTITY") or None,
+            self.run = wandb.init(project=record["project"], entity=None,  # None: wandb reads $WANDB_ENTITY itself
                                   id=record["id"], resume="allow", group=record.get("group"), name=record["name"],
                                   dir=str(run_dir), config=config,
                                   settings=wandb.Settings(console="off", x_disable_stats=True, silent=True))
@@ -166,7 +167,7 @@ def open_trackers(cfg: RunConfig, run_dir: str | os.PathLike, names: Sequence[st
     if "wandb" in names:
         wb = record.get("wandb") if isinstance(record.get("wandb"), dict) else {}
         wb.setdefault("id", f"{ident['identity'][:8]}-{secrets.token_hex(4)}")
-        wb.setdefault("project", os.environ.get("WANDB_PROJECT") or "mhar")
+        wb.setdefault("project", env.wandb_project())
         wb["group"] = cfg.train.tracking_group or wb.get("group")
         wb["name"], wb["dir"] = record["name"], "wandb"
         record["wandb"] = wb

@@ -48,8 +48,8 @@ from mhar.runs.config import RunConfig, dump_yaml, identity_hash, load_run_confi
 from mhar.runs.provenance import collect_provenance, utc_now
 from mhar.runs.run_dir import STATE_FORMAT, MetricsLog, Progress, RunDirError, RunFolder, set_rng_state
 from mhar.training.distributed import (DistEnv, all_reduce_mean, barrier, cuda_missing, even_batches, full_model_state,
-                                       full_state, gather_batches, init_distributed, load_full_state, no_grad_sync, shutdown,
-                                       wrap_model)
+                                       full_state, gather_batches, init_distributed, launch_rank, load_full_state,
+                                       no_grad_sync, shutdown, wrap_model)
 from mhar.training.optim import EMA, batch_digest, load_init_weights, lr_at, param_groups
 from mhar.training.preemption import EXIT_PREEMPTED, Preempted, StopSignals
 from mhar.training.progress import Progressbar, Startup
@@ -405,7 +405,7 @@ def _summary(run: _Run) -> dict:
         "val_losses": prog.val_losses, "wall_s": round(prog.wall_s, 3), "flops": prog.flops,
         "params": run.raw.num_params(), "tokens_per_s": prog.tokens / max(prog.train_s, 1e-9),
         "peak_mem_gb": round(_peak_mem_gb(run.env.device), 3), "run": run_identity(cfg),
-        "display": display_record(cfg.model.residual.variant),  # how tables show the variant (its Residual class's attributes)
+        "display": display_record(cfg.model.residual.variant),  # how tables show it: its Residual class attributes
         **run.speed.summary(run.plan), "startup": run.startup.record,
     }
 
@@ -427,7 +427,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         train(cfg, args.out, stop_after=args.stop_after, started=_IMPORT_TIME)
     except Preempted as e:  # a checkpoint of step e.step is on disk
-        if os.environ.get("RANK", "0") == "0":
+        if launch_rank() == 0:
             print(e, file=sys.stderr)
         return EXIT_PREEMPTED
     except KeyboardInterrupt:  # Ctrl-C twice (or before training began): no traceback
