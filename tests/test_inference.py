@@ -326,3 +326,35 @@ def test_gpu_fused_prefill_graph_decode_equals_eager():
         model = _model("mhar", device="cuda", heads=8, routing_impl=impl)
         outs.append(model.generate(_contexts(16), 10))
     assert outs[0] == outs[1]
+
+
+DECODE_COPY = """
+import gc, importlib.util, sys, torch
+from mhar.model.routing import decode
+spec = importlib.util.spec_from_file_location("shipped_copy_of_decode", decode.__file__)
+copy = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(copy)   # what loading a Hugging Face export does in a process that imported mhar
+buf = torch.randn(4, 1, 1, 8)
+ms = buf.pow(2).mean(-1)
+a = copy.decode_read(buf.clone(), ms.clone(), 3, torch.ones(8), torch.ones(8), 2, 1e-6)
+del copy
+gc.collect()                    # transformers drops the export's modules again
+b = decode.decode_read(buf.clone(), ms.clone(), 3, torch.ones(8), torch.ones(8), 2, 1e-6)
+print(bool(torch.equal(a, b)))
+"""
+
+
+def test_a_shipped_copy_of_the_decode_op_leaves_the_package_op_working():
+    """An export ships routing/decode.py; loading it where mhar is imported must not define the custom op a second
+    time (that corrupts the dispatcher: a later decode read crashed the process)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    res = subprocess.run([sys.executable, "-c", DECODE_COPY], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and res.stdout.split()[-1] == "True", (res.returncode, res.stderr[-2000:])

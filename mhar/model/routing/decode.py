@@ -16,6 +16,7 @@ fake implementation, so ``torch.compile`` traces a decode step through it withou
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Optional
 
@@ -112,17 +113,32 @@ def _launch(buf: Tensor, ms: Tensor, n: int, q: Tensor, g: Tensor, H: int, eps: 
                                 HAS_EXT=extra is not None, num_warps=4)
 
 
-@torch.library.custom_op("mhar::decode_read", mutates_args=("buf", "ms"))
-def _decode_read_op(buf: Tensor, ms: Tensor, n: int, q: Tensor, g: Tensor, H: int, eps: float,
-                    pending: Optional[Tensor], extra: Optional[Tensor]) -> Tensor:
+def _op_name() -> str:
+    """``mhar::decode_read`` for the package's module. A copy of this file shipped inside a Hugging Face export
+    runs under another module name, possibly in a process that also imported the package: it registers an op
+    of its own name, since defining one op twice breaks the dispatcher (and a copy's op goes with its module)."""
+    if __name__ == "mhar.model.routing.decode":
+        return "mhar::decode_read"
+    return "mhar_export::decode_read_" + hashlib.sha1(__name__.encode()).hexdigest()[:12]
+
+
+def _impl(buf: Tensor, ms: Tensor, n: int, q: Tensor, g: Tensor, H: int, eps: float,
+          pending: Optional[Tensor], extra: Optional[Tensor]) -> Tensor:
     out = torch.empty(buf.shape[1:], dtype=buf.dtype, device=buf.device)
     _launch(buf, ms, n, q, g, H, eps, pending, extra, out)
     return out
 
 
-@_decode_read_op.register_fake
-def _(buf, ms, n, q, g, H, eps, pending, extra):
+def _fake(buf, ms, n, q, g, H, eps, pending, extra):
     return buf.new_empty(buf.shape[1:])
+
+
+_NAMESPACE, _OP = _op_name().split("::")
+if hasattr(getattr(torch.ops, _NAMESPACE), _OP):  # this module executed again (an export loaded twice)
+    _decode_read_op = getattr(getattr(torch.ops, _NAMESPACE), _OP)
+else:
+    _decode_read_op = torch.library.custom_op(_op_name(), _impl, mutates_args=("buf", "ms"))
+    _decode_read_op.register_fake(_fake)
 
 
 def decode_read(buf: Tensor, ms: Tensor, n: int, q: Tensor, g: Tensor, H: int, eps: float,
