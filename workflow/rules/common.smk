@@ -123,9 +123,12 @@ def eval_wandb_args(wildcards, output):
     if "group" not in keys:
         extra.append(f"group={STUDY_HASH}")
     if "name" not in keys:
-        extra.append(
-            f"name={wildcards.variant}/{wildcards.size}/seed{wildcards.seed}/{wildcards.task}"
+        who = (
+            f"released/{wildcards.label}"
+            if "label" in wildcards.keys()
+            else f"{wildcards.variant}/{wildcards.size}/seed{wildcards.seed}"
         )
+        extra.append(f"name={who}/{wildcards.task}")
     return ",".join([given, *extra])
 
 

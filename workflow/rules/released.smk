@@ -74,6 +74,7 @@ rule evaluate_released:
         device=DS["device"],
         bootstrap_iters=DS["bootstrap_iters"],
         tasks_dir=TASKS_DIR,
+        wandb_args=eval_wandb_args,
     script:
         "../scripts/evaluate.py"
 
