@@ -45,6 +45,12 @@ def wandb_project() -> str:
     return os.environ.get(WANDB_PROJECT_ENV) or "mhar"
 
 
+def wandb_mode() -> Optional[str]:
+    """``$WANDB_MODE`` (W&B's own variable: online | offline | disabled) as this process sees it now, passed to each
+    ``wandb.init`` so a run follows it even where wandb's process-wide settings were made earlier."""
+    return os.environ.get("WANDB_MODE") or None
+
+
 def data_dir(explicit: Optional[str | os.PathLike] = None) -> Optional[Path]:
     """The data directory: ``explicit`` when given, else ``$MHAR_DATA_DIR``, else None (the hub).
 

@@ -116,6 +116,7 @@ class _WandB:
         self.wandb = wandb
         try:
             self.run = wandb.init(project=record["project"], entity=None,  # None: wandb reads $WANDB_ENTITY itself
+                                  mode=env.wandb_mode(),
                                   id=record["id"], resume="allow", group=record.get("group"), name=record["name"],
                                   dir=str(run_dir), config=config,
                                   settings=wandb.Settings(console="off", x_disable_stats=True, silent=True))
