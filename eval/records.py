@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mhar.runs.checkpoint import pid_alive
+from mhar.runs.atomic import pid_alive
 
 LM_EVAL_DIR = "lm_eval"  # lm-eval's own output files (its --output_path) inside each task folder
 

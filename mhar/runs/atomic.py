@@ -145,3 +145,16 @@ def check_writable(folder: str | os.PathLike) -> Optional[list[Path]]:
         raise
     probe.unlink(missing_ok=True)
     return list(reversed(created))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (the owner of a temp file, lock or staging folder)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

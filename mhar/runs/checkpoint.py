@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import torch
 
-from mhar.runs.atomic import _fsync_dir, _tmp_of, atomic_write_text
+from mhar.runs.atomic import _fsync_dir, _tmp_of, atomic_write_text, pid_alive
 from mhar.data.tokenizer import get_tokenizer
 from mhar.model.config import ConfigError, model_config_from_dict, stored_routing_impl, to_dict
 from mhar.model.transformer import Transformer
@@ -42,16 +42,6 @@ class CheckpointError(RuntimeError):
 _TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
 
 
-def pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clean_stale_temps(folder: str | os.PathLike) -> list[Path]:

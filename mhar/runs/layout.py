@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mhar.runs.atomic import atomic_write_text, os_error_line, read_json
+from mhar.runs.atomic import atomic_write_text, os_error_line, pid_alive, read_json
 from mhar.model.config import config_hash
 from mhar.runs.config import PATH_ID_LEN, RunConfig, identity_hash, recorded_run_config, run_identity, yaml_load
 
@@ -103,12 +103,8 @@ def trainer_alive(path: Path) -> bool:
         pid = int((path / ".lock").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:
         return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
