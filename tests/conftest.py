@@ -17,3 +17,35 @@ if not torch.cuda.is_available():
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                       os.path.join(os.environ.get("TMPDIR", "/tmp"), f"torchinductor_{os.getuid()}"))
 os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".triton", "cache"))
+
+
+import logging  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _logging_handlers_per_test():
+    """CLIs under test configure logging: eval.run's ``logging.basicConfig`` binds the root logger, lm-eval's CLI
+    binds the ``lm_eval`` logger (once per process: ``lm_eval.utils._LOGGING_CONFIGURED``), each to the stderr
+    pytest captured for *that* test and closes after it. A later test in the same worker then logs into a closed
+    stream ("--- Logging error ---" on its stderr, which the one-error-line checks read). Every test starts with
+    the handlers it found and leaves them so: what a test's CLI bound is unbound afterwards."""
+    def loggers():
+        found = logging.Logger.manager.loggerDict.values()
+        return [logging.getLogger()] + [lg for lg in found if isinstance(lg, logging.Logger)]
+
+    saved = {lg: (set(lg.handlers), lg.propagate) for lg in loggers()}
+    utils = sys.modules.get("lm_eval.utils")
+    configured = getattr(utils, "_LOGGING_CONFIGURED", False)
+    yield
+    for lg in loggers():
+        before, propagate = saved.get(lg, (set(), lg.propagate))
+        for h in list(lg.handlers):  # pytest's own capture handlers come and go with its phases: left alone
+            if h not in before and not type(h).__module__.startswith("_pytest"):
+                lg.removeHandler(h)
+        lg.propagate = propagate
+    utils = sys.modules.get("lm_eval.utils")
+    if utils is not None and hasattr(utils, "_LOGGING_CONFIGURED"):
+        utils._LOGGING_CONFIGURED = bool(configured)

@@ -19,16 +19,6 @@ from mhar.runs.config import load_run_config, run_identity
 DATA_DIR = os.environ.get("MHAR_DATA_DIR")
 
 
-@pytest.fixture(autouse=True)
-def _own_root_log_handlers(monkeypatch):
-    """eval.run's CLI (logging.basicConfig) binds the root logger to the stderr of the first test that calls it,
-    captured and closed after that test: each test starts without root handlers, so its own call logs to its
-    own stderr and the one-error-line checks see no "Logging error" of a closed stream."""
-    import logging
-
-    monkeypatch.setattr(logging.getLogger(), "handlers", [])
-
-
 def _export(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = Transformer(model_config("debug", max_seq_len=64))
@@ -210,14 +200,6 @@ def test_vocabulary_smaller_than_the_tokenizer_is_refused_by_the_lm_eval_adapter
     model = save_model(tmp_path / "small" / "model.pt", small, "byte")
     monkeypatch.setattr(MharLM, "_loglikelihood_tokens", lambda *a, **k: pytest.fail("evaluation started"))
     monkeypatch.setenv("MHAR_DATA_DIR", str(_tiny_data(tmp_path)))
-    import logging
-
-    import lm_eval.utils
-
-    lm_log = logging.getLogger("lm_eval")  # lm-eval's CLI binds a handler to this test's captured stderr: undone
-    for obj, name in ((lm_eval.utils, "_LOGGING_CONFIGURED"), (lm_log, "handlers"), (lm_log, "propagate")):
-        value = getattr(obj, name)
-        monkeypatch.setattr(obj, name, list(value) if isinstance(value, list) else value)
     out = tmp_path / "lm_eval_out"
     assert main(["--model", "mhar", "--model_args", f"pretrained={model}", "--tasks", "lambada_openai",
                  "--limit", "2", "--device", "cpu", "--output_path", str(out), "--log_samples"]) == 2
