@@ -79,33 +79,39 @@ localrules:
 
 
 rule reproduce_table1:
+    default_target: config.get("target") == "reproduce_table1"
     input:
         table_files("table1"),
         figure_files("loss_curves"),
 
 
 rule reproduce_seeds:
+    default_target: config.get("target") == "reproduce_seeds"
     input:
         table_files("seeds"),
 
 
 rule reproduce_heads:
+    default_target: config.get("target") == "reproduce_heads"
     input:
         table_files("heads"),
         figure_files("head_sweep"),
 
 
 rule reproduce_downstream:
+    default_target: config.get("target") == "reproduce_downstream"
     input:
         table_files("downstream"),
 
 
 rule reproduce_cost:
+    default_target: config.get("target") == "reproduce_cost"
     input:
         reproduce_cost_inputs,
 
 
 rule reproduce_cpt:
+    default_target: config.get("target") == "reproduce_cpt"
     input:
         reproduce_cpt_inputs,
 
@@ -113,5 +119,6 @@ rule reproduce_cpt:
 # The authors' released checkpoints (config `released:`, e.g. --configfile config/released.yaml): import,
 # evaluate, and the released-models table beside their published numbers.
 rule reproduce_released:
+    default_target: config.get("target") == "reproduce_released"
     input:
         reproduce_released_inputs,

@@ -26,7 +26,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fixtures_analysis as fx  # noqa: E402
-from test_workflow import configfiles, job_counts, load, snakemake  # noqa: E402
+from test_workflow import bench_standins, configfiles, job_counts, load, snakemake  # noqa: E402
 
 from eval import released as rel  # noqa: E402
 from eval import verdict as vd  # noqa: E402
@@ -61,6 +61,31 @@ def test_dry_run_plans_import_evaluation_and_table(tmp_path):
         "wdlctc/open-attnres-0.6b-block", "Qwen/Qwen3-0.6B"}
     assert f"{cfg['reports_dir']}/released.md" in res.stdout  # its own reports folder, never reports/
     rel.check_choices(arms)  # every arm names published rows that exist
+
+
+def test_the_overlay_names_its_target_and_the_issue_command_plans_it(tmp_path):
+    """`snakemake -n --configfile config/released.yaml reproduce_released`, typed from the repository root as the
+    README says: Snakemake's --configfile swallows the target name as a second config file, which is the one-key
+    overlay ./reproduce_released naming the same target; the overlay alone (no target) plans it too, and the
+    default target stays `all` without it."""
+    import subprocess
+
+    from test_workflow import REPO
+
+    env = {k: v for k, v in os.environ.items() if k != "MHAR_DATA_DIR"}
+    env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO))
+    want = {"import_released": 5, "evaluate_released": 15, "table_released": 1, "reproduce_released": 1}
+    for args in (["--configfile", OVERLAY, "reproduce_released"], ["--configfile", OVERLAY]):
+        res = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-d", str(tmp_path), *args], cwd=REPO,
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert job_counts(res.stdout) == want, args
+    assert load("reproduce_released") == {"target": "reproduce_released"}
+    bench_standins(tmp_path)
+    res = snakemake(["-n", *configfiles("config/ci.yaml")], tmp_path)  # no overlay naming a target: `all`
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    counts = job_counts(res.stdout)
+    assert counts.get("all") == 1 and "reproduce_released" not in counts
 
 
 def test_missing_local_folder_or_unknown_source_is_refused_when_planning(tmp_path):
