@@ -147,7 +147,7 @@ class Runner:
         appears (metrics are flushed only at checkpoints, so the checkpoint file is the signal);
         False if the process ended first."""
         while proc.poll() is None:
-            if any(ckpt_dir.glob("state-*.pt.sha256")):  # a complete checkpoint (mhar.training.train.save_state)
+            if any(ckpt_dir.glob("state-*.pt.sha256")):  # a complete checkpoint (mhar.runs.run_dir.RunFolder.save_state)
                 time.sleep(self.args.kill_delay)
                 if proc.poll() is not None:
                     return False

@@ -1,5 +1,5 @@
-"""``python -m mhar.train CONFIG [key=value ...] --out RUN_DIR``: the trainer's command (mhar.training.train)."""
-from mhar.training.train import main
+"""``python -m mhar.train CONFIG [key=value ...] --out RUN_DIR``: the trainer's command (mhar.training.cli)."""
+from mhar.training.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 import mhar.runs.checkpoint as C
+import mhar.training.cli as CLI
 import mhar.training.train as T
-from mhar.runs.config import load_run_config
+from mhar.runs.config import dump_yaml, load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +29,7 @@ _DRIVER = r"""
 import os, re, signal, sys
 from pathlib import Path
 import mhar.runs.checkpoint as C
-import mhar.training.train as T
+import mhar.training.cli as CLI
 
 mode, target, trace, cfg_file, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 events = []
@@ -74,7 +75,7 @@ def write(self, b):
     return real_write(self, b)
 
 C._HashingWriter.write = write
-sys.exit(T.main([cfg_file, "--out", out]))
+sys.exit(CLI.main([cfg_file, "--out", out]))
 """
 
 OVERRIDES = ["model.preset=debug", "data.corpus=synthetic:20000", "data.seq_len=32", "data.val_tokens=128",
@@ -158,7 +159,7 @@ def test_resume_falls_back_to_the_newest_valid_checkpoint(tmp_path, capsys):
     raw[len(raw) // 2] ^= 0x01  # the newest checkpoint is damaged (or its checksum is missing)
     (ck / "state-00000004.pt").write_bytes(bytes(raw))
     capsys.readouterr()
-    assert T.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 0
+    assert CLI.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 0
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("warning: skipping the newer training checkpoint(s) "
@@ -177,7 +178,7 @@ def test_without_any_valid_checkpoint_resume_refuses_and_keeps_everything(tmp_pa
     side.unlink()
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     capsys.readouterr()
-    assert T.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 2
+    assert CLI.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: training checkpoint: ") and "no checksum file" in err
     assert f"delete {run / 'checkpoint'} to restart" in err
@@ -186,7 +187,7 @@ def test_without_any_valid_checkpoint_resume_refuses_and_keeps_everything(tmp_pa
 
 def _yaml(tmp: Path, cfg) -> Path:
     p = tmp / "cfg.yaml"
-    p.write_text(T.dump_yaml(cfg.to_dict()))
+    p.write_text(dump_yaml(cfg.to_dict()))
     return p
 
 
@@ -205,14 +206,14 @@ def test_disk_full_during_a_checkpoint_is_one_error_line_and_loses_nothing(tmp_p
 
     monkeypatch.setattr(C._HashingWriter, "write", full_at_second_state)
     capsys.readouterr()
-    assert T.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 2
+    assert CLI.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: training failed on "), err
     assert "No space left on device (ENOSPC)" in err and "the disk is full" in err and "run the same command" in err
     left = sorted(p.name for p in (run / "checkpoint").iterdir())
     assert left == ["state-00000002.pt", "state-00000002.pt.sha256"], left  # the previous one is intact
     monkeypatch.setattr(C._HashingWriter, "write", real)
-    assert T.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 0
+    assert CLI.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 0
     assert (run / "model.pt").read_bytes() == (ref / "model.pt").read_bytes()
     assert _metrics(run) == _metrics(ref)
 
@@ -245,7 +246,7 @@ def test_a_write_failing_inside_torch_save_is_one_error_line_and_loses_nothing(t
 
     monkeypatch.setattr(C._HashingWriter, "write", fails_mid_second_state)
     capsys.readouterr()
-    assert T.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 2
+    assert CLI.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 2
     err = capsys.readouterr().err
     state = run / "checkpoint" / "state-00000004.pt"
     assert err.count("\n") == 1 and err.startswith(f"error: training failed on {state}: {says}"), err
@@ -253,7 +254,7 @@ def test_a_write_failing_inside_torch_save_is_one_error_line_and_loses_nothing(t
     left = sorted(p.name for p in (run / "checkpoint").iterdir())
     assert left == ["state-00000002.pt", "state-00000002.pt.sha256"], left  # the previous one is intact
     monkeypatch.setattr(C._HashingWriter, "write", real)
-    assert T.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 0
+    assert CLI.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 0
     assert (run / "model.pt").read_bytes() == (ref / "model.pt").read_bytes()
     assert _metrics(run) == _metrics(ref)
 
@@ -283,7 +284,7 @@ def test_unwritable_run_dir_fails_before_any_data_is_loaded(tmp_path, capsys, mo
     monkeypatch.setattr(T, "load_data", lambda *a, **k: pytest.fail("data loaded before --out was checked"))
     cfg = _cfg(tmp_path)
     capsys.readouterr()
-    assert T.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 2
+    assert CLI.main([str(_yaml(tmp_path, cfg)), "--out", str(run)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: --out {run} is not a usable run directory: ") and says in err
     assert not run.exists()

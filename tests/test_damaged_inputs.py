@@ -94,18 +94,18 @@ def test_string_nan_loss_in_a_summary_or_metrics_file_is_refused(tmp_path, capsy
 
 
 def test_yaml_python_tags_are_refused_and_never_run(tmp_path, capsys):
-    import mhar.training.train as T
+    import mhar.training.cli as CLI
 
     marker = tmp_path / "pwned"
     tag = f'!!python/object/apply:os.system ["touch {marker}"]'
     # a command-line override
     _refused(capsys, ["config/train/debug.yaml", f"train.lr={tag}", "--out", str(tmp_path / "r")],
-             "override train.lr: YAML tag", "is refused", main=T.main)
+             "override train.lr: YAML tag", "is refused", main=CLI.main)
     # a config file
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"train:\n  lr: {tag}\n")
     _refused(capsys, [str(cfg), "--out", str(tmp_path / "r")], f"{cfg}: not valid YAML: YAML tag", "(line 2",
-             main=T.main)
+             main=CLI.main)
     # the CPT manifest
     man = tmp_path / "cpt.yaml"
     man.write_text(f"base: {tag}\nplain: p\nmhar: m\n")
@@ -120,10 +120,10 @@ def test_yaml_python_tags_are_refused_and_never_run(tmp_path, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_cuda_device_without_a_gpu_is_a_config_error(tmp_path, capsys):
-    import mhar.training.train as T
+    import mhar.training.cli as CLI
 
     _refused(capsys, ["config/train/debug.yaml", "train.device=cuda", "--out", str(tmp_path / "r")],
-             "train.device=cuda but no CUDA device is visible", main=T.main)
+             "train.device=cuda but no CUDA device is visible", main=CLI.main)
     assert not (tmp_path / "r").exists()
 
 

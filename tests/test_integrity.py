@@ -14,7 +14,7 @@ from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, clean_stal
                              save_model, sha256_path, verify_sha256)
 from mhar.model.config import model_config
 from mhar.model.transformer import Transformer
-from mhar.runs.config import load_run_config, run_identity
+from mhar.runs.config import dump_yaml, load_run_config, run_identity
 
 DATA_DIR = os.environ.get("MHAR_DATA_DIR")
 
@@ -101,7 +101,7 @@ def _bare_model(tmp_path: Path, variant: str = "mhar") -> Path:
 
 
 def test_model_without_checksum_is_refused_by_every_loader(tmp_path, capsys, monkeypatch):
-    import mhar.training.train as T
+    import mhar.training.cli as CLI
     from eval import figures, probe
     from mhar.cpt.cli import main as cpt_main
 
@@ -123,8 +123,8 @@ def test_model_without_checksum_is_refused_by_every_loader(tmp_path, capsys, mon
                                   "data.corpus=synthetic:5000", "data.seq_len=32", "train.steps=1",
                                   "train.global_batch=2", "train.micro_batch=2", "train.device=cpu",
                                   f"data.cache_dir={tmp_path / 'cache'}", f"train.init_from={model}"])
-    cfg.write_text(T.dump_yaml(base.to_dict()))
-    assert T.main([str(cfg), "--out", str(tmp_path / "run")]) == 2
+    cfg.write_text(dump_yaml(base.to_dict()))
+    assert CLI.main([str(cfg), "--out", str(tmp_path / "run")]) == 2
     _one_error_line(capsys.readouterr().err, "train.init_from", "no checksum file")
 
 

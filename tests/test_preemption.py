@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 import mhar.training.train as T
+from mhar.runs.config import load_run_config
 from mhar.training.preemption import EXIT_PREEMPTED, Preempted, StopSignals
 from test_train import corpus, read_metrics  # noqa: F401  (corpus is a fixture)
 
@@ -65,7 +66,7 @@ def reference(corpus, tmp_path_factory):
     """An uninterrupted run of the config (in this process)."""
     tmp = tmp_path_factory.mktemp("reference")
     config = _config(corpus, tmp)
-    T.train(T.load_run_config(config), tmp / "run")
+    T.train(load_run_config(config), tmp / "run")
     return config, tmp / "run"
 
 

@@ -147,13 +147,13 @@ def test_kernel_settings_are_two_and_checked(monkeypatch):
 def _train_smoke(tmp_path, out, *extra):
     """``python -m mhar.train config/train/gpu_smoke.yaml model.residual.variant=mhar model.residual.heads=8``
     (no routing_impl) shrunk to a CPU second; returns its provenance.json."""
-    import mhar.training.train as T
+    import mhar.training.cli as CLI
     args = [str(ROOT / "config" / "train" / "gpu_smoke.yaml"), "model.residual.variant=mhar", "model.residual.heads=8",
             "model.preset=debug", "train.device=cpu", "train.dtype=fp32", "data.corpus=synthetic:20000",
             f"data.cache_dir={tmp_path / 'cache'}", "data.seq_len=16", "data.val_tokens=64", "train.steps=2",
             "train.global_batch=2", "train.micro_batch=2", "train.warmup_steps=1", "train.eval_every=2",
             "train.tail_k=1", "train.log_every=1", "train.threads=1", *extra, "--out", str(tmp_path / out)]
-    assert T.main(args) == 0
+    assert CLI.main(args) == 0
     return json.loads((tmp_path / out / "provenance.json").read_text())
 
 

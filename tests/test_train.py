@@ -14,13 +14,14 @@ import pytest
 import torch
 
 import mhar.training.step as S
+import mhar.training.cli as CLI
 import mhar.training.train as T
 from mhar.training.optim import lr_at
 from mhar.training.step import flops_per_token
 from mhar.runs.checkpoint import CheckpointError, load_model
 from mhar.model.config import config_hash
 from mhar.data.batches import unigram_entropy
-from mhar.runs.config import load_run_config
+from mhar.runs.config import dump_yaml, identity_hash, load_run_config, pairing_hash, run_identity
 from mhar.runs.run_dir import RunFolder
 
 
@@ -105,9 +106,9 @@ def test_same_seed_gives_identical_metrics_and_files(corpus, tmp_path):
     a, b = (tmp_path / d / "model.pt" for d in "ab")
     assert a.read_bytes() == b.read_bytes()
     assert (tmp_path / "a" / "model.pt.sha256").read_text().split()[0] == hashlib.sha256(a.read_bytes()).hexdigest()
-    assert s1["run"] == blob["extra"]["run"] == prov["run"] == T.run_identity(cfg)
-    assert s1["run"]["identity"] == T.identity_hash(cfg) == s1["identity"] == prov["identity"]
-    assert s1["run"]["pairing"] == T.pairing_hash(cfg) == prov["pairing"] and "config_hash" not in s1
+    assert s1["run"] == blob["extra"]["run"] == prov["run"] == run_identity(cfg)
+    assert s1["run"]["identity"] == identity_hash(cfg) == s1["identity"] == prov["identity"]
+    assert s1["run"]["pairing"] == pairing_hash(cfg) == prov["pairing"] and "config_hash" not in s1
     # provenance.json's config_hash is the hash of the config it records (its one meaning everywhere)
     assert prov["config_hash"] == config_hash(prov["config"]) and "run_hash" not in prov
     # a different seed changes the run
@@ -182,7 +183,7 @@ def test_a_run_resumes_under_other_execution_choices(corpus, tmp_path):
     uninterrupted run ends; a checkpoint of another identity is refused; a changed data seed is another run and is
     refused. (Checkpoints that record the identity of earlier versions: tests/test_migrate_run_layout.py.)"""
     from mhar.runs.checkpoint import atomic_torch_save, safe_torch_load
-    from mhar.runs.config import dump_yaml, yaml_load
+    from mhar.runs.config import yaml_load
 
     cfg = cfg_for(corpus, tmp_path / "cache", "model.residual.variant=mhar", "model.residual.heads=2", "train.steps=4")
     ref = T.train(cfg, tmp_path / "ref")
@@ -195,7 +196,7 @@ def test_a_run_resumes_under_other_execution_choices(corpus, tmp_path):
     again = cfg_for(corpus, tmp_path / "cache", "model.residual.variant=mhar", "model.residual.heads=2",
                     "train.steps=4", "train.micro_batch=1", "train.compile=false")
     out = T.train(again, run)
-    assert out["steps"] == 4 and out["identity"] == ref["identity"] == T.identity_hash(cfg)
+    assert out["steps"] == 4 and out["identity"] == ref["identity"] == identity_hash(cfg)
     assert out["tail_mean_val_loss"] == pytest.approx(ref["tail_mean_val_loss"], rel=1e-5)
     assert out["display"] == ref["display"] == {"display": "MHAR", "order": 4, "shows_heads": True}
     blob["identity"] = "0" * 16  # a checkpoint of another config: refused
@@ -261,22 +262,22 @@ def test_cli_errors_are_clear(corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("MHAR_DATA_DIR", raising=False)
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(f"model: {{preset: debug}}\ndata: {{corpus: {corpus}, cache_dir: {tmp_path}}}\n")
-    assert T.main([str(cfg_file), "train.lrr=1", "--out", str(tmp_path / "r")]) == 2
+    assert CLI.main([str(cfg_file), "train.lrr=1", "--out", str(tmp_path / "r")]) == 2
     assert "train.lrr" in capsys.readouterr().err
-    assert T.main([str(cfg_file), "data.corpus=tinyshakespeare", "--out", str(tmp_path / "r")]) == 2
+    assert CLI.main([str(cfg_file), "data.corpus=tinyshakespeare", "--out", str(tmp_path / "r")]) == 2
     assert "MHAR_DATA_DIR" in capsys.readouterr().err
-    assert T.main([str(cfg_file), f"data.corpus={tmp_path}/missing.txt", "--out", str(tmp_path / "r")]) == 2
+    assert CLI.main([str(cfg_file), f"data.corpus={tmp_path}/missing.txt", "--out", str(tmp_path / "r")]) == 2
     assert "missing.txt" in capsys.readouterr().err
-    assert T.main([str(cfg_file), "data.tokenizer=no/such/tokenizer.json", "--out", str(tmp_path / "r")]) == 2
+    assert CLI.main([str(cfg_file), "data.tokenizer=no/such/tokenizer.json", "--out", str(tmp_path / "r")]) == 2
     assert "unknown tokenizer" in capsys.readouterr().err
     for var, bad in (("MHAR_ROUTING_AUTOTUNE", "fast"), ("MHAR_ROUTING_PDL", "yes")):
         monkeypatch.setenv(var, bad)
-        assert T.main([str(cfg_file), "--out", str(tmp_path / "r")]) == 2
+        assert CLI.main([str(cfg_file), "--out", str(tmp_path / "r")]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {var}={bad!r}: set it to one of") and err.count("\n") == 1, err
         monkeypatch.delenv(var)
     assert not (tmp_path / "r").exists()  # a run that failed before writing anything leaves no directory
-    assert T.main([str(cfg_file), "--print-config", "--out", str(tmp_path / "r")]) == 0
+    assert CLI.main([str(cfg_file), "--print-config", "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "# identity: " in out and "# pairing: " in out and "run_hash" not in out
 
@@ -328,8 +329,8 @@ def test_planted_pickle_checkpoint_is_refused_and_runs_nothing(corpus, tmp_path,
     cfg_file = tmp_path / "c.yaml"
     run = tmp_path / "run"
     args = [str(cfg_file), "--out", str(run)]
-    cfg_file.write_text(T.dump_yaml(cfg_for(corpus, tmp_path / "cache").to_dict()))
-    assert T.main(args + ["--stop-after", "3"]) == 0
+    cfg_file.write_text(dump_yaml(cfg_for(corpus, tmp_path / "cache").to_dict()))
+    assert CLI.main(args + ["--stop-after", "3"]) == 0
     marker = tmp_path / "pwned"
     state = run / "checkpoint" / "state-00000003.pt"
     torch.save({"format": T.STATE_FORMAT, "progress": _Payload(marker)}, state)
@@ -339,7 +340,7 @@ def test_planted_pickle_checkpoint_is_refused_and_runs_nothing(corpus, tmp_path,
         write_sha256(state)
     before = _snapshot(run)
     capsys.readouterr()
-    assert T.main(args) == 2
+    assert CLI.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: training checkpoint") and err.count("\n") == 1, err
     assert refusal in err
@@ -389,12 +390,12 @@ def test_cut_short_summary_is_rebuilt_and_records_are_atomic(corpus, tmp_path):
 
 def test_second_trainer_is_refused_and_dead_lock_is_taken_over(corpus, tmp_path, capsys):
     cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text(T.dump_yaml(cfg_for(corpus, tmp_path / "cache", "train.steps=2").to_dict()))
+    cfg_file.write_text(dump_yaml(cfg_for(corpus, tmp_path / "cache", "train.steps=2").to_dict()))
     run = tmp_path / "run"
     holder = RunFolder(run)
     holder.acquire()  # another trainer holds the directory
     try:
-        assert T.main([str(cfg_file), "--out", str(run)]) == 2
+        assert CLI.main([str(cfg_file), "--out", str(run)]) == 2
         err = capsys.readouterr().err
         assert err == f"error: {run} is in use by another trainer (pid {os.getpid()}); wait for it to finish, " \
                       "or stop it, before training into this directory\n"
@@ -403,19 +404,19 @@ def test_second_trainer_is_refused_and_dead_lock_is_taken_over(corpus, tmp_path,
         holder.release()
     run.mkdir(exist_ok=True)
     (run / ".lock").write_text(f"{_dead_pid()}\n")  # lock file of a killed trainer
-    assert T.main([str(cfg_file), "--out", str(run)]) == 0 and (run / "summary.json").is_file()
+    assert CLI.main([str(cfg_file), "--out", str(run)]) == 0 and (run / "summary.json").is_file()
 
 
 def test_unusable_out_and_bad_numbers_fail_before_loading_data(corpus, tmp_path, capsys, monkeypatch):
     cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text(T.dump_yaml(cfg_for(corpus, tmp_path / "cache").to_dict()))
+    cfg_file.write_text(dump_yaml(cfg_for(corpus, tmp_path / "cache").to_dict()))
     monkeypatch.setattr(T, "load_data", lambda *a, **k: pytest.fail("data loaded before --out was checked"))
     (tmp_path / "afile").write_text("x")
     for out in (tmp_path / "afile", tmp_path / "afile" / "run"):
-        assert T.main([str(cfg_file), "--out", str(out)]) == 2
+        assert CLI.main([str(cfg_file), "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: --out {out} is not a usable run directory") and err.count("\n") == 1
-    assert T.main([str(cfg_file), "train.lr=.inf", "--out", str(tmp_path / "r")]) == 2
+    assert CLI.main([str(cfg_file), "train.lr=.inf", "--out", str(tmp_path / "r")]) == 2
     assert capsys.readouterr().err == "error: train.lr: must be a finite number, got inf\n"
 
 

@@ -1,4 +1,4 @@
-"""Training: ``python -m mhar.train CONFIG [key=value ...] --out RUN_DIR [--stop-after K]``.
+"""The training loop: ``train(cfg, run_dir)``, what ``python -m mhar.train`` (:mod:`mhar.training.cli`) runs.
 
 AdamW (b1 0.9, b2 0.95, eps 1e-8, wd 0.1 on all parameters), linear warmup then cosine to
 ``min_lr_ratio * lr``, global-norm clipping, bf16 autocast on GPU / fp32 on CPU, gradient
@@ -12,53 +12,45 @@ cross-entropy), keep an EMA of the weights (``model.pt`` = EMA, ``model_raw.pt``
 and log a sha256 of every step's batch. Their defaults leave from-scratch training unchanged.
 
 The run folder (lock, status, records, metrics log, checkpoints, model export) is
-:class:`mhar.runs.run_dir.RunFolder`; this module is the loop and the CLI. A non-finite loss,
+:class:`mhar.runs.run_dir.RunFolder`; this module is the loop. A non-finite loss,
 validation loss or weight stops the run with :class:`TrainingDiverged`, records it in
 ``diverged.json`` and leaves the last good checkpoint in place.
 """
 from __future__ import annotations
 
-import time
-
-_IMPORT_TIME = time.time()  # `python -m mhar.train`: the startup report counts from here
-
-import argparse
 import math
 import os
 import resource
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
 from mhar.data.batches import TrainData, load_data
-from mhar.data.corpus import DataError
 from mhar.env import use_compile_cache
 from mhar.model.config import ConfigError
 from mhar.model.residuals import display_record
 from mhar.model.routing import check_kernel_env, routing_info
 from mhar.model.transformer import Transformer
-from mhar.runs.atomic import os_error_line
-from mhar.runs.checkpoint import CheckpointError
-from mhar.runs.config import RunConfig, dump_yaml, identity_hash, load_run_config, pairing_hash, run_identity
+from mhar.runs.config import RunConfig, identity_hash, pairing_hash, run_identity
 from mhar.runs.provenance import collect_provenance, utc_now
 from mhar.runs.run_dir import STATE_FORMAT, MetricsLog, Progress, RunDirError, RunFolder, set_rng_state
-from mhar.training.distributed import (DistEnv, all_reduce_mean, barrier, cuda_missing, even_batches, full_model_state,
-                                       full_state, gather_batches, init_distributed, launch_rank, load_full_state,
-                                       no_grad_sync, shutdown, wrap_model)
+from mhar.training.distributed import (DistEnv, all_reduce_mean, barrier, cuda_missing, full_model_state, full_state,
+                                       gather_batches, init_distributed, load_full_state, no_grad_sync, shutdown,
+                                       wrap_model)
 from mhar.training.optim import EMA, batch_digest, load_init_weights, lr_at, param_groups
-from mhar.training.preemption import EXIT_PREEMPTED, Preempted, StopSignals
+from mhar.training.preemption import Preempted, StopSignals
 from mhar.training.progress import Progressbar, Startup
-from mhar.training.step import (StepPlan, Throughput, TrainStep, autocast_for, build_optimizer, flops_per_token,
-                                peak_flops, plan_step)
+from mhar.training.step import StepPlan, Throughput, TrainStep, build_optimizer, flops_per_token, peak_flops, plan_step
 from mhar.training.tracking import Tracker, check_trackers, log_routing, open_trackers
-from mhar.training.validation import evaluate, weights_finite
+from mhar.training.validation import evaluate, routing_weights, weights_finite
 
-__all__ = ["train", "main", "TrainingDiverged", "RunDirError", "STATE_FORMAT"]
+__all__ = ["train", "TrainingDiverged", "RunDirError", "STATE_FORMAT"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -86,8 +78,8 @@ def train(cfg: RunConfig, out_dir: str | os.PathLike, *, stop_after: Optional[in
 
     ``stop_after=k`` checkpoints after step k and returns None (as if the job were killed there).
     SIGTERM, SIGUSR1 and SIGINT finish the current step, checkpoint it and raise
-    :class:`mhar.training.preemption.Preempted` (the CLI: one line, exit code ``EXIT_PREEMPTED``).
-    ``started``: the wall time the startup report counts from (default: now; the CLI: its import).
+    :class:`mhar.training.preemption.Preempted` (the CLI, :mod:`mhar.training.cli`: one line, exit code
+    ``EXIT_PREEMPTED``). ``started``: the wall time the startup report counts from (default: now; the CLI: its import).
     """
     started = time.time() if started is None else started
     # persistent torch.compile / Triton caches (autotuning results included) beside the data cache: a second
@@ -326,20 +318,8 @@ def _validate(run: _Run, final: bool) -> None:
                        "wall_s": round(prog.wall_s, 3), "flops": prog.flops})
     run.tracker.log(prog.step, {"val/loss": val, "train/peak_mem_gb": _peak_mem_gb(run.env.device)})
     if run.cfg.train.tracking:  # every rank: a forward pass under FSDP is collective
-        log_routing(run.tracker, prog.step, _routing_weights(run))
+        log_routing(run.tracker, prog.step, routing_weights(run.model, run.data, run.cfg, run.env))
     run.log(f"step {prog.step} val_loss {val:.4f}")
-
-
-def _routing_weights(run: _Run) -> dict:
-    """Depth weights of a routed variant (site -> (B, T, heads, sources)) on the first validation micro-batch
-    (the same batch at every evaluation); {} for a variant without routing."""
-    cfg, env = run.cfg, run.env
-    x = even_batches(list(run.data.val_batches(cfg.train.micro_batch, env.rank, env.world_size)), env)[0][0]
-    run.model.eval()
-    with torch.no_grad(), autocast_for(env.device, cfg.train.dtype):
-        routing = run.model(x.to(env.device), collect_routing=True).routing or {}
-    run.model.train()
-    return routing
 
 
 def _checkpoint(run: _Run, final: bool) -> None:
@@ -408,41 +388,3 @@ def _summary(run: _Run) -> dict:
         "display": display_record(cfg.model.residual.variant),  # how tables show it: its Residual class attributes
         **run.speed.summary(run.plan), "startup": run.startup.record,
     }
-
-
-# --- CLI ------------------------------------------------------------------------------------------
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mhar.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("config", help="run config YAML (see config/train/)")
-    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.lr=3e-4")
-    p.add_argument("--out", required=True, help="run directory (created; resumed if it holds this config)")
-    p.add_argument("--stop-after", type=int, default=None, help="checkpoint and exit after this step")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the resolved config, its run identity and pairing hash, then exit")
-    args = p.parse_args(argv)
-    try:
-        cfg = load_run_config(args.config, args.overrides)
-        if args.print_config:
-            print(dump_yaml(cfg.to_dict()) + f"# identity: {identity_hash(cfg)}\n# pairing: {pairing_hash(cfg)}")
-            return 0
-        train(cfg, args.out, stop_after=args.stop_after, started=_IMPORT_TIME)
-    except Preempted as e:  # a checkpoint of step e.step is on disk
-        if launch_rank() == 0:
-            print(e, file=sys.stderr)
-        return EXIT_PREEMPTED
-    except KeyboardInterrupt:  # Ctrl-C twice (or before training began): no traceback
-        print(f"interrupted; completed checkpoints in {args.out} are kept: run the same command again to resume",
-              file=sys.stderr)
-        return 130
-    except (ConfigError, DataError, RunDirError, CheckpointError, TrainingDiverged) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # disk full, read-only, no permission: records are atomic, so nothing complete is lost
-        print("error: " + os_error_line(e, "training", f"completed checkpoints and records in {args.out} are kept; "
-                                        "fix that, then run the same command again to resume"), file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,6 @@
-"""The trainer's validation: the token-weighted mean loss over the fixed validation set, and the check that
-every weight is finite. Both are collective calls under DDP / FSDP2 (every rank takes part)."""
+"""The trainer's validation: the token-weighted mean loss over the fixed validation set, the check that
+every weight is finite, and the depth weights of a routed variant on the first validation micro-batch (what the
+trackers show). All are collective calls under DDP / FSDP2 (every rank takes part)."""
 from __future__ import annotations
 
 import torch
@@ -10,7 +11,7 @@ from mhar.runs.config import RunConfig
 from mhar.training.distributed import DistEnv, all_reduce_sum, even_batches
 from mhar.training.step import autocast_for, micro_forward
 
-__all__ = ["evaluate", "weights_finite"]
+__all__ = ["evaluate", "weights_finite", "routing_weights"]
 
 
 @torch.no_grad()
@@ -36,3 +37,15 @@ def weights_finite(model: nn.Module, env: DistEnv) -> bool:
         local = p.to_local() if hasattr(p, "to_local") else p
         bad += (~torch.isfinite(local.detach())).sum()
     return float(all_reduce_sum(bad, env)) == 0
+
+
+@torch.no_grad()
+def routing_weights(model: nn.Module, data: TrainData, cfg: RunConfig, env: DistEnv) -> dict:
+    """Depth weights of a routed variant (site -> (B, T, heads, sources)) on the first validation micro-batch
+    (the same batch at every evaluation); {} for a variant without routing."""
+    x = even_batches(list(data.val_batches(cfg.train.micro_batch, env.rank, env.world_size)), env)[0][0]
+    model.eval()
+    with autocast_for(env.device, cfg.train.dtype):
+        routing = model(x.to(env.device), collect_routing=True).routing or {}
+    model.train()
+    return routing
