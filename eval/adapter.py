@@ -53,6 +53,9 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
+from mhar.env import use_compile_cache
+from mhar.training.distributed import cuda_missing
+
 from .vocab import check_vocab
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -153,8 +156,6 @@ class MharLM(TemplateLM):
             raise ValueError(f"MharLM: unknown argument(s) {sorted(kwargs)}; see eval/adapter.py for the valid ones")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        from mhar.training.distributed import cuda_missing
-
         # a GPU asked for and not there is refused, not run on the CPU (mhar-lm-eval passes --device cpu when
         # no --device is given and no GPU is visible: lm-eval's own default is cuda:0)
         missing = cuda_missing(device, f"device={device}", "device=cpu (or leave it out)")
@@ -162,13 +163,12 @@ class MharLM(TemplateLM):
             raise ValueError(f"MharLM: {missing}")
         self._device = torch.device(device)
         if self._device.type == "cuda" and str(compile_cache).lower() not in ("none", ""):
-            from mhar.env import use_compile_cache
-
             use_compile_cache(compile_cache)  # persistent compile / autotuning caches (unless the user set them)
         if (pretrained is None) == (model is None):
             raise ValueError("MharLM: give exactly one of pretrained=<path to model.pt> or model=<Transformer>")
         self.blob: dict = {}
         if pretrained is not None:
+            # lazy: mhar.model pulls in triton; registering the adapter (mhar-lm-eval --model hf) builds no model
             from mhar.runs.checkpoint import load_model
 
             if routing_impl is None and self._device.type != "cuda":
@@ -213,7 +213,7 @@ class MharLM(TemplateLM):
         self.cuda_graphs = "auto" if cuda_graphs in (None, "auto") else _as_bool("cuda_graphs", cuda_graphs)
         self.scorer = None
         if self._split_head:
-            from mhar.model.inference import decoder_for, scorer_for
+            from mhar.model.inference import decoder_for, scorer_for  # lazy: triton, as load_model above
 
             self.scorer = scorer_for(self.model, compile=self.compile, cuda_graphs=self.cuda_graphs)
             decoder_for(self.model, compile=self.compile, cuda_graphs=self.cuda_graphs)

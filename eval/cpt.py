@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from .run import evaluate_model
+
 if TYPE_CHECKING:  # the table needs no torch: the analysis environment (workflow/envs/analysis.yaml) has none
     from mhar.cpt import CPTEvalConfig
 
@@ -26,8 +28,7 @@ def evaluate_cpt_model(model_path: str | Path, task: str, out_dir: str | Path, e
     # lazy: torch and lm-eval are in the eval environment only; write_cpt_table runs in the analysis one
     import torch
 
-    from .adapter import MharLM
-    from .run import evaluate_model
+    from .adapter import MharLM  # lazy: torch and lm-eval (see above)
 
     device = ev.device if ev.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     lm = MharLM(pretrained=str(model_path), device=device, batch_size=ev.batch_size, max_length=ev.max_length,

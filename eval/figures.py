@@ -169,11 +169,11 @@ def _routing_input(path: Path) -> tuple[str, dict[str, np.ndarray]]:
         if not isinstance(d, dict) or "routing_mean" not in d:
             raise AnalysisInputError(f"{path}: no 'routing_mean' (write it with `python -m eval.probe`)")
         return d.get("model") or path.stem, {k: np.asarray(v) for k, v in d["routing_mean"].items()}
+    # lazy: torch, only for an exported model; the analysis environment (probe JSONs, every other figure) has none
     import torch
 
-    from mhar.runs.checkpoint import CheckpointError, load_model
-
-    from .probe import probe_tokens
+    from mhar.runs.checkpoint import CheckpointError, load_model  # lazy: torch (see above)
+    from .probe import probe_tokens  # lazy: torch (see above)
 
     try:
         model, tok, _ = load_model(path, routing_impl="eager")  # refuses a model without its checksum
@@ -198,7 +198,7 @@ def routing_heatmap(inputs: Sequence[str | Path], out: str | Path,
                     references: Sequence[str] = ("head_mean", "uniform")) -> list[Path]:
     """Per-head routing deviation, site x head: total variation of each head's mean depth distribution
     from the head-average (left) and from uniform (right); one row of panels per model."""
-    from .probe import routing_deviation
+    from .probe import routing_deviation  # lazy: eval.probe imports torch, which the analysis environment lacks
 
     items = [_routing_input(Path(p)) for p in inputs]
     fig, axes = plt.subplots(len(items), len(references), figsize=(4.8 * len(references), 6.0 * len(items)),

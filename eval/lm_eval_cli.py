@@ -26,7 +26,9 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from .data_local import TASKS_DIR
+from mhar.env import data_dir as _data_dir
+
+from .data_local import TASKS_DIR, _local_entry, _task_yaml
 
 _SUBCOMMANDS = ("run", "ls", "validate")
 
@@ -82,7 +84,7 @@ def mhar_device_argv(argv: Sequence[str]) -> tuple[list[str], Optional[str]]:
     """``--model mhar`` where no GPU is visible: (argv, None) with ``--device cpu`` added when no device is given
     (lm-eval's default ``cuda:0`` names a device that is not there), or (argv, the error line) for an explicit
     ``--device cuda...``: a GPU run asked for is refused, never run on the CPU."""
-    from mhar.training.distributed import cuda_missing
+    from mhar.training.distributed import cuda_missing  # lazy: torch, as below (this module imports without it)
 
     argv = list(argv)
     if _flag(argv, "--model", "-M") != "mhar":
@@ -99,8 +101,6 @@ def mhar_device_argv(argv: Sequence[str]) -> tuple[list[str], Optional[str]]:
 
 def local_fewshot_error(argv: Sequence[str]) -> Optional[str]:
     """Why ``--num_fewshot`` cannot be honoured by a requested local task (None: it can, or not asked)."""
-    from .data_local import _local_entry, _task_yaml
-
     shots, tasks = _flag(argv, "--num_fewshot", "-f"), _flag(argv, "--tasks", "-t")
     include = _flag(argv, "--include_path")
     folders = [p for p in include.split(os.pathsep) if p] if include else [TASKS_DIR]
@@ -122,12 +122,11 @@ def local_fewshot_error(argv: Sequence[str]) -> Optional[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    # lazy: lm-eval and torch load only when an evaluation runs; this module imports without them
     from lm_eval.__main__ import cli_evaluate
 
-    from . import adapter  # noqa: F401  registers "mhar" with lm-eval's model registry
-    from mhar.runs.checkpoint import CheckpointError
-
-    from mhar.env import data_dir as _data_dir
+    from . import adapter  # noqa: F401  registers "mhar" with lm-eval's model registry; lazy: lm-eval, torch
+    from mhar.runs.checkpoint import CheckpointError  # lazy: torch
 
     found = _data_dir()
     data_dir = str(found) if found is not None else None

@@ -32,7 +32,8 @@ import torch
 from torch import Tensor
 
 from mhar import env
-from mhar.runs.atomic import atomic_write_text, check_writable
+from mhar.model.residuals import routed_variants
+from mhar.runs.atomic import atomic_write_text, check_writable, os_error_line
 from mhar.runs.checkpoint import load_model
 
 from . import sidecar
@@ -121,8 +122,6 @@ def collect_sources(model, input_ids: Tensor) -> list[Tensor]:
     Needs a model of a routed variant (``mhar.model.residuals.routed_variants()``: attnres, mhar, ...) on the
     eager router (``load_model(..., routing_impl="eager")``).
     """
-    from mhar.model.residuals import routed_variants
-
     res = model.residual
     variant = model.cfg.residual.variant
     if not getattr(res, "routes_full_depth", False):
@@ -268,8 +267,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # disk full, read-only or forbidden --out
-        from mhar.runs.atomic import os_error_line
-
         print("error: " + os_error_line(e, "probe"), file=sys.stderr)
         return 2
     except Exception as e:  # CheckpointError and friends carry their own message

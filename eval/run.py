@@ -39,6 +39,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from mhar.runs.atomic import atomic_write_text, check_writable, os_error_line
+from mhar.runs.layout import run_info
+from mhar.runs.provenance import collect_provenance
+
 from .records import (LM_EVAL_DIR, aggregate_metrics, commit_lm_eval_files, drop_lm_eval_files,
                       fill_missing_stderrs, jsonable, lm_eval_model, lm_eval_staging, sample_records,
                       write_lm_eval_files)
@@ -124,7 +128,7 @@ class ModelSpec:
             try:
                 lm = get_model("hf").create_from_arg_obj(args, {"batch_size": self.batch_size, "device": self.device})
             except OSError as e:  # not found locally nor on the hub (or offline)
-                from mhar.runs.checkpoint import CheckpointError, load_error_brief
+                from mhar.runs.checkpoint import CheckpointError, load_error_brief  # lazy: torch (see _model_file)
 
                 raise CheckpointError(f"--model {self.path}: could not load this Hugging Face model "
                                       f"({load_error_brief(e)}); check the directory or hub name and the "
@@ -133,7 +137,7 @@ class ModelSpec:
                         "max_length": lm.max_length}
         if not Path(self.path).exists():
             raise FileNotFoundError(no_checkpoint_message(str(self.path)))
-        from .adapter import MharLM
+        from .adapter import MharLM  # lazy: torch and lm-eval, only once an mhar model loads
 
         lm = MharLM(pretrained=self.path, device=self.device, batch_size=self.batch_size,
                     max_length=self.max_length, dtype=self.dtype)
@@ -142,16 +146,13 @@ class ModelSpec:
 
 def _atomic_write(path: Path, text: str) -> None:
     """Same-folder temp + fsync + rename; a killed write's temp file goes at the next start."""
-    from mhar.runs.atomic import atomic_write_text
-    from mhar.runs.checkpoint import clean_stale_temps
+    from mhar.runs.checkpoint import clean_stale_temps  # lazy: torch (see _model_file)
 
     clean_stale_temps(path.parent)
     atomic_write_text(path, text)
 
 
 def _provenance(config: dict) -> dict:
-    from mhar.runs.provenance import collect_provenance
-
     return collect_provenance(config)
 
 
@@ -210,6 +211,8 @@ def check_task(task_name: str, source: DataSource, task_manager) -> None:
 
 def _model_file(model_path: str) -> Optional[Path]:
     """The exported model file behind ``model_path`` (``RUN_DIR`` means ``RUN_DIR/model.pt``); None for hf:."""
+    # lazy: mhar.runs.checkpoint imports torch; this module imports without it (`python -m eval.run --help`,
+    # eval.cpt's table in the analysis environment)
     from mhar.runs.checkpoint import MODEL_FILE
 
     if str(model_path).startswith("hf:"):
@@ -234,8 +237,6 @@ def no_checkpoint_message(model_path: str) -> str:
     path = _model_file(model_path)
     run = path.parent if path is not None else None
     if run is not None and (run / "config.yaml").is_file():
-        from mhar.runs.layout import run_info
-
         info = run_info(run, run.parent, check_layout=False)
         progress = f"step {info.step if info.step is not None else 0} of {info.steps if info.steps else '?'}"
         todo = {"incomplete": "rerun its training command to finish it (it resumes from the last checkpoint)",
@@ -249,7 +250,7 @@ def no_checkpoint_message(model_path: str) -> str:
 def weights_sha256(model_path: str) -> Optional[str]:
     """sha256 of an exported model file, checked against its ``.sha256`` (CheckpointError when it fails or
     is missing: such a file is never evaluated); None for ``hf:`` models and paths that are not a file."""
-    from mhar.runs.checkpoint import verify_sha256
+    from mhar.runs.checkpoint import verify_sha256  # lazy: torch (see _model_file)
 
     path = _model_file(model_path)
     return verify_sha256(path) if path is not None and path.is_file() else None
@@ -274,7 +275,7 @@ def load_task(task_name: str, source: DataSource, task_manager, num_fewshot: Opt
         hint = (f"it is not one of the local mirror's tasks ({', '.join(STANDARD_TASKS)}), so it reads the hub"
                 if source.is_local else "offline? set MHAR_DATA_DIR to the local mirror (layout of shared/data)")
         raise HubUnavailable(f"task {task_name}: could not load its dataset ({type(e).__name__}: {e}); {hint}") from e
-    from .tasks.utils import seed_gpqa_choices
+    from .tasks.utils import seed_gpqa_choices  # lazy: lm-eval and datasets, needed only once a task loads
 
     seed_gpqa_choices(task)  # before any read of the docs (local tasks are seeded in their loader)
     if num_fewshot is not None:
@@ -415,7 +416,7 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     task_list = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
     if not task_list:
         raise ValueError("no tasks given (e.g. --tasks wikitext,lambada_openai)")
-    from mhar.training.distributed import cuda_missing
+    from mhar.training.distributed import cuda_missing  # lazy: torch (see _model_file)
 
     missing = cuda_missing(device, f"--device {device}", "--device cpu (or leave --device out)")
     if missing:  # not a silent fall-back to the CPU: a GPU run was asked for
@@ -438,8 +439,6 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
         tm = source.task_manager()
         for name in task_list:  # every task name and data file is checked before anything is loaded
             check_task(name, source, tm)
-        from mhar.runs.atomic import check_writable
-
         created: list[Path] = []
         try:
             for name in task_list:  # a read-only or full output location fails now, not after the evaluation
@@ -567,8 +566,7 @@ def existing_results_conflict(out_dir: str | os.PathLike, tasks: str, model: str
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from mhar.runs.atomic import os_error_line
-    from mhar.runs.checkpoint import CheckpointError
+    from mhar.runs.checkpoint import CheckpointError  # lazy: torch, after --help has been answered
 
     try:
         results = evaluate_model(args.model, args.tasks, args.out, subset=args.subset, limit=args.limit,

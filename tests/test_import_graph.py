@@ -4,8 +4,10 @@ function-local and importlib imports), and at run time for the trainer."""
 from __future__ import annotations
 
 import ast
+import io
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -243,3 +245,64 @@ def test_no_import_cycles():
     graph = import_graph(ROOT)
     cycles = import_cycles(graph)
     assert cycles == [], _cycles_text(cycles, graph)
+
+
+# --- lazy imports ------------------------------------------------------------------------------------------
+# A function-level import of a project module stays only where importing it at module top would pull in a heavy or
+# optional dependency the importing module otherwise avoids (torch, triton, transformers, lm_eval, ...); the reason
+# is written beside it: a comment on the statement's line or the line directly above.
+def _comment_lines(text: str) -> set[int]:
+    """Lines holding a comment (tokens, so a '#' inside a string does not count)."""
+    return {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+            if tok.type == tokenize.COMMENT}
+
+
+def uncommented_lazy_imports(root: Path, packages=CYCLE_PACKAGES) -> list[str]:
+    """'file:line: statement' of every import of a project module inside a function of ``packages`` with no
+    comment on its line(s) or on the line directly above."""
+    bad = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            text = path.read_text()
+            comments, lines = _comment_lines(text), text.splitlines()
+            for fn in ast.walk(ast.parse(text, filename=str(path))):
+                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Import):
+                        ours = any(a.name.split(".")[0] in packages for a in node.names)
+                    elif isinstance(node, ast.ImportFrom):
+                        ours = node.level > 0 or (node.module or "").split(".")[0] in packages
+                    else:
+                        continue
+                    if ours and not comments & set(range(node.lineno - 1, (node.end_lineno or node.lineno) + 1)):
+                        bad.append(f"{path.relative_to(root)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return sorted(set(bad))  # a nested function's imports are walked once per enclosing function
+
+
+def test_checker_finds_uncommented_lazy_imports(tmp_path):
+    (tmp_path / "mhar").mkdir()
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "mhar" / "a.py").write_text(
+        "from mhar.b import top  # module level: no reason needed\n"
+        "def f():\n"
+        "    import json\n"  # third-party / stdlib: not checked
+        "    import evaluate\n"  # not a project package, though its name starts like one
+        "    # torch: only when a model is built\n"
+        "    from mhar.model import build\n"
+        "    from mhar.runs import save  # torch\n"
+        "    s = '# not a comment'\n"
+        "    from mhar.c import x\n"
+        "    def g():\n"
+        "        from .d import y\n")
+    (tmp_path / "eval" / "e.py").write_text(
+        "def h():\n    from mhar.runs.checkpoint import (\n        load_model,  # lazy: torch\n    )\n"
+        "def k():\n    import eval.f\n")
+    assert uncommented_lazy_imports(tmp_path) == [
+        "eval/e.py:6: import eval.f", "mhar/a.py:11: from .d import y", "mhar/a.py:9: from mhar.c import x"]
+
+
+def test_every_lazy_project_import_says_why():
+    bad = uncommented_lazy_imports(ROOT)
+    assert bad == [], ("function-level imports of project modules without a reason (move each to the module's "
+                       "top-level imports, or write why it stays lazy beside it):\n" + "\n".join(bad))

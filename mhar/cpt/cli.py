@@ -8,9 +8,10 @@ from typing import Optional
 
 from mhar.runs.checkpoint import CheckpointError
 from mhar.model.config import ConfigError
-from mhar.hf.export import ExportError
+from mhar.hf.export import ExportError, export_hf
 from mhar.cpt.convert import CPTConversionError, convert_hf_llama, save_converted
 from mhar.cpt.batches import compare_batch_logs
+from mhar.runs.atomic import os_error_line
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -39,8 +40,6 @@ def main(argv: Optional[list[str]] = None) -> int:
             path = save_converted(model, report, a.out, a.tokenizer or f"hf:{a.src}")
             print(f"exact conversion (max |diff| = {report.max_abs_diff}) -> {path}")
         elif a.cmd == "export-hf":
-            from mhar.hf.export import export_hf
-
             rep = export_hf(a.model, a.out)
             print(f"exported {rep['variant']} as {rep['architecture']} -> {a.out}")
         else:
@@ -49,8 +48,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # disk full, read-only or forbidden --out
-        from mhar.runs.atomic import os_error_line
-
         print("error: " + os_error_line(err, a.cmd), file=sys.stderr)
         return 2
     return 0

@@ -20,6 +20,8 @@ from torch import Tensor
 
 from mhar.model.config import ConfigError, ModelConfig, model_config
 from mhar.model.transformer import Transformer
+from mhar.runs.checkpoint import save_model
+from mhar.runs.provenance import collect_provenance
 
 __all__ = ["CPTConversionError", "ConversionReport", "llama_model_config", "map_llama_state_dict",
            "hf_state_dict_from_model", "load_hf_llama", "check_tokens", "check_logits", "convert_hf_llama",
@@ -251,9 +253,6 @@ def convert_hf_llama(src: LlamaSource, heads: int = 8, delta_block_layers: int =
 
 def save_converted(model: Transformer, report: ConversionReport, out: str | Path, tokenizer: str) -> Path:
     """Write ``out/model.pt`` (mhar export format, report in ``extra``) and ``out/conversion.json``."""
-    from mhar.runs.checkpoint import save_model
-    from mhar.runs.provenance import collect_provenance
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = save_model(out / "model.pt", model, tokenizer, extra={"conversion": report.to_dict()})
@@ -270,7 +269,7 @@ def export_hf_llama(model: Transformer, out: str | Path, tokenizer_json: Optiona
     Delegates to :func:`mhar.hf.export_model` (safetensors, config, generation config, tokenizer files,
     model card, reload check); ``tokenizer`` is a harness tokenizer spec, ``tokenizer_json`` a tokenizer.json
     path (either one writes the tokenizer files). Any other model: ``python -m mhar export-hf``."""
-    from mhar.hf.export import export_model
+    from mhar.hf.export import export_model  # lazy: transformers and safetensors, only for this export
 
     cfg = model.cfg
     if cfg.residual.variant != "baseline" or cfg.qk_norm:

@@ -8,6 +8,8 @@ from typing import Optional, Sequence
 
 from mhar.runs.checkpoint import CheckpointError
 from mhar.model.config import ConfigError
+from mhar.hf.export import ExportError, export_hf
+from mhar.hf.importer import ImportHFError, import_hf
 
 
 def _fail(err: BaseException) -> int:
@@ -42,8 +44,6 @@ def export_main(argv: Optional[Sequence[str]] = None) -> int:
     hint = _run_below(a.src)
     if hint:
         return _fail(hint)
-    from mhar.hf.export import ExportError, export_hf  # torch and transformers: once the arguments parse
-
     try:
         rep = export_hf(a.src, a.out, tokenizer=a.tokenizer, check=not a.no_check)
     except (ExportError, CheckpointError, ConfigError, OSError, ValueError) as e:
@@ -65,8 +65,6 @@ def import_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--revision", default=None, help="hub revision (hub names only)")
     p.add_argument("--no-check", action="store_true", help="skip the logits comparison with transformers' model")
     a = p.parse_args(argv)
-    from mhar.hf.importer import ImportHFError, import_hf  # torch and transformers: once the arguments parse
-
     try:
         rep = import_hf(a.src, a.out, tokenizer=a.tokenizer, check=not a.no_check, revision=a.revision)
     except (ImportHFError, CheckpointError, ConfigError, OSError, ValueError) as e:

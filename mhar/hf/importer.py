@@ -50,6 +50,9 @@ from mhar.hf.authors import MODEL_TYPE as AUTHORS_TYPE
 from mhar.hf.authors import AuthorsFormatError, convert_authors
 from mhar.hf.export import CHECK_TOL
 from mhar.hf.names import from_hf_state_dict, hf_name, model_config_from_mhar_fields
+from mhar.hf.modeling_mhar import MharForCausalLM
+from mhar.cpt.convert import CPTConversionError, _hf_rope, llama_model_config
+from mhar.runs.provenance import collect_provenance
 
 SUPPORTED = ("mhar", "qwen3", "llama", AUTHORS_TYPE)
 
@@ -129,8 +132,6 @@ def stock_model_config(folder: Path, model_type: str, tensors: dict[str, Tensor]
     """ModelConfig of a stock ``qwen3`` / ``llama`` checkpoint (transformers' config class parses it)."""
     from transformers import AutoConfig
 
-    from mhar.cpt.convert import CPTConversionError, _hf_rope, llama_model_config
-
     hf = AutoConfig.from_pretrained(str(folder))  # a registered model_type: no remote code
     tied = "lm_head.weight" not in tensors or bool(getattr(hf, "tie_word_embeddings", False))
     try:
@@ -170,7 +171,7 @@ def check_import(model: Transformer, folder: Path, model_type: str, seed: int = 
     from transformers.utils import logging as hf_logging
 
     if model_type == "mhar":
-        from mhar.hf.modeling_mhar import MharForCausalLM as loader
+        loader = MharForCausalLM
         name = "mhar.hf.modeling_mhar.MharForCausalLM"
     else:
         from transformers import AutoModelForCausalLM as loader
@@ -290,8 +291,6 @@ def import_hf(src: Union[str, Path], out: Union[str, Path], *, tokenizer: Option
     ``run``: the ``extra.run`` block to store (label, residual, size, seed, pairing, identity: how evaluations of the
     model are identified; the workflow's released arms set it; ``residual: None`` is filled with the imported
     model's variant and heads); default: the export's own, if any."""
-    from mhar.runs.provenance import collect_provenance
-
     t0 = time.time()
     path = _out_path(out)
     folder, hub = resolve_source(src, revision)

@@ -135,7 +135,7 @@ def routing_pdl() -> Optional[bool]:
 
         if not torch.cuda.is_available():
             return False
-        from mhar.model.routing import _kernels
+        from mhar.model.routing import _kernels  # lazy: torch and triton, as above
 
         return bool(_kernels.pdl_enabled(torch.device("cuda")))
     except Exception:  # provenance must never break a run

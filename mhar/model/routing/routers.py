@@ -180,7 +180,7 @@ class DecodeRouter(Router):
 
 
 def _fused() -> Router:
-    try:
+    try:  # lazy: fused imports triton, an optional dependency; mhar.hf.ship ships this module without it
         from mhar.model.routing.fused import FusedRouter
     except ImportError as e:  # pragma: no cover - depends on environment
         raise RuntimeError(
@@ -213,7 +213,7 @@ def routing_info(model, device) -> dict:
     resolved = router.impl_for(device) if router is not None else None
     pdl = False
     if resolved == "fused":
-        from mhar.model.routing._kernels import pdl_enabled
+        from mhar.model.routing._kernels import pdl_enabled  # lazy: triton, as _fused above
         pdl = pdl_enabled(torch.device(device))
     return {"impl": impl, "resolved": resolved, "pdl": pdl}
 
