@@ -104,7 +104,14 @@ _check_published_sources()
 # does not set reports_dir itself writes its tables to <results_dir>/reports/<config hash> instead.
 # (Where the jobs run and on what - data_dir, resources, results_dir - changes no table, nor does which
 # experiment trackers receive a copy of the metrics, nor which target is built when none is named.)
-EXECUTION_KEYS = ("data_dir", "resources", "results_dir", "tracking", "eval_wandb_args", "target")
+EXECUTION_KEYS = (
+    "data_dir",
+    "resources",
+    "results_dir",
+    "tracking",
+    "eval_wandb_args",
+    "target",
+)
 
 
 def study_hash():
