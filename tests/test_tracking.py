@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import time
 import zlib
 from pathlib import Path
 
@@ -68,12 +69,27 @@ def wandb_records(path: Path) -> list:
     return out
 
 
+def _finished_records(path: Path, wait_s: float = 60.0) -> list:
+    """The records of one offline run file once its ``exit`` record is there: wandb's service process writes the
+    file and may still be flushing it when ``run.finish()`` has returned (seen on a loaded machine: a file
+    without its records). A file that never gets one (a killed segment) is read as it is after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = wandb_records(path) if path.stat().st_size >= 7 else []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def wandb_run(run_dir: Path) -> dict:
     """Every offline segment of the W&B run kept in ``run_dir/wandb``: ids, groups, names, config keys and
     history rows ({key: value} with the trainer's ``step``) in the order they were written."""
     found = {"ids": [], "groups": [], "names": [], "config": set(), "history": []}
+    deadline = time.monotonic() + 60
+    while not list((run_dir / "wandb").glob("offline-run-*/run-*.wandb")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # (the same service process creates the file)
     for f in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
-        for rec in wandb_records(f):
+        for rec in _finished_records(f):
             kind = rec.WhichOneof("record_type")
             if kind == "run":
                 found["ids"].append(rec.run.run_id)
