@@ -100,6 +100,22 @@ def _bare_model(tmp_path: Path, variant: str = "mhar") -> Path:
     return path
 
 
+def test_cpt_cli_names_a_full_disk_and_what_to_do(tmp_path, capsys, monkeypatch):
+    """`python -m mhar.cpt export-hf` onto a full disk: the one line says which file, ENOSPC and what to do (an
+    OSError was caught with the tool's own errors and printed bare)."""
+    import errno
+
+    import mhar.cpt.cli as C
+
+    def full(model, out):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "hf" / "model.safetensors"))
+
+    monkeypatch.setattr(C, "export_hf", full)
+    assert C.main(["export-hf", "--model", "m.pt", "--out", str(tmp_path / "hf")]) == 2
+    _one_error_line(capsys.readouterr().err, "export-hf failed on", "model.safetensors", "(ENOSPC)",
+                    "the disk is full")
+
+
 def test_model_without_checksum_is_refused_by_every_loader(tmp_path, capsys, monkeypatch):
     import mhar.training.cli as CLI
     from eval import figures, probe

@@ -44,7 +44,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"exported {rep['variant']} as {rep['architecture']} -> {a.out}")
         else:
             print(json.dumps(compare_batch_logs(a.run_a, a.run_b), indent=1))
-    except (CPTConversionError, ExportError, ConfigError, CheckpointError, ValueError, OSError) as err:
+    except (CPTConversionError, ExportError, ConfigError, CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # disk full, read-only or forbidden --out
