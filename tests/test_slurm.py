@@ -58,6 +58,16 @@ def _can_run_cluster() -> str:
     return ""
 
 
+def _skip_unless_cluster_and_data() -> None:
+    """Skip a test that runs jobs through the local cluster where it cannot start or the data mirror is missing."""
+    why = _can_run_cluster()
+    if why:
+        pytest.skip(why)
+    data = os.environ.get("MHAR_DATA_DIR")
+    if not data or not Path(data, "tinyshakespeare").is_dir():
+        pytest.skip("needs the local data mirror (MHAR_DATA_DIR with tinyshakespeare/)")
+
+
 def cluster(*args, check=True) -> subprocess.CompletedProcess:
     res = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
     if check and res.returncode:
@@ -147,12 +157,7 @@ def test_profile_follows_jobs_with_and_without_accounting():
 
 @pytest.mark.slow
 def test_reproduce_table1_through_real_slurm(tmp_path):
-    why = _can_run_cluster()
-    if why:
-        pytest.skip(why)
-    data = os.environ.get("MHAR_DATA_DIR")
-    if not data or not Path(data, "tinyshakespeare").is_dir():
-        pytest.skip("needs the local data mirror (MHAR_DATA_DIR with tinyshakespeare/)")
+    _skip_unless_cluster_and_data()
     local, remote, guard, acct = (tmp_path / n for n in ("local", "slurm", "guard", "acct"))
     for d in (local, remote, guard, acct):
         d.mkdir()
@@ -242,12 +247,7 @@ def test_a_training_job_signalled_like_the_time_limit_checkpoints_and_resumes_bi
     """`scancel --signal=TERM` (what the profile's --signal=TERM@N sends) mid-run: the trainer checkpoints at
     that step and exits 75, the profile's retry resumes from that very checkpoint (the config checkpoints
     only at the end otherwise), and the run ends with the numbers and weights of an uninterrupted local run."""
-    why = _can_run_cluster()
-    if why:
-        pytest.skip(why)
-    data = os.environ.get("MHAR_DATA_DIR")
-    if not data or not Path(data, "tinyshakespeare").is_dir():
-        pytest.skip("needs the local data mirror (MHAR_DATA_DIR with tinyshakespeare/)")
+    _skip_unless_cluster_and_data()
     local, remote = tmp_path / "local", tmp_path / "slurm"
     for d in (local, remote):
         d.mkdir()

@@ -6,7 +6,6 @@ import json
 import math
 import struct
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np

@@ -34,12 +34,13 @@ CPT_OVERLAY = {"default": "config/cpt.yaml", "paper": "config/cpt_paper.yaml"}
 sys.path.insert(0, str(REPO / "workflow" / "scripts"))
 
 
-def snakemake(args, workdir, env_extra=None, timeout=300):
-    """Run snakemake on the repo's Snakefile in `workdir`; returns the CompletedProcess."""
+def snakemake(args, workdir, env_extra=None, timeout=300, cwd=None):
+    """Run snakemake on the repo's Snakefile in `workdir` (started from `cwd`: relative paths in `args` are read
+    there); returns the CompletedProcess."""
     env = {k: v for k, v in os.environ.items() if k != "MHAR_DATA_DIR"}
     env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO), **(env_extra or {}))
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
 
 
 def bench_standins(workdir):
