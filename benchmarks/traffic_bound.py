@@ -12,12 +12,16 @@ sees all 2L+1; ``routing_reads``, checked against a real model in the tests). On
 * ``min_bytes``: any one-pass-per-read algorithm (forward reads the sources and writes the output; backward reads
   sources and dout and writes each source gradient once).
 * ``kernel_bytes``: the same per kernel, counted independently from each kernel's loads and stores.
+* ``two_phase_bytes`` / ``block_layout_bytes``: the two-phase algorithm (phase 1 reads the sources stored before a
+  block of S reads once for all S; phase 2 merges each read's newer sources by online softmax) for MHAR by block
+  size S, and for the block layouts; ``two_phase_rows`` tabulates bytes and bound (``--two-phase``).
 
 At the measured HBM bandwidth that is ``ideal_ms``; with the measured baseline step the throughput ratio cannot
 exceed base / (base + ideal), whatever the kernels. The measured ratio and step gap are printed beside it.
 
     PYTHONPATH=. python -m benchmarks.traffic_bound --training results/bench/training.csv \
         --op results/bench/routing_op.csv --out results/bench/traffic_bound.csv
+    PYTHONPATH=. python -m benchmarks.traffic_bound --two-phase results/bench/two_phase_bound.csv  # by block size S
     PYTHONPATH=. python -m benchmarks.traffic_bound --profile PROFILE.json --hbm-gbps 4000   # per kernel, beside a
                                                                      # benchmarks/profile_step.py --json record
 """
@@ -28,6 +32,7 @@ import csv
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 from benchmarks.common import command_line, microbatch, write_csv
 from mhar.model.presets import PRESETS
@@ -134,8 +139,9 @@ def fused_bytes(ns: list[int], E: int, H: int, D: int, elt: int = BYTES_PER_ELT,
             fwd += (ns[a] + 1) * E * elt + ns[a] * per_src  # read the sources, write the output
         else:  # prefix once, K partials written and read back, each read's newer sources and output
             p = ns[a]
+            # (without the table the prefix pass reads each prefix source's sums of squares too)
             fwd += (p + 2 * K + sum(ns[i] - p + 1 for i in range(a, a + K))) * E * elt + \
-                sum(ns[i] - p for i in range(a, a + K)) * per_src + (K * p * 2 * sb if table else 0)
+                sum(ns[i] - p for i in range(a, a + K)) * per_src + (K * p * 2 * sb if table else p * ss)
     # dL/dscore per (token, head, read, source), in the sources' dtype: written by the gradient kernel into one
     # (H, reads, sources x tokens) buffer, zeroed first and read whole (zeros too) by the single dW matmul
     dsr = sum(ns) * (E // D) * H * elt + 2 * N * N * (E // D) * H * elt
@@ -188,6 +194,135 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
         row["measured_gap_ms"] = round(float(run["step_ms"]) - base_ms, 2) if run else None
         rows.append(row)
     return rows
+
+
+# The two-phase algorithm (Kimi's Attention Residuals, arXiv:2603.15031, section 4) for MHAR: the pseudo-queries are
+# parameters, so the reads are cut into blocks of S consecutive reads; phase 1 reads the sources stored before a
+# block ONCE for all S reads (S pseudo-queries, a running max and sum of exponentials per read and head) and writes
+# S partial mixes; phase 2 runs each read in order over its partial and the block's own newer sources, merged by
+# online softmax (exact). No score table: phase 1 scores on the fly. The backward is the source-major one
+# (``fused_bytes``'s), whose block is the source group. Block layouts (Block AttnRes, the released open_attnres
+# block mode) read a few stored block states plus one transient source (the open block's partial sum / the stream).
+BLOCK_SIZES = (1, 2, 4, 8, 12, 16, 24, 32)
+
+
+def two_phase_fwd_bytes(ns: list[int], E: int, D: int, S: int, elt: int = BYTES_PER_ELT) -> int:
+    """Forward bytes of the two-phase algorithm at block size S for reads over ns sources, E = B*T*D elements per
+    source, counted block by block: the appends write each source's sum of squares (fp32 per token); a block of
+    K > 1 reads: phase 1 reads its first read's ns[a] sources (each with its sums of squares) and writes K
+    partials; phase 2: read i reads its partial and its ns[i] - ns[a] newer sources (with sums of squares) and
+    writes its output. A block of one read is one pass (its sources in, its output out). (The log-sum-exps, H
+    fp32 per token and read, are left out.)"""
+    ss = (E // D) * 4
+    total = len(ns) * ss
+    for a in range(0, len(ns), S):
+        blk = ns[a:a + S]
+        if len(blk) == 1:
+            total += (blk[0] + 1) * E * elt + blk[0] * ss
+            continue
+        total += blk[0] * (E * elt + ss) + len(blk) * E * elt  # phase 1
+        total += sum(E * elt + (n - blk[0]) * (E * elt + ss) + E * elt for n in blk)  # phase 2
+    return total
+
+
+def two_phase_bytes(ns: list[int], E: int, H: int, D: int, S: int, source_group: Optional[int] = None,
+                    elt: int = BYTES_PER_ELT) -> tuple[int, int]:
+    """(fwd, bwd) bytes of the two-phase algorithm at block size S: ``two_phase_fwd_bytes`` and the source-major
+    backward of ``fused_bytes`` (no table; source groups of ``source_group``, default what ``fused_config`` gives
+    for H heads of width D / H)."""
+    sg = fused_config(H, D)["source_group"] if source_group is None else source_group
+    return two_phase_fwd_bytes(ns, E, D, S, elt), fused_bytes(ns, E, H, D, elt, source_group=sg)[1]
+
+
+def block_layout_reads(n_layers: int, blocks: int, layout: str) -> list[tuple[int, int]]:
+    """(stored sources, transient sources) of each read of one forward of a block layout. ``block_attnres``
+    (``mhar.model.residuals.block``): 2L sublayers in ``blocks`` blocks; a sublayer reads the embedding and the
+    completed block sums, plus the open block's partial sum once the block has an output; the final read sees
+    every block sum. ``open_attnres`` (block mode, ``mhar.model.residuals.open_attnres``): a sublayer reads the
+    closed states (the embedding, then the stream after every P-th layer) and the stream itself; no final read."""
+    S2 = 2 * n_layers
+    if layout == "block_attnres":
+        block_of = [i * blocks // S2 for i in range(S2)]
+        reads = [(1 + block_of[i], int(i > 0 and block_of[i - 1] == block_of[i])) for i in range(S2)]
+        return reads + [(1 + blocks, 0)]
+    if layout == "open_attnres":
+        from mhar.model.residuals.open_attnres import layers_per_block
+        P = layers_per_block(n_layers, blocks)
+        closed = [1 + sum(1 for l in range(i // 2) if (l + 1) % P == 0) for i in range(S2)]
+        return [(c, 1) for c in closed]
+    raise ValueError(f"unknown block layout {layout!r}; choose block_attnres or open_attnres")
+
+
+def block_layout_bytes(reads: list[tuple[int, int]], E: int, two_phase: bool,
+                       elt: int = BYTES_PER_ELT) -> tuple[int, int]:
+    """(fwd, bwd) bytes of a block layout's reads. Per read (``two_phase`` False, one pass per read): forward
+    reads its stored and transient sources and writes the output; backward reads them and the dout and writes
+    each one's gradient. Two-phase (phase-1 blocks = the runs of consecutive reads over the same stored
+    sources): forward, phase 1 reads the run's stored sources once and writes a partial per read, phase 2 reads
+    the partial and the transient source and writes the output; backward, phase 2 reads each read's dout, output,
+    partial and transient source and writes the transient's gradient (the partial's is dout scaled per head),
+    phase 1 reads every dout once more and every stored source once and writes its gradient once (all stored
+    sources of a layout, at most blocks + 1, in one source-major pass)."""
+    if not two_phase:
+        fwd = sum((s + x + 1) * E * elt for s, x in reads)
+        return fwd, sum((2 * (s + x) + 1) * E * elt for s, x in reads)
+    runs: list[list] = []
+    for s, x in reads:
+        if runs and runs[-1][0] == s:
+            runs[-1][1].append(x)
+        else:
+            runs.append([s, [x]])
+    fwd = bwd = 0
+    for s, xs in runs:
+        K = len(xs)
+        fwd += s * E * elt + (K * E * elt if K > 1 else 0)  # phase 1 (a run of one read: no partial)
+        fwd += sum(((1 if K > 1 else 0) + x + 1) * E * elt for x in xs)  # phase 2
+        bwd += sum((3 + (1 if K > 1 else 0) + 2 * x) * E * elt for x in xs)  # douts, outputs, partials, transients
+    n_stored = max(s for s, _ in reads)
+    bwd += len(reads) * E * elt + 2 * n_stored * E * elt  # phase 1: douts once, stored sources in, gradients out
+    return fwd, bwd
+
+
+def two_phase_rows(base_ms: dict, hbm_gbps: float, heads: int = 8, sizes=("100M", "350M", "1B"),
+                   block_sizes=BLOCK_SIZES, blocks: int = 8) -> list[dict]:
+    """Bytes per step (one microbatch, forward and backward) and the step-ratio bound base / (base + bytes / HBM)
+    by block size S for MHAR's two-phase algorithm (layout ``mhar``) beside today's ``fused``, and for the block
+    layouts (``block_attnres`` / ``open_attnres`` at ``blocks`` blocks, per read and two-phase; S = the reads
+    of a phase-1 block, ``layer`` for the layout's own blocks). ``base_ms``: the baseline step per size."""
+    rows = []
+
+    def row(size, layout, algo, S, fb):
+        f, b = fb
+        ideal = (f + b) / (hbm_gbps * 1e9) * 1e3
+        rows.append(dict(size=size, layout=layout, algorithm=algo, S=S, heads=heads if layout == "mhar" else 1,
+                         fwd_gb=round(f / 1e9, 3), bwd_gb=round(b / 1e9, 3), gb=round((f + b) / 1e9, 3),
+                         hbm_gbps=hbm_gbps, base_ms=base_ms[size], ideal_ms=round(ideal, 3),
+                         bound_ratio=round(base_ms[size] / (base_ms[size] + ideal), 4)))
+
+    for size in sizes:
+        if size not in base_ms:
+            continue
+        cfg, (B, T) = PRESETS[size].model, microbatch(size)
+        L, D = cfg["n_layers"], cfg["d_model"]
+        ns, E = routing_reads(L), B * T * D
+        row(size, "mhar", "fused", READ_GROUP, fused_bytes(ns, E, heads, D, **fused_config(heads, D)))
+        for S in block_sizes:
+            row(size, "mhar", "two_phase", S, two_phase_bytes(ns, E, heads, D, S))
+        for layout in ("block_attnres", "open_attnres"):
+            reads = block_layout_reads(L, blocks, layout)
+            row(size, layout, "per_read", 1, block_layout_bytes(reads, E, False))
+            row(size, layout, "two_phase", "layer", block_layout_bytes(reads, E, True))
+    return rows
+
+
+def best_block_size(rows: list[dict]) -> dict:
+    """Per size, the MHAR two-phase block size with the fewest bytes per step (the highest bound)."""
+    best = {}
+    for r in rows:
+        if r["layout"] == "mhar" and r["algorithm"] == "two_phase":
+            if r["size"] not in best or r["gb"] < best[r["size"]]["gb"]:
+                best[r["size"]] = r
+    return {size: r["S"] for size, r in best.items()}
 
 
 # The kernels of routing_impl fused (score table, forward groups, source groups) in ``kernel_bytes``.
@@ -277,6 +412,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/bench/traffic_bound.csv")
     ap.add_argument("--profile", help="a profile_step.py --json record: print its routing kernels' bytes and "
                     "fraction of the HBM bandwidth instead (writes nothing)")
+    ap.add_argument("--two-phase", metavar="CSV", help="write the two-phase algorithm's bytes and bound by block "
+                    "size S (MHAR and the block layouts; two_phase_rows) to CSV instead")
     args = ap.parse_args(argv)
     if args.profile:
         return _print_profile(args)
@@ -286,6 +423,8 @@ def main(argv=None) -> int:
             return 2
     training = list(csv.DictReader(open(args.training, newline="")))
     hbm = args.hbm_gbps or float(next(csv.DictReader(open(args.op, newline="")))["hbm_gbps"])
+    if args.two_phase:
+        return _write_two_phase(args, argv, training, hbm)
     rows = bound_rows(training, hbm)
     if not rows:
         print(f"error: {args.training} has no baseline rows at 100M / 350M / 1B", file=sys.stderr)
@@ -299,6 +438,27 @@ def main(argv=None) -> int:
               f"(ideal {r['fused_ideal_ms']} ms, bound {r['fused_bound_ratio']:.3f}), one pass per read "
               f"{r['min_gb']} GB (bound {r['min_bound_ratio']:.3f}); measured {r['measured_ratio']} "
               f"({r['measured_variant']}, gap {r['measured_gap_ms']} ms)")
+    return 0
+
+
+def _write_two_phase(args, argv, training: list[dict], hbm: float) -> int:
+    base = {}  # size -> the first baseline step row (its step time, and the hardware it was measured on)
+    for r in training:
+        if r["variant"] == "baseline" and r.get("mode", "step") != "trainer" and r.get("status", "ok") == "ok":
+            base.setdefault(r["size"], r)
+    rows = [{**r, **{k: base[r["size"]].get(k, "") for k in ("gpu", "driver", "torch", "triton")}}
+            for r in two_phase_rows({k: float(v["step_ms"]) for k, v in base.items()}, hbm)]
+    if not rows:
+        print(f"error: {args.training} has no baseline rows at 100M / 350M / 1B", file=sys.stderr)
+        return 2
+    prov = {"git_commit": git_info()["commit"], "command": command_line("benchmarks.traffic_bound", argv),
+            "inputs": args.training if args.hbm_gbps else f"{args.training} {args.op}"}
+    write_csv(args.two_phase, [{**r, **prov} for r in rows])
+    best = best_block_size(rows)
+    print(f"bytes per step (GB, fwd + bwd) and step-ratio bound at {hbm:.0f} GB/s; fewest bytes: S = {best}")
+    for r in rows:
+        print(f"{r['size']:>5} {r['layout']:>13} {r['algorithm']:>9} S={r['S']!s:>5}: {r['fwd_gb']:6.2f} + "
+              f"{r['bwd_gb']:6.2f} = {r['gb']:6.2f} GB, {r['ideal_ms']:5.2f} ms, bound {r['bound_ratio']:.4f}")
     return 0
 
 

@@ -64,7 +64,7 @@ def test_unit_bytes_and_bounds():
     # forward groups of 8: the forward reads each group's prefix once (+ partials), the backward is unchanged
     g = 8
     fwd_g = sum((ns[a] + 2 * g + sum(ns[i] - ns[a] + 1 for i in range(a, a + g))) * E * 2
-                + sum(ns[i] - ns[a] for i in range(a, a + g)) * tok * 4
+                + sum(ns[i] - ns[a] for i in range(a, a + g)) * tok * 4 + ns[a] * tok * 4  # (the prefix's too)
                 for a in range(0, n - 1, g)) + (ns[-1] + 1) * E * 2 + ns[-1] * tok * 4 \
         + n * tok * 4  # 9 groups of 8 + one plain read; the appends' sums of squares
     fg, bg = fused_bytes(ns, E, 8, cfg["d_model"], group=g)
@@ -197,3 +197,112 @@ def test_profile_cli_prints_each_kernels_fraction_of_hbm(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
 
 
+
+
+@pytest.mark.parametrize("size", ["100M", "350M", "1B"])
+def test_two_phase_forward_is_the_grouped_path_without_the_table(size):
+    """The two-phase forward, counted block by block, is what the byte model of the fused kernels gives for
+    forward groups of S without the score table (``fused_bytes(group=S, table=False)``), at every S: two counts
+    written independently."""
+    cfg, (B, T) = PRESETS[size].model, microbatch(size)
+    ns, E, D = tb.routing_reads(cfg["n_layers"]), B * T * cfg["d_model"], cfg["d_model"]
+    for S in tb.BLOCK_SIZES:
+        f, _ = fused_bytes(ns, E, 8, D, group=S, table=False)
+        assert tb.two_phase_fwd_bytes(ns, E, D, S) == f, S
+        f2, b2 = tb.two_phase_bytes(ns, E, 8, D, S)
+        # the backward: fused's source-major one without the table's rows
+        sg = tb.fused_config(8, D)["source_group"]
+        assert f2 == f and b2 == fused_bytes(ns, E, 8, D, source_group=sg, table=False)[1]
+
+
+def test_two_phase_bytes_by_hand():
+    """Five reads over 1..5 sources, blocks of 2 (reads 0-1, 2-3, 4): phase 1 of block (0, 1) reads 1 source and
+    writes 2 partials, phase 2 read 0: partial in, 0 newer, out; read 1: partial, 1 newer, out; block (2, 3): 3
+    sources, 2 partials; read 2: partial + out; read 3: partial + 1 newer + out; read 4 alone: 5 sources + out. Every
+    source read brings its sums of squares (fp32 per token), every append writes them."""
+    ns, E, D = [1, 2, 3, 4, 5], 1000, 10
+    e, ss = E * 2, (E // D) * 4
+    expect = 5 * ss
+    expect += (1 * (e + ss) + 2 * e) + (e + e) + (e + (e + ss) + e)
+    expect += (3 * (e + ss) + 2 * e) + (e + e) + (e + (e + ss) + e)
+    expect += 6 * e + 5 * ss
+    assert tb.two_phase_fwd_bytes(ns, E, D, 2) == expect
+    assert tb.two_phase_fwd_bytes(ns, E, D, 1) == sum((n + 1) * e + n * ss for n in ns) + 5 * ss  # no sharing
+
+
+@pytest.mark.parametrize("variant", ["block_attnres", "open_attnres"])
+def test_block_layout_reads_match_a_real_forward(variant):
+    """The reads the block-layout model assumes are those of a real forward (4 layers, 3 blocks: uneven)."""
+    blocks, L = 3, 4
+    model = Transformer(model_config("debug", n_layers=L, residual={"variant": variant, "blocks": blocks,
+                                                                     "routing_impl": "eager"}))
+    res, seen = model.residual, []
+    if variant == "block_attnres":
+        orig = res.router.read
+
+        def read(state, *a, **k):
+            seen.append((res.router.num_sources(state), int(k.get("extra") is not None)))
+            return orig(state, *a, **k)
+        res.router.read = read
+    else:
+        orig = res._depth_read
+
+        def read(state, i):
+            seen.append((len(state.closed), 1))
+            return orig(state, i)
+        res._depth_read = read
+    with torch.no_grad():
+        model(torch.randint(0, model.cfg.vocab_size, (1, 8)))
+    assert seen == tb.block_layout_reads(L, blocks, variant)
+
+
+def test_block_layout_bytes_by_hand():
+    """Reads (stored, transient): (1, 0), (1, 1), (2, 0), (2, 1), (3, 0). Per read: forward (s + x + 1) sources,
+    backward (2 (s + x) + 1). Two-phase: runs of equal stored count (1: reads 0-1, 2: reads 2-3, 3: read 4)."""
+    reads, E = [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0)], 1000
+    e = 2 * E
+    f, b = tb.block_layout_bytes(reads, E, False)
+    assert (f, b) == ((2 + 3 + 3 + 4 + 4) * e, (3 + 5 + 5 + 7 + 7) * e)
+    f, b = tb.block_layout_bytes(reads, E, True)
+    # phase 1: run 1: 1 stored + 2 partials, run 2: 2 + 2, run 3 (one read): 3 stored, no partial; phase 2: each
+    # read of a run of two reads its partial, its transient, writes out; read 4: out
+    assert f == (3 + 4 + 3) * e + ((2 + 3) + (2 + 3) + 1) * e
+    # phase 2: dout, out, (partial), 2 per transient; phase 1: 5 douts, 3 stored in, 3 gradients out
+    assert b == ((4 + 6) + (4 + 6) + 3) * e + 5 * e + 6 * e
+
+
+def test_two_phase_rows_bound_and_block_size():
+    """Rows of the two-phase table: the bound follows from the bytes, the bandwidth and the baseline step; the
+    chosen S has the fewest bytes; the block layouts' two-phase rows move fewer bytes than their per-read rows."""
+    rows = tb.two_phase_rows({"350M": 40.0, "1B": 50.0}, 4000.0)
+    assert {r["size"] for r in rows} == {"350M", "1B"}
+    for r in rows:
+        ideal = r["gb"] * 1e9 / 4000e9 * 1e3
+        assert r["ideal_ms"] == pytest.approx(ideal, abs=1e-3)
+        assert r["bound_ratio"] == pytest.approx(r["base_ms"] / (r["base_ms"] + ideal), abs=1e-4)
+    best = tb.best_block_size(rows)
+    for size, S in best.items():
+        tp = [r for r in rows if r["size"] == size and r["layout"] == "mhar" and r["algorithm"] == "two_phase"]
+        assert min(tp, key=lambda r: r["gb"])["S"] == S
+        assert [r["S"] for r in tp] == list(tb.BLOCK_SIZES)
+    for size in best:
+        for layout in ("block_attnres", "open_attnres"):
+            per, two = (next(r for r in rows if r["size"] == size and r["layout"] == layout and r["algorithm"] == a)
+                        for a in ("per_read", "two_phase"))
+            assert two["gb"] < per["gb"]
+
+
+def test_two_phase_cli(tmp_path, capsys):
+    training = tmp_path / "training.csv"
+    with training.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["size", "variant", "step_ms", "status"])
+        w.writeheader()
+        w.writerow(dict(size="1B", variant="baseline", step_ms="50", status="ok"))
+    out = tmp_path / "tp.csv"
+    assert tb.main(["--training", str(training), "--hbm-gbps", "4000", "--two-phase", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert {r["size"] for r in rows} == {"1B"} and rows[0]["command"].endswith(f"--two-phase {out}")
+    assert "fewest bytes: S = {'1B': 8}" in capsys.readouterr().out
+    training.write_text("size,variant,step_ms,status\n1B,mhar_fused,50,ok\n")
+    assert tb.main(["--training", str(training), "--hbm-gbps", "4000", "--two-phase", str(out)]) == 2
+    assert capsys.readouterr().err.startswith("error:")
