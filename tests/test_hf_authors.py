@@ -221,6 +221,27 @@ def test_unconvertible_checkpoints_are_refused_naming_the_field(tmp_path, kw, fi
     assert not (tmp_path / "model.pt").exists()
 
 
+@pytest.mark.parametrize("mode,fields,needle", [
+    ("block", {"attnres_num_blocks": 0}, "attnres_num_blocks 0 in config.json is not a whole number >= 1"),
+    ("block", {"attnres_num_blocks": 2.5}, "attnres_num_blocks 2.5 in config.json is not a whole number >= 1"),
+    ("full_mh", {"attnres_num_heads": 3}, "attnres_num_heads 3 in config.json does not divide hidden_size 64"),
+    ("full_mh", {"attnres_num_heads": 0}, "attnres_num_heads 0 in config.json is not a whole number >= 1"),
+    ("full_mh", {"attnres_num_heads": 4.0}, "attnres_num_heads 4.0 in config.json is not a whole number >= 1"),
+    ("full", {"attnres_use_null_source": "no"}, 'attnres_use_null_source "no" in config.json is not true or false'),
+    ("full_mh", {"vocab_size": -5}, "vocab_size -5 in config.json is not a whole number >= 1"),
+])
+def test_mhar_layout_field_of_the_wrong_type_or_range_is_one_line_naming_it(tmp_path, capsys, mode, fields, needle):
+    from mhar.__main__ import main
+
+    folder, _, _ = authors_checkpoint(tmp_path / "theirs", mode, extra_config=fields)
+    out = tmp_path / "out" / "m.pt"
+    assert main(["import-hf", str(folder), "--out", str(out), "--tokenizer", "byte"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0] and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_null_sources_unused_by_full_modes_are_dropped_with_a_note(tmp_path):
     add = {f"model.layers.{i}.{s}_null_source": torch.ones(D) for i in range(2) for s in ("attn", "mlp")}
     folder, cfg, t = authors_checkpoint(tmp_path / "theirs", "full_mh", layers=2, add=add,

@@ -119,3 +119,45 @@ def test_config_that_disagrees_with_the_weights_is_one_error_line(tmp_path, caps
     assert len(err) == 1 and err[0].startswith("error: "), err
     assert "model.layers.0.mlp.gate_proj.weight" in err[0] and "(192, 64)" in err[0] and "(128, 64)" in err[0]
     assert not (tmp_path / "m.pt").exists()
+
+
+def _poke(folder, name: str, value: float) -> int:
+    """Put ``value`` into the first element of tensor ``name`` of ``folder``'s model.safetensors; its numel."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = value
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return tensors[name].numel()
+
+
+@pytest.mark.parametrize("source,name,value,check", [
+    ("qwen3", "model.layers.1.self_attn.q_proj.weight", float("nan"), True),  # the logits check said only "nan"
+    ("llama", "model.embed_tokens.weight", float("inf"), False),
+    ("mhar", "model.residual.queries", float("nan"), False),
+])
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, capsys, source, name, value, check):
+    """Stock Qwen3 / Llama checkpoints and our own exports: one error line naming the tensor, exit 2, nothing
+    written (checked before the conversion; with or without the logits check)."""
+    if source == "mhar":
+        from mhar.hf import export_hf
+        from mhar.model.config import model_config
+        from mhar.model.transformer import Transformer
+        from mhar.runs.checkpoint import save_model
+
+        torch.manual_seed(0)
+        cfg = model_config("debug", max_seq_len=64, residual={"variant": "mhar", "heads": 2, "routing_impl": "eager"})
+        export_hf(save_model(tmp_path / "run" / "model.pt", Transformer(cfg), "byte"), tmp_path / "hf")
+    else:
+        (qwen3 if source == "qwen3" else llama)().save_pretrained(tmp_path / "hf")
+    numel = _poke(tmp_path / "hf", name, value)
+    capsys.readouterr()
+    args = ["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out" / "m.pt"), "--tokenizer", "byte"]
+    assert mhar_main(args + ([] if check else ["--no-check"])) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    kind = "1 NaN, 0 inf" if value != value else "0 NaN, 1 inf"
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert f"tensor {name} ({kind} of {numel} values) is not finite" in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()

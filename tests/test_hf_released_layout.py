@@ -237,6 +237,69 @@ def test_unsupported_released_checkpoints_are_one_error_line(tmp_path, capsys, k
     assert not out.exists()
 
 
+def _refused_in_one_line(tmp_path: Path, capsys, folder: Path, *needles: str) -> None:
+    """``import-hf`` exits 2 with one ``error:`` line holding every needle, no traceback, nothing written."""
+    out = tmp_path / "out" / "m.pt"
+    assert mhar_main(["import-hf", str(folder), "--out", str(out), "--tokenizer", "byte"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert all(n in lines[0] for n in needles), (needles, lines[0])
+    assert not (tmp_path / "out").exists()
+
+
+DROP = object()  # the field is taken out of config.json
+
+
+@pytest.mark.parametrize("fields,needle", [
+    ({"attnres_num_blocks": 0}, "attnres_num_blocks 0 in config.json is not a whole number >= 1"),  # ZeroDivision
+    ({"attnres_num_blocks": 1.5}, "attnres_num_blocks 1.5 in config.json is not a whole number >= 1"),  # read as 1
+    ({"attnres_num_blocks": -2}, "attnres_num_blocks -2 in config.json is not a whole number >= 1"),
+    ({"attnres_num_blocks": "2"}, 'attnres_num_blocks "2" in config.json is not a whole number'),
+    ({"attnres_num_blocks": True}, "attnres_num_blocks true in config.json is not a whole number"),
+    ({"attnres_mode": "full", "attnres_num_blocks": 0}, "attnres_num_blocks 0"),  # their full mode divides too
+    ({"attnres_recency_bias_init": "abc"}, 'attnres_recency_bias_init "abc" in config.json is not a finite number'),
+    ({"attnres_recency_bias_init": float("nan")}, "attnres_recency_bias_init NaN in config.json is not a finite"),
+    ({"attnres_recency_bias_init": [3.0]}, "attnres_recency_bias_init [3.0] in config.json is not a finite number"),
+    ({"attnres_gate_type": ["bias"]}, 'attnres_gate_type ["bias"] in config.json is not a string'),
+    ({"attnres_mode": ["block"]}, 'attnres_mode ["block"] in config.json is not a string'),
+    ({"attnres_mode": None}, "attnres_mode null in config.json is not a string"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers 0 in config.json is not a whole number >= 1"),
+    ({"num_hidden_layers": DROP}, "config.json has no num_hidden_layers (a whole number >= 1)"),
+    ({"hidden_size": "64"}, 'hidden_size "64" in config.json is not a whole number >= 1'),
+    ({"num_key_value_heads": 3}, "num_key_value_heads 3 in config.json does not divide num_attention_heads 4"),
+    ({"rms_norm_eps": -1e-6}, "rms_norm_eps -1e-06 in config.json is not a finite number > 0"),
+    ({"rms_norm_eps": None}, "rms_norm_eps null in config.json is not a finite number > 0"),
+    ({"rope_theta": float("inf")}, "rope_theta Infinity in config.json is not a finite number > 0"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}}, "rope_parameters.factor is missing"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": "1e4"}}, 'rope_parameters.rope_theta "1e4"'),
+    ({"tie_word_embeddings": "yes"}, 'tie_word_embeddings "yes" in config.json is not true or false'),
+    ({"layer_types": ["full_attention"]}, "layer_types [\"full_attention\"] in config.json is not a list of "
+                                          "num_hidden_layers (3) strings"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings 0 in config.json is not a whole number >= 1"),
+])
+def test_config_field_of_the_wrong_type_or_range_is_one_line_naming_it(tmp_path, capsys, fields, needle):
+    """Every field the conversion reads is checked before anything is built: the field as config.json writes it,
+    its value and what is allowed; exit 2, no traceback, nothing written."""
+    folder, cfg, _ = released_checkpoint(tmp_path / "theirs", layers=3, num_blocks=2)
+    cfg.update(fields)
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not DROP}))
+    _refused_in_one_line(tmp_path, capsys, folder, needle)
+
+
+@pytest.mark.parametrize("name,value", [("model.layers.1.attn_res_proj.weight", float("nan")),
+                                        ("model.embed_tokens.weight", float("inf")),
+                                        ("model.layers.0.mlp_res_bias", float("-inf"))])
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, capsys, name, value):
+    folder, _, t = released_checkpoint(tmp_path / "theirs", layers=3, num_blocks=2)
+    bad = t[name].clone()
+    bad.view(-1)[0] = value
+    save_file({k: v.contiguous() for k, v in dict(t, **{name: bad}).items()}, str(folder / "model.safetensors"))
+    kind = "1 NaN, 0 inf" if value != value else "0 NaN, 1 inf"
+    _refused_in_one_line(tmp_path, capsys, folder, f"tensor {name} ({kind} of {bad.numel()} values) is not finite",
+                         "nothing was written")
+
+
 def test_config_that_disagrees_with_the_tensors_names_the_tensor_and_both_shapes(tmp_path, capsys):
     folder, _, _ = released_checkpoint(tmp_path / "theirs", "full", "sigmoid_vector", layers=2)
     cfg = json.loads((folder / "config.json").read_text())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,35 @@ def test_disk_full_while_writing_evaluation_results_keeps_the_old_ones(tmp_path,
     rec = json.loads(after["results.json"])
     assert all(v.startswith("lm_eval/") and v in after for v in rec["lm_eval_files"].values()), rec["lm_eval_files"]
     assert not list((out / "lambada_openai").glob(".*.tmp"))
+
+
+def test_non_finite_weights_are_refused_by_every_evaluation_loader(tmp_path, capsys, monkeypatch):
+    """A model.pt with a NaN (a diverged run) or an inf: eval.run, the lm-eval adapter and load_model refuse it
+    naming the tensor, before any request is scored; nothing is written."""
+    pytest.importorskip("lm_eval")
+    import lm_eval.evaluator
+    from eval.adapter import MharLM
+    from eval.lm_eval_cli import main as lm_eval_main
+    from eval.run import main
+
+    torch.manual_seed(0)
+    model = Transformer(model_config("debug", max_seq_len=64))
+    with torch.no_grad():
+        model.layers[1].attn.q_proj.weight[3, 5] = float("nan")
+        model.final_norm.weight[0] = float("inf")
+    path = save_model(tmp_path / "run" / "model.pt", model, "byte")
+    numel = model.layers[1].attn.q_proj.weight.numel()
+    want = f"tensor layers.1.attn.q_proj.weight (1 NaN, 0 inf of {numel} values) is not finite"
+    with pytest.raises(CheckpointError, match=re.escape(want)):
+        load_model(path)
+    data = _tiny_data(tmp_path)
+    monkeypatch.setattr(MharLM, "_loglikelihood_tokens", lambda *a, **k: pytest.fail("evaluation started"))
+    monkeypatch.setenv("MHAR_DATA_DIR", str(data))
+    capsys.readouterr()
+    assert lm_eval_main(["--model", "mhar", "--model_args", f"pretrained={path}", "--tasks", "lambada_openai",
+                         "--limit", "2", "--device", "cpu", "--output_path", str(tmp_path / "lm_eval_out")]) == 2
+    _one_error_line(capsys.readouterr().err, want)
+    monkeypatch.setattr(lm_eval.evaluator, "simple_evaluate", lambda *a, **k: pytest.fail("evaluation started"))
+    assert main(_eval_args(path, tmp_path / "eval", data)) == 2
+    _one_error_line(capsys.readouterr().err, want, "retrain the run")
+    assert not (tmp_path / "eval").exists() and not (tmp_path / "lm_eval_out").exists()

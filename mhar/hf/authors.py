@@ -35,13 +35,16 @@ is kept and the sources are cumulative *states*; per sublayer ``{attn,mlp}_res_p
 ``bias``: none. ``attnres_num_blocks`` -> ``residual.blocks`` (same block rule),
 ``attnres_recency_bias_init`` -> ``residual.recency_bias_init`` (an init value; the stored biases are loaded).
 
-Both: every tensor is placed or the checkpoint is refused naming it (the MHAR layout's ``*_null_source``,
-unused by its full / block modes, is dropped with a note); refused, naming the field: other modes, other gate
-types, sliding-window attention, attention biases, a non-SiLU MLP, a tensor whose shape disagrees with
-config.json.
+Both: every config.json field read is checked for type and range first (:func:`check_config_fields`: named
+as written, with the value and what is allowed); every tensor is placed or the checkpoint is refused naming it
+(the MHAR layout's ``*_null_source``, unused by its full / block modes, is dropped with a note); refused, naming
+the field: other modes, other gate types, sliding-window attention, attention biases, a non-SiLU MLP, a tensor
+whose shape disagrees with config.json.
 """
 from __future__ import annotations
 
+import json
+import math
 import re
 from typing import Optional
 
@@ -72,6 +75,84 @@ class AuthorsFormatError(ValueError):
     """The checkpoint is not (convertibly) one of our variants; the message names the field."""
 
 
+# --- config.json: the type and range of every field read, checked before anything is built -----------------
+_WHOLE, _POSITIVE, _NONNEG, _REAL = "a whole number >= 1", "a finite number > 0", "a finite number >= 0", \
+    "a finite number"
+_BOOL, _TEXT = "true or false", "a string"
+# field -> (what is allowed, null allowed (their code reads it as unset), required)
+_FIELDS: dict[str, tuple[str, bool, bool]] = {
+    "vocab_size": (_WHOLE, False, True), "hidden_size": (_WHOLE, False, True),
+    "intermediate_size": (_WHOLE, False, True), "num_hidden_layers": (_WHOLE, False, True),
+    "num_attention_heads": (_WHOLE, False, True), "num_key_value_heads": (_WHOLE, True, False),
+    "head_dim": (_WHOLE, True, False), "max_position_embeddings": (_WHOLE, False, False),
+    "rms_norm_eps": (_POSITIVE, False, False), "initializer_range": (_NONNEG, False, False),
+    "rope_theta": (_POSITIVE, False, False), "tie_word_embeddings": (_BOOL, False, False),
+    "attention_bias": (_BOOL, False, False), "use_sliding_window": (_BOOL, False, False),
+    "hidden_act": (_TEXT, False, False), "attnres_mode": (_TEXT, False, False),
+    "attnres_gate_type": (_TEXT, False, False), "attnres_num_blocks": (_WHOLE, False, False),
+    "attnres_num_heads": (_WHOLE, False, False), "attnres_recency_bias_init": (_REAL, True, False),
+    "attnres_use_null_source": (_BOOL, True, False)}
+_ROPE_FIELDS = {"rope_theta": _POSITIVE, "rope_type": _TEXT, "type": _TEXT, "factor": _POSITIVE,
+                "low_freq_factor": _POSITIVE, "high_freq_factor": _POSITIVE, "original_max_position_embeddings": _WHOLE}
+_LLAMA3 = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _fits(value, kind: str) -> bool:
+    if kind == _BOOL:
+        return isinstance(value, bool)
+    if kind == _TEXT:
+        return isinstance(value, str)
+    if isinstance(value, bool):  # JSON true is not the number 1
+        return False
+    if kind == _WHOLE:
+        return isinstance(value, int) and value >= 1
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > 0 if kind == _POSITIVE else value >= 0 if kind == _NONNEG else True
+
+
+def _shown(value) -> str:
+    """The value as config.json writes it (JSON), at most 60 characters."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_config_fields(hf: dict) -> None:
+    """Refuse (AuthorsFormatError naming the field as config.json writes it, its value and what is allowed) a
+    field read by the conversion that has the wrong type or range, before anything is built: whole numbers >= 1
+    for the sizes and ``attnres_num_blocks`` (their blocks hold max(1, ceil(L / attnres_num_blocks)) layers: 0
+    divides by zero in their code, 1.5 is not a count), finite numbers for the epsilon, RoPE and
+    ``attnres_recency_bias_init``, booleans and strings where their config has them; ``num_key_value_heads``
+    divides ``num_attention_heads``; ``layer_types`` has one entry per layer."""
+    for name, (kind, nullable, required) in _FIELDS.items():
+        if name not in hf:
+            if required:
+                raise AuthorsFormatError(f"config.json has no {name} ({kind})")
+            continue
+        value = hf[name]
+        if not (value is None and nullable) and not _fits(value, kind):
+            raise AuthorsFormatError(f"{name} {_shown(value)} in config.json is not {kind}")
+    for group in ("rope_parameters", "rope_scaling"):
+        sub = hf.get(group)
+        if sub is not None and not isinstance(sub, dict):
+            raise AuthorsFormatError(f"{group} {_shown(sub)} in config.json is not an object (or null)")
+        for key, kind in _ROPE_FIELDS.items():
+            if sub and key in sub and not _fits(sub[key], kind):
+                raise AuthorsFormatError(f"{group}.{key} {_shown(sub[key])} in config.json is not {kind}")
+    L, heads, kv = hf["num_hidden_layers"], hf["num_attention_heads"], hf.get("num_key_value_heads")
+    if kv is not None and heads % kv:
+        raise AuthorsFormatError(f"num_key_value_heads {kv} in config.json does not divide num_attention_heads "
+                                 f"{heads} (each key/value head serves a whole group of query heads)")
+    types = hf.get("layer_types")
+    if types is not None and not (isinstance(types, list) and len(types) == L and all(isinstance(t, str)
+                                                                                     for t in types)):
+        raise AuthorsFormatError(f"layer_types {_shown(types)} in config.json is not a list of num_hidden_layers "
+                                 f"({L}) strings (or null)")
+
+
 def _rope(hf: dict) -> tuple[float, Optional[dict]]:
     params = hf.get("rope_parameters") or {}
     legacy = hf.get("rope_scaling") or {}
@@ -82,8 +163,11 @@ def _rope(hf: dict) -> tuple[float, Optional[dict]]:
         return float(theta), None
     if kind != "llama3":
         raise AuthorsFormatError(f"rope_parameters.rope_type {kind!r} is not supported (default, llama3)")
-    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    return float(theta), {k: scaling[k] for k in keys}
+    missing = [k for k in _LLAMA3 if k not in scaling]
+    if missing:
+        raise AuthorsFormatError(f"rope_parameters.{missing[0]} is missing (rope_type llama3 needs "
+                                 f"{', '.join(_LLAMA3)})")
+    return float(theta), {k: scaling[k] for k in _LLAMA3}
 
 
 def block_size(n_layers: int, num_blocks: int) -> int:
@@ -156,10 +240,13 @@ def _mhar_layout_config(hf: dict, tensors: dict[str, Tensor], routing_impl: str)
         raise AuthorsFormatError(f"attnres_gate_type {gate!r}: in the MHAR layout only 'bias' (the routed mix is the "
                                  "sublayer input as is) matches our variants")
     fields = _decoder_config(hf, tensors)
-    L = fields["n_layers"]
+    L, D = fields["n_layers"], fields["d_model"]
     heads = int(hf.get("attnres_num_heads", 8))  # their config's default
     residual: dict = {"routing_impl": routing_impl, "routing_eps": float(hf.get("rms_norm_eps", 1e-6))}
     if mode == "full_mh":
+        if D % heads:
+            raise AuthorsFormatError(f"attnres_num_heads {heads} in config.json does not divide hidden_size {D} (one "
+                                     "depth softmax per equal slice of the width)")
         residual.update(variant="mhar", heads=heads)
     elif mode == "full":
         residual.update(variant="attnres")
@@ -218,6 +305,7 @@ def authors_model_config(hf: dict, tensors: dict[str, Tensor],
     """Our ModelConfig for an authors' ``config.json`` (+ its tensors, for the layout and shapes); (config, notes)."""
     if hf.get("model_type") != MODEL_TYPE:
         raise AuthorsFormatError(f"model_type {hf.get('model_type')!r} is not {MODEL_TYPE!r}")
+    check_config_fields(hf)
     if layout(hf, tensors) == "released":
         return _released_layout_config(hf, tensors)
     return _mhar_layout_config(hf, tensors, routing_impl)
@@ -326,5 +414,5 @@ def convert_authors(hf: dict, tensors: dict[str, Tensor], routing_impl: str = "e
     return cfg, map_authors_state_dict(tensors, cfg), notes
 
 
-__all__ = ["MODEL_TYPE", "MODES", "RELEASED_MODES", "AuthorsFormatError", "layout", "authors_model_config",
-           "map_authors_state_dict", "convert_authors", "block_size"]
+__all__ = ["MODEL_TYPE", "MODES", "RELEASED_MODES", "AuthorsFormatError", "layout", "check_config_fields",
+           "authors_model_config", "map_authors_state_dict", "convert_authors", "block_size"]

@@ -22,7 +22,9 @@ tested against an independent implementation of their formulas (tests/test_hf_au
 
 Weights are read from ``*.safetensors`` (single or sharded with ``model.safetensors.index.json``) or, for
 older checkpoints, ``pytorch_model*.bin`` with ``torch.load(weights_only=True)`` (tensors only).
-A tensor whose shape disagrees with what config.json implies is refused naming the tensor and both shapes.
+A tensor whose shape disagrees with what config.json implies is refused naming the tensor and both shapes; a
+tensor holding a NaN or an inf is refused naming it (every model_type, before the conversion); the authors'
+config.json fields are checked for type and range before the weights are read (:func:`check_config_fields`).
 Provenance (``extra.import_hf`` of ``model.pt``): the source, the requested ``revision``, ``hub_commit`` (the
 hub commit hash of the snapshot: a hub download or a folder of the hub cache, ``.../snapshots/<hash>``; None
 for any other folder), ``content_sha256`` (one hash over config.json and the weight files, whatever the
@@ -43,11 +45,11 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from mhar.runs.checkpoint import MODEL_FILE, file_sha256, save_model
+from mhar.runs.checkpoint import MODEL_FILE, file_sha256, non_finite_tensor, save_model
 from mhar.model.config import ConfigError, ModelConfig, model_config
 from mhar.model.transformer import Transformer
 from mhar.hf.authors import MODEL_TYPE as AUTHORS_TYPE
-from mhar.hf.authors import AuthorsFormatError, convert_authors
+from mhar.hf.authors import AuthorsFormatError, check_config_fields, convert_authors
 from mhar.hf.export import CHECK_TOL
 from mhar.hf.names import from_hf_state_dict, hf_name, model_config_from_mhar_fields
 from mhar.hf.modeling_mhar import MharForCausalLM
@@ -257,7 +259,16 @@ def convert_folder(folder: Path, routing_impl: str = "eager") -> tuple[Transform
     mtype = hf.get("model_type")
     if mtype not in SUPPORTED:
         raise ImportHFError(f"model_type {mtype!r} is not supported (supported: {', '.join(SUPPORTED)})")
+    if mtype == AUTHORS_TYPE:
+        try:  # the fields first: a lying config.json is refused before the weights are read
+            check_config_fields(hf)
+        except AuthorsFormatError as e:
+            raise ImportHFError(f"{folder}: {e}") from e
     tensors = read_tensors(folder)
+    bad = non_finite_tensor(tensors)
+    if bad:
+        raise ImportHFError(f"{folder}: tensor {bad} is not finite; the checkpoint is damaged (download it again, "
+                            "or retrain the model that wrote it); nothing was written")
     notes: list[str] = []
     try:
         if mtype == AUTHORS_TYPE:

@@ -272,6 +272,16 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     return blob
 
 
+def non_finite_tensor(tensors: dict) -> Optional[str]:
+    """The first floating-point tensor of ``tensors`` holding a NaN or an infinity, as ``NAME (n NaN, m inf of N
+    values)``; None when every one is finite. One ``torch.isfinite(t).all()`` per tensor (the counts only for the
+    bad one): cheap next to reading the weights."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return f"{name} ({int(torch.isnan(t).sum())} NaN, {int(torch.isinf(t).sum())} inf of {t.numel()} values)"
+    return None
+
+
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", routing_impl: Optional[str] = None):
     """Return ``(model, tokenizer, blob)``; ``routing_impl`` overrides the saved one (e.g. eager on CPU)."""
     blob = read_checkpoint(path)
@@ -286,6 +296,10 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", rout
         cfg = model_config_from_dict(cfg_d)
     except ConfigError as e:
         raise CheckpointError(f"{path}: stored model config is invalid: {e}") from e
+    bad = non_finite_tensor(blob["state_dict"]) if isinstance(blob["state_dict"], dict) else None
+    if bad:  # a diverged training or a damaged conversion: refused, never evaluated or exported
+        raise CheckpointError(f"{path}: tensor {bad} is not finite; the weights are damaged (retrain the run or "
+                              "re-import the model)")
     model = Transformer(cfg)
     missing, unexpected = model.load_state_dict(blob["state_dict"], strict=False)
     if missing or unexpected:
