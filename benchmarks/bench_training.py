@@ -257,7 +257,7 @@ def repeat_summary(rows: list[dict]) -> list[str]:
     repeat). The repeat (a fresh pair of processes) is the unit: steps within a run are not independent."""
     import numpy as np
 
-    from eval.throughput import t_interval
+    from analysis.throughput import t_interval
 
     out = []
     groups: dict = {}

@@ -43,11 +43,11 @@ for stage in "$@"; do
     tests)
       # the GPU-marked tests first (realistic shapes, graph replay, trainer), then the small-shape kernel tests
       MHAR_ROUTING_AUTOTUNE=0 timeout -s INT -k 15 "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs -m gpu \
-        tests/test_fused_routing.py tests/test_routing.py tests/test_step.py tests/test_generate.py \
-        tests/test_bench_inference.py 2>&1 | tee "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed|Error" | tail -15
+        tests/model/test_fused_routing.py tests/model/test_routing.py tests/training/test_step.py tests/model/test_generate.py \
+        tests/benchmarks/test_bench_inference.py 2>&1 | tee "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed|Error" | tail -15
       MHAR_ROUTING_AUTOTUNE=0 timeout -s INT -k 15 "${TESTS_SECONDS:-240}" python3 -m pytest -v --tb=short -rfs -m "not gpu" \
-        tests/test_fused_routing.py tests/test_routing.py tests/test_step.py tests/test_generate.py \
-        tests/test_bench_inference.py 2>&1 | tee -a "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed|Error" | tail -15 ;;
+        tests/model/test_fused_routing.py tests/model/test_routing.py tests/training/test_step.py tests/model/test_generate.py \
+        tests/benchmarks/test_bench_inference.py 2>&1 | tee -a "$OUT/tests_gpu.log" | grep -E "FAILED|ERROR|passed|failed|Error" | tail -15 ;;
     op|op:*)
       IFS=: read -r _ sizes impls <<< "$stage"
       timeout "${OP_SECONDS:-330}" python3 -m benchmarks.bench_routing_op --graph 1 --impls ${impls:-eager fused} \

@@ -163,8 +163,8 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
     """Per size with a baseline step row in ``training`` (bench_training.py rows): the bytes, ideal time at
     ``hbm_gbps`` and throughput bound of ``fused`` and ``min``, and the measured ratio of the first variant of
     ``fused`` that the record holds at that size (an older record's variant names read as the current ones:
-    ``eval.load.bench.bench_variant``)."""
-    from eval.load.bench import bench_variant
+    ``analysis.load.bench.bench_variant``)."""
+    from analysis.load.bench import bench_variant
     fused = (fused,) if isinstance(fused, str) else tuple(fused)
     training = [r for r in training if r.get("mode", "step") != "trainer"]  # the step rows (same step, one each)
     rows = []
@@ -345,7 +345,7 @@ def kernel_bytes(size: str, heads: int = 8, group: int = READ_GROUP, source_grou
     later read's dout (fp32 partials and RMS sums out, dsr out; the newest member completed at once), or, alone,
     one pass over its later reads. Not counted: the dsr buffer's zero fill and the one dW matmul (``dW_all``),
     which the aggregate model (``fused_bytes``) includes, and the append's copy, which it leaves out; the totals
-    agree within 2% (``tests/test_traffic_bound.py``)."""
+    agree within 2% (``tests/benchmarks/test_traffic_bound.py``)."""
     B, T = microbatch(size)
     D, L = PRESETS[size].model["d_model"], PRESETS[size].model["n_layers"]
     N, BT, H = 2 * L + 1, B * T, heads

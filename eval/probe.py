@@ -13,7 +13,7 @@ A large trained KL vs a small null means the slices of the trained query point t
 depths: a multi-head structure that single-head routing has to average away (paper, "Mechanism
 probe": trained 0.273 / 0.570 / 0.701 vs null 0.038 / 0.058 / 0.095 at 100M / 350M / 1B).
 
-The per-site mean routing weights (H, N) are also saved so ``eval.figures routing_heatmap`` can
+The per-site mean routing weights (H, N) are also saved so ``analysis.figures routing_heatmap`` can
 draw per-head deviation maps from the probe JSON.
 
     python -m eval.probe --model RUN_DIR/model.pt --out probe.json [--slices 4] [--text FILE]
@@ -36,8 +36,8 @@ from mhar.model.residuals import routed_variants
 from mhar.runs.atomic import atomic_write_text, check_writable, os_error_line
 from mhar.runs.checkpoint import load_model
 
-from . import sidecar
-from .load.provenance import provenance
+from mhar.runs import sidecar
+from mhar.runs.sidecar import provenance
 from .vocab import check_vocab
 
 
@@ -91,27 +91,6 @@ def matched_norm_random(query: Tensor, generator: torch.Generator) -> Tensor:
     """A Gaussian random direction with the same L2 norm as ``query``."""
     r = torch.randn(query.shape, generator=generator, dtype=torch.float32)
     return r / r.norm() * query.float().norm()
-
-
-def routing_deviation(weights: np.ndarray, reference: str = "head_mean") -> np.ndarray:
-    """Total-variation distance of each head's mean depth distribution from a reference.
-
-    Args:
-        weights: (H, N) mean routing weights of one site (rows sum to 1).
-        reference: "head_mean" (the average over heads) or "uniform" (1/N).
-    Returns:
-        (H,) values in [0, 1].
-    """
-    w = np.asarray(weights, float)
-    if w.ndim != 2:
-        raise ValueError(f"weights must be (H, N), got shape {w.shape}")
-    if reference == "head_mean":
-        ref = w.mean(0, keepdims=True)
-    elif reference == "uniform":
-        ref = np.full((1, w.shape[1]), 1.0 / w.shape[1])
-    else:
-        raise ValueError(f"reference must be 'head_mean' or 'uniform', got {reference!r}")
-    return 0.5 * np.abs(w - ref).sum(-1)
 
 
 # --- model side ---------------------------------------------------------------------------------------

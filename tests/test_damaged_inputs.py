@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import fixtures_analysis as fx
-from eval import figures
-from eval.load.common import AnalysisInputError
-from eval.load.runs import residual_from_config
-from eval.load.samples import align, load_eval_task, metric_arrays
-from eval.tables.build import main as tables_main
+from analysis import figures
+from analysis.load.common import AnalysisInputError
+from analysis.load.runs import residual_from_config
+from analysis.load.samples import align, load_eval_task, metric_arrays
+from analysis.tables.build import main as tables_main
 
 
 def _samples(d: Path, task: str) -> tuple[Path, list[dict]]:

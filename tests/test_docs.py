@@ -30,7 +30,7 @@ def test_links_and_commands_exist(doc):
     for mod in set(re.findall(r"python3? -m ([A-Za-z_][\w.]*)", text)):
         if mod not in ("pip", "pytest", "venv") and importlib.util.find_spec(mod) is None:
             bad.append(f"python -m {mod}")
-    for path in set(re.findall(r"python3? ((?:benchmarks|workflow|eval|mhar)/[\w/]+\.py)", text)):
+    for path in set(re.findall(r"python3? ((?:benchmarks|workflow|eval|analysis|mhar)/[\w/]+\.py)", text)):
         if not (REPO / path).is_file():
             bad.append(path)
     for path in set(re.findall(r"\b((?:config|profiles)/[\w/.-]+\.yaml|profiles/\w+)\b", text)):
@@ -39,7 +39,7 @@ def test_links_and_commands_exist(doc):
     assert not bad, f"{doc.relative_to(REPO)} names what does not exist: {sorted(bad)}"
 
 
-PATH_ROOTS = ("mhar/", "eval/", "workflow/", "config/", "tests/", "benchmarks/", "scripts/", "docs/", "profiles/",
+PATH_ROOTS = ("mhar/", "eval/", "analysis/", "workflow/", "config/", "tests/", "benchmarks/", "scripts/", "docs/", "profiles/",
               "results/bench/")
 
 
@@ -67,4 +67,4 @@ def test_architecture_is_a_short_map():
 
 
 def test_path_check_sees_a_missing_path():
-    assert named_paths("| `mhar/nope.py` | x |\n`eval/load/<x>.py` `mhar/model/` ") == {"mhar/nope.py", "mhar/model/"}
+    assert named_paths("| `mhar/nope.py` | x |\n`analysis/load/<x>.py` `mhar/model/` ") == {"mhar/nope.py", "mhar/model/"}

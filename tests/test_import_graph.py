@@ -1,5 +1,6 @@
-"""Data flows one way: the library (mhar/) never imports analysis (eval/) or workflow code, and
-eval/ never imports workflow code. Checked statically over every .py file (AST: plain, relative,
+"""Data flows one way: the library (mhar/) never imports the evaluation (eval/) or analysis (analysis/) stages
+or workflow code; eval/ never imports analysis/ or workflow code; analysis/ never imports eval/, workflow code,
+torch or lm-eval (its environment, workflow/envs/analysis.yaml, has neither). Checked statically over every .py file (AST: plain, relative,
 function-local and importlib imports), and at run time for the trainer."""
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # top-level names of workflow code: the Snakemake workflow (rules, scripts and their _glue helper),
 # Snakemake itself, benchmark scripts and tests
 WORKFLOW = {"workflow", "_glue", "snakemake", "benchmarks", "tests", "Snakefile"}
-FORBIDDEN = {"mhar": {"eval"} | WORKFLOW, "eval": WORKFLOW}
+# what the analysis environment lacks: the evaluation stage and its heavy dependencies
+NO_TORCH = {"torch", "triton", "lm_eval", "transformers", "datasets", "tokenizers", "safetensors", "accelerate"}
+FORBIDDEN = {"mhar": {"eval", "analysis"} | WORKFLOW, "eval": {"analysis"} | WORKFLOW,
+             "analysis": {"eval"} | NO_TORCH | WORKFLOW}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -66,22 +70,28 @@ def test_library_and_eval_import_only_downward():
 
 
 @pytest.mark.parametrize("package,line,expect", [
-    ("mhar", "from eval.tables import make_table", "mhar/ imports eval.tables.make_table"),
+    ("mhar", "from analysis.tables import make_table", "mhar/ imports analysis.tables.make_table"),
     ("mhar", "import eval.run", "mhar/ imports eval.run"),
     ("mhar", "from ...eval import adapter", "mhar/ imports eval.adapter"),  # relative, from mhar/sub/mod.py
     ("mhar", "def f():\n    from _glue import start", "mhar/ imports _glue.start"),
     ("mhar", "import importlib\nm = importlib.import_module('eval.run')", "mhar/ imports eval.run"),
     ("eval", "from workflow.scripts import _glue", "eval/ imports workflow.scripts._glue"),
     ("eval", "import snakemake", "eval/ imports snakemake"),
+    ("eval", "from analysis.tables.build import make_table", "eval/ imports analysis.tables.build.make_table"),
+    ("analysis", "import torch", "analysis/ imports torch"),
+    ("analysis", "def f():\n    from eval.probe import run_probe", "analysis/ imports eval.probe.run_probe"),
+    ("analysis", "from lm_eval.api.metrics import mean", "analysis/ imports lm_eval.api.metrics.mean"),
 ])
 def test_checker_finds_upward_imports(tmp_path, package, line, expect):
     (tmp_path / "mhar" / "sub").mkdir(parents=True)
     (tmp_path / "eval").mkdir()
-    for d in ("mhar", "mhar/sub", "eval"):
+    (tmp_path / "analysis").mkdir()
+    for d in ("mhar", "mhar/sub", "eval", "analysis"):
         (tmp_path / d / "__init__.py").write_text("")
     ok = "from mhar.model.transformer import Transformer\nfrom ..config import ConfigError\n"
     (tmp_path / "mhar" / "sub" / "ok.py").write_text(ok)
-    (tmp_path / "eval" / "ok.py").write_text("from mhar.runs.checkpoint import load_model\nfrom .stats import paired\n")
+    (tmp_path / "eval" / "ok.py").write_text("from mhar.runs.checkpoint import load_model\nfrom .records import x\n")
+    (tmp_path / "analysis" / "ok.py").write_text("from mhar.runs.pairing import differences\nfrom .stats import paired\n")
     assert violations(tmp_path) == []
     target = tmp_path / package / ("sub/mod.py" if package == "mhar" else "mod.py")
     target.write_text(line + "\n")
@@ -105,9 +115,9 @@ def test_workflow_scripts_import_names_that_exist():
     for path in files:
         for line in path.read_text().splitlines():
             node = ast.parse(line.strip()).body[0] if line.startswith("from ") and "(" not in line else None
-            if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in ("mhar", "eval", "_glue"):
+            if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in ("mhar", "eval", "analysis", "_glue"):
                 wanted.setdefault(node.module, set()).update(a.name for a in node.names)
-    assert {"eval.cpt", "mhar.cpt", "_glue"} <= set(wanted)
+    assert {"eval.cpt", "analysis.tables.build", "mhar.cpt", "_glue"} <= set(wanted)
     code = ("import importlib, importlib.util\nmissing = []\n"
             "def has(m, mod, n):\n"
             "    return hasattr(m, n) or importlib.util.find_spec(mod + '.' + n) is not None\n" + "".join(
@@ -123,7 +133,7 @@ def test_workflow_scripts_import_names_that_exist():
 # --- import cycles -----------------------------------------------------------------------------------------
 # Every import between the project's modules counts, function-level ones included: a lazy import may avoid a
 # heavy optional third-party dependency (transformers, lm_eval, triton, ...), never a project module's cycle.
-CYCLE_PACKAGES = ("mhar", "eval")
+CYCLE_PACKAGES = ("mhar", "eval", "analysis")
 
 
 def _type_checking_lines(tree: ast.AST) -> set[int]:

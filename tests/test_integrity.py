@@ -119,14 +119,12 @@ def test_cpt_cli_names_a_full_disk_and_what_to_do(tmp_path, capsys, monkeypatch)
 
 def test_model_without_checksum_is_refused_by_every_loader(tmp_path, capsys, monkeypatch):
     import mhar.training.cli as CLI
-    from eval import figures, probe
+    from eval import probe
     from mhar.cpt.cli import main as cpt_main
 
     model = _bare_model(tmp_path)
     capsys.readouterr()
-    # figures routing_heatmap, probe, cpt export-hf, the Python loader
-    assert figures.main(["routing_heatmap", "--inputs", str(model), "--out", str(tmp_path / "fig")]) == 2
-    _one_error_line(capsys.readouterr().err, "no checksum file model.pt.sha256", "never loaded")
+    # probe, cpt export-hf, the Python loader
     assert probe.main(["--model", str(model), "--out", str(tmp_path / "probe.json"), "--seq-len", "16"]) == 2
     _one_error_line(capsys.readouterr().err, "no checksum file")
     assert cpt_main(["export-hf", "--model", str(model), "--out", str(tmp_path / "hf")]) == 2

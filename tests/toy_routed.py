@@ -1,4 +1,4 @@
-"""A routed residual variant defined outside mhar.model.residuals (tests/test_workflow.py: the workflow probes it
+"""A routed residual variant defined outside mhar.model.residuals (tests/workflow/test_workflow.py: the workflow probes it
 without an edit of its rules).
 
 ``toy_routed``: MHAR whose key RMSNorm weights start at 0.5 instead of 1 (a sharper-or-flatter depth softmax

@@ -1,4 +1,4 @@
-"""A size defined outside mhar.model.presets (tests/test_presets.py): registering it is the whole of adding a size."""
+"""A size defined outside mhar.model.presets (tests/model/test_presets.py): registering it is the whole of adding a size."""
 from __future__ import annotations
 
 from mhar.model.presets import Preset, register_preset

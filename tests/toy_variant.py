@@ -1,4 +1,4 @@
-"""A residual variant defined outside mhar.model.residuals (tests/test_residuals.py trains it through mhar.train).
+"""A residual variant defined outside mhar.model.residuals (tests/model/test_residuals.py trains it through mhar.train).
 
 ``toy_gated``: the pre-norm residual with one learnable scalar gate per sublayer, x <- x + g_i f(x),
 every g_i initialised to 1, so at initialisation the model is the baseline exactly. Registering it is the

@@ -18,7 +18,7 @@ Check (on by default): ``qwen3`` / ``llama`` are loaded with transformers' own c
 this package's ``modeling_mhar`` (never the directory's copy), and their fp32 logits on a fixed token
 batch are compared with the imported model's (more than ``CHECK_TOL`` x max(1, max |logit|) apart is an
 error). The authors' format has no reference to run here (their code is not executed); its conversion is
-tested against an independent implementation of their formulas (tests/test_hf_authors.py).
+tested against an independent implementation of their formulas (tests/hf/test_hf_authors.py).
 
 Weights are read from ``*.safetensors`` (single or sharded with ``model.safetensors.index.json``) or, for
 older checkpoints, ``pytorch_model*.bin`` with ``torch.load(weights_only=True)`` (tensors only).

@@ -4,7 +4,7 @@ Two runs are paired iff their identity configs (``run.config``, :func:`mhar.runs
 only under :data:`PAIRING_VARIES` (the residual section) and what a comparison allows besides (``ignore``: the
 seeds within one table row, ``train.init_from`` for the two CPT arms). :func:`first_difference` names the first
 field two config dicts differ in; :func:`pairing_difference` applies the rule to two ``run`` records as the
-analysis reads them (``eval.load.runs.run_identity``): the one function the tables, the CPT check and the run
+analysis reads them (``analysis.load.runs.run_identity``): the one function the tables, the CPT check and the run
 identity check use.
 """
 from __future__ import annotations

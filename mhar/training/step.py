@@ -14,7 +14,7 @@ clipping, AdamW. How it runs is decided once by :func:`plan_step` from the run c
   compile, autotune and create the optimizer state), the whole update (every micro-batch's forward and
   backward, clipping, fused AdamW) is captured once with static input buffers and replayed for every later
   step. The same kernels run in the same order on the same buffers, so a replayed step equals an eager
-  step (tests/test_step.py checks it on a GPU). The learning rate lives in a device tensor that is set before
+  step (tests/training/test_step.py checks it on a GPU). The learning rate lives in a device tensor that is set before
   each replay; a non-finite loss or gradient norm skips the update inside the graph (fused AdamW's
   ``found_inf``), so the NaN guard keeps its guarantee: the weights and optimizer state are untouched.
 * **precision**: bf16 autocast on CUDA (``train.dtype: auto|bf16``), fp32 master weights; TF32 matmuls for

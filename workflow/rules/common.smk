@@ -420,7 +420,8 @@ def reproduce_cost_inputs(wildcards):
 # --- released checkpoints (config `released:`; their rules and RELEASED in released.smk) ---------------------
 def check_released_arms(arms):
     """Stop with one `error:` line (nothing runs) when an arm's `hf:` is a local path that is not a model folder,
-    or its `published:` choice names no row of eval/published.csv (table released)."""
+    or its `published:` choice names no row of analysis/published.csv (table released).
+    """
     for label, arm in arms.items():
         hf = Path(str(arm["hf"])).expanduser()
         local = Path(str(arm["hf"])).is_absolute() or str(arm["hf"]).startswith(
@@ -440,8 +441,8 @@ def check_released_arms(arms):
             sys.exit(1)
     # (without the analysis packages where Snakemake runs, the table job checks the choices)
     try:
-        from eval.released import check_choices
-        from eval.load.common import AnalysisInputError
+        from analysis.released import check_choices
+        from analysis.load.common import AnalysisInputError
     except ImportError as err:
         logger.warning(f"released.*.published not checked here ({err})")
         return

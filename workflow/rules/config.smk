@@ -80,19 +80,19 @@ except WorkflowError:
     )
 
 
-# A published source a table quotes must be one of eval/published_sources.csv: refused now, not in the table job.
+# A published source a table quotes must be one of analysis/published_sources.csv: refused now, not in the table job.
 def _check_published_sources():
     import csv
 
     with open(
-        Path(workflow.basedir) / "eval" / "published_sources.csv", newline=""
+        Path(workflow.basedir) / "analysis" / "published_sources.csv", newline=""
     ) as f:
         known = [row["id"] for row in csv.DictReader(f)]
     for kind, source in (config.get("published") or {}).items():
         if source not in known:
             _config_error(
                 f"published.{kind}: unknown published source {source!r}; choose one of "
-                f"{', '.join(known)} (eval/published_sources.csv)"
+                f"{', '.join(known)} (analysis/published_sources.csv)"
             )
 
 

@@ -1,4 +1,4 @@
-# Figures: <reports>/figures/<name>.{png,pdf} through eval.figures (inputs: figure_inputs).
+# Figures: <reports>/figures/<name>.{png,pdf} through analysis.figures (inputs: figure_inputs).
 
 
 rule figure:

@@ -3,7 +3,7 @@
 # results/released/<label>/model.pt, its source pinned (hub: the commit read; local folder: its content hash) in
 # the run block {label, residual, size, seed 0, pairing "released-<group>", source} and provenance.json, then
 # evaluated per task like a run. The downstream table pairs each arm with the baseline arm of its size label and
-# group (same questions); reproduce_released writes <reports>/released.{md,csv,tex} (eval/released.py): each arm
+# group (same questions); reproduce_released writes <reports>/released.{md,csv,tex} (analysis/released.py): each arm
 # beside the numbers its authors published (released.<label>.published names the source), and the paired tests.
 
 RELEASED = {

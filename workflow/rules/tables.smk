@@ -1,5 +1,5 @@
 # Tables: generated from run summaries / evaluation outputs, never edited by hand.
-# Each writes <reports>/<name>.{md,csv,tex} through eval.tables. The downstream table reads the
+# Each writes <reports>/<name>.{md,csv,tex} through analysis.tables. The downstream table reads the
 # per-question samples itself (there is no separate paired-stats step): its verdicts need the
 # whole family (Holm across rows) and, with several seeds, every seed at once (seed-level test).
 

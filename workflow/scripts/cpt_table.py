@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from _glue import start
-from eval.cpt import write_cpt_table
+from analysis.tables.build import write_cpt_table
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)

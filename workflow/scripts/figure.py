@@ -1,4 +1,4 @@
-"""Draw one figure with eval.figures.make_figure; writes <prefix>.{png,pdf}.
+"""Draw one figure with analysis.figures.make_figure; writes <prefix>.{png,pdf}.
 
 The figure kind is the ``figure`` wildcard; its inputs are the rule's input files
 (summary.json files, table CSVs or benchmark CSVs, see workflow/rules/common.smk).
@@ -7,7 +7,7 @@ The figure kind is the ``figure`` wildcard; its inputs are the rule's input file
 from pathlib import Path
 
 from _glue import start
-from eval.figures import make_figure
+from analysis.figures import make_figure
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)

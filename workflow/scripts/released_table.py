@@ -1,9 +1,9 @@
-"""Build the released-models table (eval.released) from the released arms' evaluations; writes <prefix>.{csv,md,tex}."""
+"""Build the released-models table (analysis.released) from the released arms' evaluations; writes <prefix>.{csv,md,tex}."""
 
 from pathlib import Path
 
 from _glue import start
-from eval.released import make_released_table
+from analysis.released import make_released_table
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)

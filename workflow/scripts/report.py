@@ -1,8 +1,8 @@
-"""Write REPORT.md from the generated tables and figures (eval.report.build_report)."""
+"""Write REPORT.md from the generated tables and figures (analysis.report.build_report)."""
 from pathlib import Path
 
 from _glue import start
-from eval.report import build_report
+from analysis.report import build_report
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)

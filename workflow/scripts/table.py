@@ -1,4 +1,4 @@
-"""Build one table with eval.tables.build.make_table; writes <prefix>.{csv,md,tex}.
+"""Build one table with analysis.tables.build.make_table; writes <prefix>.{csv,md,tex}.
 
 ``params.kind`` names the table; its inputs are the rule's ``summaries`` (table1, seeds,
 heads), ``results`` (downstream: their eval dirs) or ``csvs`` (cost); ``params.published`` names the published
@@ -8,7 +8,7 @@ source each table quotes (the config's ``published`` block).
 from pathlib import Path
 
 from _glue import start
-from eval.tables.build import make_table
+from analysis.tables.build import make_table
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)
@@ -29,4 +29,4 @@ for path in make_table(kind, inputs, prefix, n_resamples=sm.params.resamples, pu
     log.info("wrote %s", path)
 missing = [o for o in sm.output if not Path(o).is_file()]
 if missing:
-    raise RuntimeError(f"eval.tables did not write {missing}")
+    raise RuntimeError(f"analysis.tables did not write {missing}")

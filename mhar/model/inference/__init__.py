@@ -10,7 +10,7 @@ Two entry points, both used by ``Transformer.generate`` / ``eval.adapter.MharLM`
 
 Both are ``runner.Runner``s: the same compile / CUDA-graph settings, regional compilation of the sublayers and
 the compile setup of ``mhar.model.compile``. The paths compute what the eager full forward computes
-(tests/test_inference.py: per-sample log-likelihoods and greedy generations for every residual variant; fp32 on
+(tests/model/test_inference.py: per-sample log-likelihoods and greedy generations for every residual variant; fp32 on
 CPU, bf16 on the GPU within 1e-2 on per-sample sums).
 """
 from __future__ import annotations

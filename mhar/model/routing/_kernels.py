@@ -40,7 +40,7 @@ _TUNED: dict = {}
 # until the previous kernel has completed (griddepcontrol.wait: all its writes visible), then let the next kernel
 # launch, so the next launch and its block scheduling overlap this kernel's tail (the routing makes hundreds of
 # small launches per microbatch). Results are bit-identical to serial launches, eager or in a CUDA graph
-# (tests/test_fused_routing.py). Never on the CPU, under the interpreter or before sm_90.
+# (tests/model/test_fused_routing.py). Never on the CPU, under the interpreter or before sm_90.
 _PDL_ON: dict = {}
 
 
