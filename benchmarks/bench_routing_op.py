@@ -30,11 +30,10 @@ import triton.testing
 
 from benchmarks.common import (NO_PDL, add_out_args, apply_settings, env_columns, existing_rows, microbatch,
                                kernel_settings, measure_hbm_bandwidth, routing_env_cell, tuned_lines, write_csv)
-from benchmarks.traffic_bound import fused_bytes, fused_config, min_bytes, two_phase_bytes
+from benchmarks.traffic_bound import fused_bytes, fused_config, min_bytes
 from mhar.model.config import ROUTING_IMPLS
 from mhar.model.presets import PRESETS
 from mhar.model.routing import get_router, resolve_routing_impl
-from mhar.model.routing.names import TWO_PHASE_BLOCK
 
 IMPLS = (*ROUTING_IMPLS, "fused" + NO_PDL)  # the routing implementations, and fused without PDL
 
@@ -94,10 +93,7 @@ def _microbatch(router, srcs, qs, gs, H):
 def model_bytes(impl: str, ns: list[int], E: int, H: int, D: int) -> tuple[int, int] | None:
     """(fwd, bwd) bytes of the fused kernels' byte model for what ``impl`` runs (``fused_bytes`` with
     ``fused_config``), None for implementations that do not run them on a GPU (eager, compile)."""
-    resolved = resolve_routing_impl(kernel_settings(impl)[0], "cuda")
-    if resolved == "two_phase":
-        return two_phase_bytes(ns, E, H, D, TWO_PHASE_BLOCK)
-    if resolved != "fused":
+    if resolve_routing_impl(kernel_settings(impl)[0], "cuda") != "fused":
         return None
     return fused_bytes(ns, E, H, D, **fused_config(H, D))
 

@@ -13,7 +13,7 @@ class ConfigError(ValueError):
     """Invalid configuration. The message names the field and what to do."""
 
 
-ROUTING_IMPLS = ("auto", "eager", "compile", "fused", "two_phase")
+ROUTING_IMPLS = ("auto", "eager", "compile", "fused")
 
 # Names of fused kernel variants that checkpoints and exports may store, all computing what ``fused`` computes:
 # read as ``fused`` (``stored_routing_impl``); a new config must name ``fused`` (docs/PERFORMANCE.md names the

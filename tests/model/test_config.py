@@ -94,7 +94,7 @@ def test_every_allowed_routing_impl_is_a_registered_router():
     from mhar.model.routing import ROUTERS, get_router
     from mhar.model.routing.routers import _FACTORIES
 
-    assert ROUTING_IMPLS == ("auto", "eager", "compile", "fused", "two_phase")
+    assert ROUTING_IMPLS == ("auto", "eager", "compile", "fused")
     assert tuple(ROUTERS) == ROUTING_IMPLS and set(_FACTORIES) == set(ROUTING_IMPLS)
     for name in ROUTING_IMPLS:
         assert get_router(name).name == name

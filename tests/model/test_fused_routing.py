@@ -120,8 +120,8 @@ def _check_router(B, T, D, H, n_reads, dtype, with_null, with_extra, seed=0, gro
     loss_ref = _net(get_router("eager"), ref_p["x"], ref_p["null"], ref_p["qs"], ref_p["gs"], ref_p["Ws"], H,
                     ref_p["extra"])
     g_ref = torch.autograd.grad(loss_ref, _flat(ref_p))
-    if impl is not None:  # a registered implementation of the fused kernels: fused, two_phase
-        router_f = get_router(impl)
+    if impl == "fused":
+        router_f = get_router("fused")
         group, source_group, table = router_f.group, router_f.source_group, router_f.table
     else:
         router_f = fused_mod.FusedRouter(group=group or 1, source_group=source_group, table=table)
@@ -1092,35 +1092,3 @@ def test_gpu_pdl_launches_equal_serial_launches(monkeypatch, D, H, n):
     for a, b in zip(with_pdl, serial):
         for x, y in zip(a, b):
             assert torch.equal(x, y)
-
-
-# routing_impl two_phase: blocks of TWO_PHASE_BLOCK announced reads, phase 1 (prefix_fwd: the stored sources once
-# for the whole block) and phase 2 (route_fwd continuing each read's partial), no score table.
-@pytest.mark.parametrize("N,B,T,D,H,with_null,with_extra,dtype", [
-    (10, 1, 9, 48, 4, False, False, torch.float32),  # blocks of 8 and 2; source groups of 8
-    (10, 1, 9, 48, 4, False, False, torch.bfloat16),
-    (9, 2, 5, 40, 8, True, True, torch.float32),  # a null source, extra sources; a last block of one read (plain)
-])
-def test_two_phase_router_matches_reference(N, B, T, D, H, with_null, with_extra, dtype):
-    """The router of routing_impl 'two_phase' against the float64 reference: outputs and every gradient (the
-    tolerances of the other fused configurations), one phase-1 pass per block of 8 reads, no table."""
-    from mhar.model.routing.names import TWO_PHASE_BLOCK
-    r = get_router("two_phase")
-    assert (r.name, r.group, r.table, r.source_group) == ("two_phase", TWO_PHASE_BLOCK, False, 8)
-    score = fused_mod.LAUNCHES["score"]
-    _check_router(B, T, D, H, n_reads=N, dtype=dtype, with_null=with_null, with_extra=with_extra, seed=N + D,
-                  impl="two_phase")
-    assert fused_mod.LAUNCHES["score"] == score  # phase 1 scores on the fly: no score table
-
-
-def test_model_two_phase_matches_eager():
-    """routing_impl 'two_phase' in a 4-layer MHAR debug model (9 reads: one block of 8, then the final read
-    alone): eager routing's logits and parameter grads (fp32); phase 1 ran once, from no table."""
-    launches = {k: fused_mod.LAUNCHES[k] for k in ("prefix_fwd", "prefix_fwd_table", "score")}
-    logits_f, grads_f = _model_grads("mhar", "two_phase", 4, n_layers=4)
-    assert {k: fused_mod.LAUNCHES[k] - v for k, v in launches.items()} == {"prefix_fwd": 1, "prefix_fwd_table": 0,
-                                                                           "score": 0}
-    logits_e, grads_e = _model_grads("mhar", "eager", 4, n_layers=4)
-    assert rel(logits_f, logits_e) <= 1e-5 and grads_f.keys() == grads_e.keys()
-    for n in grads_e:
-        assert rel(grads_f[n], grads_e[n]) <= 1e-4 if grads_e[n].norm() > 0 else grads_f[n].norm() == 0, n

@@ -31,11 +31,11 @@ def test_auto_is_fused_on_cuda_with_triton_and_eager_elsewhere(monkeypatch):
     assert get_router("auto").impl_for(torch.device("cuda")) == "fused"
     monkeypatch.setattr(names, "triton_available", lambda: False)  # no Triton: eager on the GPU too
     assert resolve_routing_impl("auto", torch.device("cuda")) == "eager"
-    for impl in ("eager", "compile", "fused", "two_phase"):  # a named implementation is itself on any device
+    for impl in ("eager", "compile", "fused"):  # a named implementation is itself on any device
         assert resolve_routing_impl(impl, "cpu") == resolve_routing_impl(impl, "cuda") == impl
     with pytest.raises(ValueError, match="auto, eager, compile, fused"):
         resolve_routing_impl("fused_v7_sg8", "cuda")
-    assert set(ROUTING_IMPLS) == {"auto", "eager", "compile", "fused", "two_phase"}
+    assert set(ROUTING_IMPLS) == {"auto", "eager", "compile", "fused"}
 
 
 def test_traceable_is_one_router_property(monkeypatch):

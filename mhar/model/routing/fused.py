@@ -37,11 +37,10 @@ from torch import Tensor
 from mhar.model.routing._kernels import (LAUNCHES, append_source, dW_all, prefix_fwd, prefix_fwd_table, route_bwd,
                                          route_fwd, route_fwd_table, score_sources, source_bwd, source_group_bwd,
                                          split_weights, stash)
-from mhar.model.routing.names import (READ_GROUP, SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, TABLE_MAX_HEAD,
-                                      TWO_PHASE_BLOCK)
+from mhar.model.routing.names import READ_GROUP, SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, TABLE_MAX_HEAD
 from mhar.model.routing.base import Router
 
-__all__ = ["FusedRouter", "TwoPhaseRouter", "FusedState", "route_fused", "LAUNCHES", "SOURCE_GROUP_MAX_HEAD", "TABLE_MAX_HEAD"]
+__all__ = ["FusedRouter", "FusedState", "route_fused", "LAUNCHES", "SOURCE_GROUP_MAX_HEAD", "TABLE_MAX_HEAD"]
 
 
 def _check_device(t: Tensor) -> None:
@@ -496,20 +495,6 @@ class FusedRouter(Router):
             lse = torch.logsumexp(scores, dim=-1, keepdim=True)
             return out, torch.exp(scores - lse).view(B, T, H, -1)  # (B, T, H, N) fp32
         return out
-
-
-class TwoPhaseRouter(FusedRouter):
-    """routing_impl ``two_phase``: the two-phase algorithm (Kimi's Attention Residuals, arXiv:2603.15031, section
-    4) on the same kernels. The announced reads are cut into blocks of ``TWO_PHASE_BLOCK``; phase 1 is one
-    ``prefix_fwd`` per block over the sources stored before it (each source read once for all the block's
-    pseudo-queries, a running max and sum of exponentials per read and head, no score table); phase 2 is each
-    read's ``route_fwd`` continuing its partial over the block's newer sources (online softmax, exact). The
-    backward is the source-major one, with source groups of ``SOURCE_GROUP``."""
-
-    name = "two_phase"
-
-    def __init__(self):
-        super().__init__(group=TWO_PHASE_BLOCK, source_group=SOURCE_GROUP, table=False)
 
 
 def route_fused(sources: Tensor, query: Tensor, norm_weight: Tensor, num_heads: int, eps: float = 1e-6,

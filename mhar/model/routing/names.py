@@ -11,10 +11,6 @@ from functools import lru_cache
 from mhar.model.choices import ROUTING_IMPLS
 
 READ_GROUP = 4  # announced reads per forward group: one pass over their common prefix (score table reads)
-# Reads per block of routing_impl ``two_phase`` (docs/PERFORMANCE.md, "Bound before kernels": the fewest bytes at
-# 350M and 1B): phase 1 reads the sources stored before a block once for all its reads, phase 2 merges each read's
-# newer sources by online softmax.
-TWO_PHASE_BLOCK = 8
 SOURCE_GROUP = 8  # consecutive sources whose gradients share one pass over the later reads' douts
 # Widest head (D / H columns) that takes source groups: the group kernel holds a head's columns for a group's
 # sources per token, which up to 160 (H = 8 at the 1B width) compiles without register spills for sm_90; wider

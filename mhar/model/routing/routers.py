@@ -179,20 +179,20 @@ class DecodeRouter(Router):
         return out
 
 
-def _fused(name: str = "fused") -> Router:
+def _fused() -> Router:
     try:  # lazy: fused imports triton, an optional dependency; mhar.hf.ship ships this module without it
-        from mhar.model.routing import fused
+        from mhar.model.routing.fused import FusedRouter
     except ImportError as e:  # pragma: no cover - depends on environment
         raise RuntimeError(
-            f"routing_impl={name!r} needs Triton, which failed to import ({e}). "
+            f"routing_impl='fused' needs Triton, which failed to import ({e}). "
             "Install triton (pip install 'mhar[kernels]') or use routing_impl='auto' / 'eager'."
         ) from e
-    return fused.TwoPhaseRouter() if name == "two_phase" else fused.FusedRouter()
+    return FusedRouter()
 
 
 # a router for each name of mhar.model.choices.ROUTING_IMPLS, in its order
 _FACTORIES: dict[str, Callable[[], Router]] = {"auto": AutoRouter, "eager": EagerRouter, "compile": CompiledRouter,
-                                               "fused": _fused, "two_phase": lambda: _fused("two_phase")}
+                                               "fused": _fused}
 ROUTERS: dict[str, Callable[[], Router]] = {name: _FACTORIES[name] for name in ROUTING_IMPLS}
 
 
@@ -212,7 +212,7 @@ def routing_info(model, device) -> dict:
     impl = getattr(getattr(getattr(model, "cfg", None), "residual", None), "routing_impl", None)
     resolved = router.impl_for(device) if router is not None else None
     pdl = False
-    if resolved in ("fused", "two_phase"):  # the Triton kernels
+    if resolved == "fused":
         from mhar.model.routing._kernels import pdl_enabled  # lazy: triton, as _fused above
         pdl = pdl_enabled(torch.device(device))
     return {"impl": impl, "resolved": resolved, "pdl": pdl}
