@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, clean_stale_temps, load_model, read_checkpoint,
-                             save_model, sha256_path, verify_sha256)
+from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, clean_stale_temps, load_model, non_finite_tensor,
+                             read_checkpoint, save_model, sha256_path, verify_sha256)
 from mhar.model.config import model_config
 from mhar.model.transformer import Transformer
 from mhar.runs.config import dump_yaml, load_run_config, run_identity
@@ -298,6 +298,9 @@ def test_non_finite_weights_are_refused_by_every_evaluation_loader(tmp_path, cap
     want = f"tensor layers.1.attn.q_proj.weight (1 NaN, 0 inf of {numel} values) is not finite"
     with pytest.raises(CheckpointError, match=re.escape(want)):
         load_model(path)
+    # finite weights whose sum overflows (the check's fast path) are finite; a +inf and a -inf are not
+    assert non_finite_tensor({"w": torch.full((4,), 3e38), "h": torch.full((9,), 6e4, dtype=torch.float16)}) is None
+    assert non_finite_tensor({"w": torch.tensor([1.0, float("inf"), float("-inf")])}) == "w (0 NaN, 2 inf of 3 values)"
     data = _tiny_data(tmp_path)
     monkeypatch.setattr(MharLM, "_loglikelihood_tokens", lambda *a, **k: pytest.fail("evaluation started"))
     monkeypatch.setenv("MHAR_DATA_DIR", str(data))
