@@ -12,7 +12,7 @@ example configs in ``config/train/`` only state what differs)::
             checkpoint_every, save_model_every_checkpoint, log_every, device, dtype,
             compile, threads, parallel,
             init_from, decay_filter, z_loss, ema_decay, log_batch_hash,   # CPT options (mhar.cpt)
-            tracking, tracking_group}                                       # mhar.training.tracking
+            tracking, tracking_group, tracking_required}                    # mhar.training.tracking
 
 Overrides use dotted keys and YAML scalars: ``train.lr=3e-4 model.residual.heads=8``.
 Unknown keys and wrong types raise :class:`mhar.model.config.ConfigError` naming the key.
@@ -116,9 +116,11 @@ class TrainConfig:
     z_loss: float = 0.0  # weight of the z-loss mean(logsumexp(logits)^2); 0 disables
     ema_decay: float = 0.0  # > 0: keep an EMA of the weights; model.pt then holds the EMA weights
     log_batch_hash: bool = False  # train rows of metrics.jsonl carry batch_sha256 (paired-arm check)
-    # Experiment tracking (mhar.training.tracking): a list of TRACKERS, or none; the W&B group of the run
+    # Experiment tracking (mhar.training.tracking): a list of TRACKERS, or none; the W&B group of the run; whether a
+    # tracker's failure stops the run (one error line, checkpoint kept) instead of a warning and training on without it
     tracking: Any = field(default_factory=list)
     tracking_group: Optional[str] = None
+    tracking_required: bool = False
 
 
 @dataclass
@@ -355,6 +357,8 @@ IDENTITY_EXCLUDE: dict[str, str] = {
     "train.log_batch_hash": "bookkeeping (a digest of each batch in metrics.jsonl)",
     "train.tracking": "bookkeeping (which experiment trackers receive a copy of the metrics)",
     "train.tracking_group": "bookkeeping (the experiment tracker's group of the run)",
+    "train.tracking_required": "execution: whether a tracker's failure stops the run or training goes on without it "
+                               "(the steps computed are the same)",
     "data.cache_dir": "path (token cache)",
     "data.data_dir": "path (local data mirror)",
 }

@@ -3,8 +3,8 @@
 The trainer's command line (``mhar/train.py`` runs :func:`main`; ``mhar train`` is the same): it loads the run
 config, prints it with ``--print-config``, or trains with :func:`mhar.training.train.train` and turns the
 expected failures into one stderr line and an exit code: 2 for a config, data, run-folder, checkpoint,
-divergence or disk error, :data:`mhar.training.preemption.EXIT_PREEMPTED` when a signal stopped the run at a
-checkpoint, 130 for Ctrl-C.
+divergence or disk error (or a tracker that failed under ``train.tracking_required``),
+:data:`mhar.training.preemption.EXIT_PREEMPTED` when a signal stopped the run at a checkpoint, 130 for Ctrl-C.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from mhar.runs.config import dump_yaml, identity_hash, load_run_config, pairing_
 from mhar.runs.run_dir import RunDirError
 from mhar.training.distributed import launch_rank
 from mhar.training.preemption import EXIT_PREEMPTED, Preempted
+from mhar.training.tracking import TrackingError
 from mhar.training.train import TrainingDiverged, train
 
 __all__ = ["main"]
@@ -52,6 +53,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"interrupted; completed checkpoints in {args.out} are kept: run the same command again to resume",
               file=sys.stderr)
         return 130
+    except TrackingError as e:  # a damaged tracking.json, or a required tracker failed (rank 0 says which)
+        if launch_rank() == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
     except (ConfigError, DataError, RunDirError, CheckpointError, TrainingDiverged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -63,8 +63,15 @@ class StopSignals:
         self._previous = {}
 
     def requested(self, env: Optional[DistEnv] = None) -> int:
+        return self.agreed(env)[0]
+
+    def agreed(self, env: Optional[DistEnv], *flags: bool) -> tuple[int, ...]:
+        """``(signal, *flags)``, each the largest over the ranks of ``env`` (one all-reduce under torchrun): a signal
+        or a flag (another reason to stop after this step, e.g. a required tracker that failed on rank 0) that
+        any rank has stops every rank after the same step."""
+        values = [self.signum, *(int(f) for f in flags)]
         if env is None or not env.distributed:
-            return self.signum
-        flag = torch.tensor(self.signum, dtype=torch.int32, device=env.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # any rank's signal stops every rank after this step
-        return int(flag)
+            return tuple(values)
+        t = torch.tensor(values, dtype=torch.int32, device=env.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # any rank's signal stops every rank after this step
+        return tuple(int(v) for v in t.tolist())

@@ -47,7 +47,7 @@ from mhar.training.optim import EMA, batch_digest, load_init_weights, lr_at, par
 from mhar.training.preemption import Preempted, StopSignals
 from mhar.training.progress import Progressbar, Startup
 from mhar.training.step import StepPlan, Throughput, TrainStep, build_optimizer, flops_per_token, peak_flops, plan_step
-from mhar.training.tracking import Tracker, check_trackers, log_routing, open_trackers
+from mhar.training.tracking import Tracker, TrackingError, check_trackers, log_routing, open_trackers, read_record
 from mhar.training.validation import evaluate, routing_weights, weights_finite
 
 __all__ = ["train", "TrainingDiverged", "RunDirError", "STATE_FORMAT"]
@@ -137,6 +137,8 @@ def _train(cfg: RunConfig, folder: RunFolder, env: DistEnv, stop_after: Optional
     if status == "done":
         log(f"{folder.path} already holds the finished run of this config; nothing to do")
         return folder.read_summary()
+    if env.is_main and cfg.train.tracking:
+        read_record(folder.path)  # a damaged tracking.json is refused before anything is loaded
     blob = folder.load_state(cfg, _warn(env)) if status == "resume" else None
     _check_accumulation(cfg, env)
     run = _build(cfg, folder, env, _load_data(cfg, env, log), log)
@@ -146,8 +148,11 @@ def _train(cfg: RunConfig, folder: RunFolder, env: DistEnv, stop_after: Optional
     prov = _provenance(run, blob)
     folder.start(cfg, prov, run.prog.step if blob is not None else None)
     if env.is_main:
-        run.tracker = open_trackers(cfg, folder.path, cfg.train.tracking,
+        run.tracker = open_trackers(cfg, folder.path, cfg.train.tracking, warn=_warn(env),
                                     resume_step=run.prog.step if blob is not None else None, provenance=prov)
+        if run.tracker.must_stop:  # train.tracking_required and a tracker could not be opened: nothing trained yet
+            run.tracker.close()
+            raise run.tracker.error()
     run.metrics = folder.open_metrics(blob)
     try:
         if not _loop(run, stop_after, boot):
@@ -240,17 +245,28 @@ def _loop(run: _Run, stop_after: Optional[int], boot: dict) -> bool:
             if prog.step % t.eval_every == 0 or final:
                 _validate(run, final)
             stopping = stop_after is not None and prog.step >= stop_after and not final
-            signum = 0 if final else stop.requested(run.env)  # SIGTERM/SIGUSR1/SIGINT: checkpoint, then stop
-            if prog.step % t.checkpoint_every == 0 or final or stopping or signum:
+            # SIGTERM/SIGUSR1/SIGINT, or a failed tracker under train.tracking_required: checkpoint, then stop
+            signum, untracked = stop.agreed(run.env, run.tracker.must_stop)
+            signum = 0 if final else signum
+            if prog.step % t.checkpoint_every == 0 or final or stopping or signum or untracked:
                 _checkpoint(run, final)
             if signum:
                 raise Preempted(prog.step, signum)
+            if untracked:
+                raise _tracking_stopped(run)
             if stopping:
                 run.log(f"stopped after step {prog.step} (--stop-after); resume by running the same command again")
                 return False
     finally:
         bar.close()
     return True
+
+
+def _tracking_stopped(run: _Run) -> TrackingError:
+    """The error of a run stopped by a failed tracker under train.tracking_required (rank 0 holds the trackers)."""
+    if run.tracker.must_stop:
+        return run.tracker.error()
+    return TrackingError(f"stopped at step {run.prog.step}: a tracker failed on rank 0 (train.tracking_required)")
 
 
 def _start_segment(run: _Run, boot: dict) -> Progressbar:
@@ -368,6 +384,10 @@ def _finish(run: _Run) -> dict:
             _export(run, run.folder.model, {**extra, "weights": f"ema{t.ema_decay}"})
     run.tracker.log(prog.step, {f"summary/{k}": v for k, v in summary.items()})
     run.tracker.close()
+    if run.tracker.must_stop:  # the last step's checkpoint is kept: the same command finishes the run
+        raise run.tracker.error()
+    if t.tracking:
+        summary["tracking"] = run.tracker.report()  # the trackers asked for, and any that failed
     run.folder.finish(summary)
     run.log(f"done: tail-mean val loss {summary['tail_mean_val_loss']:.4f} over the last "
             f"{len(summary['val_losses'][-t.tail_k:])} evals -> {run.folder.path}")

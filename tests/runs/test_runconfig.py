@@ -95,7 +95,8 @@ def test_identity_hash_sees_every_result_knob_and_nothing_else():
                    "train.device": "cpu", "train.parallel": "fsdp", "train.micro_batch": 8, "train.threads": 3,
                    "train.log_every": 1, "train.checkpoint_every": 7, "train.save_model_every_checkpoint": True,
                    "train.log_batch_hash": True, "data.cache_dir": "/elsewhere", "data.data_dir": "/mirror",
-                   "train.tracking": ["tensorboard", "wandb"], "train.tracking_group": "0123abcd"}
+                   "train.tracking": ["tensorboard", "wandb"], "train.tracking_group": "0123abcd",
+                   "train.tracking_required": True}
     assert set(other_value) == set(IDENTITY_EXCLUDE)
     for key, value in other_value.items():
         moved = run_config_from_dict(_set(cfg.to_dict(), key, value))  # model.preset: the resolved shape stays

@@ -213,3 +213,220 @@ def test_a_tracked_training_run_logs_metrics_jsonl_and_a_resume_continues_the_sa
     assert "train/peak_mem_gb" in tb and "summary/tail_mean_val_loss" in tb
     record = json.loads((out / TR.TRACKING_FILE).read_text())
     assert set(wb["ids"]) == {record["wandb"]["id"]} and set(wb["groups"]) == {"0123abcd"}  # one run, resumed
+
+
+# --- tracking is an observer: failures of a tracker (issue 58) ----------------------------------------------
+# The trainer's CLI in a fresh process, so that what a user sees is what is checked: a writer thread's exception
+# goes through threading.excepthook there (pytest's own hook would swallow it in this process). TensorBoard's
+# writer thread writes each record through its LocalFileSystem._write; the fault goes in at that call:
+#   full: from the (after+1)-th write into the tensorboard folder on, the bytes go to /dev/full, whose writes the
+#         kernel answers with ENOSPC, as a full disk does;
+#   read-only: every write there raises EACCES, what a user who may not write the folder gets (the test also makes
+#         the folder read-only; root ignores file modes, so the fault stands in for them there).
+_LAUNCH = r"""
+import errno, os, sys
+from pathlib import Path
+from tensorboard.compat.tensorflow_stub.io import gfile
+fault, folder, after = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+real, writes = gfile.LocalFileSystem._write, [0]
+def _write(self, filename, content, mode):
+    name = os.fsdecode(filename)
+    if Path(name).parent == folder:
+        writes[0] += 1
+        if fault == "full" and writes[0] > after:
+            filename = "/dev/full"
+        elif fault == "read-only":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
+    return real(self, filename, content, mode)
+gfile.LocalFileSystem._write = _write
+from mhar.training.cli import main
+sys.exit(main(sys.argv[4:]))
+"""
+needs_tb = pytest.mark.skipif(not HAS_TB, reason="needs tensorboard (pip install -e '.[track]')")
+
+
+def _train_with_fault(c, run: Path, fault: str, after: int = 0) -> tuple[int, str]:
+    import subprocess
+    import sys
+
+    from mhar.runs.config import dump_yaml
+
+    config = run.parent / f"{run.name}.yaml"
+    config.write_text(dump_yaml(c.to_dict()))
+    p = subprocess.run([sys.executable, "-c", _LAUNCH, fault, str(run / TR.TB_DIR), str(after), str(config),
+                        "--out", str(run)], capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stderr
+
+
+def _the_one_line(err: str, starts: str, *has: str) -> str:
+    assert "Traceback" not in err and "Exception in thread" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(starts), err
+    for text in has:
+        assert text in lines[0], (text, err)
+    return lines[0]
+
+
+def _recorded_off(run: Path) -> list:
+    return json.loads((run / TR.TRACKING_FILE).read_text())["off"]
+
+
+def _steps(run: Path) -> list:
+    rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    return [r["step"] for r in rows if r["split"] == "train"]
+
+
+@needs_tb
+def test_a_read_only_tensorboard_folder_is_one_warning_and_the_run_finishes(corpus, tmp_path):
+    import os
+
+    run = tmp_path / "run"
+    (run / TR.TB_DIR).mkdir(parents=True)
+    (run / TR.TB_DIR).chmod(0o555)
+    c = cfg_for(corpus, tmp_path / "cache", "train.tracking=[tensorboard]")
+    rc, err = _train_with_fault(c, run, "read-only" if os.geteuid() == 0 else "none")
+    line = _the_one_line(err, f"warning: tracking: tensorboard failed on {run / TR.TB_DIR}/events.out.tfevents.",
+                         "Permission denied (EACCES)", "training goes on without tensorboard",
+                         f"recorded in {run / TR.TRACKING_FILE}", "train.tracking_required=true")
+    assert rc == 0 and (run / "model.pt").is_file() and _steps(run) == [1, 2, 3, 4, 5, 6], line
+    (off,) = _recorded_off(run)
+    assert off["backend"] == "tensorboard" and off["errno"] == "EACCES" and off["step"] == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["tracking"] == {"trackers": ["tensorboard"], "off": [off]}
+
+
+@needs_tb
+def test_a_full_disk_under_tensorboards_writer_thread_is_one_warning_and_the_run_finishes(corpus, tmp_path):
+    """The disk fills after the first steps' events: the writer thread's ENOSPC is one warning (no "Exception in
+    thread" traceback), the run trains to the end, tracking.json and summary.json record where tracking stopped."""
+    run = tmp_path / "run"
+    c = cfg_for(corpus, tmp_path / "cache", "train.tracking=[tensorboard]")
+    rc, err = _train_with_fault(c, run, "full", after=30)
+    _the_one_line(err, f"warning: tracking: tensorboard failed on {run / TR.TB_DIR}: No space left on device (ENOSPC)",
+                  "the disk is full", "training goes on without tensorboard from step ")
+    assert rc == 0 and (run / "model.pt").is_file() and _steps(run) == [1, 2, 3, 4, 5, 6]
+    (off,) = _recorded_off(run)
+    assert off["backend"] == "tensorboard" and off["errno"] == "ENOSPC" and 1 <= off["step"] <= 6, off
+    assert json.loads((run / "summary.json").read_text())["tracking"]["off"] == [off]
+    logged = [s for series in tb_scalars(run / TR.TB_DIR).values() for s in series]
+    assert max(logged) < 6  # written until the disk filled
+
+
+@needs_tb
+def test_a_failed_tracker_under_tracking_required_is_one_error_line_and_keeps_the_checkpoint(corpus, tmp_path):
+    import mhar.training.train as T
+
+    run = tmp_path / "run"
+    c = cfg_for(corpus, tmp_path / "cache", "train.tracking=[tensorboard]", "train.tracking_required=true")
+    rc, err = _train_with_fault(c, run, "full", after=30)
+    _the_one_line(err, f"error: tracking: tensorboard failed on {run / TR.TB_DIR}: No space left on device (ENOSPC)",
+                  "train.tracking_required=true stops the run", f"completed checkpoints in {run} are kept",
+                  "run the same command again to resume")
+    assert rc == 2 and not (run / "summary.json").exists()
+    (off,) = _recorded_off(run)
+    states = sorted(p.name for p in (run / "checkpoint").glob("state-*.pt"))
+    assert states == [f"state-{off['step']:08d}.pt"] and _steps(run)[-1] == off["step"]  # the failing step's state
+    summary = T.train(c, run)  # the disk has room again: the same run resumes there and finishes
+    assert summary["steps"] == 6 and _steps(run) == [1, 2, 3, 4, 5, 6] and summary["tracking"]["off"] == [off]
+
+
+# --- a damaged tracking.json on resume ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def stopped_run(corpus, tmp_path_factory):
+    """A run checkpointed at step 3 of 6 (untracked: tracking is bookkeeping, a resume may turn it on)."""
+    import mhar.training.train as T
+
+    tmp = tmp_path_factory.mktemp("stopped")
+    c = cfg_for(corpus, tmp / "cache")
+    assert T.train(c, tmp / "run", stop_after=3) is None
+    return c, tmp / "run"
+
+
+_GOOD = {"name": "mhar/debug/seed0", "tensorboard": {"log_dir": "tensorboard"},
+         "wandb": {"id": "0123abcd-4567ef01", "project": "mhar", "group": None, "name": "mhar/debug/seed0",
+                   "dir": "wandb"}}
+
+
+def _with(path: str, value):
+    record = json.loads(json.dumps(_GOOD))
+    *parents, leaf = path.split(".")
+    d = record
+    for p in parents:
+        d = d[p]
+    if value is KeyError:
+        del d[leaf]
+    else:
+        d[leaf] = value
+    return json.dumps(record)
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"name": "mhar/debug/seed0", "wandb": {"id": ', "not valid JSON"),
+    ("[1, 2]", "expected a JSON object, got list"),
+    (_with("name", 3), "'name' is missing or not a non-empty string"),
+    (_with("wandb.id", KeyError), "'wandb.id' is missing"),
+    (_with("wandb", "0123abcd"), "'wandb' must be an object, got str"),
+    (_with("wandb.group", 7), "'wandb.group' must be a string or null, got int"),
+    (_with("wandb.id", "my run/1"), "'wandb.id' 'my run/1' is not a W&B run id"),  # wandb.init: a pydantic error
+    (_with("wandb.id", 12345678), "'wandb.id' '12345678' is not a W&B run id"),
+    (_with("wandb.project", "team/mhar"), "'wandb.project': 'team/mhar' is not a W&B project name"),
+    (_with("tensorboard", {"log_dir": None}), "'tensorboard' must be an object with a string 'log_dir'"),
+])
+@needs_both
+def test_a_damaged_tracking_record_is_one_error_line_naming_it_before_anything_is_loaded(stopped_run, tmp_path,
+                                                                                         monkeypatch, capsys, text,
+                                                                                         says):
+    import shutil
+
+    import mhar.training.cli as CLI
+    import mhar.training.train as T
+    from mhar.runs.config import dump_yaml
+
+    c, stopped = stopped_run
+    run = tmp_path / "run"
+    shutil.copytree(stopped, run)
+    (run / TR.TRACKING_FILE).write_text(text)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    monkeypatch.setattr(T, "load_data", lambda *a, **k: pytest.fail("data loaded before tracking.json was checked"))
+    config = tmp_path / "c.yaml"
+    config.write_text(dump_yaml(c.to_dict()))
+    capsys.readouterr()
+    assert CLI.main([str(config), "train.tracking=[tensorboard,wandb]", "--out", str(run)]) == 2
+    line = _the_one_line(capsys.readouterr().err, f"error: {run / TR.TRACKING_FILE} is damaged: {says}",
+                         "move it away to start a new tracked run", "or fix it")
+    assert len(line) < 600, line
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"} == before
+
+
+@needs_both
+@pytest.mark.parametrize("case", ["project", "init"])
+def test_wandb_that_cannot_open_is_one_warning_and_a_project_wandb_refuses_never_reaches_it(tmp_path, monkeypatch,
+                                                                                          case):
+    """$WANDB_PROJECT with a character W&B refuses: checked here, wandb.init (whose Settings would raise a raw
+    pydantic error) is not called. wandb.init failing (not logged in): one warning, the tracker is off, recorded."""
+    import threading
+
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    if case == "project":
+        monkeypatch.setenv("WANDB_PROJECT", "team/mhar")
+        monkeypatch.setattr(wandb, "init", lambda *a, **k: pytest.fail("wandb.init called"))
+        says = "wandb failed (%s): $WANDB_PROJECT: 'team/mhar' is not a W&B project name" % (tmp_path / "wandb")
+    else:
+        def not_logged_in(*a, **k):
+            raise wandb.errors.UsageError("api_key not configured (no-tty). call wandb.login(key=[your_api_key])\nmore")
+
+        monkeypatch.setattr(wandb, "init", not_logged_in)
+        says = "wandb.init failed (api_key not configured (no-tty). call wandb.login(key=[your_api_key])); log in"
+    hook, warnings = threading.excepthook, []
+    tr = TR.open_trackers(cfg("train.tracking=[tensorboard,wandb]"), tmp_path, ["tensorboard", "wandb"],
+                          warn=warnings.append)
+    tr.log(1, {"train/loss": 2.0})
+    tr.close()
+    (line,) = warnings
+    assert line.startswith("warning: tracking: ") and says in line and "training goes on without wandb" in line
+    assert "\n" not in line and threading.excepthook is hook  # the thread hook is gone with the trackers
+    (off,) = _recorded_off(tmp_path)
+    assert off["backend"] == "wandb" and off["errno"] is None and off["step"] == 0
+    assert tb_scalars(tmp_path / TR.TB_DIR) == {"train/loss": {1: 2.0}}  # the other tracker went on
