@@ -338,17 +338,16 @@ class Tracker:
 
 def _failure(slot: _Slot, e: Exception, step: int) -> tuple[str, dict]:
     """One line (``tracking: <tracker> failed on <path>: <why> (<ERRNO>); <advice>``) and the record entry."""
-    code = None
+    code, path = None, slot.where
     if isinstance(e, OSError):
-        err = e if e.filename else OSError(e.errno, e.strerror or str(e), str(slot.where))  # a write(2) names no file
-        why = os_error_line(err, slot.name)
+        path = os.fsdecode(e.filename) if e.filename else slot.where  # TensorBoard names files in bytes; write(2) none
+        why = os_error_line(OSError(e.errno, e.strerror or str(e), str(path)), slot.name)
         code = errno.errorcode.get(e.errno) if e.errno is not None else None
     elif isinstance(e, _OpenFailed):
         why = f"{slot.name} failed ({slot.where}): {e}"
     else:
         text = (str(e).strip().splitlines() or [""])[0][:_MESSAGE_CHARS]
         why = f"{slot.name} failed ({slot.where}): {type(e).__name__}{': ' + text if text else ''}"
-    path = getattr(e, "filename", None) or slot.where
     return f"tracking: {why}", {"backend": slot.name, "step": step, "path": str(path), "errno": code, "error": why}
 
 

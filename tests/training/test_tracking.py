@@ -217,12 +217,12 @@ def test_a_tracked_training_run_logs_metrics_jsonl_and_a_resume_continues_the_sa
 
 # --- tracking is an observer: failures of a tracker (issue 58) ----------------------------------------------
 # The trainer's CLI in a fresh process, so that what a user sees is what is checked: a writer thread's exception
-# goes through threading.excepthook there (pytest's own hook would swallow it in this process). TensorBoard's
-# writer thread writes each record through its LocalFileSystem._write; the fault goes in at that call:
-#   full: from the (after+1)-th write into the tensorboard folder on, the bytes go to /dev/full, whose writes the
-#         kernel answers with ENOSPC, as a full disk does;
-#   read-only: every write there raises EACCES, what a user who may not write the folder gets (the test also makes
-#         the folder read-only; root ignores file modes, so the fault stands in for them there).
+# goes through threading.excepthook there (pytest's own hook would swallow it in this process). A full disk:
+# TensorBoard's writer thread writes each record through its LocalFileSystem._write; from the (after+1)-th write
+# into the tensorboard folder on, the bytes go to /dev/full, whose writes the kernel answers with ENOSPC, as a
+# full disk does. A read-only folder is made read-only (mode 0555); root, whose file modes do not bind, trains
+# without the capabilities that bypass them (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), so the kernel's own EACCES
+# comes back; where they cannot be dropped, fault "read-only" raises that EACCES at the same call instead.
 _LAUNCH = r"""
 import errno, os, sys
 from pathlib import Path
@@ -245,7 +245,35 @@ sys.exit(main(sys.argv[4:]))
 needs_tb = pytest.mark.skipif(not HAS_TB, reason="needs tensorboard (pip install -e '.[track]')")
 
 
+def _without_dac_override() -> None:
+    """In the child before exec: drop the capabilities that let root ignore file modes from the bounding set (the
+    exec'd program then runs without them)."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def _modes_bind() -> bool:
+    """Whether file modes bind a process started by _train_with_fault (not root, or root that may drop the
+    capabilities that bypass them)."""
+    import os
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0:
+        return True
+    try:
+        subprocess.run([sys.executable, "-c", "pass"], preexec_fn=_without_dac_override, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
+
+
 def _train_with_fault(c, run: Path, fault: str, after: int = 0) -> tuple[int, str]:
+    import os
     import subprocess
     import sys
 
@@ -254,7 +282,8 @@ def _train_with_fault(c, run: Path, fault: str, after: int = 0) -> tuple[int, st
     config = run.parent / f"{run.name}.yaml"
     config.write_text(dump_yaml(c.to_dict()))
     p = subprocess.run([sys.executable, "-c", _LAUNCH, fault, str(run / TR.TB_DIR), str(after), str(config),
-                        "--out", str(run)], capture_output=True, text=True, timeout=300)
+                        "--out", str(run)], capture_output=True, text=True, timeout=300,
+                       preexec_fn=_without_dac_override if fault == "none" and os.geteuid() == 0 else None)
     return p.returncode, p.stderr
 
 
@@ -278,13 +307,11 @@ def _steps(run: Path) -> list:
 
 @needs_tb
 def test_a_read_only_tensorboard_folder_is_one_warning_and_the_run_finishes(corpus, tmp_path):
-    import os
-
     run = tmp_path / "run"
     (run / TR.TB_DIR).mkdir(parents=True)
     (run / TR.TB_DIR).chmod(0o555)
     c = cfg_for(corpus, tmp_path / "cache", "train.tracking=[tensorboard]")
-    rc, err = _train_with_fault(c, run, "read-only" if os.geteuid() == 0 else "none")
+    rc, err = _train_with_fault(c, run, "none" if _modes_bind() else "read-only")
     line = _the_one_line(err, f"warning: tracking: tensorboard failed on {run / TR.TB_DIR}/events.out.tfevents.",
                          "Permission denied (EACCES)", "training goes on without tensorboard",
                          f"recorded in {run / TR.TRACKING_FILE}", "train.tracking_required=true")
