@@ -3,6 +3,7 @@
 
 import copy
 import functools
+import re
 import sys
 from pathlib import Path
 
@@ -132,14 +133,35 @@ def eval_wandb_args(wildcards, output):
     return ",".join([given, *extra])
 
 
+# A run-config key path in an error message (train.lr, model.residual.heads; `valid keys of train:`).
+_RUN_KEY = re.compile(
+    r"(?<![\w.])(model\.residual|meta|model|data|train)((?:\.\w+)+|(?=:))"
+)
+
+
+def _workflow_key(key, label, size):
+    """A run-config key path (model.residual.heads, train.lr) as the workflow config spells it: the residual
+    from variants.<label>, the rest from size_overrides.<size> where that block sets it, else the train block.
+    """
+    if key == "model.residual" or key.startswith("model.residual."):
+        return f"variants.{label}" + key[len("model.residual") :]
+    node = config.get("size_overrides", {}).get(size) or {}
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return f"size_overrides.{size}.{key}" if node is not None else f"train.{key}"
+
+
 @functools.lru_cache(maxsize=None)
 def _resolved(label, size, seed):
-    """The validated RunConfig of one run (a config error names the label and size)."""
+    """The validated RunConfig of one run; a config error is one `error:` line naming the key as the workflow
+    config spells it (train.train.lrr for `--config 'train={train: {lrr: 0.1}}'`), the label and the size.
+    """
     try:
         return run_config_from_dict(run_config(label, size, seed))
     except ConfigError as err:
-        raise WorkflowError(
-            f"invalid run config for variant {label!r}, size {size!r}: {err}"
+        msg = _RUN_KEY.sub(lambda m: _workflow_key(m.group(0), label, size), str(err))
+        _config_error(
+            f"invalid workflow config (run config of variant {label!r}, size {size!r}): {msg}"
         )
 
 

@@ -69,6 +69,16 @@ except WorkflowError:
     if cause is None:
         raise
     where = ".".join(map(str, cause.absolute_path)) or "(top level)"
+    message = cause.message
+    allowed = cause.schema.get("properties") or {}
+    unexpected = sorted(set(cause.instance) - set(allowed)) if allowed else []
+    if cause.validator == "additionalProperties" and unexpected:
+        # A typo, top level or nested (stats.resamplez): the key path and the keys allowed there.
+        where = ".".join([*map(str, cause.absolute_path), unexpected[0]])
+        message = (
+            f"unknown key{'s' if len(unexpected) > 1 else ''} {', '.join(map(repr, unexpected))}; "
+            f"allowed: {', '.join(allowed)}"
+        )
     hint = ""
     if cause.validator == "required" and not cause.absolute_path and STANDALONE:
         hint = (
@@ -76,7 +86,7 @@ except WorkflowError:
             "on top of config/config.yaml"
         )
     _config_error(
-        f"invalid workflow config at {where}: {cause.message} (see config/schema.yaml){hint}"
+        f"invalid workflow config at {where}: {message} (see config/schema.yaml){hint}"
     )
 
 
