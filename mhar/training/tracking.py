@@ -15,7 +15,7 @@ process (the run goes on; ``metrics.jsonl`` keeps every row) and the failure is 
 any thread (a :func:`threading.excepthook` claims the trackers' threads while trackers are open). With
 ``train.tracking_required: true`` a failure instead sets :attr:`Tracker.must_stop`: the trainer
 checkpoints the step and stops with :class:`TrackingError` (one ``error:`` line). A resumed run tries
-every tracker again.
+every tracker again (``off`` keeps the earlier segments' failures: the gaps in the tracked curves).
 
 The run folder keeps what a resumed run needs to continue the same tracked run, in
 ``tracking.json``: the W&B run id (resumed with ``resume="allow"``), project, group and name, and

@@ -153,17 +153,16 @@ def _train(cfg: RunConfig, folder: RunFolder, env: DistEnv, stop_after: Optional
         if run.tracker.must_stop:  # train.tracking_required and a tracker could not be opened: nothing trained yet
             run.tracker.close()
             raise run.tracker.error()
-    run.metrics = folder.open_metrics(blob)
     try:
-        if not _loop(run, stop_after, boot):
-            run.tracker.close()
-            return None
-    except BaseException:  # stopped on a signal, diverged or failed: what was tracked so far is flushed
+        run.metrics = folder.open_metrics(blob)
+        try:
+            if not _loop(run, stop_after, boot):
+                return None
+        finally:
+            run.metrics.close()
+        return _finish(run)
+    finally:  # finished, stopped on a signal, diverged or failed: what was tracked so far is flushed
         run.tracker.close()
-        raise
-    finally:
-        run.metrics.close()
-    return _finish(run)
 
 
 def _check_accumulation(cfg: RunConfig, env: DistEnv) -> None:
