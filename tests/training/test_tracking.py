@@ -457,3 +457,34 @@ def test_wandb_that_cannot_open_is_one_warning_and_a_project_wandb_refuses_never
     (off,) = _recorded_off(tmp_path)
     assert off["backend"] == "wandb" and off["errno"] is None and off["step"] == 0
     assert tb_scalars(tmp_path / TR.TB_DIR) == {"train/loss": {1: 2.0}}  # the other tracker went on
+
+
+@needs_both
+def test_a_required_tracker_that_cannot_open_stops_before_training_with_one_error_line(stopped_run, tmp_path,
+                                                                                       monkeypatch, capsys):
+    """train.tracking_required with wandb.init failing on a resume: one error line, exit 2, nothing trained, the
+    checkpoint as it was; the failure recorded in tracking.json."""
+    import shutil
+
+    import wandb
+
+    import mhar.training.cli as CLI
+    from mhar.runs.config import dump_yaml
+
+    def not_logged_in(*a, **k):
+        raise wandb.errors.UsageError("api_key not configured (no-tty)")
+
+    monkeypatch.setattr(wandb, "init", not_logged_in)
+    c, stopped = stopped_run
+    run = tmp_path / "run"
+    shutil.copytree(stopped, run)
+    states = {p.name: p.read_bytes() for p in (run / "checkpoint").iterdir()}
+    config = tmp_path / "c.yaml"
+    config.write_text(dump_yaml(c.to_dict()))
+    capsys.readouterr()
+    assert CLI.main([str(config), "train.tracking=wandb", "train.tracking_required=true", "--out", str(run)]) == 2
+    _the_one_line(capsys.readouterr().err, f"error: tracking: wandb failed ({run / 'wandb'}): wandb.init failed "
+                  "(api_key not configured (no-tty)); log in", "train.tracking_required=true stops the run")
+    assert {p.name: p.read_bytes() for p in (run / "checkpoint").iterdir()} == states
+    assert _steps(run) == [1, 2, 3] and not (run / "summary.json").exists()
+    assert [(o["backend"], o["step"]) for o in _recorded_off(run)] == [("wandb", 3)]
