@@ -335,6 +335,39 @@ def planned_outputs(out: str, rule: str) -> list[str]:
             for line in re.findall(r"^    output: (.*)$", m.group(1), re.M) for f in line.split(", ")]
 
 
+def planned_field(out: str, rule: str, field: str) -> list[str]:
+    """The `field` (log, benchmark) of every planned job of `rule` in a dry run's listing."""
+    return [f for m in re.finditer(rf"^rule {rule}:\n((?:    .*\n)+)", out, re.M)
+            for line in re.findall(rf"^    {field}: (.*)$", m.group(1), re.M) for f in line.split(", ")]
+
+
+REPORT_RULES = ("table1", "table_seeds", "table_heads", "table_downstream", "table_cost", "figure", "probe", "report")
+
+
+def test_report_jobs_log_per_config(tmp_path):
+    """results/logs/reports/table1.log was shared between configs (an overlay's table job overwrote the
+    defaults' log): the report-stage jobs log, and record their benchmark, under the config's results hash,
+    the hash that names an overlay's reports folder."""
+    bench_standins(tmp_path)
+    overlay = tmp_path / "my_seeds.yaml"
+    overlay.write_text("seeds: [0, 5]\n")
+    outs = {}
+    for name, extra in (("default", []), ("overlay", ["--configfile", str(overlay)])):
+        res = snakemake(["all", "-n", *extra], tmp_path)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        outs[name] = res.stdout + res.stderr
+    for field, root in (("log", "results/logs/reports/"), ("benchmark", "results/benchmarks/reports/")):
+        paths = {name: {rule: planned_field(out, rule, field) for rule in REPORT_RULES} for name, out in outs.items()}
+        for rule in REPORT_RULES:
+            assert paths["default"][rule] and paths["overlay"][rule], (rule, field)
+            assert not set(paths["default"][rule]) & set(paths["overlay"][rule]), (rule, field)
+        folders = {name: {f[len(root):].split("/")[0] for rule in REPORT_RULES for f in paths[name][rule]
+                          if f.startswith(root)} for name in paths}
+        assert all(len(f) == 1 for f in folders.values()), folders  # every report job of a config: one folder
+        reports = planned_outputs(outs["overlay"], "table1")[0].split("/")  # results/reports/<hash>/table1.md
+        assert folders["overlay"] == {reports[2]}, (folders, reports)
+
+
 def test_seeds_overlay_applies_on_top_of_the_defaults(tmp_path):
     """`--configfile my_seeds.yaml` (one line) is an overlay on config/config.yaml: with the default runs
     finished, it plans only the new seed's training runs (and writes its tables outside reports/)."""

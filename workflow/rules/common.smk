@@ -82,8 +82,11 @@ def residual_of(label):
     return dict(config["variants"][label])
 
 
-# Experiment tracking (config `tracking`, bookkeeping): the runs of one config form one group, named by
-# the config's results hash (config.smk study_hash); each run is named <label>/<size>/seed<k>.
+# The config's results hash (config.smk study_hash). Experiment tracking (config `tracking`, bookkeeping): the
+# runs of one config form one group named by it; each run is named <label>/<size>/seed<k>. The report-stage
+# jobs (tables, figures, probe, REPORT.md) log to {LOGS}/reports/<hash>/ and {BENCHMARKS}/reports/<hash>/:
+# their paths name no run, so an overlay (reports in <results_dir>/reports/<hash>) would otherwise overwrite
+# the defaults' logs. Runs, evaluations and shards are logged by their own path (shared between configs).
 TRACKING = [] if config.get("tracking") in (None, "none") else list(config["tracking"])
 STUDY_HASH = study_hash()
 

@@ -28,9 +28,9 @@ rule table_cost:
     output:
         table_report("cost"),
     log:
-        f"{LOGS}/reports/cost.log",
+        f"{LOGS}/reports/{STUDY_HASH}/cost.log",
     benchmark:
-        f"{BENCHMARKS}/reports/cost.tsv"
+        f"{BENCHMARKS}/reports/{STUDY_HASH}/cost.tsv"
     conda:
         "../envs/analysis.yaml"
     params:

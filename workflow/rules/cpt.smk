@@ -140,9 +140,9 @@ rule cpt_table:
     output:
         table_report("cpt"),
     log:
-        f"{LOGS}/reports/cpt.log",
+        f"{LOGS}/reports/{STUDY_HASH}/cpt.log",
     benchmark:
-        f"{BENCHMARKS}/reports/cpt.tsv"
+        f"{BENCHMARKS}/reports/{STUDY_HASH}/cpt.tsv"
     conda:
         "../envs/analysis.yaml"
     params:

@@ -12,9 +12,9 @@ rule figure:
             labels={"figure": "{figure}"},
         ),
     log:
-        f"{LOGS}/reports/figure_{{figure}}.log",
+        f"{LOGS}/reports/{STUDY_HASH}/figure_{{figure}}.log",
     benchmark:
-        f"{BENCHMARKS}/reports/figure_{{figure}}.tsv"
+        f"{BENCHMARKS}/reports/{STUDY_HASH}/figure_{{figure}}.tsv"
     conda:
         "../envs/analysis.yaml"
     script:
@@ -29,9 +29,9 @@ rule probe:
     output:
         f"{REPORTS}/probe/{{size}}/{{variant}}.json",
     log:
-        f"{LOGS}/reports/probe_{{size}}_{{variant}}.log",
+        f"{LOGS}/reports/{STUDY_HASH}/probe_{{size}}_{{variant}}.log",
     benchmark:
-        f"{BENCHMARKS}/reports/probe_{{size}}_{{variant}}.tsv"
+        f"{BENCHMARKS}/reports/{STUDY_HASH}/probe_{{size}}_{{variant}}.tsv"
     conda:
         "../envs/eval.yaml"
     params:

@@ -85,9 +85,9 @@ rule table_released:
     output:
         table_report("released"),
     log:
-        f"{LOGS}/reports/released.log",
+        f"{LOGS}/reports/{STUDY_HASH}/released.log",
     benchmark:
-        f"{BENCHMARKS}/reports/released.tsv"
+        f"{BENCHMARKS}/reports/{STUDY_HASH}/released.tsv"
     conda:
         "../envs/analysis.yaml"
     params:

@@ -12,9 +12,9 @@ rule report:
             labels={"file": "REPORT.md"},
         ),
     log:
-        f"{LOGS}/reports/report.log",
+        f"{LOGS}/reports/{STUDY_HASH}/report.log",
     benchmark:
-        f"{BENCHMARKS}/reports/report.tsv"
+        f"{BENCHMARKS}/reports/{STUDY_HASH}/report.tsv"
     conda:
         "../envs/analysis.yaml"
     script:

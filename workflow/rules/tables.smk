@@ -10,9 +10,9 @@ rule table1:
     output:
         table_report("table1"),
     log:
-        f"{LOGS}/reports/table1.log",
+        f"{LOGS}/reports/{STUDY_HASH}/table1.log",
     benchmark:
-        f"{BENCHMARKS}/reports/table1.tsv"
+        f"{BENCHMARKS}/reports/{STUDY_HASH}/table1.tsv"
     conda:
         "../envs/analysis.yaml"
     params:
@@ -29,9 +29,9 @@ rule table_seeds:
     output:
         table_report("seeds"),
     log:
-        f"{LOGS}/reports/seeds.log",
+        f"{LOGS}/reports/{STUDY_HASH}/seeds.log",
     benchmark:
-        f"{BENCHMARKS}/reports/seeds.tsv"
+        f"{BENCHMARKS}/reports/{STUDY_HASH}/seeds.tsv"
     conda:
         "../envs/analysis.yaml"
     params:
@@ -48,9 +48,9 @@ rule table_heads:
     output:
         table_report("heads"),
     log:
-        f"{LOGS}/reports/heads.log",
+        f"{LOGS}/reports/{STUDY_HASH}/heads.log",
     benchmark:
-        f"{BENCHMARKS}/reports/heads.tsv"
+        f"{BENCHMARKS}/reports/{STUDY_HASH}/heads.tsv"
     conda:
         "../envs/analysis.yaml"
     params:
@@ -67,9 +67,9 @@ rule table_downstream:
     output:
         table_report("downstream"),
     log:
-        f"{LOGS}/reports/downstream.log",
+        f"{LOGS}/reports/{STUDY_HASH}/downstream.log",
     benchmark:
-        f"{BENCHMARKS}/reports/downstream.tsv"
+        f"{BENCHMARKS}/reports/{STUDY_HASH}/downstream.tsv"
     conda:
         "../envs/analysis.yaml"
     params:
