@@ -135,7 +135,7 @@ def trainer_config(size: str, variant: str, heads: int, steps: int, device: str)
 
 def run_trainer(size: str, variant: str, heads: int, steps: int, device: str, workdir: Path, timeout: float) -> dict:
     """Train ``steps`` steps with ``python -m mhar.train`` itself and read its steady tok/s from summary.json."""
-    from mhar.runs.config import dump_yaml
+    from mhar.safe_yaml import dump_yaml
 
     run_dir = workdir / f"{size}-{variant}"
     shutil.rmtree(run_dir, ignore_errors=True)

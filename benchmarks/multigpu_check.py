@@ -57,6 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mhar.model.presets import PRESETS  # noqa: E402  (stdlib only; the path above makes it importable)
+from mhar.safe_yaml import read_yaml_file  # noqa: E402  (yaml only)
 
 # NVLink multicast (NVLS) stays off on the lent machines; exported to every child process.
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -197,11 +198,9 @@ def _val(run: Path) -> list[tuple[int, float]]:
 
 def _settings(run: Path) -> dict | None:
     """A run's config without the checkpoint cadence (None if there is no run)."""
-    import yaml
-
     if not (run / "config.yaml").is_file():
         return None
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg = read_yaml_file(run / "config.yaml")
     cfg.get("train", {}).pop("checkpoint_every", None)
     return cfg
 
@@ -355,9 +354,9 @@ def stage_throughput(r: Runner, res: dict) -> bool:
 
 
 def _seq_len(run: Path) -> int:
-    from mhar.runs.config import run_config_from_dict, yaml_load
+    from mhar.runs.config import run_config_from_dict
 
-    return run_config_from_dict(yaml_load((run / "config.yaml").read_text())).data.seq_len
+    return run_config_from_dict(read_yaml_file(run / "config.yaml")).data.seq_len
 
 
 def stage_workflow(r: Runner, res: dict) -> bool:

@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from mhar.safe_yaml import read_yaml_file
+
 REPO = Path(__file__).resolve().parents[1]
 FULL_STEPS = 20_000  # the paper's run length (PAPER.md)
 PAPER_WARMUP_FRACTION = 1000 / FULL_STEPS
@@ -208,9 +210,7 @@ def pilot_size(size: str, args, clock: Clock, log: Path) -> dict:
     row["wall_s_stage"] = round(time.time() - t_stage, 1)
     cfg = {}
     if (run_dir / "config.yaml").is_file():
-        import yaml
-
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        cfg = read_yaml_file(run_dir / "config.yaml") or {}
     data, train = cfg.get("data", {}), cfg.get("train", {})
     row.update(corpus=data.get("corpus"), tokenizer=data.get("tokenizer"), seq_len=data.get("seq_len"),
                global_batch=train.get("global_batch"), micro_batch=train.get("micro_batch"),

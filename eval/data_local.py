@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+import yaml
+
 from mhar import env
+from mhar.safe_yaml import YAMLRefused, check_yaml_file, yaml_error_line
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 # The tasks this project evaluates (docs/ARCHITECTURE.md "Evaluation outputs").
@@ -34,8 +37,30 @@ class _ExpectedOverrides(logging.Filter):
                     and Path(args[1]).resolve().parent == TASKS_DIR)
 
 
+def check_task_folders(folders: Sequence[str | os.PathLike]) -> None:
+    """Every YAML under the task folders through mhar.safe_yaml's bounds (size, aliases) before lm-eval's own
+    loader, which has none, reads it: a refused file is one ValueError line naming it (one lm-eval cannot parse
+    is left to lm-eval, as before)."""
+    for folder in folders:
+        for root, dirs, files in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", ".ipynb_checkpoints"))
+            for name in sorted(files):
+                if not name.endswith((".yaml", ".yml")):
+                    continue
+                path = Path(root, name)
+                try:
+                    check_yaml_file(path)
+                except YAMLRefused as e:
+                    raise ValueError(f"task YAML {path}: {yaml_error_line(e)} (fix it, or move it out of "
+                                     f"{folder})") from None
+                except (yaml.YAMLError, OSError):
+                    pass
+
+
 def _task_manager(**kwargs):
     from lm_eval.tasks import TaskManager
+
+    check_task_folders(kwargs.get("include_path") or ())
 
     index_log = logging.getLogger("lm_eval.tasks._index")
     quiet = _ExpectedOverrides()

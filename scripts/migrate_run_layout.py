@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from mhar.model.config import config_hash  # noqa: E402
 from mhar.runs.atomic import atomic_write_text, os_error_line, read_json  # noqa: E402
 from mhar.runs.checkpoint import CheckpointError, atomic_torch_save, safe_torch_load, sha256_path  # noqa: E402
-from mhar.runs.config import identity_hash, recorded_run_config, yaml_load  # noqa: E402
+from mhar.runs.config import identity_hash, recorded_run_config  # noqa: E402
+from mhar.safe_yaml import read_yaml_file  # noqa: E402
 from mhar.runs.layout import data_key, run_dirs, run_relpath, trainer_alive, write_index  # noqa: E402
 from mhar.runs.provenance import utc_now  # noqa: E402
 
@@ -116,7 +117,7 @@ def convert_checkpoints(run: Path, dry_run: bool = False, log=print) -> list[Pat
     found = old_checkpoints(run)
     if not found:
         return []
-    raw = yaml_load((run / "config.yaml").read_text())
+    raw = read_yaml_file(run / "config.yaml")
     old, new = old_identity_hash(raw), identity_hash(recorded_run_config(raw))
     written = []
     for p in found:
@@ -179,7 +180,7 @@ def plan_migration(results: str | os.PathLike) -> Plan:
     for path in run_dirs(runs_root):
         rel = path.relative_to(runs_root)
         try:
-            cfg = recorded_run_config(yaml_load((path / "config.yaml").read_text()))
+            cfg = recorded_run_config(read_yaml_file(path / "config.yaml"))
         except Exception as e:  # unreadable file, YAML error, unknown key, ...
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise MigrationError(f"cannot migrate {path}: its config.yaml is unreadable ({why}); move that folder "

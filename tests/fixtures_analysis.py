@@ -39,7 +39,8 @@ def write_run(root: Path, variant: str, size: str, seed: int, tail: float, heads
     and no ``run`` block, the residual section only in config.yaml (heads also in the summary if asked). With
     ``run_block`` it carries the ``run`` record of current mhar.train; ``root_dir`` puts the run anywhere (its
     path then says nothing about the run)."""
-    from mhar.runs.config import dump_yaml, run_identity
+    from mhar.runs.config import run_identity
+    from mhar.safe_yaml import dump_yaml
     from mhar.runs.layout import run_relpath
 
     label = label or variant

@@ -15,7 +15,8 @@ from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, clean_stal
                              read_checkpoint, save_model, sha256_path, verify_sha256)
 from mhar.model.config import model_config
 from mhar.model.transformer import Transformer
-from mhar.runs.config import dump_yaml, load_run_config, run_identity
+from mhar.runs.config import load_run_config, run_identity
+from mhar.safe_yaml import dump_yaml
 
 DATA_DIR = os.environ.get("MHAR_DATA_DIR")
 

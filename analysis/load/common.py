@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional, Sequence
 import yaml
 
 from mhar.runs.atomic import read_json as atomic_read_json
-from mhar.runs.config import yaml_error_line
+from mhar.safe_yaml import YAMLRefused, read_yaml_file, yaml_error_line
 
 
 class AnalysisInputError(ValueError):
@@ -34,11 +34,13 @@ def read_yaml(path: str | os.PathLike) -> Any:
     never executed; malformed YAML is one AnalysisInputError line naming the file and the place."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text())
+        return read_yaml_file(path)  # bounded: a document over the size limit or an alias bomb is refused
     except FileNotFoundError:
         raise AnalysisInputError(f"{path}: file not found") from None
     except UnicodeDecodeError as e:
         raise AnalysisInputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except YAMLRefused as e:
+        raise AnalysisInputError(f"{path}: {yaml_error_line(e)}") from None
     except yaml.YAMLError as e:
         raise AnalysisInputError(f"{path}: not valid YAML: {yaml_error_line(e)}") from None
 

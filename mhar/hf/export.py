@@ -44,6 +44,7 @@ from mhar.model.config import ModelConfig, stored_routing_impl, to_dict
 from mhar.model.residuals import display_record
 from mhar.model.transformer import Transformer
 from mhar.hf.ship import ENTRY_FILE, ShipError, write_shipped
+from mhar.safe_yaml import read_yaml_file
 from mhar.hf.modeling_mhar import MharConfig
 from mhar.hf.names import hf_common_fields, mhar_config_fields, to_hf_state_dict
 from mhar.hf.tokenizer_files import write_tokenizer
@@ -77,7 +78,7 @@ def source_info(src: Path) -> dict:
         info["summary"] = summary
     if (run_dir / "config.yaml").is_file():
         try:
-            info["run_config"] = yaml.safe_load((run_dir / "config.yaml").read_text())
+            info["run_config"] = read_yaml_file(run_dir / "config.yaml")
         except yaml.YAMLError:
             info["run_config"] = None
     prov = read_json(run_dir / "provenance.json")

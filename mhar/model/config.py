@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from mhar.model.choices import ROUTING_IMPLS, ConfigError, stored_routing_impl
+from mhar.model.choices import ROUTING_IMPLS, ConfigError, brief, stored_routing_impl
 from mhar.model.presets import PRESETS
 
 
@@ -98,7 +98,7 @@ class ModelConfig:
 
         variant_cls = residual_class(r.variant, r.module)
         need(r.routing_impl in ROUTING_IMPLS, "residual.routing_impl",
-             f"unknown routing implementation {r.routing_impl!r}; choose one of {', '.join(ROUTING_IMPLS)}"
+             f"unknown routing implementation {brief(r.routing_impl)}; choose one of {', '.join(ROUTING_IMPLS)}"
              + (" (a name of the fused kernels: write fused)" if stored_routing_impl(r.routing_impl) == "fused"
                 and r.routing_impl != "fused" else ""))
         need(r.heads >= 1, "residual.heads", f"must be >= 1, got {r.heads}")
@@ -140,6 +140,11 @@ def _type_ok(value: Any, tp: Any) -> bool:
     return True
 
 
+def _key_text(key: Any) -> str:
+    """A mapping key as an error message names it: itself when a short string, else :func:`brief`."""
+    return key if isinstance(key, str) and len(key) <= 60 and key.isprintable() else brief(key)
+
+
 def from_dict(cls: type, data: Any, path: str = "") -> Any:
     """Build dataclass ``cls`` from a plain dict, rejecting unknown keys and bad types."""
     if isinstance(data, cls):
@@ -148,11 +153,13 @@ def from_dict(cls: type, data: Any, path: str = "") -> Any:
         raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
         where = f"{path}." if path else ""
+        named = ", ".join(where + _key_text(k) for k in unknown[:5]) + (
+            f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else "")
         raise ConfigError(
-            f"unknown config key(s) {', '.join(where + k for k in unknown)}; "
+            f"unknown config key(s) {named}; "
             f"valid keys{' of ' + path if path else ''}: {', '.join(sorted(fields))}"
         )
     kwargs = {}
@@ -164,7 +171,7 @@ def from_dict(cls: type, data: Any, path: str = "") -> Any:
             continue
         if not _type_ok(value, tp):
             tname = getattr(tp, "__name__", str(tp))
-            raise ConfigError(f"{fpath}: expected {tname}, got {type(value).__name__} ({value!r})")
+            raise ConfigError(f"{fpath}: expected {tname}, got {type(value).__name__} ({brief(value)})")
         if tp is float and isinstance(value, int):
             value = float(value)
         kwargs[key] = value
@@ -183,7 +190,7 @@ def model_config(preset: Optional[str] = None, **overrides: Any) -> ModelConfig:
     data: dict[str, Any] = {}
     if preset is not None:
         if not isinstance(preset, str) or preset not in PRESETS:
-            raise ConfigError(f"model.preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+            raise ConfigError(f"model.preset: unknown preset {brief(preset)}; choose one of {', '.join(PRESETS)}")
         data.update(PRESETS[preset].model)
     res = overrides.pop("residual", None)
     data.update(overrides)

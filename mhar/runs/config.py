@@ -30,22 +30,22 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import yaml
 
+from mhar.model.choices import brief
 from mhar.model.config import ConfigError, ModelConfig, config_hash, from_dict, model_config_from_dict
 from mhar.runs.pairing import PAIRING_VARIES
+from mhar.safe_yaml import YAMLRefused, read_yaml_file, yaml_error_line, yaml_load
 
 __all__ = [
     "MetaConfig", "DataConfig", "TrainConfig", "RunConfig", "load_run_config", "run_config_from_dict",
     "parse_overrides", "apply_overrides", "identity_config", "identity_hash", "pairing_config", "pairing_hash",
     "recorded_run_config", "run_identity", "IDENTITY_EXCLUDE",
-    "PAIRING_VARIES", "IDENTITY_LEN", "PATH_ID_LEN", "yaml_load", "yaml_error_line", "dump_yaml", "TRACKERS",
-    "tracker_names",
+    "PAIRING_VARIES", "IDENTITY_LEN", "PATH_ID_LEN", "TRACKERS", "tracker_names",
 ]
 
 TRACKERS = ("tensorboard", "wandb")  # train.tracking: experiment trackers (mhar.training.tracking)
@@ -171,7 +171,7 @@ class RunConfig:
         need(0.0 < d.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
         need(d.val_tokens >= d.seq_len, "data.val_tokens", f"must be >= data.seq_len={d.seq_len}, got {d.val_tokens}")
         need(d.holdout in ("auto", "tail", "documents"), "data.holdout",
-             f"unknown holdout {d.holdout!r}; choose auto, tail or documents")
+             f"unknown holdout {brief(d.holdout)}; choose auto, tail or documents")
         need(d.max_train_tokens is None or d.max_train_tokens > d.seq_len, "data.max_train_tokens",
              "must exceed data.seq_len (or be null for all)")
         for key in ("steps", "global_batch", "micro_batch", "eval_every", "tail_k", "checkpoint_every", "log_every"):
@@ -183,14 +183,14 @@ class RunConfig:
         need(0.0 <= t.min_lr_ratio <= 1.0, "train.min_lr_ratio", f"must be in [0, 1], got {t.min_lr_ratio}")
         need(t.lr > 0, "train.lr", f"must be > 0, got {t.lr}")
         need(t.grad_clip >= 0, "train.grad_clip", "must be >= 0 (0 disables clipping)")
-        need(t.device in ("auto", "cpu", "cuda"), "train.device", f"unknown device {t.device!r}; choose auto, cpu or cuda")
-        need(t.dtype in ("auto", "fp32", "bf16"), "train.dtype", f"unknown dtype {t.dtype!r}; choose auto, fp32 or bf16")
-        need(t.parallel in ("ddp", "fsdp"), "train.parallel", f"unknown parallel mode {t.parallel!r}; choose ddp or fsdp")
+        need(t.device in ("auto", "cpu", "cuda"), "train.device", f"unknown device {brief(t.device)}; choose auto, cpu or cuda")
+        need(t.dtype in ("auto", "fp32", "bf16"), "train.dtype", f"unknown dtype {brief(t.dtype)}; choose auto, fp32 or bf16")
+        need(t.parallel in ("ddp", "fsdp"), "train.parallel", f"unknown parallel mode {brief(t.parallel)}; choose ddp or fsdp")
         for key in ("compile", "cuda_graph"):
             v = getattr(t, key)
-            need(v == "auto" or isinstance(v, bool), f"train.{key}", f"expected auto, true or false, got {v!r}")
+            need(v == "auto" or isinstance(v, bool), f"train.{key}", f"expected auto, true or false, got {brief(v)}")
         need(t.decay_filter in ("all", "matrices"), "train.decay_filter",
-             f"unknown filter {t.decay_filter!r}; choose all or matrices")
+             f"unknown filter {brief(t.decay_filter)}; choose all or matrices")
         need(t.z_loss >= 0, "train.z_loss", f"must be >= 0, got {t.z_loss}")
         need(0.0 <= t.ema_decay < 1.0, "train.ema_decay", f"must be in [0, 1) (0 disables), got {t.ema_decay}")
         t.tracking = tracker_names(t.tracking)
@@ -205,55 +205,12 @@ def tracker_names(value: Any) -> list[str]:
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"train.tracking: expected a list of tracker names ({', '.join(TRACKERS)}) or none, "
-                          f"got {value!r}")
+                          f"got {brief(value)}")
     unknown = [n for n in names if n not in TRACKERS]
     if unknown:
-        raise ConfigError(f"train.tracking: unknown tracker(s) {', '.join(map(repr, unknown))}; "
+        raise ConfigError(f"train.tracking: unknown tracker(s) {', '.join(map(brief, unknown[:5]))}; "
                           f"choose from {', '.join(TRACKERS)} (or none)")
     return list(dict.fromkeys(names))
-
-
-# --- YAML with YAML-1.2 floats (PyYAML reads "3e-4" as a string otherwise) -----------------
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-_FLOAT_RE = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-    |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X)
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
-
-
-def yaml_load(text: str) -> Any:
-    """Safe YAML (no tag builds an object: ``!!python/...`` is refused, never executed), YAML-1.2 floats."""
-    return yaml.load(text, Loader=_Loader)
-
-
-def yaml_error_line(e: "yaml.YAMLError") -> str:
-    """One line for a YAML error: the problem and where; a tag that would build an object says it is refused."""
-    problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
-    mark = getattr(e, "problem_mark", None)
-    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-    if "could not determine a constructor for the tag" in problem:
-        tag = problem.split("tag", 1)[1].strip()
-        return (f"YAML tag {tag}{where} is refused: tags that construct objects are never executed; "
-                "give a plain value (number, string, list or mapping)")
-    return f"{problem}{where}".replace("\n", " ")
-
-
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
-
-
-def dump_yaml(obj: Any) -> str:
-    """YAML that :func:`yaml_load` reads back as it was: a string that reads as a YAML-1.2 float (a hash such
-    as ``8e123456``) is quoted."""
-    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 # --- overrides ----------------------------------------------------------------------------
@@ -262,15 +219,15 @@ def parse_overrides(items: Sequence[str]) -> list[tuple[list[str], Any]]:
     out = []
     for item in items:
         if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key=value with a dotted key, e.g. train.lr=3e-4")
+            raise ConfigError(f"override {brief(item)}: expected key=value with a dotted key, e.g. train.lr=3e-4")
         key, value = item.split("=", 1)
         parts = key.strip().split(".")
         if not all(parts):
-            raise ConfigError(f"override {item!r}: empty component in key {key!r}")
-        try:
-            parsed = yaml_load(value) if value.strip() else None
+            raise ConfigError(f"override {brief(item)}: empty component in key {brief(key)}")
+        try:  # one value on a command line: no alias is needed in it
+            parsed = yaml_load(value, aliases=False, what=f"override {brief(key.strip())}") if value.strip() else None
         except yaml.YAMLError as e:
-            raise ConfigError(f"override {key.strip()}: {yaml_error_line(e)}") from None
+            raise ConfigError(f"override {brief(key.strip())}: {yaml_error_line(e)}") from None
         out.append((parts, parsed))
     return out
 
@@ -326,9 +283,10 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
         if not path.is_file():
             raise ConfigError(f"run config file not found: {path}")
         try:
-            raw = yaml_load(path.read_text()) or {}
+            raw = read_yaml_file(path) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {yaml_error_line(e)}") from None
+            raise ConfigError(f"{path}: {'' if isinstance(e, YAMLRefused) else 'not valid YAML: '}"
+                              f"{yaml_error_line(e)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at top level, got {type(raw).__name__}")
     return run_config_from_dict(apply_overrides(raw, list(overrides)))

@@ -29,7 +29,8 @@ from typing import Any, Optional, Sequence
 
 from mhar.runs.atomic import atomic_write_text, os_error_line, pid_alive, read_json
 from mhar.model.config import config_hash
-from mhar.runs.config import PATH_ID_LEN, RunConfig, identity_hash, recorded_run_config, run_identity, yaml_load
+from mhar.runs.config import PATH_ID_LEN, RunConfig, identity_hash, recorded_run_config, run_identity
+from mhar.safe_yaml import read_yaml_file
 
 __all__ = ["RUN_LAYOUT", "EVAL_LAYOUT", "TRAIN_LOG_LAYOUT", "EVAL_LOG_LAYOUT", "run_key", "run_relpath", "data_key",
            "RunInfo", "run_dirs", "trainer_alive", "scan", "index_markdown", "write_index", "main"]
@@ -139,7 +140,7 @@ def run_info(path: Path, runs_root: Path, check_layout: bool = True) -> RunInfo:
     layout puts it; off for folders outside a results folder)."""
     info = RunInfo(path=path, rel=path.relative_to(runs_root).as_posix())
     try:
-        cfg = recorded_run_config(yaml_load((path / "config.yaml").read_text()))
+        cfg = recorded_run_config(read_yaml_file(path / "config.yaml"))
     except Exception as e:  # unreadable YAML, unknown key, ...: listed, not fatal
         info.status, info.note = "unreadable", f"config.yaml: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
         return info

@@ -38,7 +38,8 @@ from mhar.runs.atomic import (atomic_write_bytes, atomic_write_json, atomic_writ
                               read_json)
 from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, clean_stale_temps, load_error_brief,
                                   safe_torch_load, save_model, sha256_path)
-from mhar.runs.config import RunConfig, dump_yaml, identity_hash, recorded_run_config, yaml_error_line, yaml_load
+from mhar.runs.config import RunConfig, identity_hash, recorded_run_config
+from mhar.safe_yaml import dump_yaml, read_yaml_file, yaml_error_line
 from mhar.runs.pairing import differences
 from mhar.runs.provenance import utc_now
 
@@ -198,7 +199,7 @@ class RunFolder:
                                   "refusing to overwrite them. Choose another --out or delete that directory.")
             return "fresh"
         try:
-            old = recorded_run_config(yaml_load(self.config.read_text()))  # an unknown routing_impl is no obstacle
+            old = recorded_run_config(read_yaml_file(self.config))  # an unknown routing_impl is no obstacle
         except Exception as e:  # a YAML or config error alike
             why = yaml_error_line(e) if isinstance(e, yaml.YAMLError) else str(e).replace("\n", " ")
             raise RunDirError(f"{self.config} is unreadable ({why}); refusing to overwrite the run in {self.path}") from None

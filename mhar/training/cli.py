@@ -20,8 +20,9 @@ from mhar.data.corpus import DataError
 from mhar.model.config import ConfigError
 from mhar.runs.atomic import os_error_line
 from mhar.runs.checkpoint import CheckpointError
-from mhar.runs.config import dump_yaml, identity_hash, load_run_config, pairing_hash
+from mhar.runs.config import identity_hash, load_run_config, pairing_hash
 from mhar.runs.run_dir import RunDirError
+from mhar.safe_yaml import dump_yaml
 from mhar.training.distributed import launch_rank
 from mhar.training.preemption import EXIT_PREEMPTED, Preempted
 from mhar.training.tracking import TrackingError

@@ -51,7 +51,8 @@ import torch
 from mhar import env
 from mhar.model.config import ConfigError
 from mhar.runs.atomic import atomic_write_json, os_error_line
-from mhar.runs.config import RunConfig, dump_yaml, run_identity, tracker_names
+from mhar.runs.config import RunConfig, run_identity, tracker_names
+from mhar.safe_yaml import dump_yaml
 
 __all__ = ["Tracker", "TrackingError", "open_trackers", "check_trackers", "read_record", "routing_summary",
            "log_routing", "TRACKING_FILE", "TB_DIR"]

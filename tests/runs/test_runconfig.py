@@ -7,9 +7,9 @@ import pytest
 
 from mhar.model.config import ConfigError
 from mhar.model.presets import PRESETS
-from mhar.runs.config import (IDENTITY_EXCLUDE, PAIRING_VARIES, dump_yaml, identity_config, identity_hash,
-                            load_run_config, pairing_hash, recorded_run_config, run_config_from_dict, run_identity,
-                            yaml_load)
+from mhar.runs.config import (IDENTITY_EXCLUDE, PAIRING_VARIES, identity_config, identity_hash, load_run_config,
+                              pairing_hash, recorded_run_config, run_config_from_dict, run_identity)
+from mhar.safe_yaml import dump_yaml, yaml_load
 from mhar.runs.pairing import first_difference
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "config" / "train").glob("*.yaml"))

@@ -22,7 +22,8 @@ except ImportError:
 import mhar.runs.layout as R
 import mhar.training.train as T
 from mhar.runs.checkpoint import atomic_torch_save, safe_torch_load, verify_sha256
-from mhar.runs.config import dump_yaml, identity_hash, load_run_config, yaml_load
+from mhar.runs.config import identity_hash, load_run_config
+from mhar.safe_yaml import dump_yaml, yaml_load
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "migrate_run_layout.py"

@@ -18,7 +18,8 @@ import torch
 import mhar.runs.checkpoint as C
 import mhar.training.cli as CLI
 import mhar.training.train as T
-from mhar.runs.config import dump_yaml, load_run_config
+from mhar.runs.config import load_run_config
+from mhar.safe_yaml import dump_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 

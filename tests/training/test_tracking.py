@@ -277,7 +277,7 @@ def _train_with_fault(c, run: Path, fault: str, after: int = 0) -> tuple[int, st
     import subprocess
     import sys
 
-    from mhar.runs.config import dump_yaml
+    from mhar.safe_yaml import dump_yaml
 
     config = run.parent / f"{run.name}.yaml"
     config.write_text(dump_yaml(c.to_dict()))
@@ -407,7 +407,7 @@ def test_a_damaged_tracking_record_is_one_error_line_naming_it_before_anything_i
 
     import mhar.training.cli as CLI
     import mhar.training.train as T
-    from mhar.runs.config import dump_yaml
+    from mhar.safe_yaml import dump_yaml
 
     c, stopped = stopped_run
     run = tmp_path / "run"
@@ -469,7 +469,7 @@ def test_a_required_tracker_that_cannot_open_stops_before_training_with_one_erro
     import wandb
 
     import mhar.training.cli as CLI
-    from mhar.runs.config import dump_yaml
+    from mhar.safe_yaml import dump_yaml
 
     def not_logged_in(*a, **k):
         raise wandb.errors.UsageError("api_key not configured (no-tty)")

@@ -21,7 +21,8 @@ from mhar.training.step import flops_per_token
 from mhar.runs.checkpoint import CheckpointError, load_model
 from mhar.model.config import config_hash
 from mhar.data.batches import unigram_entropy
-from mhar.runs.config import dump_yaml, identity_hash, load_run_config, pairing_hash, run_identity
+from mhar.runs.config import identity_hash, load_run_config, pairing_hash, run_identity
+from mhar.safe_yaml import dump_yaml
 from mhar.runs.run_dir import RunFolder
 
 
@@ -183,7 +184,7 @@ def test_a_run_resumes_under_other_execution_choices(corpus, tmp_path):
     uninterrupted run ends; a checkpoint of another identity is refused; a changed data seed is another run and is
     refused. (Checkpoints that record the identity of earlier versions: tests/scripts/test_migrate_run_layout.py.)"""
     from mhar.runs.checkpoint import atomic_torch_save, safe_torch_load
-    from mhar.runs.config import yaml_load
+    from mhar.safe_yaml import yaml_load
 
     cfg = cfg_for(corpus, tmp_path / "cache", "model.residual.variant=mhar", "model.residual.heads=2", "train.steps=4")
     ref = T.train(cfg, tmp_path / "ref")

@@ -288,7 +288,20 @@ TASKS_DIR = config.get("tasks_dir") or None
 
 
 def check_task_names(names, where):
-    """Stop with one `error:` line when lm-eval's registry does not know a task name (nothing runs)."""
+    """Stop with one `error:` line when a task name is no safe path component (config/schema.yaml's rule:
+    it names result folders) or lm-eval's registry does not know it (nothing runs)."""
+    allowed = SCHEMA["$defs"]["tasks"]["items"]
+    for name in names:
+        if not (
+            isinstance(name, str)
+            and re.fullmatch(allowed["pattern"], name)
+            and len(name) <= allowed["maxLength"]
+        ):
+            print(
+                f"error: {where}: {brief(name)} is not allowed: {allowed['description']}",
+                file=sys.stderr,
+            )
+            sys.exit(1)
     if TASKS_DIR and not Path(TASKS_DIR).expanduser().is_dir():
         print(
             f"error: tasks_dir {TASKS_DIR!r} is not a directory; point it at a folder of lm-eval task YAMLs",
@@ -306,7 +319,11 @@ def check_task_names(names, where):
         logger.warning(f"task names of {where} not checked here ({err})")
         return
     tasks_dir = TASKS_DIR and Path(TASKS_DIR).expanduser()
-    unknown = unknown_tasks(names, tasks_dir)
+    try:
+        unknown = unknown_tasks(names, tasks_dir)
+    except ValueError as err:  # a task YAML refused (mhar.safe_yaml's bounds)
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     if unknown:
         folders = ["eval/tasks"] + ([TASKS_DIR] if TASKS_DIR else [])
         msg = unknown_task_message(

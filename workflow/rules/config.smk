@@ -15,6 +15,19 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import update_config, validate
 
+# The repository root holds the `mhar` and `eval` packages (common.smk: run identities and paths).
+if str(Path(workflow.basedir).resolve()) not in sys.path:
+    sys.path.insert(0, str(Path(workflow.basedir).resolve()))
+
+from mhar.model.choices import brief  # noqa: E402
+from mhar.model.config import config_hash  # noqa: E402
+from mhar.safe_yaml import (
+    YAMLRefused,
+    read_yaml_file,
+    yaml_error_line,
+    yaml_load,
+)  # noqa: E402
+
 
 def _config_error(msg):
     """One `error:` line and exit 1 (a WorkflowError would add Snakemake's file/line trace)."""
@@ -23,19 +36,24 @@ def _config_error(msg):
 
 
 def _read_yaml(path):
+    """A config file through mhar.safe_yaml: a document over the size limit or with aliases that expand past
+    its bound is refused in one line before anything walks the value."""
     try:
-        with open(path) as f:
-            return yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as err:
-        _config_error(f"cannot read config file {path}: {err}")
+        return read_yaml_file(path) or {}
+    except OSError as err:
+        _config_error(f"cannot read config file {path}: {err.strerror or err}")
+    except yaml.YAMLError as err:
+        _config_error(f"cannot read config file {path}: {yaml_error_line(err)}")
 
 
-with open(Path(workflow.basedir) / "config/schema.yaml") as _f:
-    SCHEMA = yaml.safe_load(_f)
+SCHEMA = _read_yaml(Path(workflow.basedir) / "config/schema.yaml")
 GIVEN = [Path(p) for p in workflow.overwrite_configfiles]
+# Every overlay is read once through the bounded loader before anything else walks Snakemake's copy of it
+# (the schema check would expand a "billion laughs" document).
+_GIVEN_CONFIGS = {p: _read_yaml(p) for p in GIVEN}
 # A complete config stands alone; any other --configfile (and --config) is an overlay on the defaults.
 STANDALONE = getattr(workflow.config_settings, "replace_workflow_config", False) or any(
-    set(SCHEMA["required"]) <= set(_read_yaml(p)) for p in GIVEN
+    set(SCHEMA["required"]) <= set(_GIVEN_CONFIGS[p]) for p in GIVEN
 )
 if not STANDALONE:
 
@@ -50,11 +68,16 @@ for _arg in CONFIG_ARGS:
     _key, _sep, _value = str(_arg).partition("=")
     if not _sep:
         continue
-    try:
-        update_config(config, {_key: yaml.safe_load(_value) if _value != "" else None})
+    try:  # one value on the command line: no alias is needed in it
+        update_config(
+            config,
+            {_key: yaml_load(_value, aliases=False) if _value != "" else None},
+        )
     except yaml.YAMLError as err:
+        _shown = _arg if len(_arg) <= 100 and _arg.isprintable() else brief(_arg)
+        _what = "refused" if isinstance(err, YAMLRefused) else "not valid YAML"
         _config_error(
-            f"--config {_arg}: the value is not valid YAML ({str(err).splitlines()[0]})"
+            f"--config {_shown}: the value is {_what} ({yaml_error_line(err)})"
         )
 
 
@@ -69,16 +92,25 @@ except WorkflowError:
     if cause is None:
         raise
     where = ".".join(map(str, cause.absolute_path)) or "(top level)"
-    message = cause.message
+    # jsonschema's message quotes the whole value: quote a bounded prefix; a label's rule says what it may be
+    message = cause.message.replace(repr(cause.instance), brief(cause.instance))
     allowed = cause.schema.get("properties") or {}
-    unexpected = sorted(set(cause.instance) - set(allowed)) if allowed else []
+    unexpected = sorted(set(cause.instance) - set(allowed), key=str) if allowed else []
     if cause.validator == "additionalProperties" and unexpected:
         # A typo, top level or nested (stats.resamplez): the key path and the keys allowed there.
-        where = ".".join([*map(str, cause.absolute_path), unexpected[0]])
+        first = unexpected[0]
+        if not (isinstance(first, str) and len(first) <= 60 and first.isprintable()):
+            first = brief(first)
+        where = ".".join([*map(str, cause.absolute_path), first])
         message = (
-            f"unknown key{'s' if len(unexpected) > 1 else ''} {', '.join(map(repr, unexpected))}; "
+            f"unknown key{'s' if len(unexpected) > 1 else ''} {', '.join(map(brief, unexpected[:5]))}; "
             f"allowed: {', '.join(allowed)}"
         )
+    if cause.validator in ("pattern", "maxLength") and isinstance(cause.schema, dict):
+        if cause.schema.get("description"):
+            message = (
+                f"{brief(cause.instance)} is not allowed: {cause.schema['description']}"
+            )
     hint = ""
     if cause.validator == "required" and not cause.absolute_path and STANDALONE:
         hint = (
@@ -127,9 +159,6 @@ EXECUTION_KEYS = (
 def study_hash():
     """The config's results hash: everything but EXECUTION_KEYS and reports_dir (the overlay reports folder's
     name, the experiment trackers' group of its runs)."""
-    sys.path.insert(0, str(Path(workflow.basedir).resolve()))
-    from mhar.model.config import config_hash
-
     study = {
         k: v for k, v in config.items() if k not in (*EXECUTION_KEYS, "reports_dir")
     }
@@ -141,7 +170,7 @@ def _own_reports_dir():
     keys = set()
     for p in GIVEN:
         if p.resolve().parent != config_dir:
-            keys |= set(_read_yaml(p))
+            keys |= set(_GIVEN_CONFIGS[p])
     keys |= {str(a).partition("=")[0] for a in CONFIG_ARGS}
     if "reports_dir" in keys or keys <= set(EXECUTION_KEYS):
         return None

@@ -1,7 +1,9 @@
 """Shared glue of the workflow scripts: imports, environment, logging, launching a module.
 
 Every script starts with ``log = start(snakemake)``: it makes the repository's packages
-importable (installed or not) and sends log records to the rule's log file. The workflow's
+importable (installed or not), refuses a job whose outputs or logs would land outside the config's
+``results_dir`` / ``reports_dir`` (``check_outputs_inside``: the config check refuses such labels; this is
+the check where the files are written), and sends log records to the rule's log file. The workflow's
 ``data_dir`` travels as data: ``with_data_dir`` puts it into a run config (``data.data_dir``),
 ``data_dir`` gives it to evaluation (``--data-dir`` / ``data_dir=``); nothing is exported.
 """
@@ -20,8 +22,21 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+def check_outputs_inside(sm: Any) -> None:
+    """Stop (one `error:` line, exit 1, nothing written) when an output or log of the job, resolved (``..`` and
+    links followed), is not inside the config's ``results_dir`` or ``reports_dir``."""
+    roots = [Path(sm.config[k]).expanduser().resolve() for k in ("results_dir", "reports_dir") if sm.config.get(k)]
+    for path in [*sm.output, *sm.log]:
+        where = Path(path).expanduser().resolve()
+        if not any(where == root or root in where.parents for root in roots):
+            raise SystemExit(f"error: rule {sm.rule}: output {str(path)[:200]} resolves to {str(where)[:200]}, "
+                             f"outside results_dir and reports_dir ({', '.join(map(str, roots))}); refusing to "
+                             "write it (a label or path in the config leaves the results folder: rename it)")
+
+
 def start(sm: Any) -> logging.Logger:
     """Prepare a script run by Snakemake; return a logger writing to ``sm.log[0]``."""
+    check_outputs_inside(sm)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     log_path = Path(sm.log[0])
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from _glue import launcher, run_logged, start, with_data_dir
 from mhar.cpt import arm_run_config, cpt_config_from_dict
-from mhar.runs.config import dump_yaml, run_config_from_dict
+from mhar.runs.config import run_config_from_dict
+from mhar.safe_yaml import dump_yaml
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)
