@@ -47,6 +47,29 @@ class ResidualConfig:
     routing_eps: float = 1e-6
 
 
+# The knobs of ResidualConfig that belong to some variants only (each variant class lists those it reads in
+# ``knobs``); variant, module, routing_impl and routing_eps apply to every variant (or change nothing).
+VARIANT_KNOBS = ("heads", "hyper_n", "hyper_dynamic", "blocks", "delta_block_layers", "gate_type", "recency_bias_init")
+
+
+def inapplicable_knobs(residual: dict) -> dict[str, str]:
+    """The knobs set in a ``model.residual`` mapping that its variant does not read (its class's ``knobs``), each
+    with the reason in words; {} for a variant that declares no ``knobs`` (every knob may matter to it)."""
+    # Imported here, not above: the registry needs torch, and this module must import without it (as validate).
+    from mhar.model.residuals import residual_class
+
+    cls = residual_class(residual.get("variant", ResidualConfig.variant), residual.get("module"))
+    if cls.knobs is None:
+        return {}
+    out = {}
+    for knob in VARIANT_KNOBS:
+        if knob in residual and knob not in cls.knobs:
+            out[knob] = (f"{cls.name} has {cls.fixed_heads} routing head{'s' * (cls.fixed_heads != 1)}"
+                         if knob == "heads" and cls.fixed_heads is not None
+                         else f"{cls.name} reads {' and '.join(cls.knobs) + ' only' if cls.knobs else 'no such knob'}")
+    return out
+
+
 @dataclass
 class ModelConfig:
     """Qwen3-style decoder (Llama-style when qk_norm=False, tie_embeddings=False)."""

@@ -30,14 +30,16 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
 from mhar.model.choices import brief
-from mhar.model.config import ConfigError, ModelConfig, config_hash, from_dict, model_config_from_dict
+from mhar.model.config import (ConfigError, ModelConfig, config_hash, from_dict, inapplicable_knobs,
+                               model_config_from_dict)
 from mhar.runs.pairing import PAIRING_VARIES
 from mhar.safe_yaml import YAMLRefused, read_yaml_file, yaml_error_line, yaml_load
 
@@ -45,7 +47,7 @@ __all__ = [
     "MetaConfig", "DataConfig", "TrainConfig", "RunConfig", "load_run_config", "run_config_from_dict",
     "parse_overrides", "apply_overrides", "identity_config", "identity_hash", "pairing_config", "pairing_hash",
     "recorded_run_config", "run_identity", "IDENTITY_EXCLUDE",
-    "PAIRING_VARIES", "IDENTITY_LEN", "PATH_ID_LEN", "TRACKERS", "tracker_names",
+    "PAIRING_VARIES", "IDENTITY_LEN", "PATH_ID_LEN", "TRACKERS", "tracker_names", "drop_inapplicable_knobs",
 ]
 
 TRACKERS = ("tensorboard", "wandb")  # train.tracking: experiment trackers (mhar.training.tracking)
@@ -275,8 +277,35 @@ def run_config_from_dict(raw: dict) -> RunConfig:
     return cfg.validate()
 
 
-def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read a YAML run config (``None`` = all defaults), apply ``key=value`` overrides, validate."""
+def drop_inapplicable_knobs(raw: dict, merged: dict, parsed: Sequence[tuple[list[str], Any]], source: str,
+                            warn: Callable[[str], None]) -> None:
+    """An override of ``model.residual.variant`` leaves the file's knobs of the other variant behind (cpu_tiny.yaml's
+    ``heads: 4`` under ``model.residual.variant=attnres``): drop from ``merged`` each one the new variant does not
+    read (its class's ``knobs``: nothing it computes changes, and the run identity is then the variant's own), with
+    one ``warn`` line per knob. A knob the overrides set themselves is the user's word and stays."""
+    given = {tuple(parts) for parts, _ in parsed}
+    residual = (merged.get("model") or {}).get("residual") if isinstance(merged.get("model"), dict) else None
+    file_model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    file_residual = file_model.get("residual") if isinstance(file_model.get("residual"), dict) else {}
+    if ("model", "residual", "variant") not in given or not isinstance(residual, dict) or not file_residual:
+        return
+    if file_residual.get("variant") == residual.get("variant"):
+        return
+    for knob, why in inapplicable_knobs(residual).items():
+        if knob in file_residual and ("model", "residual", knob) not in given:
+            warn(f"warning: model.residual.{knob}: {str(file_residual[knob])[:40]} ({source}) does not apply to "
+                 f"model.residual.variant={residual['variant']} ({why}): dropped")
+            del residual[knob]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def load_run_config(path: str | Path | None, overrides: Sequence[str] = (),
+                    warn: Callable[[str], None] = _stderr) -> RunConfig:
+    """Read a YAML run config (``None`` = all defaults), apply ``key=value`` overrides, validate. A variant override
+    drops the file's knobs the new variant does not read, one ``warn`` line each (:func:`drop_inapplicable_knobs`)."""
     raw: Any = {}
     if path is not None:
         path = Path(path)
@@ -289,7 +318,10 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
                               f"{yaml_error_line(e)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at top level, got {type(raw).__name__}")
-    return run_config_from_dict(apply_overrides(raw, list(overrides)))
+    parsed = parse_overrides(list(overrides))
+    merged = apply_overrides(raw, parsed)
+    drop_inapplicable_knobs(raw, merged, parsed, str(path), warn)
+    return run_config_from_dict(merged)
 
 
 # --- run identity -----------------------------------------------------------------------------

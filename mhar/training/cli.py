@@ -41,7 +41,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="print the resolved config, its run identity and pairing hash, then exit")
     args = p.parse_args(argv)
     try:
-        cfg = load_run_config(args.config, args.overrides)
+        # a variant override's dropped knobs: one warning line, said once under torchrun (rank 0)
+        cfg = load_run_config(args.config, args.overrides,
+                              warn=lambda m: print(m, file=sys.stderr) if launch_rank() == 0 else None)
         if args.print_config:
             print(dump_yaml(cfg.to_dict()) + f"# identity: {identity_hash(cfg)}\n# pairing: {pairing_hash(cfg)}")
             return 0

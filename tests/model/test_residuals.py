@@ -526,3 +526,56 @@ def test_open_attnres_with_a_large_recency_bias_is_the_prenorm_baseline(variant)
     _shared_state(base, small)
     _randomize_routing(small)
     assert (small(ids).logits - ref).abs().max() > 1e-2  # without the bias the read mixes earlier states
+
+
+# --- a variant's knobs (Residual.knobs): what a variant override may drop -------------------------------------
+# A value other than the default of every variant knob, valid on `debug` (2 layers, 4 sublayers) over _DEBUG_EXTRA.
+_OTHER_KNOB = {"heads": 2, "hyper_n": 2, "hyper_dynamic": False, "blocks": 1, "delta_block_layers": 2,
+               "gate_type": "sigmoid_scalar", "recency_bias_init": 2.0}
+
+
+def test_variant_knobs_name_residual_config_fields():
+    import dataclasses
+
+    from mhar.model.config import VARIANT_KNOBS, ResidualConfig
+
+    assert set(_OTHER_KNOB) == set(VARIANT_KNOBS) <= {f.name for f in dataclasses.fields(ResidualConfig)}
+    for name in variant_names():
+        knobs = RESIDUALS[name].knobs
+        assert knobs is None or set(knobs) <= set(VARIANT_KNOBS), name
+    assert all(RESIDUALS[v].knobs is not None for v in PAPER_VARIANTS)  # every built-in variant declares its knobs
+
+
+def _randomized(model: Transformer, seed: int = 3) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("variant", sorted(v for v in RESIDUALS if RESIDUALS[v].knobs is not None))
+@torch.no_grad()
+def test_a_knob_a_variant_does_not_declare_changes_nothing_it_computes(variant):
+    """The fact a variant override drops knobs by: a knob outside the class's `knobs` leaves the parameters and,
+    with the same (randomised) weights, the logits bit-identical; each declared knob changes one of them."""
+    from mhar.model.config import VARIANT_KNOBS
+
+    base = _DEBUG_EXTRA.get(variant, {})
+    ref = _model(variant, **base)
+    weights = _randomized(ref)
+    ids = _ids()
+    want = ref(ids).logits
+    for knob in VARIANT_KNOBS:
+        other = _model(variant, **{**base, knob: _OTHER_KNOB[knob]})
+        fresh = other(ids).logits
+        same_shapes = {k: v.shape for k, v in other.state_dict().items()} == {k: v.shape for k, v in weights.items()}
+        if knob not in RESIDUALS[variant].knobs:
+            assert same_shapes, knob
+            other.load_state_dict(weights)
+            assert torch.equal(other(ids).logits, want), knob
+        else:
+            init_same = torch.equal(fresh, _model(variant, **base)(ids).logits)
+            if same_shapes:
+                other.load_state_dict(weights)
+            assert not (same_shapes and init_same and torch.equal(other(ids).logits, want)), knob

@@ -181,3 +181,45 @@ def test_dumped_configs_read_back_equal_even_where_a_string_reads_as_a_number():
     assert cfg.train.tracking_group == "0e093237"
     text = dump_yaml(cfg.to_dict())
     assert yaml_load(text) == cfg.to_dict() and run_config_from_dict(yaml_load(text)).train.tracking_group == "0e093237"
+
+
+CPU_TINY = Path(__file__).resolve().parents[2] / "config" / "train" / "cpu_tiny.yaml"
+
+
+def test_a_variant_override_drops_the_other_variants_knobs_with_one_warning():
+    """cpu_tiny.yaml says {variant: mhar, heads: 4}: `model.residual.variant=attnres` kept heads: 4 silently (in the
+    recorded config and the run identity) though attnres has one head. A knob the new variant does not read (its
+    class's `knobs`) is dropped with one warning line naming it; one it reads, or one the overrides set, stays."""
+    warned = []
+    cfg = load_run_config(CPU_TINY, ["model.residual.variant=attnres"], warn=warned.append)
+    assert cfg.model.residual.heads == 1 and cfg.to_dict()["model"]["residual"]["heads"] == 1
+    assert len(warned) == 1 and warned[0].startswith("warning: model.residual.heads: 4 ("), warned
+    assert "cpu_tiny.yaml" in warned[0] and "variant=attnres" in warned[0] and warned[0].endswith("dropped")
+    raw = yaml_load(CPU_TINY.read_text())
+    raw["model"]["residual"] = {"variant": "attnres"}  # the same run written without the mhar knob
+    assert identity_hash(cfg) == identity_hash(run_config_from_dict(raw))
+
+    warned.clear()
+    assert load_run_config(CPU_TINY, ["model.residual.variant=baseline"], warn=warned.append).model.residual.heads == 1
+    assert len(warned) == 1 and "model.residual.heads: 4" in warned[0] and "variant=baseline" in warned[0]
+    warned.clear()
+    assert load_run_config(CPU_TINY, ["model.residual.variant=mhar_delta"], warn=warned.append).model.residual.heads == 4
+    kept = load_run_config(CPU_TINY, ["model.residual.variant=baseline", "model.residual.heads=4"], warn=warned.append)
+    assert kept.model.residual.heads == 4 and warned == []  # the command line's own knob is the user's word
+    assert load_run_config(CPU_TINY, ["train.steps=3"], warn=warned.append).model.residual.heads == 4 and not warned
+    # a variant of one's own declares no knobs: nothing is dropped, and its check_config decides (one line)
+    with pytest.raises(ConfigError, match="toy_gated has no routing heads, got 4"):
+        load_run_config(CPU_TINY, ["model.residual.variant=toy_gated", "model.residual.module=tests.toy_variant"],
+                        warn=warned.append)
+    assert not warned
+
+
+def test_the_trainer_says_which_knob_a_variant_override_dropped(capsys, tmp_path):
+    from mhar.training.cli import main
+
+    assert main([str(CPU_TINY), "model.residual.variant=attnres", "--out", str(tmp_path / "run"),
+                 "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert [ln for ln in err.splitlines() if ln.strip()] == [ln for ln in err.splitlines() if ln.startswith("warning:")]
+    assert len(err.strip().splitlines()) == 1 and "model.residual.heads: 4" in err
+    assert yaml_load(out)["model"]["residual"]["heads"] == 1

@@ -49,6 +49,11 @@ class Residual(nn.Module):
     # The routing head count the variant fixes whatever model.residual.heads says (single-head AttnRes: 1); the
     # tables' H column shows it (the head sweep's H=1). None: no fixed count.
     fixed_heads: Optional[int] = None
+    # The knobs of mhar.model.config.VARIANT_KNOBS this variant reads (model.residual.<knob>); the others change
+    # nothing it computes, and a variant override drops them from the run config with a warning
+    # (mhar.runs.config.load_run_config: `cpu_tiny.yaml model.residual.variant=attnres` leaves no heads: 4).
+    # None: not declared (a variant of your own): every knob is kept and its check_config decides.
+    knobs: Optional[tuple[str, ...]] = None
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

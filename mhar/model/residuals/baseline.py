@@ -11,6 +11,7 @@ from mhar.model.residuals.base import Residual
 class PreNormResidual(Residual):
     display_name = "baseline"
     table_order = 0
+    knobs = ()
 
     def init(self, emb: Tensor) -> Tensor:
         return emb

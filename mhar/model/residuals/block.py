@@ -34,6 +34,7 @@ class BlockAttnRes(Residual):
     routed = True
     display_name = "Block AttnRes"
     table_order = 3
+    knobs = ("blocks",)
 
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:

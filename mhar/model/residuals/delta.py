@@ -48,6 +48,7 @@ class DeltaAttnRes(Residual):
     display_name = "MHAR-delta"
     table_order = 6
     shows_heads = True
+    knobs = ("heads", "delta_block_layers")
 
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:

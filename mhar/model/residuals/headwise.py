@@ -30,6 +30,7 @@ class HeadWiseAttnRes(Residual):
     routed = True
     display_name = "MHAR-HW"
     table_order = 5
+    knobs = ()  # one query per KV group (model.n_kv_heads), not model.residual.heads
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)

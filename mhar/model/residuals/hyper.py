@@ -113,6 +113,7 @@ class HyperConnections(Residual):
 
     display_name = "hyper-conn"
     table_order = 1
+    knobs = ("hyper_n", "hyper_dynamic")
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)

@@ -66,6 +66,7 @@ class OpenAttnRes(Residual):
     table_order = 7
     shows_heads = False
     full = False
+    knobs = ("blocks", "gate_type", "recency_bias_init")
 
     @classmethod
     def check_config(cls, cfg: ModelConfig) -> None:
@@ -155,3 +156,4 @@ class OpenAttnResFull(OpenAttnRes):
     display_name = "Open AttnRes (full)"
     table_order = 8
     full = True
+    knobs = ("gate_type", "recency_bias_init")

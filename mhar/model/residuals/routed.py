@@ -29,6 +29,7 @@ class MultiHeadAttnRes(Residual):
     display_name = "MHAR"
     table_order = 4
     shows_heads = True
+    knobs = ("heads",)
 
     def __init__(self, cfg: ModelConfig, heads: int | None = None):
         super().__init__(cfg)
@@ -73,6 +74,7 @@ class AttnRes(MultiHeadAttnRes):
     table_order = 2
     shows_heads = False
     fixed_heads = 1
+    knobs = ()
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, heads=1)
