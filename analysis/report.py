@@ -2,11 +2,13 @@
 
     python -m analysis.report --reports reports --out reports/REPORT.md
 
-Looks under the reports directory (recursively) for the tables written by ``analysis.tables``
-(``<name>.csv`` + ``<name>.md``), the figures written by ``analysis.figures`` (``<name>.png``) and
-probe JSONs (``eval.probe``). Each item gets a one-line reading computed from its CSV; whatever
-is absent is listed under "Missing" with the command that makes it, so the report works after
-any subset of the workflow (e.g. only ``reproduce_table1``). Never edit the output by hand.
+Reads the files it is given (``--inputs``; the workflow passes the report rule's inputs: this config's own
+outputs), or else the reports folder's own layout (``Inputs``): the tables written by ``analysis.tables``
+(``<name>.csv`` + ``<name>.md``), the figures written by ``analysis.figures`` (``figures/<name>.png``) and probe
+JSONs (``eval.probe``, ``probe/<size>/<variant>.json``); never another config's reports in a subfolder. Each
+item gets a one-line reading computed from its CSV; whatever is absent is listed under "Missing" with the
+command that makes it, so the report works after any subset of the workflow (e.g. only ``reproduce_table1``).
+Never edit the output by hand.
 """
 from __future__ import annotations
 
@@ -43,22 +45,44 @@ TABLES = {  # name -> (title, input placeholder of the command that makes it)
 }
 FIGURES = {  # name -> one-line reading of what the figure shows
     "loss_curves": "validation loss per variant; line = mean over seeds, band = min..max across seeds.",
-    "loss_vs_compute": "validation loss against wall-clock and against training FLOPs: what the routing "
-                       "costs per unit of loss.",
+    "loss_vs_compute": "validation loss against training FLOPs (the trainer's count, the same on every rerun): what "
+                       "the routing costs per unit of loss in compute; its cost in time is the cost table's measured "
+                       "throughput (a training run's wall-clock varies with the machine's load).",
     "routing_heatmap": "per-head total-variation distance of each head's mean depth distribution from the "
-                       "head-average (left) and from uniform (right), per site: bright = heads that route differently.",
+                       "head-average and from uniform, per site, one panel per model (display name) and reference: "
+                       "bright = heads that route differently; a panel that is identically 0 (one routing head vs "
+                       "its head-mean) is left out and named under the figure.",
     "head_sweep": "tail-mean loss vs routing heads H as the paired difference to the smallest H (mean ± sd over "
                   "seeds), with the paper's 1B sweep (dashed): look for the U-shape.",
     "forest": "paired deltas with 95% CIs per comparison of Table 1 and the downstream table (n per row), "
               "coloured by verdict; x = the paper's delta.",
     "cost": "the cost table drawn: throughput relative to the baseline (± 2 SE over repeats) and peak memory per "
-            "routing implementation; x = the paper's H100 numbers; OOM / unmeasured cells are labelled.",
+            "routing implementation (today's routing paths; n = the table's runs of that size on each bar); x = the "
+            "paper's H100 numbers; OOM / unmeasured cells are labelled.",
 }
 
 
-def _find(root: Path, filename: str) -> Optional[Path]:
-    hits = sorted(root.rglob(filename), key=lambda p: (len(p.parts), str(p)))
-    return hits[0] if hits else None
+class Inputs:
+    """The files one report reads: the workflow's list (the report rule's inputs: this config's own tables,
+    figures and probe JSONs), or without a list the reports folder's own layout (``<name>.csv``,
+    ``figures/<name>.png``, ``probe/<size>/<variant>.json``), never a recursive glob: another config's reports
+    kept in a subfolder (reports/gpu_small/) are not this report's."""
+
+    def __init__(self, root: Path, files: Optional[Sequence[str | Path]] = None):
+        self.root = root
+        if files is None:
+            files = [*root.glob("*.csv"), *root.glob("*.md"), *(root / "figures").glob("*.png"),
+                     *(root / "probe").glob("*/*.json")]
+        self.files = [Path(f) for f in files]
+
+    def find(self, filename: str) -> Optional[Path]:
+        hits = sorted((p for p in self.files if p.name == filename and p.is_file()),
+                      key=lambda p: (len(p.parts), str(p)))
+        return hits[0] if hits else None
+
+    def probes(self, out: Path) -> list[Path]:
+        return sorted({p for p in self.files if p.suffix == ".json" and p.is_file() and p.resolve() != out.resolve()
+                       and not p.name.endswith(sidecar.SUFFIX) and _is_probe(p)})
 
 
 def _fmt(x, nd=3) -> str:
@@ -70,7 +94,7 @@ def _fmt(x, nd=3) -> str:
 
 
 def table_reading(name: str, csv_path: Path) -> str:
-    """One line summarising a table CSV: verdict counts and the strongest comparison."""
+    """One line summarising a table CSV: verdict counts and the comparison that stands out (``_standout``)."""
     import pandas as pd
 
     df = pd.read_csv(csv_path)
@@ -96,14 +120,7 @@ def table_reading(name: str, csv_path: Path) -> str:
                                                                   if pd.notna(r.published_ratio) else "")
                 for r in sub.itertuples() if pd.notna(r.ratio)))
     elif {"comparison", "delta", "p"} <= set(df.columns):
-        sub = df[df["comparison"].notna() & df["delta"].notna()]
-        if not sub.empty:
-            sub = sub.assign(_p=sub["p"].fillna(2.0)).sort_values("_p")
-            r = sub.iloc[0]
-            ci = f" [{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]" if pd.notna(r.get("ci_low")) else ""
-            p = f", p={float(r['p']):.3g}" if pd.notna(r["p"]) else ""
-            parts.append(f"strongest: {r['comparison']}{_metric_of(r)}: Δ {_fmt(r['delta'])}{ci}{p}"
-                         f"{_paper_beside(r)}")
+        parts.append(_standout(df))
     if name == "heads" and "best" in df.columns:
         for size, sub in df.groupby("size"):
             if len(sub) < 2:
@@ -115,6 +132,28 @@ def table_reading(name: str, csv_path: Path) -> str:
                 where = " (interior: U-shape)" if interior else " (at the edge of the sweep)"
                 parts.append(f"{size}: best H={int(b.iloc[0]['heads'])}{where}")
     return "; ".join(parts) + "." if parts else "no comparisons in this table."
+
+
+def _standout(df) -> str:
+    """The comparison that stands out by its deciding evidence: the smallest Holm-adjusted p (the p the verdict
+    used; the raw p where a table judges a row on its own), among the rows significant at the verdict's alpha;
+    "no result stands out" when none is (a +0.000, p=1 row is never the headline)."""
+    import pandas as pd
+
+    sub = df[df["comparison"].notna() & df["delta"].notna()]
+    deciding = pd.to_numeric(sub["p_holm"] if "p_holm" in sub.columns else sub["p"], errors="coerce")
+    sig = sub.assign(_p=deciding, _size=pd.to_numeric(sub["delta"], errors="coerce").abs())
+    sig = sig[sig["_p"] < vd.ALPHA].sort_values(["_p", "_size"], ascending=[True, False], kind="stable")
+    tested = int(deciding.notna().sum())
+    if sig.empty:
+        return (f"no result stands out (none of {tested} tested comparisons has Holm p < {vd.ALPHA})" if tested
+                else "no result stands out (no comparison carries a test)")
+    r = sig.iloc[0]
+    ci = f" [{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]" if pd.notna(r.get("ci_low")) else ""
+    which = "p (Holm)" if "p_holm" in sub.columns else "p"
+    more = f" (1 of {len(sig)} with {which} < {vd.ALPHA})" if len(sig) > 1 else ""
+    return (f"stands out{more}: {r['comparison']}{_metric_of(r)}: Δ {_fmt(r['delta'])}{ci}, {which}={r['_p']:.3g}"
+            f"{_paper_beside(r)}")
 
 
 def _metric_of(r) -> str:
@@ -215,23 +254,25 @@ def probe_section(paths: list[Path]) -> list[str]:
     return lines
 
 
-def build_report(reports: str | Path, out: str | Path) -> str:
-    """Write the report; returns its text."""
+def build_report(reports: str | Path, out: str | Path, inputs: Optional[Sequence[str | Path]] = None) -> str:
+    """Write the report from ``inputs`` (the files it may read; default: the reports folder's own layout,
+    ``Inputs``); returns its text."""
     root, out = Path(reports), Path(out)
+    have = Inputs(root, inputs)
     here = out.parent
     rel = lambda p: os.path.relpath(p, here)  # noqa: E731
     lines = ["# MHAR reproduction report", "",
              "Generated by `python -m analysis.report` from the files under "
              f"`{root}`; do not edit by hand. Tables and figures are regenerated by the workflow.", ""]
     lines += [f"<sub>{sidecar.FOOTER[0].upper()}{sidecar.FOOTER[1:]}.</sub>", ""]
-    t1 = _find(root, "table1.csv")
-    lines += setup_section(t1) + sources_section({n: _find(root, f"{n}.csv") for n in TABLES}) + \
+    t1 = have.find("table1.csv")
+    lines += setup_section(t1) + sources_section({n: have.find(f"{n}.csv") for n in TABLES}) + \
         ["## How to read the verdicts", "", vd.VERDICT_RULE, "", vd.COST_RULE, ""]
     missing = []
-    for name, (title, inputs) in TABLES.items():
-        csv_p, md_p = _find(root, f"{name}.csv"), _find(root, f"{name}.md")
+    for name, (title, placeholder) in TABLES.items():
+        csv_p, md_p = have.find(f"{name}.csv"), have.find(f"{name}.md")
         if csv_p is None or md_p is None:
-            missing.append(f"table `{name}` ({title}): `python -m analysis.tables {name} --inputs {inputs} "
+            missing.append(f"table `{name}` ({title}): `python -m analysis.tables {name} --inputs {placeholder} "
                            f"--out {root}/{name}`")
             continue
         body = md_p.read_text().strip().splitlines()
@@ -242,7 +283,7 @@ def build_report(reports: str | Path, out: str | Path) -> str:
                  ["", f"Files: `{rel(csv_p)}`, `{rel(md_p)}`, `{rel(csv_p.with_suffix('.tex'))}`", ""]
     figs = []
     for name, reading in FIGURES.items():
-        png = _find(root, f"{name}.png")
+        png = have.find(f"{name}.png")
         if png is None:
             missing.append(f"figure `{name}`: `python -m analysis.figures {name} --inputs ... "
                            f"--out {root}/figures/{name}`")
@@ -250,7 +291,7 @@ def build_report(reports: str | Path, out: str | Path) -> str:
         figs += [f"### {name}", "", f"![{name}]({rel(png)})", "", f"**Reading:** {reading}", ""]
     if figs:
         lines += ["## Figures", ""] + figs
-    probes = [p for p in sorted(root.rglob("*.json")) if p.resolve() != out.resolve() and _is_probe(p)]
+    probes = have.probes(out)
     if probes:
         lines += probe_section(probes)
     else:
@@ -275,11 +316,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("--reports", default="reports", help="directory holding tables/figures/probe outputs")
     ap.add_argument("--out", default="reports/REPORT.md")
+    ap.add_argument("--inputs", nargs="+", default=None,
+                    help="the tables (.csv, .md), figures (.png) and probe JSONs to report (default: those of the "
+                         "--reports folder's own layout, not its subfolders of other configs)")
     a = ap.parse_args(argv)
     if not Path(a.reports).is_dir():
         print(f"error: {a.reports}: not a directory", file=sys.stderr)
         return 2
-    build_report(a.reports, a.out)
+    build_report(a.reports, a.out, a.inputs)
     print(a.out)
     return 0
 

@@ -423,6 +423,21 @@ def test_each_config_writes_its_own_reports_folder(name, reports, tmp_path):
     assert f"{reports}/REPORT.md" in written and all(f.startswith(reports + "/") for f in written)
 
 
+def test_report_reads_its_own_configs_probe_files(tmp_path):
+    """analysis.report reads only the report rule's inputs: they name this config's probe JSONs (the report once
+    globbed reports/ and listed reports/gpu_small/probe/ rows under config/config.yaml)."""
+    bench_standins(tmp_path)
+    res = snakemake(["report", "-n", *configfiles("config/config.yaml")], tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    m = re.search(r"^rule report:\n((?:    .*\n)+)", out, re.M)
+    inputs = re.search(r"^    input: (.*)$", m.group(1), re.M).group(1).split(", ")
+    cfg = load("config/config.yaml")
+    assert {f"reports/probe/{s}/mhar.json" for s in cfg["sizes"]} <= set(inputs)
+    assert "reports/table1.csv" in inputs and "reports/figures/forest.png" in inputs
+    assert not [f for f in inputs if f.startswith("reports/gpu_small/")]
+
+
 def test_unknown_config_key_is_one_error_line(tmp_path):
     """An unknown --config key (a typo) gave an 8-line WorkflowError trace; now one `error:` line naming it."""
     res = snakemake(["reproduce_table1", "-n", "--config", "seeds=[0]", "sedes=[1]"], tmp_path)

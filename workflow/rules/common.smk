@@ -506,7 +506,9 @@ def reproduce_released_inputs(wildcards):
 
 
 def report_inputs():
-    """Everything REPORT.md summarises (sections without a config block are left out)."""
+    """Everything REPORT.md summarises, and all it reads (analysis.report reads these files only, so another
+    config's reports in a subfolder never enter; sections without a config block are left out).
+    """
     files = []
     for name in ("table1", "seeds", "heads", "downstream"):
         files += table_files(name)
@@ -514,6 +516,7 @@ def report_inputs():
         files += table_files("cost")
     for name in FIGURES:
         files += figure_files(name)
+    files += probe_files()
     if HAS_CPT:
         files += cpt_targets()
     return files
