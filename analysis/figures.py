@@ -30,10 +30,12 @@ from .load.common import AnalysisInputError, read_json, run_cli  # noqa: E402
 from .load.metrics import val_curve  # noqa: E402
 from mhar.runs.sidecar import provenance  # noqa: E402
 from .load.published import load_published, paper_scales  # noqa: E402
-from .load.runs import RunSummary, group_runs, load_summaries, run_label  # noqa: E402
-from .tables.cost import cost_table  # noqa: E402
+from .load.runs import RunSummary, display_of, group_runs, load_summaries, run_label, variant_label  # noqa: E402
+from .tables.cost import ROUTING_ROWS, cost_table  # noqa: E402
 from .tables.heads import SWEPT  # noqa: E402
+from .tables.pairs import ordered  # noqa: E402
 from mhar.runs import sidecar  # noqa: E402
+from mhar.model.presets import size_key  # noqa: E402
 
 KINDS = ("loss_curves", "loss_vs_compute", "routing_heatmap", "head_sweep", "forest", "cost")
 VERDICT_COLORS = {"reproduced": "tab:green", "same sign as paper": "yellowgreen", "not reproduced": "tab:red",
@@ -63,9 +65,9 @@ def save(fig, prefix: str | Path, inputs: Sequence[str | Path]) -> list[Path]:
     desc = json.dumps(sidecar.tracked(prov))  # the time, git state and versions go to the untracked sidecar
     png, pdf = prefix.with_name(prefix.name + ".png"), prefix.with_name(prefix.name + ".pdf")
     fig.savefig(png, dpi=130, bbox_inches="tight", metadata={"Software": "mhar analysis.figures", "Description": desc})
-    # no CreationDate: the same inputs give the same bytes
+    # no CreationDate / ModDate (a timestamp): the same inputs give the same bytes; the PNG's Software key is fixed
     fig.savefig(pdf, bbox_inches="tight", metadata={"Creator": "mhar analysis.figures", "Subject": desc[:2000],
-                                                    "CreationDate": None})
+                                                    "CreationDate": None, "ModDate": None})
     plt.close(fig)
     sidecar.write(prefix, prov)
     return [png, pdf]
@@ -106,69 +108,111 @@ def _grid(n: int, w: float = 5.0, h: float = 3.6):
     return fig, axes[0]
 
 
+def _sci_label(v: float, _pos=None) -> str:
+    """``2 x 10^11`` (mathtext) for a log axis tick; ``10^12`` at a decade."""
+    m, e = f"{v:.0e}".split("e")
+    return f"$10^{{{int(e)}}}$" if m == "1" else f"${m}\\times10^{{{int(e)}}}$"
+
+
+def _compute_axis(ax, values: np.ndarray) -> None:
+    """A compute axis whose tick labels never collide: log where the data span a decade or more (labelled
+    ticks at 1, 2, 5 x 10^k over up to two decades, at the decades beyond), linear with a x 10^k offset below."""
+    v = values[np.isfinite(values) & (values > 0)]
+    span = float(np.log10(v.max() / v.min())) if v.size > 1 else 0.0
+    if span < 1.0:
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=5))
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+        return
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0) if span <= 2 else (1.0,)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_sci_label))  # every major tick, as m x 10^k
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def _n_seeds_label(name: str, n: int) -> str:
+    return f"{name} (mean of n={n} seeds" + (", band min..max)" if n > 1 else ")")
+
+
+def _curves_panel(ax, groups: dict, x: str) -> np.ndarray:
+    """One line per row of the size (table order, ``analysis.tables.pairs.ordered``): mean over seeds, band
+    min..max; returns the x values drawn."""
+    drawn, unmeasured = [], []
+    for g in ordered(groups):
+        curves = [val_curve(r) for r in groups[g].values()]
+        xs, m, lo, hi = _mean_band(curves, x)
+        lab = run_label(next(iter(groups[g].values())), g[3])
+        if not np.isfinite(xs).any():  # an older record without this axis: said, not drawn
+            unmeasured.append(lab)
+            continue
+        line, = ax.plot(xs, m, color=_color(lab), label=_n_seeds_label(lab, len(curves)))
+        if len(curves) > 1:
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+        drawn.append(xs)
+    ax.set_ylabel("val loss (nats)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    if unmeasured:
+        ax.text(0.02, 0.02, f"no {x} recorded: " + ", ".join(unmeasured), transform=ax.transAxes, fontsize=7,
+                color="tab:red")
+    return np.concatenate(drawn) if drawn else np.array([])
+
+
 def loss_curves(summaries: Sequence[str | Path], out: str | Path, x: str = "step") -> list[Path]:
     """Validation loss per variant (mean over seeds, band = min..max across seeds), one panel per size."""
     runs = load_summaries(summaries)
     sizes = _by_size(runs)
     fig, axes = _grid(len(sizes))
-    for ax, size in zip(axes, sorted(sizes)):
-        for g in sorted(sizes[size], key=lambda g: (g[0], g[2] or 0)):
-            byseed = sizes[size][g]
-            curves = [val_curve(r) for r in byseed.values()]
-            xs, m, lo, hi = _mean_band(curves, x)
-            lab = run_label(next(iter(byseed.values())), g[3])
-            line, = ax.plot(xs, m, color=_color(lab), label=f"{lab} (mean of n={len(curves)} seeds"
-                                                              + (", band min..max)" if len(curves) > 1 else ")"))
-            if len(curves) > 1:
-                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    for ax, size in zip(axes, sorted(sizes, key=size_key)):
+        _curves_panel(ax, sizes[size], x)
         ax.set_title(f"{size}: validation loss")
-        ax.set_xlabel({"step": "step", "wall_s": "wall-clock (s)", "flops": "FLOPs"}.get(x, x))
-        ax.set_ylabel("val loss (nats)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.set_xlabel({"step": "step", "flops": "FLOPs"}.get(x, x))
     return save(fig, out, summaries)
 
 
 def loss_vs_compute(summaries: Sequence[str | Path], out: str | Path) -> list[Path]:
-    """Validation loss against wall-clock (left) and FLOPs (right), mean over seeds; one row per size."""
+    """Validation loss against training FLOPs (the trainer's count per token x tokens: the same for every rerun),
+    mean over seeds; one panel per size. Not against wall-clock: a training run's clock depends on the machine and
+    its load (two reruns of one run differ), so a tracked figure drawn from it would change on every rerun; what
+    the routing costs in time is the cost table's measured throughput."""
     runs = load_summaries(summaries)
     sizes = _by_size(runs)
-    fig, axes = plt.subplots(len(sizes), 2, figsize=(10, 3.6 * len(sizes)), squeeze=False)
-    for row, size in zip(axes, sorted(sizes)):
-        groups = sizes[size]
-        for ax, key, lab in ((row[0], "wall_s", "wall-clock (s)"), (row[1], "flops", "training FLOPs")):
-            unmeasured = []
-            for g in sorted(groups, key=lambda g: (g[0], g[2] or 0)):
-                curves = [val_curve(r) for r in groups[g].values()]
-                xs, m, lo, hi = _mean_band(curves, key)
-                name = run_label(next(iter(groups[g].values())), g[3])
-                if not np.isfinite(xs).any():
-                    unmeasured.append(name)
-                    continue
-                ax.plot(xs, m, color=_color(name), label=f"{name} (n={len(curves)} seeds"
-                                                          + (", band min..max)" if len(curves) > 1 else ")"))
-                if len(curves) > 1:
-                    ax.fill_between(xs, lo, hi, color=_color(name), alpha=0.2, linewidth=0)
-            ax.set_xlabel(lab)
-            ax.set_ylabel("val loss (nats)")
-            ax.set_xscale("log")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-            ax.set_title(f"{size}: loss vs {'wall-clock' if key == 'wall_s' else 'compute'}")
-            if unmeasured:
-                ax.text(0.02, 0.02, "not measured: " + ", ".join(unmeasured), transform=ax.transAxes, fontsize=7,
-                        color="tab:red")
+    fig, axes = _grid(len(sizes), w=5.5, h=3.8)
+    for ax, size in zip(axes, sorted(sizes, key=size_key)):
+        xs = _curves_panel(ax, sizes[size], "flops")
+        if xs.size:
+            _compute_axis(ax, xs)
+        ax.set_xlabel("training FLOPs")
+        ax.set_title(f"{size}: loss vs training compute")
     fig.tight_layout()
     return save(fig, out, summaries)
 
 
-def _routing_input(path: Path) -> tuple[str, dict[str, np.ndarray]]:
-    """(title, {site: (H, N) mean routing weights}) from a probe JSON (``eval.probe``)."""
+class ProbeFigureInput:
+    """What the heatmap draws of one probe JSON (``eval.probe``): the row name (the variant's display name, as
+    the tables name it), its table order, the size and ``{site: (H, N) mean routing weights}``."""
+
+    def __init__(self, path: Path, d: dict):
+        self.routing = {k: np.asarray(v) for k, v in d["routing_mean"].items()}
+        variant = str(d.get("variant") or path.stem)
+        heads = d.get("routing_heads")
+        try:
+            display = display_of(d, variant, path)
+        except AnalysisInputError:  # an older probe JSON without its display record, and no registry here
+            display = None
+        display = display or {"display": variant, "order": 100, "shows_heads": False}
+        self.label = variant_label(display, heads if isinstance(heads, int) else None)
+        self.size = d.get("size") if isinstance(d.get("size"), str) else None
+        self.order = (*size_key(self.size or ""), display.get("order", 100), heads or 0, self.label)
+        self.title = f"{self.label} ({self.size})" if self.size else self.label
+
+
+def _routing_input(path: Path) -> ProbeFigureInput:
+    """The heatmap's reading of a probe JSON (``eval.probe``)."""
     if path.suffix == ".json":
         d = read_json(path)
         if not isinstance(d, dict) or "routing_mean" not in d:
             raise AnalysisInputError(f"{path}: no 'routing_mean' (write it with `python -m eval.probe`)")
-        return d.get("model") or path.stem, {k: np.asarray(v) for k, v in d["routing_mean"].items()}
+        return ProbeFigureInput(path, d)
     raise AnalysisInputError(f"{path}: routing_heatmap reads probe JSONs (routing_mean); write one with "
                              f"`python -m eval.probe --model {path} --out PROBE.json` (the evaluation stage)")
 
@@ -204,22 +248,35 @@ def routing_deviation(weights: np.ndarray, reference: str = "head_mean") -> np.n
 def routing_heatmap(inputs: Sequence[str | Path], out: str | Path,
                     references: Sequence[str] = ("head_mean", "uniform")) -> list[Path]:
     """Per-head routing deviation, site x head: total variation of each head's mean depth distribution
-    from the head-average (left) and from uniform (right); one row of panels per model."""
-    items = [_routing_input(Path(p)) for p in inputs]
-    fig, axes = plt.subplots(len(items), len(references), figsize=(4.8 * len(references), 6.0 * len(items)),
-                             squeeze=False)
-    for row, (title, rm) in zip(axes, items):
-        sites = sorted(rm, key=_site_order)
-        short = "/".join(Path(title).parts[-4:]) if "/" in title else title  # e.g. mhar/tiny/seed0/model.pt
-        for ax, ref in zip(row, references):
-            M = np.stack([routing_deviation(rm[s], ref) for s in sites])  # (sites, H)
-            im = ax.imshow(M, aspect="auto", cmap="viridis", vmin=0, vmax=max(float(M.max()), 1e-3))
-            ax.set_yticks(range(len(sites)), sites, fontsize=6)
-            ax.set_xticks(range(M.shape[1]))
-            ax.set_xlabel("routing head")
-            ax.set_title(f"{short}\nvs {ref.replace('_', '-')}", fontsize=8)
-            fig.colorbar(im, ax=ax, label="TV distance")
-    fig.tight_layout()
+    from the head-average and from uniform; one panel per model and reference, models in table order, titled by
+    the variant's display name. A panel that is identically 0 is left out and named below the panels (one
+    routing head equals its head-mean by construction)."""
+    items = sorted((_routing_input(Path(p)) for p in inputs), key=lambda it: it.order)
+    panels, left_out = [], []
+    for it in items:
+        sites = sorted(it.routing, key=_site_order)
+        for ref in references:
+            M = np.stack([routing_deviation(it.routing[s], ref) for s in sites])  # (sites, H)
+            if float(np.abs(M).max()) == 0.0:
+                why = "one routing head" if ref == "head_mean" and M.shape[1] == 1 else "identically 0"
+                left_out.append(f"{it.title} vs {ref.replace('_', '-')} ({why})")
+                continue
+            panels.append((it, ref, sites, M))
+    if not panels:
+        raise AnalysisInputError("routing_heatmap: every panel is identically 0 (no routing to draw): "
+                                 + "; ".join(left_out))
+    n_sites = max(len(p[2]) for p in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 1.6 + 0.24 * n_sites), squeeze=False,
+                             layout="constrained")
+    for ax, (it, ref, sites, M) in zip(axes[0], panels):
+        im = ax.imshow(M, aspect="auto", cmap="viridis", vmin=0, vmax=max(float(M.max()), 1e-3))
+        ax.set_yticks(range(len(sites)), sites, fontsize=6)
+        ax.set_xticks(range(M.shape[1]))
+        ax.set_xlabel("routing head")
+        ax.set_title(f"{it.title}\nvs {ref.replace('_', '-')}", fontsize=8)
+        fig.colorbar(im, ax=ax, label="TV distance")
+    if left_out:
+        fig.text(0.5, 0.0, "left out: " + "; ".join(left_out), ha="center", va="top", fontsize=7)
     return save(fig, out, inputs)
 
 
@@ -353,14 +410,19 @@ def _cost_rows(inputs: Sequence[str | Path]):
 
 def cost(inputs: Sequence[str | Path], out: str | Path) -> list[Path]:
     """Throughput ratio vs baseline (± 2 SE over repeats) and peak memory, bars per size x routing
-    implementation; x = the paper's H100 number; OOM / unmeasured cells are labelled, not drawn as zero."""
+    implementation in the table's order (``ROUTING_ROWS``; withdrawn kernels are not in the table); each bar
+    says its n (the table's per-size n); x = the paper's H100 number; OOM / unmeasured cells are labelled, not
+    drawn as zero."""
     df = _cost_rows(inputs)
     sizes = sorted(df["size"].astype(str).unique(), key=lambda s: (s not in paper_scales(),
                    list(paper_scales()).index(s) if s in paper_scales() else 0, s))
-    known = ("baseline", "eager", "compile", "fused")
-    provs = [p for p in known if p in set(df["provider"])] + sorted(set(df["provider"]) - set(known))
-    fig, axes = _grid(2, w=5.5)
+    order = {p: i for i, p in enumerate(ROUTING_ROWS)}
+    provs = sorted(set(df["provider"]), key=lambda p: (order.get(p, len(order)), p))
     width = 0.8 / max(1, len(provs))
+    panel_w = min(8.0, 1.2 + len(sizes) * (0.32 * len(provs) + 0.3))
+    # constrained layout keeps the legend below the panels, clear of the axis labels
+    fig, axes = plt.subplots(1, 2, figsize=(2 * panel_w, 4.2), squeeze=False, layout="constrained")
+    axes = axes[0]
     for ax, col, pcol, lab in ((axes[0], "ratio", "published_ratio", "throughput / baseline (ratio)"),
                                (axes[1], "peak_mem_gb", "published_mem_gb", "peak memory (GB)")):
         for j, prov in enumerate(provs):
@@ -372,18 +434,22 @@ def cost(inputs: Sequence[str | Path], out: str | Path) -> list[Path]:
                 err = np.array([2 * float(c["ratio_se"].iloc[0]) if len(c) and pd_ok(c["ratio_se"].iloc[0]) else np.nan
                                 for c in cells])
             ok = np.isfinite(val)
-            n = [int(c["n_ok"].iloc[0]) if len(c) and "n_ok" in c.columns and pd_ok(c["n_ok"].iloc[0]) else 0
-                 for c in cells]
-            ax.bar(xs[ok], val[ok], width, label=f"{prov} (n={max(n) if n else 0} runs)" if ax is axes[0] else prov,
-                   color=f"C{j}")
+            ax.bar(xs[ok], val[ok], width * 0.92, label=prov, color=f"C{j}")
             if err is not None and np.isfinite(err[ok]).any():  # no bar from a single measurement
                 good = ok & np.isfinite(err)
                 ax.errorbar(xs[good], val[good], yerr=err[good], fmt="none", ecolor="k", capsize=2, lw=1)
             for x, c, v in zip(xs, cells, val):
+                # one label at the foot of each slot: the bar's n (the table's n of that size), or why it is empty
                 if not np.isfinite(v):  # failed (OOM) or never measured: say so, draw nothing
                     status = str(c["status"].iloc[0]) if len(c) and "status" in c.columns else ""
-                    ax.text(x, 0.02, "OOM" if "OOM" in status.upper() else "not measured", rotation=90,
-                            ha="center", va="bottom", fontsize=7, color="tab:red", transform=ax.get_xaxis_transform())
+                    text, color = ("OOM" if "OOM" in status.upper() else "not measured"), "tab:red"
+                elif ax is axes[0] and len(c) and "n_ok" in c.columns and pd_ok(c["n_ok"].iloc[0]):
+                    text, color = f"n={int(c['n_ok'].iloc[0])}", "white"
+                else:
+                    text = None
+                if text:
+                    ax.text(x, 0.02, text, rotation=90, ha="center", va="bottom", fontsize=6, color=color,
+                            transform=ax.get_xaxis_transform())
                 pv = c[pcol].iloc[0] if len(c) and pcol in c.columns else None
                 if pd_ok(pv):
                     ax.plot(x, float(pv), "kx", ms=7)
@@ -391,8 +457,10 @@ def cost(inputs: Sequence[str | Path], out: str | Path) -> list[Path]:
         ax.set_xlabel("model size")
         ax.set_ylabel(lab)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=7, title="x = paper (H100); error bar = ± 2 SE over repeats (n > 1)",
-                   title_fontsize=7, loc="upper center", bbox_to_anchor=(1.1, -0.15), ncol=len(provs))
+    handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{j}", label=p) for j, p in enumerate(provs)]
+    handles.append(plt.Line2D([], [], color="k", marker="x", lw=0, label="paper (H100)"))
+    fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncol=min(len(handles), 4),
+               title="n = runs per bar; error bar = ± 2 SE over repeats (n > 1)", title_fontsize=7)
     axes[0].set_title("throughput")
     axes[1].set_title("memory")
     return save(fig, out, inputs)

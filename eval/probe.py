@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from mhar import env
-from mhar.model.residuals import routed_variants
-from mhar.runs.atomic import atomic_write_text, check_writable, os_error_line
+from mhar.model.residuals import display_record, routed_variants
+from mhar.runs.atomic import atomic_write_text, check_writable, os_error_line, read_json
 from mhar.runs.checkpoint import load_model
 
 from mhar.runs import sidecar
@@ -207,6 +207,13 @@ def _portable(path: Path, data_root: Optional[Path]) -> str:
     return str(path)
 
 
+def _run_size(model_path: Path) -> Optional[str]:
+    """The size preset the model's run folder records (``summary.json`` beside ``model.pt``), or None."""
+    summary = read_json((model_path if model_path.is_dir() else model_path.parent) / "summary.json")
+    size = summary.get("size") if isinstance(summary, dict) else None  # none or damaged: the probe does without
+    return size if isinstance(size, str) else None
+
+
 def run_probe(model_path: str | Path, out: str | Path, slices: int = 4, batch: int = 4, seq_len: int = 256,
               text: Optional[str] = None, null_draws: int = 8, seed: int = 0,
               data_dir: Optional[str | Path] = None) -> dict:
@@ -218,6 +225,8 @@ def run_probe(model_path: str | Path, out: str | Path, slices: int = 4, batch: i
     seq_len = min(seq_len, model.cfg.max_seq_len)
     ids, src = probe_tokens(tok, model.cfg.vocab_size, batch, seq_len, text, seed, data_dir)
     d = probe_model(model, ids, slices, null_draws, seed, str(model_path), src).to_dict()
+    # how the figure and report name the model: the variant's display record, the size its run records
+    d.update(display=display_record(d["variant"]), size=_run_size(Path(model_path)))
     prov = provenance([str(model_path)] + ([text] if text else []),
                       command=["python", "-m", "eval.probe", "--model", str(model_path), "--out", str(out),
                                "--slices", str(slices)])  # the call, not the interpreter's argv (a temp script)

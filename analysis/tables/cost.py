@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from mhar.model.choices import ROUTING_IMPLS
 from mhar.model.presets import size_key
 
 from .. import verdict as vd
@@ -18,6 +19,23 @@ from .render import Column, Table, f_num, f_sd, is_number
 
 
 # --- cost ---------------------------------------------------------------------------------------------
+AUTHORS_KERNEL = "authors"  # the row of the authors' kernel, measured side by side with ours (issue 56)
+# The rows the table shows, in its order: the baseline, the routing paths a user runs today (every name of
+# mhar.model.choices.ROUTING_IMPLS; fused_nopdl: the fused kernels under their documented setting MHAR_ROUTING_PDL=0,
+# a variant of benchmarks/bench_training.py) and the authors' kernel. Any other name in a record is a withdrawn
+# kernel experiment: its records stay in results/bench (history) and leave the table and figure (a note counts them).
+ROUTING_ROWS = ("baseline", "eager", "compile", "fused", "fused_nopdl",
+                *(i for i in ROUTING_IMPLS if i not in ("eager", "compile", "fused")), AUTHORS_KERNEL)
+
+
+def todays_rows(df) -> tuple[pd.DataFrame, list[str]]:
+    """(the benchmark rows of ROUTING_ROWS, one 'name (n records)' per withdrawn kernel left out)."""
+    keep = df["provider"].isin(ROUTING_ROWS)
+    gone = df.loc[~keep, "provider"].value_counts()
+    counts = [f"{name} ({n} record{'s' if n > 1 else ''})" for name, n in sorted(gone.items())]
+    return df[keep].reset_index(drop=True), counts
+
+
 def _mean_se(x) -> tuple[Optional[float], Optional[float], int]:
     x = np.asarray(x, float)
     x = x[np.isfinite(x)]
@@ -31,10 +49,10 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None, source: Optiona
     published source quoted (default DEFAULT_SOURCES["cost"])."""
     pub = load_published() if published is None else published
     source = check_source(pub, source or DEFAULT_SOURCES["cost"])
-    df = load_bench(bench_csvs)
+    df, withdrawn = todays_rows(load_bench(bench_csvs))
     inf = _table_inference_rows(load_inference(bench_csvs))
     inf_base = {size: sub for size, sub in inf[inf["provider"] == "baseline"].groupby("size")}
-    prov_order = {p: i for i, p in enumerate(("baseline", "eager", "compile", "fused"))}
+    prov_order = {p: i for i, p in enumerate(ROUTING_ROWS)}
     base_tps = {size: _mean_se(sub.loc[sub["provider"] == "baseline", "tokens_per_s"])
                 for size, sub in df.groupby("size")}
     rows = []
@@ -106,6 +124,8 @@ def cost_table(bench_csvs: Sequence[str | Path], published=None, source: Optiona
           "whole batch) and its ratio to the baseline (> 1 = slower), inference peak memory."]
          if len(inf) else []) + \
         _hf_notes(inf) + \
+        ([f"Withdrawn kernel experiments left out (records kept in the benchmark CSVs): {', '.join(withdrawn)}."]
+         if withdrawn else []) + \
         [f"skipped: {s}" for s in df.attrs.get("skipped", [])]
     return Table("cost", "Cost: throughput and memory by routing implementation", rows, cols, notes,
                  provenance(bench_csvs))

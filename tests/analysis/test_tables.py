@@ -23,7 +23,7 @@ from analysis.load.published import load_published, paper_scales, published_valu
 from analysis.load.runs import group_runs, identify_eval, load_summaries, load_summary
 from analysis.load.samples import load_eval_task
 from analysis.tables.build import make_table, main as tables_main
-from analysis.tables.cost import cost_table
+from analysis.tables.cost import ROUTING_ROWS, cost_table
 from analysis.tables.cpt import cpt_table
 from analysis.tables.downstream import downstream_table
 from analysis.tables.render import to_markdown, write_table
@@ -491,8 +491,10 @@ def test_report_with_everything_present(runs, tmp_path):
     (rep / "figures").mkdir()
     for name in report.FIGURES:  # report only links images; their content is tested in test_figures
         (rep / "figures" / f"{name}.png").write_bytes(b"\x89PNG\r\n\x1a\n")
-    (rep / "probe.json").write_text(json.dumps({"model": "m", "slices": 4, "n_tokens": 10, "kl_trained": 0.3,
-                                                "kl_null": 0.05, "mean_pairwise_cosine": 0.2}))
+    (rep / "probe" / "tiny").mkdir(parents=True)  # the workflow's layout: probe/<size>/<variant>.json
+    (rep / "probe" / "tiny" / "mhar.json").write_text(json.dumps({"model": "m", "slices": 4, "n_tokens": 10,
+                                                                  "kl_trained": 0.3, "kl_null": 0.05,
+                                                                  "mean_pairwise_cosine": 0.2}))
     text = report.build_report(rep, rep / "REPORT.md")
     assert "Nothing: every table and figure is present." in text
     assert "](figures/forest.png)" in text and "best H=8 (interior: U-shape)" in text
@@ -645,6 +647,7 @@ def test_every_bench_training_variant_is_tabulated_under_its_routing_impl():
     for name, spec in VARIANTS.items():
         want = spec.get("routing_impl", "baseline") + ("_nopdl" if name.endswith("_nopdl") else "")
         assert provider_name(name) == want, name
+        assert want in ROUTING_ROWS, name  # a variant the benchmark runs today is a row of the table
         assert provider_name(name.upper()) == provider_name(name)
 
 
@@ -667,18 +670,18 @@ def test_cost_table_same_run_ratios_are_averaged_over_runs(tmp_path):
     ratio and its SE are the mean and SE over those runs, not a delta method over unpaired baselines (whose
     spread between runs on different days says nothing about the ratio)."""
     rows = ["size,variant,tokens_per_s,peak_mem_gib,status,thr_ratio",
-            "1B,baseline,40000,19.0,ok,", "1B,mhar_fused_v7_sg8,36000,20.0,ok,0.90",  # run 1
-            "1B,baseline,20000,19.0,ok,", "1B,mhar_fused_v7_sg8,18200,20.0,ok,0.91",  # run 2: a slower machine
+            "1B,baseline,40000,19.0,ok,", "1B,mhar_fused_v7_sg8_pdl,36000,20.0,ok,0.90",  # run 1
+            "1B,baseline,20000,19.0,ok,", "1B,mhar_fused_v7_sg8_pdl,18200,20.0,ok,0.91",  # run 2: a slower machine
             "1B,mhar_compile,9000,40.0,ok,"]  # no paired ratio: against the mean baseline
     bench = tmp_path / "training.csv"
     bench.write_text("\n".join(rows) + "\n")
     t = cost_table([bench])
     r = {x["provider"]: x for x in t.rows}
     want = np.array([0.90, 0.91])
-    assert r["fused_v7_sg8"]["ratio"] == pytest.approx(want.mean())
-    assert r["fused_v7_sg8"]["ratio_se"] == pytest.approx(want.std(ddof=1) / np.sqrt(2))
-    assert r["fused_v7_sg8"]["pairing"] == "same run"
+    assert r["fused"]["ratio"] == pytest.approx(want.mean())
+    assert r["fused"]["ratio_se"] == pytest.approx(want.std(ddof=1) / np.sqrt(2))
+    assert r["fused"]["pairing"] == "same run"
     base = np.array([40000, 20000.0])
     assert r["compile"]["ratio"] == pytest.approx(9000 / base.mean()) and r["compile"]["pairing"] == "mean baseline"
     assert r["compile"]["ratio_se"] == pytest.approx((9000 / base.mean()) * (base.std(ddof=1) / np.sqrt(2)) / base.mean())
-    assert "| 1B | fused_v7_sg8 | 2 |" in to_markdown(t) and "same run" in to_markdown(t)
+    assert "| 1B | fused | 2 |" in to_markdown(t) and "same run" in to_markdown(t)
