@@ -197,6 +197,18 @@ def check_fewshot(task, task_name: str, num_fewshot: int, source: DataSource) ->
                          + (" or unset MHAR_DATA_DIR to use the hub task" if source.is_local else ""))
 
 
+def check_primary_metric(task_name: str, metadata: Optional[dict], produced: Sequence[str], source: str = "") -> None:
+    """ValueError when the task's ``metadata: primary_metric`` (the metric the tables compare) is not one of the
+    metrics it produces (``produced``: its aggregation's names, or lm-eval's result keys ``acc,none``): the tables
+    would compare another metric in its place."""
+    want = (metadata or {}).get("primary_metric")
+    names = list(dict.fromkeys(str(m).split(",")[0] for m in produced
+                               if "_stderr" not in str(m) and str(m) != "alias"))  # lm-eval's row label
+    if want is not None and want not in names:
+        raise ValueError(f"task {task_name}: metadata.primary_metric {want!r} is not a metric it produces "
+                         f"({', '.join(names) or 'none'}); name one of those{' in ' + source if source else ''}")
+
+
 def check_task(task_name: str, source: DataSource, task_manager) -> None:
     """FileNotFoundError / KeyError for a task that cannot run (checked for every task first)."""
     missing = source.missing_files(task_name)
@@ -278,6 +290,9 @@ def load_task(task_name: str, source: DataSource, task_manager, num_fewshot: Opt
     from .tasks.utils import seed_gpqa_choices  # lazy: lm-eval and datasets, needed only once a task loads
 
     seed_gpqa_choices(task)  # before any read of the docs (local tasks are seeded in their loader)
+    metadata = getattr(task.config, "metadata", None) or {}
+    # the declared metric against the metrics the task config computes, before anything runs
+    check_primary_metric(task_name, metadata, list(task.aggregation()), metadata.get("config_source") or "")
     if num_fewshot is not None:
         check_fewshot(task, task_name, num_fewshot, source)
         task.set_config(key="num_fewshot", value=num_fewshot)
@@ -323,6 +338,8 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
     if got != doc_ids:
         raise RuntimeError(f"task {task_name}: lm-eval evaluated documents {got[:10]}... not the selection {doc_ids[:10]}...")
 
+    # and against what lm-eval produced, before a record the tables read is written
+    check_primary_metric(task_name, metadata, list(res["results"][task_name]), metadata.get("config_source") or "")
     metrics = aggregate_metrics(res["results"][task_name])
     stderr_source = fill_missing_stderrs(metrics, res["samples"][task_name], task.aggregation(), bootstrap_iters)
 

@@ -20,12 +20,18 @@ DEFAULT_METRICS = ("acc", "exact_match", "pass@1", "word_perplexity", "perplexit
 
 def primary_metric(task: EvalTask) -> str:
     """The metric the tables compare for ``task``: its YAML's ``metadata: primary_metric`` (as recorded in
-    results.json), else the first of DEFAULT_METRICS it records, else its first metric."""
+    results.json), else the first of DEFAULT_METRICS it records, else its first metric. A declared metric the
+    records do not carry is refused (AnalysisInputError), never replaced by another."""
     names = task.metric_names()
     want = task.facts.get("primary_metric")
-    for n in names:
-        if want is not None and n.split(",")[0] == want:
-            return n
+    if want is not None:
+        for n in names:
+            if n.split(",")[0] == want:
+                return n
+        raise AnalysisInputError(
+            f"{task.path}: task {task.task}: metadata.primary_metric {want!r} is not a metric it produces "
+            f"({', '.join(dict.fromkeys(n.split(',')[0] for n in names)) or 'none'}); name one of those in the "
+            "task's YAML and evaluate again (python -m eval.run refuses it before running)")
     for key in DEFAULT_METRICS:
         for n in names:
             if n.split(",")[0] == key:

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 import fixtures_analysis as fx
+from analysis.load.common import AnalysisInputError
 from analysis.load.published import DEFAULT_SOURCES, load_published, load_sources, paper_scale, published_value
 from analysis.tables.build import main as tables_main, make_table
 from analysis.tables.downstream import downstream_table
@@ -185,6 +186,30 @@ def test_a_toy_task_names_its_primary_metric_in_its_yaml(tmp_path):
         del res["lm_eval"]
         rp.write_text(json.dumps(res))
     assert downstream_table(dirs, n_resamples=199).rows[0]["metric"] == "acc"
+
+
+def test_a_declared_primary_metric_the_records_lack_is_refused_not_replaced(tmp_path, capsys):
+    """A task YAML whose metadata.primary_metric names a metric the task does not produce (f1) was tabulated on
+    acc without a word: one error line naming the task, the metric and the metrics it produces."""
+    config = {"task": "toy_spelling", "metadata": {"version": 1.0, "primary_metric": "f1"}}
+    rng = np.random.default_rng(0)
+    dirs = []
+    for variant, heads in (("baseline", None), ("mhar", 4)):
+        run = fx.write_run(tmp_path, variant, "100M", 0, 3.0, heads).parent
+        d = fx.write_eval(run / "eval", str(run / "model.pt"), {"toy_spelling": (rng.random(40) < 0.5).astype(float)})
+        rp = d / "toy_spelling" / "results.json"
+        rp.write_text(json.dumps({**json.loads(rp.read_text()), "lm_eval": {"config": config}}))
+        dirs.append(d)
+    with pytest.raises(AnalysisInputError, match=r"task toy_spelling: metadata.primary_metric 'f1' is not a metric "
+                                                 r"it produces \(acc, acc_norm\)"):
+        downstream_table(dirs, n_resamples=199)
+    capsys.readouterr()
+    out = tmp_path / "reports" / "downstream"
+    rc = tables_main(["downstream", "--evals", *map(str, dirs), "--out", str(out), "--resamples", "199"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc != 0 and len(lines) == 1 and lines[0].startswith("error: ") and "'f1'" in lines[0], err
+    assert not out.parent.exists() or not list(out.parent.iterdir())
 
 
 def test_local_task_yamls_state_their_facts():

@@ -411,3 +411,38 @@ def test_local_tasks_load_without_lm_eval_warnings(caplog):
     assert wt.aggregation()["word_perplexity"].__name__ == "weighted_perplexity"
     assert wt.aggregation()["bits_per_byte"].__name__ == "bits_per_byte"
     assert wt.higher_is_better() == {"word_perplexity": False, "byte_perplexity": False, "bits_per_byte": False}
+
+
+def test_a_declared_primary_metric_the_task_does_not_produce_is_one_error_line(tmp_path, capsys):
+    """`metadata: primary_metric: f1` on a task that computes acc was evaluated and tabulated on acc without a
+    word: refused in one line naming the task, the metric and the metrics it produces, before anything runs."""
+    from eval.run import check_primary_metric
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"context": f"the number {i} is", "answer": str(i)}) + "\n" for i in range(4)))
+    mine = tmp_path / "my_tasks"
+    mine.mkdir()
+    (mine / "numbers.yaml").write_text(
+        "task: tiny_numbers_f1\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {json.dumps(str(docs))}\n"
+        "output_type: loglikelihood\ntest_split: test\ndoc_to_text: '{{context}}'\ndoc_to_target: ' {{answer}}'\n"
+        "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+        "metadata:\n  version: 1.0\n  primary_metric: f1\n")
+    torch.manual_seed(0)
+    model = save_model(tmp_path / "run" / "model.pt", Transformer(model_config("debug")), "byte")
+    capsys.readouterr()
+    assert main(["--model", str(model), "--tasks", "tiny_numbers_f1", "--tasks-dir", str(mine), "--out",
+                 str(tmp_path / "o"), "--limit", "2", "--device", "cpu", "--bootstrap-iters", "0"]) == 2
+    text = capsys.readouterr().err
+    err = [ln for ln in text.splitlines() if ln.startswith("error:")]  # (datasets' progress bars aside)
+    assert len(err) == 1 and "Traceback" not in text, text
+    assert err[0].startswith("error: task tiny_numbers_f1: metadata.primary_metric 'f1' is not a metric it produces "
+                             "(acc)"), err[0]
+    assert str(mine / "numbers.yaml") in err[0]
+    assert not list((tmp_path / "o").rglob("results.json")) and not list((tmp_path / "o").rglob("samples.jsonl"))
+    # the same check on what lm-eval produced (its result keys), before our records are written
+    with pytest.raises(ValueError, match=r"'f1' is not a metric it produces \(acc, perplexity\)"):
+        check_primary_metric("t", {"primary_metric": "f1"},
+                             ["alias", "acc,none", "acc_stderr,none", "perplexity,none", "perplexity_stderr,none"])
+    check_primary_metric("t", {"primary_metric": "acc"}, ["alias", "acc,none"])
+    check_primary_metric("t", {}, ["acc,none"])  # a task that names none: the tables' default order decides
