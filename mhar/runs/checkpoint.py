@@ -138,22 +138,30 @@ def verify_sha256(path: str | os.PathLike, required: bool = True) -> Optional[st
 
 
 class _HashingWriter:
-    """A binary file that hashes what is written through it (torch.save writes its archive sequentially)."""
+    """A binary file that hashes what is written through it (torch.save writes its archive sequentially).
+
+    torch's archive writer calls :meth:`write` from C++ and reports anything it raises as a RuntimeError, so
+    the original exception is kept in ``error``: an OSError (disk full: its errno), or a KeyboardInterrupt
+    (the second Ctrl-C, whose handler runs in this Python frame) that must stay an interrupt."""
 
     def __init__(self, f):
         self._f, self.sha = f, hashlib.sha256()
-        self.error: Optional[OSError] = None  # the failed write's reason (torch reports a RuntimeError instead)
+        self.error: Optional[BaseException] = None
 
     def write(self, b) -> int:
-        self.sha.update(b)
         try:
+            self.sha.update(b)
             return self._f.write(b)
-        except OSError as e:
+        except BaseException as e:
             self.error = e
             raise
 
     def flush(self) -> None:
-        self._f.flush()
+        try:
+            self._f.flush()
+        except BaseException as e:
+            self.error = e
+            raise
 
 
 def _write_synced(path: Path, write) -> None:
@@ -184,7 +192,10 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
         try:
             _write_synced(tmp, write)
         except RuntimeError as e:  # torch's archive writer reports a failed write as a RuntimeError
-            raise _write_failed(e, holder["w"].error if "w" in holder else None, path) from None
+            cause = holder["w"].error if "w" in holder else None
+            if cause is not None and not isinstance(cause, Exception):  # KeyboardInterrupt, SystemExit
+                raise cause from None  # an interrupt (Ctrl-C) inside torch.save is the interrupt, not a failed write
+            raise _write_failed(e, cause if isinstance(cause, OSError) else None, path) from None
         digest = holder["w"].sha.hexdigest()
         _write_synced(side_tmp, lambda f: f.write(f"{digest}  {path.name}\n".encode()))
         os.replace(tmp, path)  # from here on the new file is valid: its checksum is complete beside it
