@@ -61,12 +61,7 @@ include: "workflow/rules/slurm.smk"  # SLURM executor: refuse a status command t
 # Cheap jobs run where Snakemake runs (never submitted to a cluster).
 localrules:
     all,
-    table1,
-    table_seeds,
-    table_heads,
-    table_downstream,
-    table_cost,
-    table_released,
+    table,
     figure,
     report,
     reproduce_table1,

@@ -26,11 +26,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
+from . import verdict as vd  # noqa: E402
 from .load.common import AnalysisInputError, read_json, run_cli  # noqa: E402
 from .load.metrics import val_curve  # noqa: E402
 from mhar.runs.sidecar import provenance  # noqa: E402
 from .load.published import load_published, paper_scales  # noqa: E402
-from .load.runs import RunSummary, display_of, group_runs, load_summaries, run_label, variant_label  # noqa: E402
+from .load.runs import RunSummary, display_of, load_summaries  # noqa: E402
+from .tables.rows import group_runs, run_label, variant_label  # noqa: E402
 from .tables.cost import ROUTING_ROWS, cost_table  # noqa: E402
 from .tables.heads import SWEPT  # noqa: E402
 from .tables.pairs import ordered  # noqa: E402
@@ -38,10 +40,9 @@ from mhar.runs import sidecar  # noqa: E402
 from mhar.model.presets import size_key  # noqa: E402
 
 KINDS = ("loss_curves", "loss_vs_compute", "routing_heatmap", "head_sweep", "forest", "cost")
-VERDICT_COLORS = {"reproduced": "tab:green", "same sign as paper": "yellowgreen", "not reproduced": "tab:red",
-                  "opposite sign to paper": "lightcoral", "effect differs": "tab:orange",
-                  "inconclusive at this power": "tab:gray", "insufficient evidence": "silver",
-                  "models differ (single seed)": "tab:purple", "no detectable difference (single seed)": "tab:brown"}
+VERDICT_COLORS = {vd.REPRODUCED: "tab:green", vd.SAME_SIGN: "yellowgreen", vd.NOT_REPRODUCED: "tab:red",
+                  vd.OPPOSITE_SIGN: "lightcoral", vd.EFFECT_DIFFERS: "tab:orange", vd.INCONCLUSIVE: "tab:gray",
+                  vd.INSUFFICIENT: "silver", vd.MODELS_DIFFER: "tab:purple", vd.NO_DIFFERENCE: "tab:brown"}
 
 
 def _verdict_kind(v) -> str:
@@ -442,7 +443,7 @@ def cost(inputs: Sequence[str | Path], out: str | Path) -> list[Path]:
                 # one label at the foot of each slot: the bar's n (the table's n of that size), or why it is empty
                 if not np.isfinite(v):  # failed (OOM) or never measured: say so, draw nothing
                     status = str(c["status"].iloc[0]) if len(c) and "status" in c.columns else ""
-                    text, color = ("OOM" if "OOM" in status.upper() else "not measured"), "tab:red"
+                    text, color = (vd.OOM if vd.OOM in status.upper() else vd.NOT_MEASURED), "tab:red"
                 elif ax is axes[0] and len(c) and "n_ok" in c.columns and pd_ok(c["n_ok"].iloc[0]):
                     text, color = f"n={int(c['n_ok'].iloc[0])}", "white"
                 else:

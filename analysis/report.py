@@ -26,6 +26,7 @@ from mhar.runs import sidecar
 from . import verdict as vd
 from mhar.runs.sidecar import provenance
 from .load.published import load_published, paper_scales, sources_section
+from .tables.registry import TABLES
 
 # What a reader must know beside a table (shown under its reading line).
 TABLE_NOTES = {
@@ -34,14 +35,6 @@ TABLE_NOTES = {
             "trained models differ, not that MHAR does better than plain continued pretraining in general (one "
             "run per arm cannot separate the method from run-to-run noise); hence the single-seed verdicts "
             "(see the verdict rule above)."),
-}
-TABLES = {  # name -> (title, input placeholder of the command that makes it)
-    "table1": ("Table 1: tail-mean validation loss", "RUN/summary.json..."),
-    "seeds": ("Seed table", "RUN/summary.json..."),
-    "heads": ("Head-count sweep", "RUN/summary.json..."),
-    "downstream": ("Downstream evaluation", "EVAL_DIR..."),
-    "cpt": ("Continued pretraining", "BASE PLAIN MHAR (eval dirs) or MANIFEST.yaml"),
-    "cost": ("Cost", "BENCH.csv... (cost.bench_files)"),
 }
 FIGURES = {  # name -> one-line reading of what the figure shows
     "loss_curves": "validation loss per variant; line = mean over seeds, band = min..max across seeds.",
@@ -269,11 +262,13 @@ def build_report(reports: str | Path, out: str | Path, inputs: Optional[Sequence
     lines += setup_section(t1) + sources_section({n: have.find(f"{n}.csv") for n in TABLES}) + \
         ["## How to read the verdicts", "", vd.VERDICT_RULE, "", vd.COST_RULE, ""]
     missing = []
-    for name, (title, placeholder) in TABLES.items():
+    for name, spec in TABLES.items():
+        title = spec.title
         csv_p, md_p = have.find(f"{name}.csv"), have.find(f"{name}.md")
         if csv_p is None or md_p is None:
-            missing.append(f"table `{name}` ({title}): `python -m analysis.tables {name} --inputs {placeholder} "
-                           f"--out {root}/{name}`")
+            if not spec.optional:
+                missing.append(f"table `{name}` ({title}): `python -m analysis.tables {name} --inputs {spec.usage} "
+                               f"--out {root}/{name}`")
             continue
         body = md_p.read_text().strip().splitlines()
         if body and body[0].startswith("## "):

@@ -34,7 +34,8 @@ from scipy import stats as sps
 __all__ = [
     "PairedResult", "McNemarResult", "mcnemar_exact", "discordant_counts", "sign_flip_test",
     "paired_bootstrap", "paired_t", "paired_delta", "bootstrap_perplexity", "perplexity",
-    "cluster_se", "sd_of_difference", "power_paired", "mde_paired", "did_contrasts",
+    "cluster_se", "sd_of_difference", "power_paired", "mde_paired", "did_contrasts", "t_interval",
+    "sample_t_interval",
 ]
 
 
@@ -254,6 +255,24 @@ def paired_delta(a: Sequence[float], b: Sequence[float], *, binary: Optional[boo
     return PairedResult(est, lo, hi, p, int(x.size), method, se, confidence)
 
 
+# --- the t interval -----------------------------------------------------------------------------
+def t_interval(mean: float, se: float, df: float, confidence: float = 0.95) -> tuple[float, float]:
+    """Student's t interval mean -/+ t_{df, (1+confidence)/2} * se: the one t interval of the project (paired t
+    over seeds, the cluster-robust t, the throughput statistics)."""
+    tcrit = sps.t.ppf(0.5 + confidence / 2, df)
+    return float(mean - tcrit * se), float(mean + tcrit * se)
+
+
+def sample_t_interval(x: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, float]:
+    """(mean, sample sd, low, high) of two or more values ``x``: :func:`t_interval` with se = sd / sqrt(n), n - 1
+    df. The unit of ``x`` (a seed, a run, a device call) is the caller's choice."""
+    v = np.asarray(x, float)
+    if v.size < 2:
+        raise ValueError(f"a t interval needs at least 2 values, got {v.size}")
+    mean, sd = float(v.mean()), float(v.std(ddof=1))
+    return (mean, sd, *t_interval(mean, sd / math.sqrt(v.size), v.size - 1, confidence))
+
+
 # --- seeds: paired t ------------------------------------------------------------------------------
 def paired_t(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedResult:
     """Paired t-test of mean(a - b) over seeds (scipy.stats.ttest_rel) with its t interval.
@@ -353,9 +372,9 @@ def cluster_se(values: Sequence[float], clusters: Sequence, confidence: float = 
     if se == 0:
         return PairedResult(float(m), float(m), float(m), 1.0 if m == 0 else 0.0, N, "cluster-robust (CR1)",
                             0.0, confidence)
-    tcrit = sps.t.ppf(0.5 + confidence / 2, df)
+    lo, hi = t_interval(m, se, df, confidence)
     p = 2 * sps.t.sf(abs(m / se), df)
-    return PairedResult(float(m), float(m - tcrit * se), float(m + tcrit * se), float(p), N,
+    return PairedResult(float(m), lo, hi, float(p), N,
                         f"cluster-robust (CR1, {G} clusters)", se, confidence)
 
 

@@ -1,7 +1,7 @@
 """Throughput statistics of training-throughput records (``benchmarks/bench_training.py`` CSVs): is a target met,
-is one routing faster than another? The statistics are the pure functions ``t_interval``, ``verdicts`` (one-sided
-t test of the mean ratio against a target per size, Holm over the sizes: statsmodels) and ``compare`` (paired t
-test of two variants measured in the same runs); ``load_units`` / ``load_pairs`` read a record; ``main`` is the CLI.
+is one routing faster than another? The statistics are ``verdicts`` (one-sided t test of the mean ratio against a
+target per size, Holm over the sizes) and ``compare`` (paired t test of two variants measured in the same runs), on
+the one t interval and Holm of ``analysis.stats`` / ``analysis.verdict`` and its words (``verdict.target_verdict``); ``load_units`` / ``load_pairs`` read a record; ``main`` is the CLI.
 
     python -m analysis.throughput results/bench/training.csv                              # mhar_fused vs 0.90
     python -m analysis.throughput results/bench/training.csv --target 0.95 --unit call
@@ -15,8 +15,8 @@ were then (``analysis.load.bench.bench_variant``: their ``mhar_fused_v7_sg8_pdl`
 ``mhar_fused`` rows ``mhar_fused_v6``). ``--unit run`` (default) treats every run as independent; ``--unit call``
 first averages the runs that share a device call (the ``source`` column's "session ... call N": same machine, same
 compile caches), the stricter unit when a call holds repeats. Per size: n, mean, sample sd, the 95% t interval
-(scipy), the one-sided t test of mean > target (scipy) and its Holm adjustment over the sizes (statsmodels: the
-target is asked at EVERY size, so each size is one of several tests). Verdict per size: "met" (Holm p < alpha),
+(``analysis.stats.t_interval``), the one-sided t test of mean > target (scipy) and its Holm adjustment over the sizes
+(``analysis.verdict.holm``: the target is asked at EVERY size, so each size is one of several tests). Verdict per size: "met" (Holm p < alpha),
 "below" (the interval's upper end under the target), else "not demonstrated" (with one unit, always), "not
 measured" for a size of ``--sizes`` without runs. The target holds overall only if every size is "met".
 
@@ -39,21 +39,12 @@ from pathlib import Path
 
 from mhar.model.presets import PRESETS, size_key
 
+from . import verdict as vd
 from .load.bench import bench_variant
+from .stats import sample_t_interval
 
 # the sizes a throughput target is asked for by default: the paper's (the presets with a paper scale)
 PAPER_SIZES = tuple(n for n in sorted(PRESETS, key=size_key) if PRESETS[n].paper_scale)
-
-
-def t_interval(x, level: float = 0.95) -> tuple[float, float, float, float]:
-    """(mean, sample sd, low, high) of the values ``x`` (two or more), the interval Student's t at ``level``
-    (scipy): the unit of ``x`` (a run, a call) is the caller's choice."""
-    import numpy as np
-    from scipy import stats
-
-    x = np.asarray(x, float)
-    lo, hi = stats.t.interval(level, x.size - 1, loc=x.mean(), scale=stats.sem(x))
-    return float(x.mean()), float(x.std(ddof=1)), float(lo), float(hi)
 
 
 def _variant(row: dict) -> str:
@@ -128,37 +119,33 @@ def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: fl
     record has no run of them)."""
     import numpy as np
     from scipy import stats
-    from statsmodels.stats.multitest import multipletests
 
     out = []
     for size in sorted(set(units) | set(sizes), key=size_key):
         if not units.get(size):
             out.append({"size": size, "n": 0, "ratios": [], "mean": None, "sd": None, "ci95": None, "p": None,
-                        "p_holm": None, "verdict": "not measured"})
+                        "p_holm": None, "verdict": vd.NOT_MEASURED})
             continue
         x = np.array([v for _, v in units[size]], float)
         row = {"size": size, "n": int(x.size), "ratios": [round(float(v), 4) for v in x],
                "mean": float(x.mean()), "sd": None, "ci95": None, "p": None, "p_holm": None}
         if x.size >= 2:
-            _, row["sd"], lo, hi = t_interval(x, 1 - alpha)
+            _, row["sd"], lo, hi = sample_t_interval(x, 1 - alpha)
             row["ci95"] = [lo, hi]
             row["p"] = float(stats.ttest_1samp(x, target, alternative="greater").pvalue)
         out.append(row)
-    tested = [r for r in out if r["p"] is not None]
-    if tested:
-        adj = multipletests([r["p"] for r in tested], alpha=alpha, method="holm")[1]
-        for r, pa in zip(tested, adj):
-            r["p_holm"] = float(pa)
+    _holm(out)
     for r in out:
-        if r["n"] == 0:
-            continue
-        if r["p_holm"] is not None and r["p_holm"] < alpha:
-            r["verdict"] = "met"
-        elif r["ci95"] is not None and r["ci95"][1] < target:
-            r["verdict"] = "below"
-        else:
-            r["verdict"] = "not demonstrated"
+        if r["n"]:
+            r["verdict"] = vd.target_verdict(r["p_holm"], r["ci95"], target, alpha)
     return out
+
+
+def _holm(rows: list[dict]) -> None:
+    """p_holm of the rows that carry a p (analysis.verdict.holm over them)."""
+    tested = [r for r in rows if r["p"] is not None]
+    for r, pa in zip(tested, vd.holm([r["p"] for r in tested])):
+        r["p_holm"] = float(pa)
 
 
 def load_pairs(path: str | Path, variant: str, against: str,
@@ -198,7 +185,6 @@ def compare(pairs: dict[str, list[tuple[str, float, float]]], alpha: float = 0.0
     "not demonstrated"."""
     import numpy as np
     from scipy import stats
-    from statsmodels.stats.multitest import multipletests
 
     def row(size, items):
         a = np.array([x for _, x, _ in items], float)
@@ -206,27 +192,19 @@ def compare(pairs: dict[str, list[tuple[str, float, float]]], alpha: float = 0.0
         r = {"size": size, "n": int(a.size), "diffs": [round(float(v), 4) for v in a - b],
              "mean": float((a - b).mean()), "sd": None, "ci95": None, "p": None, "p_holm": None}
         if a.size >= 2:
-            _, r["sd"], lo, hi = t_interval(a - b, 1 - alpha)
+            _, r["sd"], lo, hi = sample_t_interval(a - b, 1 - alpha)
             r["ci95"] = [lo, hi]
             r["p"] = float(stats.ttest_rel(a, b, alternative="greater").pvalue)
         return r
 
     out = [row(s, pairs[s]) for s in sorted(pairs, key=size_key)]
-    tested = [r for r in out if r["p"] is not None]
-    if tested:
-        for r, pa in zip(tested, multipletests([r["p"] for r in tested], alpha=alpha, method="holm")[1]):
-            r["p_holm"] = float(pa)
+    _holm(out)
     if len(out) > 1:
         pooled = row("all", [it for s in pairs for it in pairs[s]])
         pooled["p_holm"] = pooled["p"]
         out.append(pooled)
     for r in out:
-        if r["p_holm"] is not None and r["p_holm"] < alpha:
-            r["verdict"] = "faster"
-        elif r["ci95"] is not None and r["ci95"][1] < 0:
-            r["verdict"] = "slower"
-        else:
-            r["verdict"] = "not demonstrated"
+        r["verdict"] = vd.target_verdict(r["p_holm"], r["ci95"], 0.0, alpha, met=vd.FASTER, below=vd.SLOWER)
     return out
 
 
@@ -254,7 +232,8 @@ def markdown(rows: list[dict], target: float, variant: str, unit: str, mode: str
         ci = "-" if r["ci95"] is None else f"{r['ci95'][0]:.4f}-{r['ci95'][1]:.4f}"
         lines.append(f"| {r['size']} | {r['n']} | {', '.join(f'{v:.4f}' for v in r['ratios']) or '-'} | {_fmt(r['mean'])} | "
                      f"{_fmt(r['sd'])} | {ci} | {_fmt(r['p'], 3)} | {_fmt(r['p_holm'], 3)} | {r['verdict']} |")
-    overall = "met at every size" if rows and all(r["verdict"] == "met" for r in rows) else "not met at every size"
+    overall = ("met at every size" if rows and all(r["verdict"] == vd.TARGET_MET for r in rows)
+               else "not met at every size")
     lines += ["", f"Overall: {overall}."]
     return "\n".join(lines)
 

@@ -28,7 +28,8 @@ models differ (``MODELS_DIFFER`` / ``NO_DIFFERENCE``), never ``REPRODUCED`` (sta
 step-down method (controls the family-wise error rate; we chose it over BH because a table's rows
 are few and each verdict is read on its own). :func:`decide` turns evidence, the adjusted p and the
 published delta into the verdict by ``VERDICT_RULE`` (stated once here; tables and REPORT.md quote
-it). :func:`cost_verdict` does the same for throughput ratios.
+it). :func:`cost_verdict` does the same for throughput ratios, :func:`target_verdict` for a measured quantity
+against a target (``analysis.throughput``: a throughput ratio vs its target, or one routing vs another).
 """
 from __future__ import annotations
 
@@ -41,10 +42,11 @@ from . import stats as st
 
 __all__ = ["ALPHA", "REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "INSUFFICIENT", "NO_REFERENCE",
            "EFFECT_DIFFERS", "NOT_JUDGED", "OOM", "MODELS_DIFFER", "NO_DIFFERENCE", "SINGLE_SEED_JUDGED",
-           "SAME_SIGN", "OPPOSITE_SIGN", "VERDICTS",
+           "SAME_SIGN", "OPPOSITE_SIGN", "VERDICTS", "TARGET_MET", "BELOW_TARGET", "NOT_DEMONSTRATED",
+           "NOT_MEASURED", "FASTER", "SLOWER", "TARGET_VERDICTS",
            "VERDICT_RULE", "COST_RULE", "SCALE_NOTE",
            "seed_evidence", "question_evidence", "perplexity_evidence", "seed_level_evidence", "holm",
-           "decide", "judged_on", "cost_verdict"]
+           "decide", "judged_on", "cost_verdict", "target_verdict"]
 
 ALPHA = 0.05
 REPRODUCED = "reproduced"
@@ -66,6 +68,15 @@ COST_TOLERANCE = 0.10
 # every verdict word (a verdict string starts with one of these), in reading order
 VERDICTS = (REPRODUCED, SAME_SIGN, NOT_REPRODUCED, OPPOSITE_SIGN, EFFECT_DIFFERS, INCONCLUSIVE, MODELS_DIFFER,
             NO_DIFFERENCE, INSUFFICIENT, NO_REFERENCE, NOT_JUDGED, OOM)
+# a measured quantity against a target (analysis.throughput): met / below / not demonstrated; a size asked for
+# but without runs: not measured; one routing against another (target 0): faster / slower / not demonstrated
+TARGET_MET = "met"
+BELOW_TARGET = "below"
+NOT_DEMONSTRATED = "not demonstrated"
+NOT_MEASURED = "not measured"
+FASTER = "faster"
+SLOWER = "slower"
+TARGET_VERDICTS = (TARGET_MET, FASTER, BELOW_TARGET, SLOWER, NOT_DEMONSTRATED, NOT_MEASURED)
 _EPS = 1e-9  # float-safe comparisons at a tolerance edge (0.45 vs 0.55 - 0.10)
 
 VERDICT_RULE = "\n".join([
@@ -212,3 +223,15 @@ def cost_verdict(ratio: Optional[float], published: Optional[float], same_scale:
     if abs(diff) <= allowed or math.isclose(abs(diff), allowed, rel_tol=1e-9, abs_tol=_EPS):
         return REPRODUCED
     return f"{EFFECT_DIFFERS}: {'lower' if diff < 0 else 'higher'} ({_ratio(ratio, published)})"
+
+
+def target_verdict(p_adjusted: Optional[float], ci: Optional[Sequence[float]], target: float, alpha: float = ALPHA,
+                   met: str = TARGET_MET, below: str = BELOW_TARGET) -> str:
+    """A one-sided test of "the quantity exceeds ``target``": ``met`` when its (Holm) p is under ``alpha``,
+    ``below`` when the interval ``ci`` (low, high) lies under the target, else ``NOT_DEMONSTRATED`` (always so
+    with one unit: no p, no interval)."""
+    if p_adjusted is not None and p_adjusted < alpha:
+        return met
+    if ci is not None and ci[1] < target:
+        return below
+    return NOT_DEMONSTRATED

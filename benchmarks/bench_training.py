@@ -257,7 +257,7 @@ def repeat_summary(rows: list[dict]) -> list[str]:
     repeat). The repeat (a fresh pair of processes) is the unit: steps within a run are not independent."""
     import numpy as np
 
-    from analysis.throughput import t_interval
+    from analysis.stats import sample_t_interval
 
     out = []
     groups: dict = {}
@@ -270,7 +270,7 @@ def repeat_summary(rows: list[dict]) -> list[str]:
         s = {"size": size, "mode": mode, "variant": variant, "repeats": n, "thr_ratios": x.tolist(),
              "thr_ratio_mean": round(mean, 4), "mem_ratio_max": max(float(r["mem_ratio"]) for r in rs)}
         if n > 1:
-            _, sd, lo, hi = t_interval(x)
+            _, sd, lo, hi = sample_t_interval(x)
             s.update(thr_ratio_sd=round(sd, 4), thr_ratio_ci95=[round(lo, 4), round(hi, 4)])
         out.append("SUMMARY " + json.dumps(s))
     return out

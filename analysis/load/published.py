@@ -3,8 +3,9 @@
 ``analysis/published.csv`` holds one published number a row (``table, scale, method, heads, task, metric, value,
 sd, unit, source, note``); ``source`` is an id of ``analysis/published_sources.csv`` (``id, kind, title, version,
 table, corpus, repository, file, commit, note``: a paper's version and table, or a repository's file at a
-commit). A comparison names the source it quotes (the workflow's ``published:`` block, default
-:data:`DEFAULT_SOURCES`); where another source gives a different value for the same quantity, the table says so.
+commit). A comparison names the source it quotes (the workflow's ``published:`` block, default the table's
+record in ``analysis.tables.registry``); where another source gives a different value for the same quantity, the
+table says so.
 """
 from __future__ import annotations
 
@@ -21,10 +22,6 @@ from .common import AnalysisInputError
 
 PUBLISHED_CSV = Path(__file__).resolve().parents[1] / "published.csv"
 SOURCES_CSV = Path(__file__).resolve().parents[1] / "published_sources.csv"
-# The source each table quotes unless the config names another (config/schema.yaml `published`, same defaults):
-# Table 1 of arXiv v2 for the anneal recipe, its seed table where seeds are compared.
-DEFAULT_SOURCES = {"table1": "arxiv-v2-table1", "seeds": "arxiv-v2-seeds", "heads": "arxiv-v2-heads",
-                   "downstream": "arxiv-v2-table2", "cpt": "arxiv-v2-table3", "cost": "arxiv-v2-cost"}
 
 
 def load_sources(path: str | os.PathLike = SOURCES_CSV):

@@ -1,5 +1,6 @@
-"""Training runs as the tables see them: ``summary.json`` and the run's identity record, its residual knobs
-and display label, and the grouping of runs into table rows (runs of one row differ only by seed).
+"""Training runs as the tables read them: ``summary.json`` and the run's identity record (its residual knobs and
+display record). Row labels and the grouping of runs into table rows are the table layer's
+(``analysis.tables.rows``).
 
 Which run a record belongs to is read from its ``run`` block, never from its path; the pairing rule itself
 is :func:`mhar.runs.pairing.pairing_difference`.
@@ -10,11 +11,10 @@ import json
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional
 
-from mhar.model.config import ResidualConfig, config_hash
-from mhar.runs.config import IDENTITY_LEN, identity_config, pairing_config, recorded_run_config
-from mhar.runs.pairing import pairing_difference
+from mhar.model.config import ResidualConfig
+from mhar.runs.config import identity_config, pairing_hash, recorded_run_config
 
 from .common import AnalysisInputError, is_finite_number, read_json, read_mapping, read_yaml
 
@@ -51,17 +51,13 @@ class RunSummary:
     @property
     def group(self) -> tuple:
         """(variant, size, heads, knobs): the full residual config and the size. One group is one table row;
-        its runs differ only by seed (checked by group_runs)."""
+        its runs differ only by seed (checked by analysis.tables.rows.group_runs)."""
         return (self.variant, self.size, self.heads, self.knobs)
 
     @property
     def display(self) -> dict:
         """The variant's display record (display name, table order, whether its head count shows)."""
         return self.ident["display"]
-
-    @property
-    def label(self) -> str:
-        return variant_label(self.display, self.heads, self.knobs)
 
 
 def residual_knobs(residual: dict) -> tuple:
@@ -72,41 +68,6 @@ def residual_knobs(residual: dict) -> tuple:
     defaults = {f.name: f.default for f in fields(ResidualConfig)}
     return tuple((k, residual[k]) for k in sorted(residual) if k not in ("variant", "heads", "routing_impl", "module")
                  and k in defaults and residual[k] != defaults[k])
-
-
-def shown_knobs(keys: Iterable[tuple], by_variant: bool = True) -> dict[tuple, tuple]:
-    """For group keys (variant, size, heads, knobs): the knobs each row names, i.e. every knob that is off its
-    default in some row of the same variant (of any variant with ``by_variant=False``), with this row's value,
-    so two rows that differ in a knob both show it (hyper_n=2 and hyper_n=4)."""
-    keys = list(keys)
-    defaults = {f.name: f.default for f in fields(ResidualConfig)}
-    names: dict[str, set] = {}
-    for k in keys:
-        names.setdefault(k[0] if by_variant else "", set()).update(n for n, _ in k[3])
-    return {k: tuple((n, dict(k[3]).get(n, defaults.get(n))) for n in sorted(names[k[0] if by_variant else ""]))
-            for k in keys}
-
-
-def knobs_text(knobs: tuple) -> str:
-    return ", ".join(f"{k}={v}" for k, v in knobs)
-
-
-def variant_label(display: dict, heads: Optional[int], knobs: tuple = ()) -> str:
-    """A row's name: the variant's display name (with H= when its display record shows heads), then the knobs
-    off their defaults."""
-    name = display["display"]
-    name = f"{name} H={heads}" if display.get("shows_heads") and heads is not None else name
-    return f"{name} ({knobs_text(knobs)})" if knobs else name
-
-
-def run_label(run: "RunSummary", knobs: Optional[tuple] = None) -> str:
-    """``run``'s row name, with ``knobs`` (default: its own knobs off their defaults)."""
-    return variant_label(run.display, run.heads, run.knobs if knobs is None else knobs)
-
-
-def ident_label(ident: dict) -> str:
-    """The row name of a run identity (run_identity's dict)."""
-    return variant_label(ident["display"], ident["heads"], ident["knobs"])
 
 
 def _display_record(d: Any) -> Optional[dict]:
@@ -235,7 +196,7 @@ def run_identity(record: dict, where: Path, run_dir: Optional[Path] = None) -> d
             raise AnalysisInputError(f"{where}: the record says seed {seed} but its config says train.seed "
                                      f"{train_seed}; the records of this run disagree: re-run the step that wrote it")
         data_seed = cfg_data_seed if cfg_data_seed is not None else data_seed
-    pairing = str(run.get("pairing") or "") or (config_hash(pairing_config(config), IDENTITY_LEN) if config else "")
+    pairing = str(run.get("pairing") or "") or (pairing_hash(config) if config else "")
     cfg_hash = str(run.get("config_hash") or record.get("config_hash") or "")
     return {"label": str(label), "variant": variant, "heads": None if heads is None else int(heads), "display": display,
             "knobs": residual_knobs(res), "residual": {k: v for k, v in res.items() if k != "routing_impl"},
@@ -295,7 +256,7 @@ def load_summaries(paths: Iterable[str | os.PathLike]) -> list[RunSummary]:
     for r in runs:
         key = (*r.group, r.seed, r.ident.get("identity") or r.pairing)
         if key in seen:
-            raise AnalysisInputError(f"{r.path} and {seen[key]} are the same run ({r.label} {r.size} seed {r.seed}, "
+            raise AnalysisInputError(f"{r.path} and {seen[key]} are the same run ({r.name} {r.size} seed {r.seed}, "
                                      f"identity {key[-1] or '-'}); pass each run once")
         seen[key] = r.path
     return runs
@@ -304,36 +265,6 @@ def load_summaries(paths: Iterable[str | os.PathLike]) -> list[RunSummary]:
 def describe_run(ident: dict, where: Any) -> str:
     """'<label> (<size>, seed k, <where>)' for error lines."""
     return f"{ident['label']} ({ident['size']}, seed {ident['seed']}, {where})"
-
-
-def check_row(members: Sequence[tuple[dict, Any]]) -> None:
-    """The runs of one table row (same residual config and size) must differ only by their seeds; otherwise one
-    AnalysisInputError naming two runs and the first field that differs."""
-    (i0, w0), rest = members[0], members[1:]
-    for i, w in rest:
-        diff = pairing_difference(i0, i, ignore=("train.seed", "data.seed"))
-        if diff is not None:
-            raise AnalysisInputError(f"{describe_run(i0, w0)} and {describe_run(i, w)} are runs of one row "
-                                     f"({ident_label(i0)}) but their resolved "
-                                     f"configs differ in {diff}; a row pools seeds of one config only: pass "
-                                     "runs of one config")
-
-
-def group_runs(runs: Sequence[RunSummary]) -> dict[tuple, dict[int, RunSummary]]:
-    """{(residual variant, size, heads, knobs): {seed: run}}; the runs of a group differ only by seed."""
-    out: dict[tuple, dict[int, RunSummary]] = {}
-    for r in runs:
-        g = out.setdefault(r.group, {})
-        if r.seed in g:
-            o = g[r.seed]
-            diff = pairing_difference(o.ident, r.ident, ignore=()) or "nothing (the same config twice)"
-            raise AnalysisInputError(
-                f"{r.path} and {o.path}: two runs of {r.label} {r.size} seed {r.seed} (labels {r.name!r} vs "
-                f"{o.name!r}) whose resolved configs differ in {diff}; pass one run per seed and residual config")
-        g[r.seed] = r
-    for g in out.values():
-        check_row([(r.ident, r.run_dir) for _, r in sorted(g.items())])
-    return out
 
 
 def identify_eval(eval_dir: str | os.PathLike) -> dict:

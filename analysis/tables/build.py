@@ -1,6 +1,6 @@
 """Result tables (CSV + Markdown + LaTeX), each with the published value beside ours and a verdict.
 
-    python -m analysis.tables {table1,downstream,cpt,heads,seeds,cost} --inputs FILES... --out PREFIX [--published ID]
+    python -m analysis.tables {table1,seeds,heads,downstream,cpt,cost,released} --inputs FILES... --out PREFIX [--published ID]
 
 writes PREFIX.csv (raw numbers), PREFIX.md and PREFIX.tex (formatted, with notes and provenance).
 Inputs: table1/heads/seeds take summary.json files (or run dirs); downstream takes eval dirs of the
@@ -17,9 +17,10 @@ Anything else exits 2 with one ``error:`` line naming both runs and the first fi
 Every table CSV carries the common columns ``comparison, delta, ci_low, ci_high, p, p_holm,
 published_delta, judged, verdict`` (empty where not applicable) so forest plots and the report can
 read any of them. Tests, multiplicity and the verdict rule live in ``analysis.verdict``. The published column
-quotes one source (``--published ID``; the workflow's ``published:`` block; default
-``analysis.load.published.DEFAULT_SOURCES``), named in the notes and in the CSV column ``published_source``.
-One module per table (table1, seeds, heads, downstream, cpt, cost); ``render`` writes them.
+quotes one source (``--published ID``; the workflow's ``published:`` block; default: the table's record in
+``analysis.tables.registry``), named in the notes and in the CSV column ``published_source``.
+One module per table, each one record of ``analysis.tables.registry`` (builder, inputs, title, published source);
+``render`` writes them.
 """
 from __future__ import annotations
 
@@ -27,42 +28,29 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import yaml
 
 from ..load.common import AnalysisInputError, run_cli
-from .cost import cost_table
-from .cpt import cpt_table
-from .downstream import downstream_table
-from .heads import heads_table
-from .render import Table, write_table
-from .seeds import seeds_table
-from .table1 import table1
-
-
-KINDS = ("table1", "downstream", "cpt", "heads", "seeds", "cost")
+from .registry import TABLES, Build, builder, table_spec
+from .released import read_arms
+from .render import write_table
 
 
 def make_table(kind: str, inputs: Sequence[str | Path], out: str | Path, n_resamples: int = 4999,
-               command: Optional[str] = None, published: Optional[dict] = None) -> list[Path]:
-    """Build table ``kind`` from ``inputs`` and write OUT.csv/.md/.tex (``command`` is recorded as provenance;
-    by default the equivalent CLI command). ``published``: {table kind: source id} of the published numbers
-    quoted (the workflow's ``published:`` block); a kind it leaves out quotes its default source."""
+               command: Optional[str] = None, published: Optional[dict] = None,
+               options: Optional[dict] = None) -> list[Path]:
+    """Build table ``kind`` (a record of analysis.tables.registry) from ``inputs`` and write OUT.csv/.md/.tex
+    (``command`` is recorded as provenance; by default the equivalent CLI command). ``published``: {table kind:
+    source id} of the published numbers quoted (the workflow's ``published:`` block); a kind it leaves out quotes
+    its record's default source. ``options``: the table's own (the released table's ``arms``)."""
+    table_spec(kind)  # an unknown kind: ValueError naming the registered ones
     if not inputs:
         raise AnalysisInputError(f"{kind}: no inputs given")
-    src = dict(published or {})
-    builders: dict[str, Callable[[], Table]] = {
-        "table1": lambda: table1(inputs, source=src.get("table1")),
-        "seeds": lambda: seeds_table(inputs, source=src.get("seeds")),
-        "heads": lambda: heads_table(inputs, source=src.get("heads"), table1_source=src.get("table1")),
-        "downstream": lambda: downstream_table(inputs, n_resamples=n_resamples, source=src.get("downstream")),
-        "cpt": lambda: cpt_table(inputs, n_resamples=n_resamples, source=src.get("cpt")),
-        "cost": lambda: cost_table(inputs, source=src.get("cost"))}
-    if kind not in builders:
-        raise ValueError(f"unknown table {kind!r}; choose one of {', '.join(KINDS)}")
-    t = builders[kind]()
+    t = builder(kind)(list(inputs), Build(dict(published or {}), n_resamples, dict(options or {})))
     t.provenance["command"] = command or f"python -m analysis.tables {kind} --inputs {' '.join(map(str, inputs))} --out {out}"
+    t.provenance.update(options or {})
     return write_table(t, out)
 
 
@@ -89,18 +77,23 @@ def write_cpt_table(base_eval: str | Path, plain_eval: str | Path, mhar_eval: st
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.tables", description=__doc__.split("\n\n")[0])
-    ap.add_argument("kind", choices=KINDS)
+    ap.add_argument("kind", choices=list(TABLES))
     ap.add_argument("--inputs", "--summaries", "--runs", "--evals", "--bench", dest="inputs", nargs="+", required=True,
-                    help="summary.json files / run dirs (table1, heads, seeds), eval dirs (downstream), "
-                         "base plain mhar eval dirs or a manifest (cpt), bench CSVs (cost)")
+                    help="; ".join(f"{n}: {s.usage}" for n, s in TABLES.items()))
     ap.add_argument("--out", required=True, help="output prefix; writes PREFIX.csv, PREFIX.md, PREFIX.tex")
     ap.add_argument("--resamples", type=int, default=4999, help="bootstrap / permutation resamples")
     ap.add_argument("--published", metavar="ID", default=None,
                     help="source of the published numbers quoted (an id of analysis/published_sources.csv)")
+    ap.add_argument("--arms", metavar="ARMS.json", default=None,
+                    help="released: the config's released block as JSON (which published row each arm is compared with)")
     a = ap.parse_args(argv)
     pub = {a.kind: a.published} if a.published else None
-    return run_cli("analysis.tables", lambda cmd: make_table(a.kind, a.inputs, a.out, a.resamples, command=cmd,
-                                                         published=pub), argv)
+
+    def make(cmd: str) -> list[Path]:
+        options = {"arms": read_arms(a.arms) if a.arms else {}} if a.kind == "released" else None
+        return make_table(a.kind, a.inputs, a.out, a.resamples, command=cmd, published=pub, options=options)
+
+    return run_cli("analysis.tables", make, argv)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ from mhar.model.presets import size_key
 from .. import verdict as vd
 from ..load.bench import load_bench, load_inference
 from mhar.runs.sidecar import provenance
-from ..load.published import DEFAULT_SOURCES, check_source, load_published, paper_scale, published_value, source_notes
+from ..load.published import check_source, load_published, paper_scale, published_value, source_notes
 from .render import Column, Table, f_num, f_sd, is_number
+from .registry import TABLES, Build
 
 
 # --- cost ---------------------------------------------------------------------------------------------
@@ -46,9 +47,9 @@ def _mean_se(x) -> tuple[Optional[float], Optional[float], int]:
 
 def cost_table(bench_csvs: Sequence[str | Path], published=None, source: Optional[str] = None) -> Table:
     """Throughput (ratio to baseline) and peak memory per routing implementation and size. ``source``: the
-    published source quoted (default DEFAULT_SOURCES["cost"])."""
+    published source quoted (default TABLES["cost"].source)."""
     pub = load_published() if published is None else published
-    source = check_source(pub, source or DEFAULT_SOURCES["cost"])
+    source = check_source(pub, source or TABLES["cost"].source)
     df, withdrawn = todays_rows(load_bench(bench_csvs))
     inf = _table_inference_rows(load_inference(bench_csvs))
     inf_base = {size: sub for size, sub in inf[inf["provider"] == "baseline"].groupby("size")}
@@ -176,3 +177,8 @@ def _inference_cols(inf, inf_base: dict, size: str, provider: str) -> dict:
         if score is not None and base["score_tok_s"].notna().any():
             out["score_ratio"] = score / float(base["score_tok_s"].mean())
     return out
+
+
+def build(inputs: Sequence[str | Path], b: Build) -> Table:
+    """The registry's builder of table cost (analysis.tables.registry)."""
+    return cost_table(inputs, source=b.source("cost"))

@@ -9,12 +9,13 @@ from typing import Optional, Sequence
 from .. import verdict as vd
 from ..load.common import AnalysisInputError, read_json, read_yaml
 from mhar.runs.sidecar import provenance
-from ..load.published import DEFAULT_SOURCES, check_source, load_published, published_value, source_notes
+from ..load.published import check_source, load_published, published_value, source_notes
 from ..load.runs import identify_eval
 from ..load.samples import align, eval_tasks, load_eval_task
 from .pairs import check_pair, judge
 from .questions import compare_task, primary_metric
 from .render import Column, JUDGE_COLS, P_COLS, RULE_POINTER, Table, f_ci, f_num, f_p, is_number, paired_cols
+from .registry import TABLES, Build
 
 
 def _cpt_inputs(inputs: Sequence[str | Path]) -> tuple[Path, Path, Path, Optional[str], Optional[dict]]:
@@ -65,9 +66,9 @@ def check_arms(plain_eval: str | Path, mhar_eval: str | Path) -> Optional[str]:
 def cpt_table(inputs: Sequence[str | Path], published=None, n_resamples: int = 4999,
               source: Optional[str] = None) -> Table:
     """Continued pretraining: CPT gain, total gain, and MHAR gain (difference-in-differences) per task.
-    ``source``: the published source quoted (default DEFAULT_SOURCES["cpt"])."""
+    ``source``: the published source quoted (default TABLES["cpt"].source)."""
     pub = load_published() if published is None else published
-    source = check_source(pub, source or DEFAULT_SOURCES["cpt"])
+    source = check_source(pub, source or TABLES["cpt"].source)
     base_d, plain_d, mhar_d, scale, batch_check = _cpt_inputs(inputs)
     unchecked = check_arms(plain_d, mhar_d)  # data order / schedule differ: refused, with or without a manifest
     same = scale == "8B"
@@ -136,3 +137,8 @@ def cpt_table(inputs: Sequence[str | Path], published=None, n_resamples: int = 4
                      + json.dumps(batch_check, sort_keys=True, default=str)[:300])
     return Table("cpt", "Continued pretraining: CPT gain vs MHAR gain", rows, cols, notes,
                  provenance([str(p) for p in inputs]))
+
+
+def build(inputs: Sequence[str | Path], b: Build) -> Table:
+    """The registry's builder of table cpt (analysis.tables.registry)."""
+    return cpt_table(inputs, n_resamples=b.n_resamples, source=b.source("cpt"))

@@ -11,12 +11,14 @@ from .. import stats as st
 from .. import verdict as vd
 from ..load.common import AnalysisInputError
 from mhar.runs.sidecar import provenance
-from ..load.published import DEFAULT_SOURCES, check_source, load_published, paper_scale, published_value, source_notes
-from ..load.runs import check_row, identify_eval, knobs_text, shown_knobs, variant_label
+from ..load.published import check_source, load_published, paper_scale, published_value, source_notes
+from ..load.runs import identify_eval
+from .rows import check_row, knobs_text, shown_knobs, variant_label
 from ..load.samples import align, eval_tasks, load_eval_task
 from .pairs import check_pair, is_baseline_of, judge, ordered, reference_group, seeds_text
 from .questions import compare_task, primary_metric
 from .render import Column, JUDGE_COLS, P_COLS, RULE_POINTER, Table, f_ci, f_num, paired_cols, with_scale
+from .registry import TABLES, Build
 
 
 def _eval_groups(eval_dirs: Sequence[str | Path]) -> dict[tuple, dict[int, tuple[Path, dict]]]:
@@ -54,9 +56,9 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
 
     One seed: questions (or documents) are the unit, and the verdict can only say whether these two models
     differ (analysis.verdict VERDICT_RULE); several seeds: the seed is the unit. ``source``: the published source
-    quoted (default DEFAULT_SOURCES["downstream"])."""
+    quoted (default TABLES["downstream"].source)."""
     pub = load_published() if published is None else published
-    source = check_source(pub, source or DEFAULT_SOURCES["downstream"])
+    source = check_source(pub, source or TABLES["downstream"].source)
     groups = _eval_groups(eval_dirs)
     rows, results, missing = [], [], []
     shown = shown_knobs(groups)
@@ -139,3 +141,8 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
              vd.SCALE_NOTE, RULE_POINTER, *source_notes(source, [])] + [f"skipped: {m}" for m in missing]
     return Table("downstream", "Downstream zero-shot evaluation (paired vs baseline)", rows, cols, notes,
                  provenance([str(d) for d in eval_dirs]))
+
+
+def build(inputs: Sequence[str | Path], b: Build) -> Table:
+    """The registry's builder of table downstream (analysis.tables.registry)."""
+    return downstream_table(inputs, n_resamples=b.n_resamples, source=b.source("downstream"))

@@ -11,10 +11,12 @@ from mhar.model.presets import size_key
 from .. import verdict as vd
 from ..load.common import AnalysisInputError
 from mhar.runs.sidecar import provenance
-from ..load.published import DEFAULT_SOURCES, check_source, load_published, paper_scale, published_value, source_notes
-from ..load.runs import group_runs, knobs_text, load_summaries, shown_knobs
+from ..load.published import check_source, load_published, paper_scale, published_value, source_notes
+from ..load.runs import load_summaries
+from .rows import group_runs, knobs_text, shown_knobs
 from .pairs import judge, pair_groups, seeds_text
 from .render import Column, JUDGE_COLS, P_COLS, RULE_POINTER, Table, f_ci, f_num, f_sd, paired_cols, with_scale
+from .registry import TABLES, Build
 
 
 # What the sweep compares (the paper's head sweep): MHAR at each H, and single-head AttnRes as its H=1.
@@ -24,11 +26,11 @@ SWEPT = ("mhar", "attnres")
 def heads_table(summaries: Sequence[str | Path], published=None, source: Optional[str] = None,
                 table1_source: Optional[str] = None) -> Table:
     """Routing head-count sweep: loss vs H (H=1 = AttnRes), paired delta vs the smallest H (seeds = unit).
-    Published: ``source``'s 1B sweep (default DEFAULT_SOURCES["heads"]) for 1B and sizes that are not paper
-    scales, ``table1_source``'s H=1/8/16 (default DEFAULT_SOURCES["table1"]) for the other paper scales."""
+    Published: ``source``'s 1B sweep (default TABLES["heads"].source) for 1B and sizes that are not paper
+    scales, ``table1_source``'s H=1/8/16 (default TABLES["table1"].source) for the other paper scales."""
     pub = load_published() if published is None else published
-    sources = {"heads": check_source(pub, source or DEFAULT_SOURCES["heads"]),
-               "table1": check_source(pub, table1_source or DEFAULT_SOURCES["table1"])}
+    sources = {"heads": check_source(pub, source or TABLES["heads"].source),
+               "table1": check_source(pub, table1_source or TABLES["table1"].source)}
     groups = group_runs(load_summaries(summaries))
     by_size: dict[tuple, dict[int, dict]] = {}  # one sweep per size and residual knobs (besides H)
     shown = shown_knobs([g for g in groups if g[0] in SWEPT], by_variant=False)
@@ -84,3 +86,8 @@ def heads_table(summaries: Sequence[str | Path], published=None, source: Optiona
              *(n for k in sorted({r["published_table"].split(":")[0] for r in rows})
                for n in source_notes(sources[k], []))]
     return Table("heads", "Routing head-count sweep", rows, cols, notes, provenance(summaries))
+
+
+def build(inputs: Sequence[str | Path], b: Build) -> Table:
+    """The registry's builder of table heads (analysis.tables.registry)."""
+    return heads_table(inputs, source=b.source("heads"), table1_source=b.source("table1"))

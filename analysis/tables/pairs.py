@@ -13,18 +13,21 @@ from mhar.runs.pairing import pairing_difference
 from .. import stats as st
 from .. import verdict as vd
 from ..load.common import AnalysisInputError
-from ..load.runs import RunSummary, describe_run, variant_label
+from ..load.runs import RunSummary, describe_run
+from .rows import variant_label
 
 
-def judge(rows: list[dict], results: list[Optional[st.PairedResult]], which: Optional[list[bool]] = None) -> None:
-    """Holm across the family (the rows that carry a test), then the verdict of each judged row."""
+def judge(rows: list[dict], results: list[Optional[st.PairedResult]], which: Optional[list[bool]] = None,
+          single_seed: bool = False) -> None:
+    """Holm across the family (the rows that carry a test), then the verdict of each judged row (a row's
+    ``single_seed`` / ``same_scale``; ``single_seed=True``: every row is one trained model per arm)."""
     which = which or [res is not None for res in results]
     adj = vd.holm([res.p_value if (res is not None and j) else None for res, j in zip(results, which)])
     for row, res, j, pa in zip(rows, results, which, adj):
         if not j:
             continue
         row["p_holm"] = pa if math.isfinite(pa) else None
-        one = bool(row.get("single_seed"))  # one trained model per arm: the verdict is about these two models
+        one = single_seed or bool(row.get("single_seed"))  # one trained model per arm: the verdict is about these two models
         row["judged"] = vd.judged_on(bool(row.get("same_scale")), one)
         row["verdict"] = vd.decide(res, row.get("published_delta"), bool(row.get("same_scale")),
                                    pa if math.isfinite(pa) else None, single_seed=one)

@@ -2,25 +2,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from .. import stats as st
 from mhar.runs.sidecar import provenance
-from ..load.published import (DEFAULT_SOURCES, check_source, load_published, other_values, others_text, paper_scale,
+from ..load.published import (check_source, load_published, other_values, others_text, paper_scale,
                               published_sd, published_value, source_notes)
-from ..load.runs import group_runs, knobs_text, load_summaries, run_label, shown_knobs
+from ..load.runs import load_summaries
+from .rows import group_runs, knobs_text, run_label, shown_knobs
 from .pairs import is_baseline_of, ordered, pair_groups, reference_group, seeds_text
 from .render import Column, Table, f_num, f_sd, with_scale
+from .registry import TABLES, Build
 
 
 def seeds_table(summaries: Sequence[str | Path], published=None, source: Optional[str] = None) -> Table:
     """Per-seed paired deltas vs baseline (descriptive), against the paper's seed table. The test and the
     verdict of these very deltas are Table 1's (same runs, same test): not repeated, so not counted twice.
-    ``source``: the published source quoted (default DEFAULT_SOURCES["seeds"])."""
+    ``source``: the published source quoted (default TABLES["seeds"].source)."""
     pub = load_published() if published is None else published
-    source = check_source(pub, source or DEFAULT_SOURCES["seeds"])
+    source = check_source(pub, source or TABLES["seeds"].source)
     disagree = []
     groups = group_runs(load_summaries(summaries))
     rows = []
@@ -62,3 +64,8 @@ def seeds_table(summaries: Sequence[str | Path], published=None, source: Optiona
              "Paper: seed table of the FineWeb-Edu replication (3 seeds).", *source_notes(source, disagree)]
     return Table("seeds", "Seed table: per-seed paired deltas vs baseline", rows, cols, notes,
                  provenance(summaries))
+
+
+def build(inputs: Sequence[str | Path], b: Build) -> Table:
+    """The registry's builder of table seeds (analysis.tables.registry)."""
+    return seeds_table(inputs, source=b.source("seeds"))

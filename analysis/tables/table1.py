@@ -10,11 +10,13 @@ import numpy as np
 from .. import stats as st
 from .. import verdict as vd
 from mhar.runs.sidecar import provenance
-from ..load.published import (DEFAULT_SOURCES, check_source, load_published, other_values, others_text, paper_scale,
+from ..load.published import (check_source, load_published, other_values, others_text, paper_scale,
                               published_value, source_notes)
-from ..load.runs import group_runs, knobs_text, load_summaries, run_label, shown_knobs
+from ..load.runs import load_summaries
+from .rows import group_runs, knobs_text, run_label, shown_knobs
 from .pairs import is_baseline_of, judge, ordered, pair_groups, reference_group, seeds_text
 from .render import Column, JUDGE_COLS, P_COLS, RULE_POINTER, Table, f_ci, f_num, f_sd, paired_cols, with_scale
+from .registry import TABLES, Build
 
 
 def _published_heads(variant: str, heads: Optional[int]) -> Optional[int]:
@@ -43,9 +45,9 @@ def _published_loss(pub, source: str, size: str, variant: str,
 
 def table1(summaries: Sequence[str | Path], published=None, source: Optional[str] = None) -> Table:
     """Tail-mean validation loss, variant x size: mean ± sd over seeds, paired delta vs baseline (seeds = unit).
-    ``source``: the published source quoted (default DEFAULT_SOURCES["table1"])."""
+    ``source``: the published source quoted (default TABLES["table1"].source)."""
     pub = load_published() if published is None else published
-    source = check_source(pub, source or DEFAULT_SOURCES["table1"])
+    source = check_source(pub, source or TABLES["table1"].source)
     disagree = []
     runs = load_summaries(summaries)
     groups = group_runs(runs)
@@ -98,3 +100,8 @@ def table1(summaries: Sequence[str | Path], published=None, source: Optional[str
              "H=8 row.", vd.SCALE_NOTE, RULE_POINTER, *source_notes(source, disagree)]
     return Table("table1", "Table 1: tail-mean validation loss (ours vs paper)", rows, cols, notes,
                  provenance(summaries))
+
+
+def build(inputs: Sequence[str | Path], b: Build) -> Table:
+    """The registry's builder of table table1 (analysis.tables.registry)."""
+    return table1(inputs, source=b.source("table1"))

@@ -402,9 +402,12 @@ def identity_hash(cfg: RunConfig, length: int = IDENTITY_LEN) -> str:
     return config_hash(identity_config(cfg), length)
 
 
-def pairing_hash(cfg: RunConfig, length: int = IDENTITY_LEN) -> str:
-    """Hash of the identity without the residual section: two runs pair iff their pairing hashes are equal."""
-    return config_hash(pairing_config(identity_config(cfg)), length)
+def pairing_hash(cfg: "RunConfig | dict", length: int = IDENTITY_LEN) -> str:
+    """Hash of the identity without the residual section: two runs pair iff their pairing hashes are equal.
+    ``cfg``: a run config, or an identity config as records carry it (``run.config``, :func:`identity_config`):
+    the one pairing hash of a config and of a record."""
+    ident = identity_config(cfg) if isinstance(cfg, RunConfig) else cfg
+    return config_hash(pairing_config(ident), length)
 
 
 def recorded_run_config(raw: Any) -> RunConfig:
@@ -425,5 +428,5 @@ def run_identity(cfg: RunConfig) -> dict:
     # label: the workflow's variant label (meta.name); a hand-run config without a name: its variant
     return {"label": cfg.meta.name if cfg.meta.name != "run" else cfg.variant, "residual": residual,
             "size": cfg.size, "seed": cfg.seed, "data_seed": cfg.data_seed,
-            "identity": config_hash(ident, IDENTITY_LEN), "pairing": config_hash(pairing_config(ident), IDENTITY_LEN),
+            "identity": config_hash(ident, IDENTITY_LEN), "pairing": pairing_hash(ident),
             "config": ident}

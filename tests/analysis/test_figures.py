@@ -18,7 +18,8 @@ except ImportError:  # tests imported as a package
 from analysis import figures
 from analysis.load.common import AnalysisInputError
 from analysis.load.metrics import val_curve
-from analysis.load.runs import group_runs, load_summaries, load_summary
+from analysis.load.runs import load_summaries, load_summary
+from analysis.tables.rows import group_runs
 from analysis.tables.build import make_table
 from analysis import verdict as vd
 

@@ -459,3 +459,43 @@ def test_cost_verdict_oom_and_other_scales():
     assert vd.cost_verdict(None, 0.3, True, status="OOM") == vd.OOM
     assert vd.cost_verdict(0.5, 0.5, False).startswith(vd.NOT_JUDGED)
     assert vd.cost_verdict(0.5, None, True) == vd.NO_REFERENCE
+
+
+def test_t_interval_is_scipys():
+    """The one t interval (paired t, cluster-robust t, throughput) against scipy's t.interval and ttest_1samp."""
+    x = [0.91, 0.93, 0.92, 0.95]
+    mean, sd, lo, hi = st.sample_t_interval(x)
+    assert mean == pytest.approx(sum(x) / 4) and sd == pytest.approx(sps.tstd(x))
+    assert (lo, hi) == pytest.approx(sps.t.interval(0.95, 3, loc=mean, scale=sps.sem(x)), rel=1e-12)
+    ci = sps.ttest_1samp(x, 0.0).confidence_interval(0.9)
+    assert st.sample_t_interval(x, 0.9)[2:] == pytest.approx((ci.low, ci.high), rel=1e-12)
+    with pytest.raises(ValueError, match="at least 2"):
+        st.sample_t_interval([0.9])
+
+
+def test_one_statistics_path():
+    """One Holm, one t interval and one home for the verdict words in the analysis stage and the benchmarks: no
+    second Holm (statsmodels' multipletests), no t quantile outside analysis/stats.py, no verdict word written
+    as a string of its own outside analysis/verdict.py (issue 55)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    words = set(vd.VERDICTS + vd.TARGET_VERDICTS)
+    bad = []
+    for p in sorted([*root.glob("analysis/**/*.py"), *root.glob("benchmarks/*.py")]):
+        text = p.read_text()
+        rel = p.relative_to(root).as_posix()
+        if "multipletests" in text or (re.search(r"def holm\b", text) and rel != "analysis/verdict.py"):
+            bad.append(f"{rel}: a Holm of its own")
+        if rel != "analysis/stats.py" and re.search(r"\bt\.(ppf|interval)\(|def t_interval", text):
+            bad.append(f"{rel}: a t interval of its own")
+        if rel.startswith("analysis/") and rel != "analysis/verdict.py":
+            tree = ast.parse(text)
+            docs = {id(n.body[0].value) for n in ast.walk(tree)
+                    if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                    and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+            bad += [f"{rel}:{n.lineno}: verdict word {n.value!r} of its own" for n in ast.walk(tree)
+                    if isinstance(n, ast.Constant) and n.value in words and id(n) not in docs]
+    assert not bad, bad

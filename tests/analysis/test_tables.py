@@ -20,7 +20,8 @@ from analysis import report, stats as st, verdict as vd
 from analysis.load.bench import load_bench, provider_name
 from analysis.load.common import AnalysisInputError
 from analysis.load.published import load_published, paper_scales, published_value
-from analysis.load.runs import group_runs, identify_eval, load_summaries, load_summary
+from analysis.load.runs import identify_eval, load_summaries, load_summary
+from analysis.tables.rows import group_runs, run_label
 from analysis.load.samples import load_eval_task
 from analysis.tables.build import make_table, main as tables_main
 from analysis.tables.cost import ROUTING_ROWS, cost_table
@@ -197,7 +198,7 @@ def test_heads_read_from_config_yaml_when_absent_from_summary(tmp_path):
     p = fx.write_run(tmp_path, "mhar", "tiny", 0, 3.0, heads=16, heads_in_summary=False, label="mhar_h16")
     assert "heads" not in json.loads(p.read_text())
     s = load_summary(p)  # the summary's variant is the label; config.yaml has the residual section
-    assert (s.variant, s.heads, s.name, s.label) == ("mhar", 16, "mhar_h16", "MHAR H=16")
+    assert (s.variant, s.heads, s.name, run_label(s)) == ("mhar", 16, "mhar_h16", "MHAR H=16")
     (p.parent / "config.yaml").unlink()
     with pytest.raises(AnalysisInputError, match="not a residual variant"):
         load_summary(p)  # the label alone does not say what was run
@@ -222,7 +223,7 @@ def test_a_new_variant_needs_no_display_entry(tmp_path, monkeypatch):
                                   1, label="toy_gate", run_block=True,
                                   overrides=["model.residual.module=tests.toy_variant"]))
     s = load_summary(paths[1])
-    assert (s.variant, s.label) == ("toy_gated", "toy_gate")
+    assert (s.variant, run_label(s)) == ("toy_gated", "toy_gate")
     make_table("table1", paths, tmp_path / "t1")
     df = pd.read_csv(tmp_path / "t1.csv").set_index("method")
     assert set(df.index) == {"baseline", "toy_gate"}

@@ -1,4 +1,4 @@
-"""The released-models target (config/released.yaml, reproduce_released, analysis/released.py).
+"""The released-models target (config/released.yaml, reproduce_released, analysis/tables/released.py).
 
 * the dry run of the overlay plans one import per released arm, one evaluation per arm and task, one table;
 * a local `hf:` path that does not exist, or a `published:` choice that names no published row, stops the
@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import fixtures_analysis as fx  # noqa: E402
 from test_workflow import REPO, bench_standins, configfiles, job_counts, load, snakemake  # noqa: E402
 
-from analysis import released as rel  # noqa: E402
+from analysis.tables import released as rel  # noqa: E402
+from analysis.tables.build import main as tables_main  # noqa: E402
 from analysis import verdict as vd  # noqa: E402
 from analysis.load.common import AnalysisInputError  # noqa: E402
 
@@ -55,7 +56,7 @@ def test_dry_run_plans_import_evaluation_and_table(tmp_path):
     assert "tasks" not in cfg["downstream"]
     assert {"wikitext", "lambada_openai", "hellaswag"} <= set(tasks)
     assert counts == {"import_released": len(arms), "evaluate_released": len(arms) * len(tasks),
-                      "table_released": 1, "reproduce_released": 1}
+                      "table": 1, "reproduce_released": 1}
     assert {a["hf"] for a in arms.values()} == {
         "wdlctc/open-attnres-baseline", "wdlctc/open-attnres-block", "wdlctc/open-attnres-0.6b-baseline",
         "wdlctc/open-attnres-0.6b-block", "Qwen/Qwen3-0.6B"}
@@ -69,7 +70,7 @@ def test_the_overlay_names_its_target_and_the_issue_command_plans_it(tmp_path):
     overlay ./reproduce_released naming the same target; the overlay alone (no target) plans it too, and the
     default target stays `all` without it."""
     arms, tasks = load(OVERLAY)["released"], load("config/config.yaml")["downstream"]["tasks"]
-    want = {"import_released": len(arms), "evaluate_released": len(arms) * len(tasks), "table_released": 1,
+    want = {"import_released": len(arms), "evaluate_released": len(arms) * len(tasks), "table": 1,
             "reproduce_released": 1}
     for args in (["--configfile", OVERLAY, "reproduce_released"], ["--configfile", OVERLAY]):
         res = snakemake(["-n", *args], tmp_path, cwd=REPO)  # relative paths, read from the repository root
@@ -242,7 +243,7 @@ def test_table_refuses_unknown_sources_and_ambiguous_pairs(tmp_path, capsys):
     block = _arm_eval(tmp_path, "block", "block_attnres", {"lambada_openai": v})
     arms_file = tmp_path / "arms.json"
     arms_file.write_text(json.dumps({"block": {"published": {"source": "nope", "scale": "0.6B", "method": "block"}}}))
-    assert rel.main(["--inputs", str(base), str(block), "--arms", str(arms_file), "--out", str(tmp_path / "t")]) == 2
+    assert tables_main(["released", "--inputs", str(base), str(block), "--arms", str(arms_file), "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: released arm 'block': no published numbers for source 'nope'")
     other = _arm_eval(tmp_path, "base2", "baseline", {"lambada_openai": v})

@@ -19,6 +19,7 @@ if str(REPO) not in sys.path:
 from mhar.model.config import ConfigError, config_hash  # noqa: E402
 from mhar.runs.config import run_config_from_dict  # noqa: E402
 from mhar.runs.layout import EVAL_LAYOUT, RUN_LAYOUT, data_key, run_key  # noqa: E402
+from analysis.tables.registry import TABLES  # noqa: E402  (stdlib only: every table's record)
 
 RESULTS = config["results_dir"].rstrip("/")
 REPORTS = config["reports_dir"].rstrip("/")
@@ -483,7 +484,7 @@ def check_released_arms(arms):
             sys.exit(1)
     # (without the analysis packages where Snakemake runs, the table job checks the choices)
     try:
-        from analysis.released import check_choices
+        from analysis.tables.released import check_choices
         from analysis.load.common import AnalysisInputError
     except ImportError as err:
         logger.warning(f"released.*.published not checked here ({err})")
@@ -507,13 +508,15 @@ def reproduce_released_inputs(wildcards):
 
 def report_inputs():
     """Everything REPORT.md summarises, and all it reads (analysis.report reads these files only, so another
-    config's reports in a subfolder never enter; sections without a config block are left out).
+    config's reports in a subfolder never enter): every table of the registry this config has inputs for (an
+    optional one, e.g. released, only through its own target), the figures, the probe JSONs, the CPT arm's outputs.
     """
     files = []
-    for name in ("table1", "seeds", "heads", "downstream"):
-        files += table_files(name)
-    if bench_csvs():
-        files += table_files("cost")
+    for name, spec in TABLES.items():
+        if spec.optional or spec.inputs == "cpt":
+            continue
+        if TABLE_INPUTS[spec.inputs]():  # workflow/rules/tables.smk
+            files += table_files(name)
     for name in FIGURES:
         files += figure_files(name)
     files += probe_files()

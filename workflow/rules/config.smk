@@ -122,20 +122,23 @@ except WorkflowError:
     )
 
 
-# A published source a table quotes must be one of analysis/published_sources.csv: refused now, not in the table job.
+# The config's published: block names tables of analysis/tables/registry.py (the schema leaves its keys to the
+# registry) and sources of analysis/published_sources.csv: refused now, not in the table job; a table it leaves
+# out quotes its record's default source (filled in here, as the schema fills its defaults).
 def _check_published_sources():
     import csv
+
+    sys.path.insert(0, str(Path(workflow.basedir).resolve()))
+    from analysis.tables.registry import check_published, default_sources
 
     with open(
         Path(workflow.basedir) / "analysis" / "published_sources.csv", newline=""
     ) as f:
         known = [row["id"] for row in csv.DictReader(f)]
-    for kind, source in (config.get("published") or {}).items():
-        if source not in known:
-            _config_error(
-                f"published.{kind}: unknown published source {source!r}; choose one of "
-                f"{', '.join(known)} (analysis/published_sources.csv)"
-            )
+    problem = check_published(config.get("published"), known)
+    if problem:
+        _config_error(problem)
+    config["published"] = {**default_sources(), **(config.get("published") or {})}
 
 
 _check_published_sources()

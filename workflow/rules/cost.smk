@@ -1,5 +1,5 @@
-# Cost: tabulate the benchmark records listed in cost.bench_files (committed GPU runs);
-# with cost.run_benchmark, also measure training throughput on this machine's GPU.
+# Cost: the table of the benchmark records listed in cost.bench_files (committed GPU runs) is built by
+# workflow/rules/tables.smk; with cost.run_benchmark, this rule also measures training throughput on this GPU.
 
 
 rule bench_throughput:
@@ -20,22 +20,3 @@ rule bench_throughput:
         heads=COST["heads"],
     script:
         "../scripts/bench.py"
-
-
-rule table_cost:
-    input:
-        csvs=bench_csvs(),
-    output:
-        table_report("cost"),
-    log:
-        f"{LOGS}/reports/{STUDY_HASH}/cost.log",
-    benchmark:
-        f"{BENCHMARKS}/reports/{STUDY_HASH}/cost.tsv"
-    conda:
-        "../envs/analysis.yaml"
-    params:
-        kind="cost",
-        resamples=config["stats"]["resamples"],
-        published=config.get("published", {}),
-    script:
-        "../scripts/table.py"

@@ -147,6 +147,7 @@ rule cpt_table:
         "../envs/analysis.yaml"
     params:
         scale=CPT.scale,
+        about=TABLES["cpt"].about,
         resamples=config.get("stats", {}).get("resamples", 4999),
         published=config.get("published", {}),
     script:

@@ -3,7 +3,7 @@
 # results/released/<label>/model.pt, its source pinned (hub: the commit read; local folder: its content hash) in
 # the run block {label, residual, size, seed 0, pairing "released-<group>", source} and provenance.json, then
 # evaluated per task like a run. The downstream table pairs each arm with the baseline arm of its size label and
-# group (same questions); reproduce_released writes <reports>/released.{md,csv,tex} (analysis/released.py): each arm
+# group (same questions); reproduce_released writes <reports>/released.{md,csv,tex} (analysis/tables/released.py, rule table): each arm
 # beside the numbers its authors published (released.<label>.published names the source), and the paired tests.
 
 RELEASED = {
@@ -77,22 +77,3 @@ rule evaluate_released:
         wandb_args=eval_wandb_args,
     script:
         "../scripts/evaluate.py"
-
-
-rule table_released:
-    input:
-        results=RELEASED_RESULTS,
-    output:
-        table_report("released"),
-    log:
-        f"{LOGS}/reports/{STUDY_HASH}/released.log",
-    benchmark:
-        f"{BENCHMARKS}/reports/{STUDY_HASH}/released.tsv"
-    conda:
-        "../envs/analysis.yaml"
-    params:
-        arms={label: {"published": arm["published"]} for label, arm in RELEASED.items()},
-        eval_dirs=RELEASED_EVAL_DIRS,
-        resamples=config["stats"]["resamples"],
-    script:
-        "../scripts/released_table.py"

@@ -1,80 +1,43 @@
-# Tables: generated from run summaries / evaluation outputs, never edited by hand.
-# Each writes <reports>/<name>.{md,csv,tex} through analysis.tables. The downstream table reads the
-# per-question samples itself (there is no separate paired-stats step): its verdicts need the
-# whole family (Holm across rows) and, with several seeds, every seed at once (seed-level test).
+# Tables: generated from run summaries / evaluation outputs / benchmark records, never edited by hand.
+# One rule for every table of analysis/tables/registry.py whose inputs the workflow lists (TABLE_INPUTS, by the
+# record's input kind); each writes <reports>/<name>.{md,csv,tex} through analysis.tables. The CPT table is
+# built by workflow/rules/cpt.smk (its manifest and batch check). The downstream table reads the per-question
+# samples itself (there is no separate paired-stats step): its verdicts need the whole family (Holm across
+# rows) and, with several seeds, every seed at once (seed-level test).
+
+TABLE_INPUTS = {  # a record's input kind -> the files of this config
+    "table1_runs": table1_summaries,
+    "heads_runs": heads_summaries,
+    "downstream_evals": lambda: downstream_results() + RELEASED_RESULTS,
+    "released_evals": lambda: RELEASED_RESULTS,
+    "bench": bench_csvs,
+}
+TABLE_OPTIONS = {  # table-specific options of a builder (analysis.tables.registry.Build.options)
+    "released": {
+        "arms": {label: {"published": arm["published"]} for label, arm in RELEASED.items()}
+    },
+}
+BUILT_HERE = [name for name, spec in TABLES.items() if spec.inputs in TABLE_INPUTS]
 
 
-rule table1:
+rule table:
     input:
-        summaries=table1_summaries(),
+        lambda w: TABLE_INPUTS[TABLES[w.table].inputs](),
     output:
-        table_report("table1"),
+        table_report("{table}"),
     log:
-        f"{LOGS}/reports/{STUDY_HASH}/table1.log",
+        f"{LOGS}/reports/{STUDY_HASH}/{{table}}.log",
     benchmark:
-        f"{BENCHMARKS}/reports/{STUDY_HASH}/table1.tsv"
+        f"{BENCHMARKS}/reports/{STUDY_HASH}/{{table}}.tsv"
     conda:
         "../envs/analysis.yaml"
     params:
-        kind="table1",
+        inputs=lambda w: TABLES[w.table].inputs,
+        about=lambda w: TABLES[w.table].about,
         resamples=config["stats"]["resamples"],
         published=config.get("published", {}),
-    script:
-        "../scripts/table.py"
-
-
-rule table_seeds:
-    input:
-        summaries=table1_summaries(),
-    output:
-        table_report("seeds"),
-    log:
-        f"{LOGS}/reports/{STUDY_HASH}/seeds.log",
-    benchmark:
-        f"{BENCHMARKS}/reports/{STUDY_HASH}/seeds.tsv"
-    conda:
-        "../envs/analysis.yaml"
-    params:
-        kind="seeds",
-        resamples=config["stats"]["resamples"],
-        published=config.get("published", {}),
-    script:
-        "../scripts/table.py"
-
-
-rule table_heads:
-    input:
-        summaries=heads_summaries(),
-    output:
-        table_report("heads"),
-    log:
-        f"{LOGS}/reports/{STUDY_HASH}/heads.log",
-    benchmark:
-        f"{BENCHMARKS}/reports/{STUDY_HASH}/heads.tsv"
-    conda:
-        "../envs/analysis.yaml"
-    params:
-        kind="heads",
-        resamples=config["stats"]["resamples"],
-        published=config.get("published", {}),
-    script:
-        "../scripts/table.py"
-
-
-rule table_downstream:
-    input:
-        results=downstream_results() + RELEASED_RESULTS,
-    output:
-        table_report("downstream"),
-    log:
-        f"{LOGS}/reports/{STUDY_HASH}/downstream.log",
-    benchmark:
-        f"{BENCHMARKS}/reports/{STUDY_HASH}/downstream.tsv"
-    conda:
-        "../envs/analysis.yaml"
-    params:
-        kind="downstream",
-        resamples=config["stats"]["resamples"],
-        published=config.get("published", {}),
+        options=lambda w: TABLE_OPTIONS.get(w.table, {}),
+    wildcard_constraints:
+        table="|".join(BUILT_HERE),
     script:
         "../scripts/table.py"

@@ -2,7 +2,7 @@
 published number with its source, and a paired per-question test of each AttnRes arm against the baseline arm of
 its size.
 
-    python -m analysis.released --inputs EVAL_DIRS... --arms ARMS.json --out PREFIX
+    python -m analysis.tables released --inputs EVAL_DIRS... --arms ARMS.json --out PREFIX
 
 writes PREFIX.csv, PREFIX.md and PREFIX.tex. EVAL_DIRS are the released arms' evaluation folders (the workflow's
 results/eval/released/<label>/<ehash>); which arm a folder belongs to is read from its records (``run`` block).
@@ -21,28 +21,28 @@ two models differ (analysis.verdict, single seed).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from mhar.runs.pairing import pairing_difference
 
-from . import stats as st
-from . import verdict as vd
-from .load.common import AnalysisInputError, run_cli
 from mhar.runs.sidecar import provenance
-from .load.published import PUBLISHED_CSV, SOURCES_CSV, load_published as load_published_df, load_sources
-from .load.runs import identify_eval
-from .load.samples import EvalTask, eval_tasks, load_eval_task, metric_arrays
-from .tables.questions import compare_task, primary_metric
-from .tables.render import Column, Table, f_ci, f_num, f_p, write_table
+
+from .. import stats as st
+from .. import verdict as vd
+from ..load.common import AnalysisInputError
+from ..load.published import PUBLISHED_CSV, SOURCES_CSV, load_published as load_published_df, load_sources
+from ..load.runs import identify_eval
+from ..load.samples import EvalTask, eval_tasks, load_eval_task, metric_arrays
+from .pairs import judge
+from .questions import compare_task, primary_metric
+from .registry import TABLES, Build
+from .render import Column, Table, f_ci, f_num, f_p
 
 TABLE = "released"  # the rows of analysis/published.csv this table quotes
-TITLE = "Released models: ours vs their README"
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ def released_table(eval_dirs: Sequence[str | Path], arms: Optional[dict] = None,
                 pdelta = mine.value - theirs.value if (mine and theirs) else None
                 row.update(comparison=f"{label} - {ref}: {task} ({info['size']})", delta=res.estimate,
                            ci_low=res.ci_low, ci_high=res.ci_high, p=res.p_value, test=res.method,
-                           published_delta=pdelta, judged=vd.judged_on(False, single_seed=True),
+                           published_delta=pdelta,
                            published_delta_sources=(f"{mine.source} - {theirs.source}" if pdelta is not None
                                                     else None))
                 if pdelta is not None and math.isfinite(res.estimate) and res.estimate != 0:
@@ -208,11 +208,7 @@ def released_table(eval_dirs: Sequence[str | Path], arms: Optional[dict] = None,
                                                 math.copysign(1, pdelta) else "opposite sign")
             rows.append(row)
             results.append(res)
-    adj = vd.holm([r.p_value if r is not None else None for r in results])
-    for row, res, pa in zip(rows, results, adj):
-        if res is not None:
-            row["p_holm"] = pa if math.isfinite(pa) else None
-            row["verdict"] = vd.decide(res, row["published_delta"], False, row["p_holm"], single_seed=True)
+    judge(rows, results, single_seed=True)  # one trained model per arm: whether these two models differ
     cols = [Column("size", lambda r: r["size"]), Column("model", lambda r: r["arm"]),
             Column("checkpoint", lambda r: r["checkpoint"]),
             Column("task / metric", lambda r: f"{r['task']} {r['metric']}"), Column("n", lambda r: str(r["n"])),
@@ -240,21 +236,17 @@ def released_table(eval_dirs: Sequence[str | Path], arms: Optional[dict] = None,
         f"model: the verdict says whether these two models differ ('{vd.MODELS_DIFFER}' / '{vd.NO_DIFFERENCE}'), "
         "never whether the method reproduces (analysis/verdict.py VERDICT_RULE).",
     ] + [f"not compared: {s}" for s in skipped]
-    return Table("released", TITLE, rows, cols, notes, provenance([str(d) for d in eval_dirs]))
+    return Table("released", TABLES["released"].title, rows, cols, notes, provenance([str(d) for d in eval_dirs]))
 
 
-def make_released_table(eval_dirs: Sequence[str | Path], arms: dict, out: str | Path, n_resamples: int = 4999,
-                        command: Optional[str] = None) -> list[Path]:
-    """Build the table and write OUT.csv/.md/.tex (``command`` is recorded as provenance)."""
-    if not eval_dirs:
-        raise AnalysisInputError("released: no evaluation folders given")
-    t = released_table(eval_dirs, arms, n_resamples=n_resamples)
-    t.provenance["command"] = command or f"python -m analysis.released --inputs {' '.join(map(str, eval_dirs))}"
-    t.provenance["arms"] = arms
-    return write_table(t, out)
+def build(inputs: Sequence[str | Path], b: Build) -> Table:
+    """The registry's builder of table released (analysis.tables.registry): options ``arms``, the config's
+    ``released:`` block ({label: {"published": ...}})."""
+    return released_table(inputs, b.options.get("arms") or {}, n_resamples=b.n_resamples)
 
 
-def _read_arms(path: str) -> dict:
+def read_arms(path: str) -> dict:
+    """The ``--arms`` JSON file of ``python -m analysis.tables released``."""
     try:
         arms = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -262,18 +254,3 @@ def _read_arms(path: str) -> dict:
     if not isinstance(arms, dict):
         raise AnalysisInputError(f"--arms {path}: expected a JSON object label -> arm")
     return arms
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.released", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--inputs", nargs="+", required=True, help="the released arms' evaluation folders")
-    ap.add_argument("--arms", default=None, help="JSON: the config's released block (which published row per arm)")
-    ap.add_argument("--out", required=True, help="output prefix; writes PREFIX.csv, PREFIX.md, PREFIX.tex")
-    ap.add_argument("--resamples", type=int, default=4999, help="bootstrap / permutation resamples")
-    a = ap.parse_args(argv)
-    return run_cli("analysis.released", lambda cmd: make_released_table(
-        a.inputs, _read_arms(a.arms) if a.arms else {}, a.out, a.resamples, command=cmd), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
