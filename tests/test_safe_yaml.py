@@ -37,7 +37,8 @@ def expanded(obj, memo=None) -> int:
     memo = {} if memo is None else memo
     if id(obj) in memo:
         return memo[id(obj)]
-    kids = list(obj) if isinstance(obj, list) else [v for kv in obj.items() for v in kv] if isinstance(obj, dict) else []
+    kids = (list(obj) if isinstance(obj, list) else [v for kv in obj.items() for v in kv] if isinstance(obj, dict)
+            else [])
     memo[id(obj)] = n = 1 + sum(expanded(k, memo) for k in kids)
     return n
 

@@ -185,9 +185,12 @@ class RunConfig:
         need(0.0 <= t.min_lr_ratio <= 1.0, "train.min_lr_ratio", f"must be in [0, 1], got {t.min_lr_ratio}")
         need(t.lr > 0, "train.lr", f"must be > 0, got {t.lr}")
         need(t.grad_clip >= 0, "train.grad_clip", "must be >= 0 (0 disables clipping)")
-        need(t.device in ("auto", "cpu", "cuda"), "train.device", f"unknown device {brief(t.device)}; choose auto, cpu or cuda")
-        need(t.dtype in ("auto", "fp32", "bf16"), "train.dtype", f"unknown dtype {brief(t.dtype)}; choose auto, fp32 or bf16")
-        need(t.parallel in ("ddp", "fsdp"), "train.parallel", f"unknown parallel mode {brief(t.parallel)}; choose ddp or fsdp")
+        need(t.device in ("auto", "cpu", "cuda"), "train.device",
+             f"unknown device {brief(t.device)}; choose auto, cpu or cuda")
+        need(t.dtype in ("auto", "fp32", "bf16"), "train.dtype",
+             f"unknown dtype {brief(t.dtype)}; choose auto, fp32 or bf16")
+        need(t.parallel in ("ddp", "fsdp"), "train.parallel",
+             f"unknown parallel mode {brief(t.parallel)}; choose ddp or fsdp")
         for key in ("compile", "cuda_graph"):
             v = getattr(t, key)
             need(v == "auto" or isinstance(v, bool), f"train.{key}", f"expected auto, true or false, got {brief(v)}")

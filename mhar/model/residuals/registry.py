@@ -8,7 +8,7 @@ import importlib
 import re
 from typing import TYPE_CHECKING, Callable, Optional
 
-from mhar.model.choices import ConfigError
+from mhar.model.choices import ConfigError, brief
 from mhar.model.residuals.base import Residual
 
 if TYPE_CHECKING:
@@ -63,18 +63,51 @@ def display_record(variant: str) -> dict:
 
 
 def import_variant_module(module: str) -> None:
-    """Import ``module`` (``model.residual.module``) so that the variants it defines register themselves."""
+    """Import ``module`` (``model.residual.module``) so that the variants it defines register themselves.
+
+    Any failure of the import (no such module, a syntax error, an exception raised while it runs, a package it
+    imports that is not installed) is one ConfigError line naming the module and the cause."""
     if not isinstance(module, str) or not _MODULE_NAME.match(module):
-        raise ConfigError(f"model.residual.module: {module!r} is not a Python module name (e.g. mypkg.my_variant)")
+        raise ConfigError(f"model.residual.module: {brief(module)} is not a Python module name (e.g. mypkg.my_variant)")
     try:
         importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
             raise ConfigError(
-                f"model.residual.module: cannot import {module!r} (no module {e.name!r}); install the package "
-                "that holds it or run from the folder that does (it must be importable on the Python path)"
+                f"model.residual.module: cannot import {brief(module)} (no module {brief(e.name)}); install the "
+                "package that holds it or run from the folder that does (it must be importable on the Python path)"
             ) from None
-        raise
+        raise ConfigError(
+            f"model.residual.module: importing {brief(module)} failed: it imports {brief(e.name)}, which is not "
+            f"installed ({_where_raised(e)}); install that package (pip install ...) or remove the import"
+        ) from None
+    except SyntaxError as e:  # IndentationError, TabError included
+        where = f"{e.filename}, line {e.lineno}" if e.filename else "its source"
+        raise ConfigError(
+            f"model.residual.module: importing {brief(module)} failed: {type(e).__name__}: {_text(e.msg)} ({where}); "
+            "fix the module"
+        ) from None
+    except Exception as e:  # whatever the module's own code raised while it was imported
+        raise ConfigError(
+            f"model.residual.module: importing {brief(module)} failed: {type(e).__name__}: {_text(str(e))} "
+            f"({_where_raised(e)}); fix the module (it runs when the config is checked)"
+        ) from None
+
+
+def _text(message: str, limit: int = 200) -> str:
+    """An exception's message on one line, at most ``limit`` characters."""
+    one = " ".join(str(message).split())
+    return one if len(one) <= limit else one[: limit - 3] + "..."
+
+
+def _where_raised(e: BaseException) -> str:
+    """``file, line N`` of the innermost frame of ``e``'s traceback outside the import machinery."""
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith("<frozen"):
+            last = tb
+        tb = tb.tb_next
+    return f"{last.tb_frame.f_code.co_filename}, line {last.tb_lineno}" if last is not None else "during its import"
 
 
 def residual_class(variant: str, module: Optional[str] = None) -> type[Residual]:
@@ -82,9 +115,9 @@ def residual_class(variant: str, module: Optional[str] = None) -> type[Residual]
     if module is not None:
         import_variant_module(module)
     if variant not in RESIDUALS:
-        where = (f"module {module!r} does not register it (@mhar.model.residuals.register({variant!r}))" if module
-                 else "if it is defined outside mhar.model.residuals, name its module in model.residual.module")
-        raise ConfigError(f"model.residual.variant: unknown variant {variant!r}; choose one of "
+        where = (f"module {brief(module)} does not register it (@mhar.model.residuals.register({brief(variant)}))"
+                 if module else "if it is defined outside mhar.model.residuals, name its module in model.residual.module")
+        raise ConfigError(f"model.residual.variant: unknown variant {brief(variant)}; choose one of "
                           f"{', '.join(variant_names())} ({where})")
     return RESIDUALS[variant]
 
