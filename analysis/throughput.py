@@ -1,7 +1,8 @@
 """Throughput statistics of training-throughput records (``benchmarks/bench_training.py`` CSVs): is a target met,
 is one routing faster than another? The statistics are ``verdicts`` (one-sided t test of the mean ratio against a
 target per size, Holm over the sizes) and ``compare`` (paired t test of two variants measured in the same runs), on
-the one t interval and Holm of ``analysis.stats`` / ``analysis.verdict`` and its words (``verdict.target_verdict``); ``load_units`` / ``load_pairs`` read a record; ``main`` is the CLI.
+the one t interval and Holm of ``analysis.stats`` / ``analysis.verdict`` and its words (``verdict.target_verdict``);
+``load_units`` / ``load_pairs`` read a record; ``main`` is the CLI.
 
     python -m analysis.throughput results/bench/training.csv                              # mhar_fused vs 0.90
     python -m analysis.throughput results/bench/training.csv --target 0.95 --unit call
@@ -16,9 +17,10 @@ were then (``analysis.load.bench.bench_variant``: their ``mhar_fused_v7_sg8_pdl`
 first averages the runs that share a device call (the ``source`` column's "session ... call N": same machine, same
 compile caches), the stricter unit when a call holds repeats. Per size: n, mean, sample sd, the 95% t interval
 (``analysis.stats.t_interval``), the one-sided t test of mean > target (scipy) and its Holm adjustment over the sizes
-(``analysis.verdict.holm``: the target is asked at EVERY size, so each size is one of several tests). Verdict per size: "met" (Holm p < alpha),
-"below" (the interval's upper end under the target), else "not demonstrated" (with one unit, always), "not
-measured" for a size of ``--sizes`` without runs. The target holds overall only if every size is "met".
+(``analysis.verdict.holm``: the target is asked at EVERY size, so each size is one of several tests). Verdict per
+size: "met" (Holm p < alpha), "below" (the interval's upper end under the target), else "not demonstrated" (with one
+unit, always), "not measured" for a size of ``--sizes`` without runs. The target holds overall only if every size
+is "met".
 
 ``--against B`` compares two variants measured in the SAME runs instead (each against the baseline of its own run:
 a call's k-th baseline row opens its k-th run): per size, the paired differences of the ratios (variant - B), their

@@ -1,6 +1,8 @@
 """Result tables (CSV + Markdown + LaTeX), each with the published value beside ours and a verdict.
 
-    python -m analysis.tables {table1,seeds,heads,downstream,cpt,cost,released} --inputs FILES... --out PREFIX [--published ID]
+    python -m analysis.tables TABLE --inputs FILES... --out PREFIX [--published ID] [--arms ARMS.json]
+
+TABLE: a name of analysis/tables/registry.py (table1, seeds, heads, downstream, cpt, cost, released, ...).
 
 writes PREFIX.csv (raw numbers), PREFIX.md and PREFIX.tex (formatted, with notes and provenance).
 Inputs: table1/heads/seeds take summary.json files (or run dirs); downstream takes eval dirs of the
@@ -85,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--published", metavar="ID", default=None,
                     help="source of the published numbers quoted (an id of analysis/published_sources.csv)")
     ap.add_argument("--arms", metavar="ARMS.json", default=None,
-                    help="released: the config's released block as JSON (which published row each arm is compared with)")
+                    help="released: the config's released block as JSON (the published row each arm is compared with)")
     a = ap.parse_args(argv)
     pub = {a.kind: a.published} if a.published else None
 
