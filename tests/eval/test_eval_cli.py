@@ -156,6 +156,7 @@ def test_eval_run_passes_lm_evals_own_wandb_logging_through(setup, monkeypatch, 
     holding the task's metrics (as `lm_eval --wandb_args` does); a bad value is one error line."""
     pytest.importorskip("wandb")
     from eval.run import main as run_main
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'training'))  # the builder lives beside its own tests
     from test_tracking import wandb_run
 
     ckpt, env, tmp = setup

@@ -64,6 +64,7 @@ def test_export_hf_and_released_arms_end_to_end(tmp_path):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'hf'))  # the builder lives beside its own tests
     from test_hf_authors import authors_checkpoint
 
     torch.manual_seed(0)

@@ -120,6 +120,7 @@ def _checkpoints(tmp_path: Path) -> tuple[Path, Path]:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'hf'))  # the builder lives beside its own tests
     from test_hf_released_layout import released_checkpoint
 
     torch.manual_seed(0)
