@@ -21,8 +21,27 @@ os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(os.path.expanduser("~"), 
 
 import logging  # noqa: E402
 import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+from tests.quick_tier import QUICK  # noqa: E402
+
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """The quick tier (tests/quick_tier.py): `python -m pytest -m quick` runs in minutes on 2 cores."""
+    for item in items:
+        try:
+            rel = Path(str(item.path)).resolve().relative_to(_TESTS).as_posix()
+        except ValueError:
+            continue
+        left_out = QUICK.get(rel)
+        if left_out is None or item.get_closest_marker("slow") or item.get_closest_marker("gpu"):
+            continue
+        if item.name not in left_out and getattr(item, "originalname", item.name) not in left_out:
+            item.add_marker(pytest.mark.quick)
 
 
 @pytest.fixture(autouse=True)
