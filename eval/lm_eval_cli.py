@@ -16,8 +16,10 @@ registry ``python -m eval.run --tasks-dir`` uses. ``--output_path DIR --log_samp
 Without ``MHAR_DATA_DIR`` the stock hub tasks run. ``--model hf`` and every other lm-eval model work as in
 ``lm_eval``. Bad ``mhar`` model arguments, a missing checkpoint, a model whose vocabulary is smaller than its
 tokenizer's, ``--device cuda`` where no GPU is visible (without ``--device`` the ``mhar`` model runs on the
-GPU when one is visible, else on the CPU) and ``--num_fewshot N`` for a local task without a few-shot split
-(hellaswag, lambada_openai, wikitext, gpqa zero-shot; gsm8k has one) give one ``error:`` line, exit 2.
+GPU when one is visible, else on the CPU), ``--num_fewshot N`` for a local task without a few-shot split
+(hellaswag, lambada_openai, wikitext, gpqa zero-shot; gsm8k has one) and, with ``--output_path``, a model path
+whose lm-eval folder name (the whole path, '/' -> '__') exceeds the file-name limit give one ``error:`` line,
+exit 2, before anything is evaluated.
 For per-document files in our format (samples.jsonl / results.json) use ``python -m eval.run``.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 from typing import Optional, Sequence
 
 from mhar.env import data_dir as _data_dir
+from mhar.runs.atomic import name_max
 
 from .data_local import TASKS_DIR, _local_entry, _task_yaml
 
@@ -121,6 +124,48 @@ def local_fewshot_error(argv: Sequence[str]) -> Optional[str]:
     return None
 
 
+def _model_args(argv: Sequence[str]) -> dict:
+    """``--model_args`` / ``-a`` as lm-eval reads them: ``key=val,key2=val2`` or several ``key=val`` words."""
+    out: dict = {}
+    for i, a in enumerate(argv):
+        words = []
+        if a in ("--model_args", "-a"):
+            for w in argv[i + 1:]:
+                if w.startswith("-"):
+                    break
+                words.append(w)
+        elif a.startswith("--model_args="):
+            words = [a.split("=", 1)[1]]
+        for part in ",".join(words).split(","):
+            key, sep, value = part.partition("=")
+            if sep:
+                out[key.strip()] = value.strip()
+    return out
+
+
+def output_name_error(argv: Sequence[str]) -> Optional[str]:
+    """Why lm-eval could not write its files under ``--output_path`` (None: it can, or none is written): it names
+    a folder after the whole model path ('/' -> '__'), and a name over the file system's limit fails only after
+    the whole evaluation (lm-eval logs the failed write and goes on)."""
+    out = _flag(argv, "--output_path", "-o")
+    if not out:
+        return None
+    from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker  # lazy: lm-eval (as in main)
+    from lm_eval.utils import sanitize_model_name
+
+    name = GeneralConfigTracker._get_model_name(_model_args(argv))  # lm-eval's own rule (pretrained, path, ...)
+    if not name:
+        return None
+    folder, limit = sanitize_model_name(name), name_max(out)
+    n = len(folder.encode("utf-8", "surrogateescape"))
+    if n <= limit:
+        return None
+    return (f"--model_args: lm-eval names its output folder after the whole model path ({n} bytes: "
+            f"{folder[:40]}...), over the file system's limit of {limit} bytes for a file name under "
+            f"--output_path, so it could not write its files after the evaluation; give the model by a shorter "
+            "path (e.g. a symbolic link to its folder), or evaluate with python -m eval.run (which hashes that name)")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     # lazy: lm-eval and torch load only when an evaluation runs; this module imports without them
     from lm_eval.__main__ import cli_evaluate
@@ -132,7 +177,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     data_dir = str(found) if found is not None else None
     args = cli_argv(sys.argv[1:] if argv is None else argv, data_dir)
     args, err = mhar_device_argv(args)
-    err = err or (local_fewshot_error(args) if data_dir else None)
+    err = err or (local_fewshot_error(args) if data_dir else None) or output_name_error(args)
     if err:
         print(f"error: {err}", file=sys.stderr)
         return 2

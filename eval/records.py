@@ -133,6 +133,31 @@ def lm_eval_model(model_info: dict, model_path: str, lm: Any) -> tuple[str, dict
 
 
 _STAGING_PREFIX = f".{LM_EVAL_DIR}.tmp-"
+# lm-eval's EvaluationTracker names its files <model folder>/results_<date>.json and samples_<task>_<date>.jsonl,
+# the model folder after the whole model path (lm_eval.utils.sanitize_model_name: '/' -> '__').
+_DATE_LEN = len("2026-01-01T00-00-00.000000")
+
+
+def fitting_model_folder(name: str, limit: int) -> str:
+    """lm-eval's folder name for a model's files, itself when it fits the file-name limit ``limit`` (bytes);
+    a longer one (a model path longer than the limit: lm-eval would fail to write its files after the whole
+    evaluation) becomes ``<sha256 of the name, 16 hex>__<its last bytes>``: within the limit, one per path."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) <= limit:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    tail = raw[-(limit - len(digest) - 2):].decode("utf-8", "ignore").lstrip("_")
+    return f"{digest}__{tail}"
+
+
+def task_name_problem(task: str, limit: int) -> Optional[str]:
+    """Why lm-eval could not name the samples file of ``task`` under the file-name limit ``limit`` (None: it can)."""
+    n = len(f"samples_{task}_{'0' * _DATE_LEN}.jsonl".encode("utf-8", "surrogateescape"))
+    if n <= limit:
+        return None
+    return (f"task {task[:60]}{'...' if len(task) > 60 else ''}: lm-eval names its samples file "
+            f"samples_<task>_<date>.jsonl, {n} bytes for this task, over the file system's limit of {limit} for a "
+            "file name; give the task a shorter name (its YAML's task:)")
 
 
 def lm_eval_staging(task_dir: Path) -> Path:

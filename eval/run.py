@@ -14,6 +14,8 @@ Outputs per task (docs/ARCHITECTURE.md "Evaluation outputs"):
   ``OUT/<task>/lm_eval/<model>/results_<date>.json``, ``samples_<task>_<date>.jsonl``: lm-eval's own
                                 files, written by lm-eval's EvaluationTracker exactly as
                                 ``lm_eval --output_path OUT/<task>/lm_eval --log_samples`` writes them
+                                (a ``<model>`` name over the file-name limit, where lm-eval would fail
+                                after the evaluation, is hashed: ``records.fitting_model_folder``)
 Tasks: lm-eval's stock registry, plus ``eval/tasks/`` (the local mirror's YAMLs, when a data directory is
 set) and ``--tasks-dir DIR`` (your own YAMLs, any file names) as include paths; a later folder wins a name.
 Data: the local mirror when ``MHAR_DATA_DIR`` (or ``data_dir``) is set, else the hub.
@@ -39,13 +41,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mhar.runs.atomic import atomic_write_text, check_writable, os_error_line
+from mhar.runs.atomic import atomic_write_text, check_writable, name_max, os_error_line
 from mhar.runs.layout import run_info
 from mhar.runs.provenance import collect_provenance
 
 from .records import (LM_EVAL_DIR, aggregate_metrics, commit_lm_eval_files, drop_lm_eval_files,
-                      fill_missing_stderrs, jsonable, lm_eval_model, lm_eval_staging, sample_records,
-                      write_lm_eval_files)
+                      fill_missing_stderrs, fitting_model_folder, jsonable, lm_eval_model, lm_eval_staging,
+                      sample_records, task_name_problem, write_lm_eval_files)
 from .data_local import STANDARD_TASKS, DataSource, unknown_task_message
 from .vocab import check_vocab
 
@@ -332,6 +334,13 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
     # what `lm_eval --model <name> --model_args ...` records (simple_evaluate, given a built LM, records its class)
     res["config"]["model"] = lm_name
     tracker.general_config_tracker.model_source = lm_name
+    # lm-eval names the model's folder after the whole model path: one longer than a file name may be is hashed
+    named = str(tracker.general_config_tracker.model_name_sanitized)
+    fitting = fitting_model_folder(named, name_max(task_dir))
+    if fitting != named:
+        log.info("lm-eval's folder name for %s is %d bytes, over the file-name limit: its files go to %s/%s/",
+                 model_path, len(named.encode()), LM_EVAL_DIR, fitting)
+        tracker.general_config_tracker.model_name_sanitized = fitting
     metadata = getattr(task.config, "metadata", None) or {}
     records = sample_records(res["samples"][task_name], task.OUTPUT_TYPE, metadata.get("cluster_field"))
     got = [r["doc_id"] for r in records]
@@ -456,6 +465,9 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
         tm = source.task_manager()
         for name in task_list:  # every task name and data file is checked before anything is loaded
             check_task(name, source, tm)
+            problem = task_name_problem(name, name_max(out_dir))
+            if problem:
+                raise ValueError(problem)
         created: list[Path] = []
         try:
             for name in task_list:  # a read-only or full output location fails now, not after the evaluation

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "read_json", "check_writable",
-           "os_error_line"]
+           "os_error_line", "name_max"]
 
 
 def _fsync_dir(path: Path) -> None:
@@ -116,6 +116,17 @@ def os_error_line(e: OSError, doing: str = "", after: str = "") -> str:
     if after:
         parts.append(after)
     return "; ".join(parts).replace("\n", " ")
+
+
+def name_max(folder: str | os.PathLike) -> int:
+    """The longest file name (bytes) the file system of ``folder`` (or of its nearest existing parent) allows."""
+    p = Path(folder).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return int(os.pathconf(p, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return 255  # the limit of every common Linux and macOS file system
 
 
 def check_writable(folder: str | os.PathLike) -> Optional[list[Path]]:
