@@ -17,7 +17,8 @@ Without ``MHAR_DATA_DIR`` the stock hub tasks run. ``--model hf`` and every othe
 ``lm_eval``. Bad ``mhar`` model arguments, a missing checkpoint, a model whose vocabulary is smaller than its
 tokenizer's, ``--device cuda`` where no GPU is visible (without ``--device`` the ``mhar`` model runs on the
 GPU when one is visible, else on the CPU), ``--num_fewshot N`` for a local task without a few-shot split
-(hellaswag, lambada_openai, wikitext, gpqa zero-shot; gsm8k has one) and, with ``--output_path``, a model path
+(hellaswag, lambada_openai, wikitext, gpqa zero-shot; gsm8k has one), a task YAML of an ``--include_path`` folder
+that ``mhar.safe_yaml`` refuses (over its size limit, aliases that expand) and, with ``--output_path``, a model path
 whose lm-eval folder name (the whole path, '/' -> '__') exceeds the file-name limit give one ``error:`` line,
 exit 2, before anything is evaluated.
 For per-document files in our format (samples.jsonl / results.json) use ``python -m eval.run``.
@@ -31,7 +32,7 @@ from typing import Optional, Sequence
 from mhar.env import data_dir as _data_dir
 from mhar.runs.atomic import name_max
 
-from .data_local import TASKS_DIR, _local_entry, _task_yaml
+from .data_local import TASKS_DIR, _local_entry, _task_yaml, check_task_folders
 
 _SUBCOMMANDS = ("run", "ls", "validate")
 
@@ -177,6 +178,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     data_dir = str(found) if found is not None else None
     args = cli_argv(sys.argv[1:] if argv is None else argv, data_dir)
     args, err = mhar_device_argv(args)
+    include = _flag(args, "--include_path")
+    try:  # lm-eval's own loader reads every YAML of these folders: bounded first (mhar.safe_yaml)
+        check_task_folders([p for p in include.split(os.pathsep) if p] if include else [])
+    except ValueError as e:
+        err = err or str(e)
     err = err or (local_fewshot_error(args) if data_dir else None) or output_name_error(args)
     if err:
         print(f"error: {err}", file=sys.stderr)

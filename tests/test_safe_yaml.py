@@ -179,3 +179,25 @@ def test_a_huge_value_is_quoted_as_a_prefix(tmp_path):
               tmp_path)
     assert res.returncode == 2
     assert "meta.name: expected str, got list (['lol', 'lol', 'lol', 'lol', ...])" in one_error_line(res)
+
+
+# --- the analysis loaders and lm-eval's CLI --------------------------------------------------------------------
+def test_analysis_reads_a_manifest_bomb_as_one_input_error(tmp_path):
+    from analysis.load.common import AnalysisInputError, read_yaml
+
+    manifest = tmp_path / "cpt.manifest.yaml"
+    manifest.write_text(f"base: a\nplain: b\nmhar: c\nscale: {bomb_value()}\n")
+    with pytest.raises(AnalysisInputError, match=r"cpt.manifest.yaml: YAML aliases expand .*billion laughs"):
+        read_yaml(manifest)
+
+
+def test_lm_eval_cli_refuses_a_task_yaml_bomb_in_its_include_path(tmp_path):
+    pytest.importorskip("lm_eval")
+    mine = tmp_path / "my_tasks"
+    mine.mkdir()
+    (mine / "bomb.yaml").write_text(f"task: boom\ntag: {bomb_value()}\n")
+    res = run([sys.executable, "-m", "eval.lm_eval_cli", "--model", "mhar", "--model_args", "pretrained=x.pt",
+               "--tasks", "boom", "--include_path", str(mine)], tmp_path)
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert str(mine / "bomb.yaml") in line and "billion laughs" in line

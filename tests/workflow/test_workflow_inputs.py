@@ -77,6 +77,12 @@ def test_labels_sizes_and_tasks_are_checked_at_config_time(tmp_path, config):
     assert config.split("=")[0] in line
 
 
+def test_cpt_task_names_are_checked_at_config_time(tmp_path):
+    work = tmp_path / "work"
+    line = refused(snakemake(["reproduce_cpt", "-n", "--config", "cpt={eval: {tasks: [../up]}}"], work), work)
+    assert line.startswith("error: cpt.eval.tasks: '../up' is not allowed") and "at most 100 characters" in line
+
+
 def test_an_overlay_bomb_is_refused_before_the_schema_walks_it(tmp_path):
     """A billion laughs in a --configfile overlay: one line naming the file (before: MemoryError in config.smk)."""
     work = tmp_path / "work"
