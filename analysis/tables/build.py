@@ -14,7 +14,9 @@ seed; rows are paired by seed. Which run a file belongs to is read from its reco
 the flat keys / config.yaml of older records), never from its path. Two runs are paired only when their
 resolved configs differ in the residual section alone (``mhar.runs.pairing``): same size, same
 train and data seeds, same data order and schedule; CPT arms may also differ in their start checkpoint.
-Anything else exits 2 with one ``error:`` line naming both runs and the first field that differs.
+Anything else exits 2 with one ``error:`` line naming both runs and the first field that differs. A row that
+finds nothing to be compared with (no baseline among the inputs, or only one of another size) is tabulated
+without a delta, and why is a note of the table and a ``TABLE: ...`` line on stderr (``pairs.unpaired_reason``).
 
 Every table CSV carries the common columns ``comparison, delta, ci_low, ci_high, p, p_holm,
 published_delta, judged, verdict`` (empty where not applicable) so forest plots and the report can
@@ -53,6 +55,8 @@ def make_table(kind: str, inputs: Sequence[str | Path], out: str | Path, n_resam
     t = builder(kind)(list(inputs), Build(dict(published or {}), n_resamples, dict(options or {})))
     t.provenance["command"] = command or f"python -m analysis.tables {kind} --inputs {' '.join(map(str, inputs))} --out {out}"
     t.provenance.update(options or {})
+    for reason in t.unpaired:  # a table whose rows say "-": why, also where the user ran it
+        print(f"{kind}: {reason}", file=sys.stderr)
     return write_table(t, out)
 
 

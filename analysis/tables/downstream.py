@@ -15,7 +15,7 @@ from ..load.published import check_source, load_published, paper_scale, publishe
 from ..load.runs import identify_eval
 from .rows import check_row, knobs_text, shown_knobs, variant_label
 from ..load.samples import align, eval_tasks, load_eval_task
-from .pairs import check_pair, is_baseline_of, judge, ordered, reference_group, seeds_text
+from .pairs import check_pair, is_baseline_of, judge, no_baseline, ordered, reference_group, seeds_text
 from .questions import compare_task, primary_metric
 from .render import Column, JUDGE_COLS, P_COLS, RULE_POINTER, Table, f_ci, f_num, paired_cols, with_scale
 from .registry import TABLES, Build
@@ -60,7 +60,7 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
     pub = load_published() if published is None else published
     source = check_source(pub, source or TABLES["downstream"].source)
     groups = _eval_groups(eval_dirs)
-    rows, results, missing = [], [], []
+    rows, results, unpaired = [], [], []
     shown = shown_knobs(groups)
     for key in ordered(groups, ident=lambda m: m[1]):
         variant, size, heads, _ = key
@@ -70,7 +70,7 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
         var = groups[key]
         rkey = reference_group(groups, key, is_baseline_of(size), ident=lambda m: m[1])
         if rkey is None:
-            missing.append(f"{next(iter(var.values()))[0]} (no baseline eval for size {size})")
+            unpaired.append(no_baseline(groups, key, ident=lambda m: m[1]))
             continue
         ref = groups[rkey]
         seeds = _pair_evals(var, ref)
@@ -138,9 +138,9 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
              f"differ ('{vd.MODELS_DIFFER}' / '{vd.NO_DIFFERENCE}'), never that the method reproduces; "
              "that takes 2 or more seeds per arm (the seed is then the unit).",
              "Paper: Table 2 (zero-shot, 200 examples); its MHAR rows are compared with our MHAR runs of any H.",
-             vd.SCALE_NOTE, RULE_POINTER, *source_notes(source, [])] + [f"skipped: {m}" for m in missing]
+             vd.SCALE_NOTE, RULE_POINTER, *source_notes(source, [])]
     return Table("downstream", "Downstream zero-shot evaluation (paired vs baseline)", rows, cols, notes,
-                 provenance([str(d) for d in eval_dirs]))
+                 provenance([str(d) for d in eval_dirs]), unpaired)
 
 
 def build(inputs: Sequence[str | Path], b: Build) -> Table:

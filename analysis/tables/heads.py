@@ -14,7 +14,7 @@ from mhar.runs.sidecar import provenance
 from ..load.published import check_source, load_published, paper_scale, published_value, source_notes
 from ..load.runs import load_summaries
 from .rows import group_runs, knobs_text, shown_knobs
-from .pairs import judge, pair_groups, seeds_text
+from .pairs import judge, pair_groups, seeds_text, unpaired_reason
 from .render import Column, JUDGE_COLS, P_COLS, RULE_POINTER, Table, f_ci, f_num, f_sd, paired_cols, with_scale
 from .registry import TABLES, Build
 
@@ -40,10 +40,14 @@ def heads_table(summaries: Sequence[str | Path], published=None, source: Optiona
             if h in by_size.setdefault((size, knobs), {}):
                 raise AnalysisInputError(f"size {size}: both attnres and mhar H=1 runs given; pass one of them")
             by_size[(size, knobs)][h] = runs
-    rows, results = [], []
+    rows, results, unpaired = [], [], []
     for size, knobs in sorted(by_size, key=lambda sk: (*size_key(sk[0]), str(sk[1]))):
         hs = by_size[(size, knobs)]
         ref_h = min(hs)
+        if len(hs) == 1:  # a sweep of one H: nothing to compare with; the nearest other H (same knobs) says why
+            others = [r for (s2, k2), hs2 in by_size.items() if s2 != size and k2 == knobs
+                      for h2, r in hs2.items() if h2 != ref_h]
+            unpaired.append(unpaired_reason(hs[ref_h], others, "run of another head count"))
         scale, same = paper_scale(size)
         ptab = "heads" if scale == "1B" or not same else "table1"
         pscale = "1B" if ptab == "heads" else scale
@@ -85,7 +89,7 @@ def heads_table(summaries: Sequence[str | Path], published=None, source: Optiona
              "non-paper sizes, Table 1 (H=1/8/16) for 100M/350M.", vd.SCALE_NOTE, RULE_POINTER,
              *(n for k in sorted({r["published_table"].split(":")[0] for r in rows})
                for n in source_notes(sources[k], []))]
-    return Table("heads", "Routing head-count sweep", rows, cols, notes, provenance(summaries))
+    return Table("heads", "Routing head-count sweep", rows, cols, notes, provenance(summaries), unpaired)
 
 
 def build(inputs: Sequence[str | Path], b: Build) -> Table:

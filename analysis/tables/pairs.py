@@ -14,7 +14,7 @@ from .. import stats as st
 from .. import verdict as vd
 from ..load.common import AnalysisInputError
 from ..load.runs import RunSummary, describe_run
-from .rows import variant_label
+from .rows import ident_label, variant_label
 
 
 def judge(rows: list[dict], results: list[Optional[st.PairedResult]], which: Optional[list[bool]] = None,
@@ -60,6 +60,29 @@ def pair_groups(var: dict[int, RunSummary], ref: dict[int, RunSummary]) -> tuple
             np.array([ref[s].tail_mean_val_loss for s in seeds]))
 
 
+def unpaired_reason(var: dict, refs: Sequence[dict], reference: str,
+                    ident: Callable[[Any], dict] = lambda r: r.ident) -> str:
+    """Why the row of runs ``var`` ({seed: run}) was compared with nothing, for the table's notes and stderr:
+    no row of the ``reference`` kind among ``refs`` (the groups that could have been its reference, of any size:
+    e.g. every baseline), or the nearest one (same size, then a shared seed) and the first field in which the
+    two runs' configs differ (mhar.runs.pairing.pairing_difference)."""
+    s0 = min(var)
+    v = ident(var[s0])
+    name = f"{ident_label(v)} {v['size']}"
+    if not refs:
+        return (f"no {reference} among the inputs: {name} ({v['where']}) is not paired with anything; pass the "
+                f"{reference}s trained with the same config (everything but model.residual)")
+    near = sorted(refs, key=lambda g: (ident(next(iter(g.values())))["size"] != v["size"], s0 not in g))
+    for g in near:
+        r = ident(g.get(s0) or g[min(g)])
+        diff = pairing_difference(v, r)
+        if diff is not None:
+            return (f"runs {describe_run(v, v['where'])} and {describe_run(r, r['where'])} differ in {diff} "
+                    f"(beyond model.residual): not paired")
+    r = ident(near[0][min(near[0])])
+    return f"{name} ({v['where']}) and {describe_run(r, r['where'])} were not paired"
+
+
 def reference_group(groups: dict[tuple, dict], key: tuple, want: Callable[[tuple], bool],
                     ident: Callable[[Any], dict] = lambda r: r.ident) -> Optional[tuple]:
     """The row that row ``key`` is compared with: among the rows ``want`` accepts (e.g. the baseline of the same
@@ -94,6 +117,12 @@ def ordered(groups: dict[tuple, dict], ident: Callable[[Any], dict] = lambda r: 
 
 def is_baseline_of(size: str) -> Callable[[tuple], bool]:
     return lambda g: g[0] == "baseline" and g[1] == size
+
+
+def no_baseline(groups: dict[tuple, dict], key: tuple, ident: Callable[[Any], dict] = lambda r: r.ident) -> str:
+    """Why row ``key`` found no baseline of its size to be paired with (:func:`unpaired_reason` over every
+    baseline row of ``groups``)."""
+    return unpaired_reason(groups[key], [groups[g] for g in groups if g[0] == "baseline"], "baseline run", ident)
 
 
 def seeds_text(seeds: Sequence[int]) -> str:

@@ -38,6 +38,12 @@ class Table:
     columns: list[Column]
     notes: list[str] = field(default_factory=list)
     provenance: dict = field(default_factory=dict)
+    # why rows were compared with nothing (analysis.tables.pairs.unpaired_reason): notes, and stderr lines
+    # of the CLI, so a table of "-" says why
+    unpaired: list[str] = field(default_factory=list)
+
+    def all_notes(self) -> list[str]:
+        return self.notes + self.unpaired
 
     def csv_fields(self) -> list[str]:
         keys: list[str] = []
@@ -100,7 +106,7 @@ def to_markdown(t: Table) -> str:
     if not t.rows:
         lines.append("| " + " | ".join("-" for _ in hdr) + " |")
     lines.append("")
-    for n in t.notes:
+    for n in t.all_notes():
         lines.append(f"- {n}")
     prov = t.provenance
     if prov:
@@ -133,8 +139,8 @@ def to_latex(t: Table) -> str:
     for r in t.rows:
         out.append(" & ".join(tex_escape(c.fmt(r)) for c in t.columns) + r" \\")
     out += [r"\bottomrule", r"\end{tabular}"]
-    if t.notes:
-        out.append(r"\par\footnotesize " + " ".join(tex_escape(x) for x in t.notes))
+    if t.all_notes():
+        out.append(r"\par\footnotesize " + " ".join(tex_escape(x) for x in t.all_notes()))
     out.append(r"\end{table}")
     return "\n".join(out) + "\n"
 

@@ -12,7 +12,7 @@ from ..load.published import (check_source, load_published, other_values, others
                               published_sd, published_value, source_notes)
 from ..load.runs import load_summaries
 from .rows import group_runs, knobs_text, run_label, shown_knobs
-from .pairs import is_baseline_of, ordered, pair_groups, reference_group, seeds_text
+from .pairs import is_baseline_of, no_baseline, ordered, pair_groups, reference_group, seeds_text
 from .render import Column, Table, f_num, f_sd, with_scale
 from .registry import TABLES, Build
 
@@ -25,13 +25,15 @@ def seeds_table(summaries: Sequence[str | Path], published=None, source: Optiona
     source = check_source(pub, source or TABLES["seeds"].source)
     disagree = []
     groups = group_runs(load_summaries(summaries))
-    rows = []
+    rows, unpaired = [], []
     shown = shown_knobs(groups)
     for g in ordered(groups):
         variant, size, heads, _ = g
         knobs = shown[g]
         ref = reference_group(groups, g, is_baseline_of(size)) if variant != "baseline" else None
         if ref is None:
+            if variant != "baseline":
+                unpaired.append(no_baseline(groups, g))
             continue
         seeds, a, b = pair_groups(groups[g], groups[ref])
         d = a - b
@@ -63,7 +65,7 @@ def seeds_table(summaries: Sequence[str | Path], published=None, source: Optiona
              "result is counted once.",
              "Paper: seed table of the FineWeb-Edu replication (3 seeds).", *source_notes(source, disagree)]
     return Table("seeds", "Seed table: per-seed paired deltas vs baseline", rows, cols, notes,
-                 provenance(summaries))
+                 provenance(summaries), unpaired)
 
 
 def build(inputs: Sequence[str | Path], b: Build) -> Table:

@@ -14,7 +14,7 @@ from ..load.published import (check_source, load_published, other_values, others
                               published_value, source_notes)
 from ..load.runs import load_summaries
 from .rows import group_runs, knobs_text, run_label, shown_knobs
-from .pairs import is_baseline_of, judge, ordered, pair_groups, reference_group, seeds_text
+from .pairs import is_baseline_of, judge, no_baseline, ordered, pair_groups, reference_group, seeds_text
 from .render import Column, JUDGE_COLS, P_COLS, RULE_POINTER, Table, f_ci, f_num, f_sd, paired_cols, with_scale
 from .registry import TABLES, Build
 
@@ -51,7 +51,7 @@ def table1(summaries: Sequence[str | Path], published=None, source: Optional[str
     disagree = []
     runs = load_summaries(summaries)
     groups = group_runs(runs)
-    rows, results = [], []
+    rows, results, unpaired = [], [], []
     shown = shown_knobs(groups)
     for g in ordered(groups):
         variant, size, heads, _ = g
@@ -73,6 +73,8 @@ def table1(summaries: Sequence[str | Path], published=None, source: Optional[str
                    comparison=f"{row['method']} - baseline ({size})")
         ref = reference_group(groups, g, is_baseline_of(size)) if variant != "baseline" else None
         res = None
+        if ref is None and variant != "baseline":
+            unpaired.append(no_baseline(groups, g))
         if ref is not None:
             seeds, a, b = pair_groups(byseed, groups[ref])
             res = vd.seed_evidence(a, b)
@@ -99,7 +101,7 @@ def table1(summaries: Sequence[str | Path], published=None, source: Optional[str
              "Paper: Table 1 (anneal corpus, 20K steps); MHAR with H not in {8, 16} is compared with the paper's "
              "H=8 row.", vd.SCALE_NOTE, RULE_POINTER, *source_notes(source, disagree)]
     return Table("table1", "Table 1: tail-mean validation loss (ours vs paper)", rows, cols, notes,
-                 provenance(summaries))
+                 provenance(summaries), unpaired)
 
 
 def build(inputs: Sequence[str | Path], b: Build) -> Table:
