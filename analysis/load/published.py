@@ -82,6 +82,13 @@ def published_value(df, source: str, scale: str, method: str, metric: str, heads
     return None if sub.empty else _value(sub.iloc[0], as_fraction)
 
 
+def published_tasks(df, source: str) -> set[str]:
+    """The tasks ``source`` publishes any number for (a task outside them, e.g. a user's own, has no paper
+    column to fill)."""
+    sel = (df["source"] == source) & df["value"].notna() & (df["task"] != "")
+    return set(df[sel]["task"].astype(str))
+
+
 def published_sd(df, source: str, scale: str, method: str, metric: str) -> Optional[float]:
     """The spread (``sd``) published beside a number, or None."""
     sub = _rows(df, source, scale, method, metric, None, "")

@@ -284,19 +284,29 @@ def identify_eval(eval_dir: str | os.PathLike) -> dict:
     res = res if isinstance(res, dict) else {}
     model = next((res[k] for k in ("model", "model_path", "model_name", "pretrained") if isinstance(res.get(k), str)),
                  None)
-    if isinstance(res.get("run"), dict):
-        info = run_identity(res, rps[0])
-        info["model"] = model
-        return info
+    c = run_dir = None
     if model is not None:
         c = Path(model.removeprefix("hf:"))
         if not c.is_absolute():  # relative to the working directory of the workflow that wrote it
             base = next((a for a in root.resolve().parents if (a / c).parent.is_dir()), None)
             c = (base / c) if base is not None else c
-        for run_dir in (c, c.parent):
-            if (run_dir / "summary.json").is_file():
-                s = load_summary(run_dir)
-                return {**s.ident, "model": str(c)}
+        run_dir = next((d for d in (c, c.parent) if (d / "summary.json").is_file()), None)
+    if isinstance(res.get("run"), dict):
+        run = res["run"]
+        if run_dir is not None and _display_record(res.get("display")) is None and \
+                _display_record(run.get("display")) is None:
+            # the training run's display record, as its summary gives Table 1 (an eval record carries none;
+            # the registry here may not know a user's variant): one name for the variant in every table
+            summary = read_json(run_dir / "summary.json")
+            summary = summary if isinstance(summary, dict) else {}
+            variant_of = lambda r: ((r.get("run") or {}).get("residual") or {}).get("variant")  # noqa: E731
+            shown = _display_record(summary.get("display")) if variant_of(summary) == variant_of(res) else None
+            res = {**res, "display": shown} if shown is not None else res
+        info = run_identity(res, rps[0])
+        info["model"] = model
+        return info
+    if run_dir is not None:
+        return {**load_summary(run_dir).ident, "model": str(c)}
     raise AnalysisInputError(
         f"{rps[0]}: cannot tell which run was evaluated: no 'run' block and no model path whose run directory "
         "holds summary.json; re-evaluate with the current eval.run (it records the run) or keep the run dir")

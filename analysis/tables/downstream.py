@@ -11,7 +11,8 @@ from .. import stats as st
 from .. import verdict as vd
 from ..load.common import AnalysisInputError
 from mhar.runs.sidecar import provenance
-from ..load.published import check_source, load_published, paper_scale, published_value, source_notes
+from ..load.published import (check_source, load_published, paper_scale, published_tasks, published_value,
+                              source_notes)
 from ..load.runs import identify_eval
 from .rows import check_row, knobs_text, shown_knobs, variant_label
 from ..load.samples import align, eval_tasks, load_eval_task
@@ -61,6 +62,7 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
     source = check_source(pub, source or TABLES["downstream"].source)
     groups = _eval_groups(eval_dirs)
     rows, results, unpaired = [], [], []
+    in_paper = published_tasks(pub, source)
     shown = shown_knobs(groups)
     for key in ordered(groups, ident=lambda m: m[1]):
         variant, size, heads, _ = key
@@ -114,6 +116,8 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
                          **paired_cols(res)})
             results.append(res)
     judge(rows, results)
+    # a paper column of a task the paper has no number for (e.g. the user's own) is empty, noted once below
+    paper_text = lambda r, text: text if r["task"] in in_paper else ""  # noqa: E731
     cols = [Column("size", lambda r: r["size"]), Column("method", lambda r: r["method"]),
             Column("seeds", lambda r: r["seeds"]), Column("task / metric", lambda r: f"{r['task']} {r['metric']}"),
             Column("n", lambda r: f"{r['n']} {r['unit']}"),
@@ -122,11 +126,11 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
             Column("Δ [95% CI]", lambda r: f_ci(r["delta"], r["ci_low"], r["ci_high"])),
             Column("test", lambda r: r["test"]), *(c() for c in P_COLS),
             Column("MDE (80%)", lambda r: f_num(r["mde80"])),
-            Column("paper base / MHAR", lambda r: with_scale(
+            Column("paper base / MHAR", lambda r: paper_text(r, with_scale(
                 f"{f_num(r['published_baseline'])} / {f_num(r['published_variant'])}"
-                + lm_metrics.unit_note(r["metric"], r["published_metric"]), r)),
-            Column("paper Δ", lambda r: with_scale(f_ci(r["published_delta"], None, None)
-                                                   + lm_metrics.unit_note(r["metric"], r["published_metric"]), r)),
+                + lm_metrics.unit_note(r["metric"], r["published_metric"]), r))),
+            Column("paper Δ", lambda r: paper_text(r, with_scale(f_ci(r["published_delta"], None, None)
+                                                   + lm_metrics.unit_note(r["metric"], r["published_metric"]), r))),
             *(c() for c in JUDGE_COLS)]
     notes = [lm_metrics.NOTE,
              "Paired by document (same doc_id and prompt) and by seed. One seed: 0/1 scores use the exact McNemar p "
@@ -139,6 +143,9 @@ def downstream_table(eval_dirs: Sequence[str | Path], published=None, n_resample
              "that takes 2 or more seeds per arm (the seed is then the unit).",
              "Paper: Table 2 (zero-shot, 200 examples); its MHAR rows are compared with our MHAR runs of any H.",
              vd.SCALE_NOTE, RULE_POINTER, *source_notes(source, [])]
+    own = sorted({r["task"] for r in rows} - in_paper)
+    if own:
+        notes.append(f"The paper has no number for {', '.join(own)} (paper columns left empty).")
     return Table("downstream", "Downstream zero-shot evaluation (paired vs baseline)", rows, cols, notes,
                  provenance([str(d) for d in eval_dirs]), unpaired)
 

@@ -1,5 +1,7 @@
-"""What a table says when a row was compared with nothing (issue 59 item 4): the note and the stderr line of an
-unpaired row (no baseline among the inputs, or runs that differ beyond the residual)."""
+"""What a table says when a row was compared with nothing, and one name per variant in every table (issue 59
+items 4 and 5): the note and the stderr line of an unpaired row (no baseline among the inputs, or runs that
+differ beyond the residual), display names in the downstream table as in Table 1, and a task the paper has no
+number for."""
 from __future__ import annotations
 
 import json
@@ -84,3 +86,45 @@ def _run_with_eval(root: Path, variant: str, values: dict, heads=None, display=N
         summary.write_text(json.dumps(record))
     return summary, fx.write_eval(summary.parent / "eval", str(summary.parent / "model.pt"), values,
                                   run=record["run"])
+
+
+def test_downstream_names_a_variant_as_table1_does(tmp_path):
+    """A user's own variant (module outside mhar, not imported where the table is built): the downstream table
+    names it by the display record its training summary carries, as Table 1 does, not by its config label."""
+    from mhar.model.residuals import display_record
+    import tests.toy_variant  # noqa: F401  (registers toy_gated, as the user's training did)
+
+    rng = np.random.default_rng(0)
+    b = (rng.random(120) < 0.4).astype(float)
+    base = _run_with_eval(tmp_path, "baseline", {"lambada_openai": b})
+    toy = _run_with_eval(tmp_path, "toy_gated", {"lambada_openai": b[::-1].copy()}, 1,
+                         display=display_record("toy_gated"), label="toy_gate",
+                         overrides=["model.residual.module=tests.toy_variant"])
+    # a fresh process: the registry there does not know toy_gated, as in the user's analysis step
+    for kind, inputs in (("table1", [base[0], toy[0]]), ("downstream", [base[1], toy[1]])):
+        p = subprocess.run([sys.executable, "-m", "analysis.tables", kind, "--inputs", *map(str, inputs),
+                            "--out", str(tmp_path / kind), "--resamples", "99"], cwd=REPO, capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+    t1 = pd.read_csv(tmp_path / "table1.csv")
+    ds = pd.read_csv(tmp_path / "downstream.csv")
+    assert set(t1["method"]) == {"baseline", "toy gated residual"}
+    assert set(ds["method"]) == {"toy gated residual"}
+
+
+def test_own_task_has_empty_paper_columns_and_one_note(tmp_path):
+    """A task the paper has no number for: its paper columns are empty (not '- / - (100M)') and one note says
+    the paper has no number for it; a task the paper has keeps its numbers."""
+    rng = np.random.default_rng(1)
+    vals = {t: (rng.random(100) < 0.5).astype(float) for t in ("lambada_openai", "tiny_numbers")}
+    base = _run_with_eval(tmp_path, "baseline", vals)
+    mhar = _run_with_eval(tmp_path, "mhar", {t: v[::-1].copy() for t, v in vals.items()}, 4)
+    assert tables_main(["downstream", "--inputs", str(base[1]), str(mhar[1]), "--out", str(tmp_path / "d"),
+                        "--resamples", "99"]) == 0
+    md = _notes(tmp_path / "d")
+    rows = {ln.split(" | ")[3].split()[0]: ln.split(" | ") for ln in md.splitlines() if ln.startswith("| tiny ")}
+    header = next(ln for ln in md.splitlines() if ln.startswith("| size ")).split(" | ")
+    paper = [header.index("paper base / MHAR"), header.index("paper Δ")]
+    assert [rows["tiny_numbers"][i].strip() for i in paper] == ["", ""]
+    assert all("(100M)" in rows["lambada_openai"][i] for i in paper)  # the paper's number, another scale
+    assert md.count("The paper has no number for tiny_numbers") == 1 and "lambada_openai:" not in md
