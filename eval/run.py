@@ -271,11 +271,14 @@ def weights_sha256(model_path: str) -> Optional[str]:
 
 
 def model_identity(model_path: str, lm: Any, sha: Optional[str] = None) -> dict:
-    """``run`` (the exported model's run identity) and ``weights_sha256`` of an exported model."""
+    """``run`` (the exported model's run identity), ``display`` (its variant's display record, when the model
+    carries one: the tables name the variant by it) and ``weights_sha256`` of an exported model."""
     if str(model_path).startswith("hf:"):
         return {"run": None, "weights_sha256": None}
     extra = (getattr(lm, "blob", None) or {}).get("extra") or {}
-    return {"run": extra.get("run"), "weights_sha256": sha if sha is not None else weights_sha256(model_path)}
+    shown = {"display": extra["display"]} if isinstance(extra.get("display"), dict) else {}
+    return {"run": extra.get("run"), **shown,
+            "weights_sha256": sha if sha is not None else weights_sha256(model_path)}
 
 
 def load_task(task_name: str, source: DataSource, task_manager, num_fewshot: Optional[int] = None):

@@ -14,6 +14,7 @@ import torch
 from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, clean_stale_temps, load_model, non_finite_tensor,
                              read_checkpoint, save_model, sha256_path, verify_sha256)
 from mhar.model.config import model_config
+from mhar.model.residuals import display_record
 from mhar.model.transformer import Transformer
 from mhar.runs.config import load_run_config, run_identity
 from mhar.safe_yaml import dump_yaml
@@ -25,7 +26,7 @@ def _export(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = Transformer(model_config("debug", max_seq_len=64))
     run = run_identity(load_run_config(None, ["model.preset=debug", "meta.name=tiny"]))
-    return save_model(path, model, "byte", {"run": run})
+    return save_model(path, model, "byte", {"run": run, "display": display_record("baseline")})  # as mhar.train
 
 
 def test_export_is_byte_identical_checksummed_and_tamper_evident(tmp_path):
@@ -79,6 +80,7 @@ def test_eval_checks_every_task_first_and_records_the_weights(tmp_path, capsys):
     res = json.loads((out / "lambada_openai" / "results.json").read_text())
     assert res["weights_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
     assert res["run"] == read_checkpoint(model)["extra"]["run"] and res["run"]["label"] == "tiny"
+    assert res["display"] == read_checkpoint(model)["extra"]["display"]  # the tables' name of the variant
 
 
 # --- issue 44: a model without its checksum is never loaded, anywhere -----------------------------------

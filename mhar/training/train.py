@@ -373,7 +373,8 @@ def _finish(run: _Run) -> dict:
     """Export the model (EMA weights as model.pt when kept), write summary.json, end the provenance."""
     cfg, t, prog = run.cfg, run.cfg.train, run.prog
     summary = _summary(run)
-    extra = {"step": prog.step, "variant": cfg.variant, "size": cfg.size, "seed": t.seed, "run": run_identity(cfg)}
+    extra = {"step": prog.step, "variant": cfg.variant, "size": cfg.size, "seed": t.seed, "run": run_identity(cfg),
+             "display": summary["display"]}  # evaluations copy it: every table names the variant alike
     if run.ema is None:
         _export(run, run.folder.model, extra)
     else:  # model.pt holds the EMA weights (what gets evaluated), model_raw.pt the last iterate

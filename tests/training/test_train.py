@@ -108,6 +108,7 @@ def test_same_seed_gives_identical_metrics_and_files(corpus, tmp_path):
     assert a.read_bytes() == b.read_bytes()
     assert (tmp_path / "a" / "model.pt.sha256").read_text().split()[0] == hashlib.sha256(a.read_bytes()).hexdigest()
     assert s1["run"] == blob["extra"]["run"] == prov["run"] == run_identity(cfg)
+    assert blob["extra"]["display"] == s1["display"]  # what an evaluation of it records (eval.run.model_identity)
     assert s1["run"]["identity"] == identity_hash(cfg) == s1["identity"] == prov["identity"]
     assert s1["run"]["pairing"] == pairing_hash(cfg) == prov["pairing"] and "config_hash" not in s1
     # provenance.json's config_hash is the hash of the config it records (its one meaning everywhere)
