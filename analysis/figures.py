@@ -348,7 +348,7 @@ def _delta_unit(name: str, df) -> str:
 
 def forest(table_csvs: Sequence[str | Path], out: str | Path) -> list[Path]:
     """Paired deltas with 95% CIs (one panel per table CSV); x = published delta, colour = verdict."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (a slow import), only for this table's data
 
     panels = []
     for p in table_csvs:
@@ -400,7 +400,7 @@ def forest(table_csvs: Sequence[str | Path], out: str | Path) -> list[Path]:
 
 def _cost_rows(inputs: Sequence[str | Path]):
     """The cost table's rows: read from its CSV, or built by analysis.tables from benchmark CSVs (one code path)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (a slow import), only for this table's data
 
     if len(inputs) == 1:
         head = pd.read_csv(inputs[0], nrows=0).columns

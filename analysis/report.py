@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mhar.runs.atomic import atomic_write_text
+from mhar.atomic import atomic_write_text
 
 from mhar.runs import sidecar
 from . import verdict as vd
@@ -88,7 +88,7 @@ def _fmt(x, nd=3) -> str:
 
 def table_reading(name: str, csv_path: Path) -> str:
     """One line summarising a table CSV: verdict counts and the comparison that stands out (``_standout``)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (a slow import), only for this section
 
     df = pd.read_csv(csv_path)
     if df.empty:
@@ -131,7 +131,7 @@ def _standout(df) -> str:
     """The comparison that stands out by its deciding evidence: the smallest Holm-adjusted p (the p the verdict
     used; the raw p where a table judges a row on its own), among the rows significant at the verdict's alpha;
     "no result stands out" when none is (a +0.000, p=1 row is never the headline)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (a slow import), only for this section
 
     sub = df[df["comparison"].notna() & df["delta"].notna()]
     deciding = pd.to_numeric(sub["p_holm"] if "p_holm" in sub.columns else sub["p"], errors="coerce")
@@ -157,7 +157,7 @@ def _metric_of(r) -> str:
 def _paper_beside(r) -> str:
     """The published delta after ours in a headline, only where the two can be compared: the same metric, and
     its magnitude only at the paper's own scale (elsewhere the sign alone, which is all the verdict judges)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (a slow import), only for this section
 
     pub = r.get("published_delta")
     if pub is None or not pd.notna(pub):
@@ -193,7 +193,7 @@ def setup_section(table1_csv: Optional[Path]) -> list[str]:
     lines = ["## Setup", ""]
     if table1_csv is None:
         return lines + ["Table 1 was not generated, so the setup of the runs is not summarised here.", ""]
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (a slow import), only for this section
 
     df = pd.read_csv(table1_csv)
     have = [(k, lab) for k, lab in SETUP_COLUMNS if k in df.columns]

@@ -387,7 +387,7 @@ def sd_of_difference(sd_a: float, sd_b: float, rho: float) -> float:
 
 def power_paired(delta: float, n: int, sd_diff: float, alpha: float = 0.05) -> float:
     """Power of the two-sided paired t-test for true mean difference ``delta`` (noncentral t)."""
-    from statsmodels.stats.power import TTestPower
+    from statsmodels.stats.power import TTestPower  # lazy: statsmodels (a slow import), only for power
 
     if n < 2 or sd_diff <= 0:
         return float("nan")
@@ -397,7 +397,7 @@ def power_paired(delta: float, n: int, sd_diff: float, alpha: float = 0.05) -> f
 
 def mde_paired(n: int, sd_diff: float, alpha: float = 0.05, power: float = 0.8) -> float:
     """Minimum detectable |mean difference| of a two-sided paired t-test with n pairs."""
-    from statsmodels.stats.power import TTestPower
+    from statsmodels.stats.power import TTestPower  # lazy: statsmodels (a slow import), only for power
 
     if n < 2 or not np.isfinite(sd_diff) or sd_diff <= 0:
         return float("nan")

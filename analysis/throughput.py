@@ -39,6 +39,8 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from mhar.model.presets import PRESETS, size_key
 
 from . import verdict as vd
@@ -119,8 +121,7 @@ def verdicts(units: dict[str, list[tuple[str, float]]], target: float, alpha: fl
     """One row per size (in preset order, ``size_key``): n, ratios, mean, sd, ci95, p (one-sided, mean > target),
     p_holm (over the sizes with n >= 2), verdict. ``sizes``: sizes that must appear ("not measured", n 0, when the
     record has no run of them)."""
-    import numpy as np
-    from scipy import stats
+    from scipy import stats  # lazy: scipy (a slow import), only when a target is judged
 
     out = []
     for size in sorted(set(units) | set(sizes), key=size_key):
@@ -185,8 +186,7 @@ def compare(pairs: dict[str, list[tuple[str, float, float]]], alpha: float = 0.0
     interval, the one-sided paired t test of variant > against (scipy ``ttest_rel``), Holm over the sizes (not
     the pooled row), verdict "faster" (Holm p < alpha; pooled: p < alpha), "slower" (interval under 0), else
     "not demonstrated"."""
-    import numpy as np
-    from scipy import stats
+    from scipy import stats  # lazy: scipy (a slow import), only when a target is judged
 
     def row(size, items):
         a = np.array([x for _, x, _ in items], float)

@@ -37,9 +37,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from benchmarks.common import add_out_args, env_columns, existing_rows, write_csv
+from benchmarks.common import add_out_args, env_columns, existing_rows, measure_hbm_bandwidth, write_csv
 from mhar.model.config import ROUTING_IMPLS, model_config
-from mhar.model.inference import decoder_for, scorer_for
+from mhar.model.inference import decoder_for, generate, scorer_for
 from mhar.model.transformer import build_model
 
 
@@ -89,7 +89,7 @@ def build_inference_model(size: str, variant: str, routing_impl: str, heads: int
 
 def build_hf_model(size: str, device: torch.device, dtype: torch.dtype):
     """transformers' Qwen3ForCausalLM with our preset's shapes (tied embeddings, q/k norm, RoPE theta, eps), SDPA."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM  # lazy: transformers, only for the hf reference rows
 
     c = model_config(size)
     conf = Qwen3Config(vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
@@ -137,7 +137,7 @@ def bench_ours(size: str, variant: str, routing_impl: str, heads: int, batch: in
     dec = decoder_for(model, compile=compile, cuda_graphs=cuda_graphs, kernel=decode_kernel)
     with torch.no_grad():
         row = _measure(lambda: scorer.sequence_logprobs(ids), lambda: model(ids).logits,
-                       lambda k: model.generate(contexts, k), batch, T, prompt, new, repeats, device)
+                       lambda k: generate(model, contexts, k), batch, T, prompt, new, repeats, device)
     row.update(params=model.num_params(), compile=scorer.mode(), decode_compile=dec.mode(),
                cuda_graphs=dec.graphs(), decode_kernel=bool(dec.router.kernel), score_captures=scorer.captures, kv_cache_gib=round(sum(t.numel() * t.element_size() for c in dec._caches.values()
                                                                 for t in c.k + c.v) / 2**30, 4))
@@ -211,7 +211,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = env_columns(argv=list(argv) if argv is not None else None)
     hbm = None
     if device.type == "cuda":
-        from benchmarks.common import measure_hbm_bandwidth
         hbm = measure_hbm_bandwidth()
     rows = []
     for size in a.sizes:

@@ -34,6 +34,7 @@ from benchmarks.traffic_bound import fused_bytes, fused_config, min_bytes
 from mhar.model.config import ROUTING_IMPLS
 from mhar.model.presets import PRESETS
 from mhar.model.routing import get_router, resolve_routing_impl
+from mhar.model.routing._kernels import pdl_enabled
 
 IMPLS = (*ROUTING_IMPLS, "fused" + NO_PDL)  # the routing implementations, and fused without PDL
 
@@ -128,7 +129,6 @@ def graph_ms(fn, warmup: int = 3, reps: int = 30) -> float:
 
 def bench_case(c: Case, impl: str, mode: str, graph: bool = False) -> dict:
     """One row: ``impl`` (one of ``IMPLS``; its kernel settings while it runs) on case ``c``."""
-    from mhar.model.routing._kernels import pdl_enabled
     name, _ = kernel_settings(impl)
     with kernel_setting(impl):
         row = _bench_case(c, name, mode, graph)

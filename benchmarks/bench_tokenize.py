@@ -30,12 +30,12 @@ from benchmarks.common import add_out_args, command_line, existing_rows, write_c
 from mhar.data.corpus import resolve_corpus, resolve_data_dir
 from mhar.data.shards import _available_cores, _corpus_chars, build_shards
 from mhar.runs.provenance import git_info, hardware_info, package_versions
-from mhar.runs.config import DataConfig
+from mhar.data.config import DataConfig
 
 _CHILD = """
 import sys
 from mhar.data.shards import build_shards
-from mhar.runs.config import DataConfig
+from mhar.data.config import DataConfig
 cfg = DataConfig(corpus=sys.argv[1], tokenizer=sys.argv[2], cache_dir=sys.argv[3], seq_len=64)
 build_shards(cfg, 1 << 20, workers=int(sys.argv[4]))
 """
@@ -51,7 +51,7 @@ def _digest(path: Path) -> str:
 def _columns(args) -> dict:
     hw, pk = hardware_info(), package_versions()
     try:
-        import tokenizers
+        import tokenizers  # lazy: only for its version column (optional)
 
         tok_version = tokenizers.__version__
     except ImportError:

@@ -34,11 +34,18 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from analysis.stats import sample_t_interval
 from benchmarks.common import (NO_PDL, add_out_args, apply_settings, env_columns, existing_rows, microbatch,
                                kernel_settings, routing_env_cell, write_csv)
-from mhar.model.config import ROUTING_IMPLS
+from mhar.model.config import ROUTING_IMPLS, model_config
+from mhar.model.routing import routing_info
+from mhar.model.transformer import build_model
+from mhar.safe_yaml import dump_yaml
+from mhar.training.optim import param_groups
+from mhar.training.step import GRAPH_WARMUP, TrainStep, build_optimizer, plan_step
 # residual config of each benchmark variant (routing_impl picks the Router: mhar/model/routing): derived from the registry
 VARIANTS = {"baseline": {"variant": "baseline"},
             **{f"mhar_{impl}": {"variant": "mhar", "routing_impl": impl} for impl in ROUTING_IMPLS},
@@ -65,11 +72,6 @@ def residual_for(variant: str, heads: int) -> dict:
 def build_step(size: str, variant: str, heads: int, device: str, compile: bool = True, graph: bool = False):
     """The library's training step (``mhar.training.step.TrainStep``, what ``python -m mhar.train`` runs) for one
     configuration, and host batches of the paper's microbatch: ``(step, batches, model)``."""
-    from mhar.model.config import model_config
-    from mhar.model.transformer import build_model
-    from mhar.training.optim import param_groups
-    from mhar.training.step import TrainStep, build_optimizer, plan_step
-
     torch.manual_seed(0)
     cfg = model_config(size, residual=residual_for(variant, heads))
     B, T = microbatch(size)
@@ -90,8 +92,6 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
     """Time :func:`build_step`'s step in this process; returns a result row (no provenance).
     ``backend='none'``: no compile. Peak memory covers the whole run (warm-up and CUDA-graph capture
     included), as the trainer's summary does."""
-    from mhar.training.step import GRAPH_WARMUP
-
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     step, batches, model = build_step(size, variant, heads, device, compile=backend != "none", graph=graph)
@@ -110,7 +110,6 @@ def run_one(size: str, variant: str, heads: int, steps: int, warmup: int, device
     sync()
     dt = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    from mhar.model.routing import routing_info
     routing = routing_info(model, torch.device(device))
     return dict(size=size, variant=variant, routing_resolved=routing["resolved"] or "", pdl=int(routing["pdl"]), heads=heads if variant != "baseline" else 0, B=B, T=T,
                 params=model.num_params(), steps=steps, step_ms=round(1e3 * dt / steps, 2),
@@ -135,8 +134,6 @@ def trainer_config(size: str, variant: str, heads: int, steps: int, device: str)
 
 def run_trainer(size: str, variant: str, heads: int, steps: int, device: str, workdir: Path, timeout: float) -> dict:
     """Train ``steps`` steps with ``python -m mhar.train`` itself and read its steady tok/s from summary.json."""
-    from mhar.safe_yaml import dump_yaml
-
     run_dir = workdir / f"{size}-{variant}"
     shutil.rmtree(run_dir, ignore_errors=True)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -255,9 +252,6 @@ def repeat_summary(rows: list[dict]) -> list[str]:
     """One ``SUMMARY {json}`` line per (size, mode, MHAR variant) with at least one paired ratio: the same-run
     throughput / memory ratios of its repeats, their mean, sample sd and 95% t interval (scipy; none for one
     repeat). The repeat (a fresh pair of processes) is the unit: steps within a run are not independent."""
-    import numpy as np
-
-    from analysis.stats import sample_t_interval
 
     out = []
     groups: dict = {}

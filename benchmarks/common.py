@@ -13,7 +13,10 @@ from pathlib import Path
 
 import torch
 
+from mhar.atomic import atomic_write_text
 from mhar.model.presets import PRESETS
+from mhar.model.routing import kernel_env
+from mhar.model.routing.names import PDL_ENV
 from mhar.runs.provenance import git_info, hardware_info, package_versions
 
 
@@ -58,7 +61,6 @@ NO_PDL = "_nopdl"
 def kernel_settings(name: str) -> tuple[str, dict]:
     """``name`` without the ``NO_PDL`` suffix, and the routing kernel settings of its process: {MHAR_ROUTING_PDL:
     "0"} with the suffix, {MHAR_ROUTING_PDL: None} (unset: the default) without."""
-    from mhar.model.routing.names import PDL_ENV
     if name.endswith(NO_PDL):
         return name[: -len(NO_PDL)], {PDL_ENV: "0"}
     return name, {PDL_ENV: None}
@@ -78,14 +80,12 @@ def apply_settings(env: dict, settings: dict) -> dict:
 def routing_env_cell(env: dict | None = None) -> str:
     """Kernel settings (``mhar.model.routing.kernel_env()``, or ``env`` as a provenance.json holds them) as one CSV cell:
     "K=V K=V", empty for the defaults."""
-    from mhar.model.routing import kernel_env
-
     return " ".join(f"{k}={v}" for k, v in (kernel_env() if env is None else env).items())
 
 
 def measure_hbm_bandwidth(gib: float = 2.0) -> float:
     """Device-to-device copy bandwidth in GB/s (bytes read + bytes written), median of 20 copies."""
-    import triton.testing
+    import triton.testing  # lazy: triton, only on a GPU
 
     n = int(gib * 2**30) // 4
     a = torch.empty(n, device="cuda", dtype=torch.float32).uniform_()
@@ -125,8 +125,6 @@ def write_csv(path: str | Path, rows: list[dict], keep: list[dict] = ()) -> None
     """Write ``keep`` (rows already in the record) and then ``rows`` to ``path`` atomically (temp file +
     rename: a killed run leaves the previous file whole), creating parent folders; the header is the union
     of the columns, in order of first appearance (missing cells empty)."""
-    from mhar.runs.atomic import atomic_write_text
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fields = list(dict.fromkeys(k for r in [*keep, *rows] for k in r))
@@ -142,7 +140,7 @@ def tuned_lines(seen: set | None = None) -> list[str]:
     """One line per launch configuration the fused routing's autotuner has chosen (kernel, shape / loop-length
     bucket key -> BLOCK_T, warps, stages), skipping keys in ``seen`` (which it extends): logged next to timings
     so a run's configuration choices can be compared across sessions."""
-    from mhar.model.routing import _kernels
+    from mhar.model.routing import _kernels  # lazy: the Triton kernels (triton), only on a GPU
     lines = []
     for key, cfg in _kernels._TUNED.items():
         if seen is not None:

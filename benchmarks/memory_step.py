@@ -12,6 +12,7 @@ frame of each live block's allocation stack. Each variant runs in its own proces
 """
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections import defaultdict
 
@@ -80,9 +81,11 @@ def measure(size: str, variant: str, graph: bool = False, top: int = 14) -> dict
     over the steps ``python -m mhar.train`` runs first (with ``graph``: the eager warm-up steps, the CUDA-graph
     capture and replays; else three steps), and the peak of the whole run is attributed. Returns
     {"peak", "sites", "max_allocated"} (bytes)."""
-    import torch
+    import torch  # lazy: the parent only starts one process per variant (a fresh allocator); --one imports torch
 
+    # lazy: the parent only starts one process per variant (a fresh allocator); --one imports torch
     from benchmarks.bench_training import build_step
+    # lazy: the parent only starts one process per variant (a fresh allocator); --one imports torch
     from mhar.training.step import GRAPH_WARMUP
 
     before = torch.cuda.memory_allocated()
@@ -106,8 +109,6 @@ def measure(size: str, variant: str, graph: bool = False, top: int = 14) -> dict
 def main(argv=None) -> None:
     """``SIZE VARIANT... [--graph]``: each variant in its own process (a fresh allocator: nothing of an earlier
     variant stays allocated); ``--one`` runs one variant here."""
-    import subprocess
-
     args = list(argv if argv is not None else sys.argv[1:])
     graph = "--graph" in args
     args = [a for a in args if a != "--graph"]

@@ -39,6 +39,7 @@ their model.pt and checkpoint (GBs) after each run. Exit code 1 if a check faile
 """
 from __future__ import annotations
 
+import statistics
 import argparse
 import csv
 import json
@@ -287,7 +288,6 @@ def stage_resume(r: Runner, res: dict) -> bool:
 def steady_tokens_per_s(metrics: Path, warmup: int) -> float:
     """Median tokens/s over train steps after ``warmup`` of a run's metrics.jsonl, skipping steps that follow an
     evaluation."""
-    import statistics
     rows = [json.loads(x) for x in metrics.read_text().splitlines()]
     rates, prev, after_eval = [], None, False
     for r in rows:
@@ -309,6 +309,7 @@ def throughput_micro(size: str, default: int) -> int:
 
 
 def stage_throughput(r: Runner, res: dict) -> bool:
+    # lazy: the driver starts with the standard library only (see the import at the top)
     from benchmarks.common import env_columns
 
     a, n = r.args, r.args.nproc
@@ -354,6 +355,7 @@ def stage_throughput(r: Runner, res: dict) -> bool:
 
 
 def _seq_len(run: Path) -> int:
+    # lazy: the driver starts with the standard library only (see the import at the top)
     from mhar.runs.config import run_config_from_dict
 
     return run_config_from_dict(read_yaml_file(run / "config.yaml")).data.seq_len
@@ -362,7 +364,7 @@ def _seq_len(run: Path) -> int:
 def stage_workflow(r: Runner, res: dict) -> bool:
     """One train job of the workflow on nproc GPUs. The GPU count goes in through a config overlay:
     snakemake reads nested ``--config`` values as strings, which the schema refuses."""
-    import yaml
+    import yaml  # lazy: the driver starts with the standard library only (see the import at the top)
 
     a, n = r.args, r.args.nproc
     overlay = {"results_dir": str(r.scratch / "wf_results"),
@@ -432,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="key=value overrides for every training run (after the stage's)")
     args = p.parse_args(argv)
 
-    import torch
+    import torch  # lazy: the driver starts with the standard library only (see the import at the top)
 
     if args.nproc < 2:
         p.error("--nproc must be at least 2")
@@ -440,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --nproc {args.nproc} needs {args.nproc} visible GPUs, found {torch.cuda.device_count()}; "
               "run on a multi-GPU machine or rehearse with --device cpu", file=sys.stderr)
         return 2
+    # lazy: the driver starts with the standard library only (see the import at the top)
     from mhar.runs.provenance import collect_provenance
 
     r = Runner(args)

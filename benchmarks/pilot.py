@@ -31,6 +31,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -87,8 +88,6 @@ class Clock:
 
 def run_logged(cmd: list[str], log: Path, timeout: float) -> tuple[int, float]:
     """Run ``cmd``, its output appended to ``log`` and echoed; (exit code, 124 when stopped over time; seconds)."""
-    import threading
-
     t0 = time.time()
     with open(log, "a") as f:
         f.write(f"$ {shlex.join(cmd)}\n")
@@ -276,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     log = out / "pilot.log"
     clock = Clock(args.budget_s)
 
-    from benchmarks.common import env_columns, write_csv
+    from benchmarks.common import env_columns, write_csv  # lazy: torch (benchmarks.common), only once rows are written
 
     env = env_columns(argv=sys.argv[1:] if argv is None else argv, module="benchmarks.pilot")
     env["pilot_command"] = env.pop("command")

@@ -4,7 +4,7 @@
     PYTHONPATH=. python -m benchmarks.profile_step op 350M fused          # every routing call of one microbatch
     PYTHONPATH=. python -m benchmarks.profile_step op 350M fused_nopdl    # (impls: bench_routing_op.IMPLS)
     PYTHONPATH=. python -m benchmarks.profile_step train 100M mhar_fused  # (variants: bench_training.VARIANTS)
-    PYTHONPATH=. python -m benchmarks.profile_step generate 350M mhar     # Transformer.generate as bench_inference
+    PYTHONPATH=. python -m benchmarks.profile_step generate 350M mhar     # inference.generate as bench_inference
                                                                           # times it (8 x 512 prompt + 8 tokens)
     PYTHONPATH=. python -m benchmarks.profile_step forward 1B baseline hf # eager model(ids) (B x T = 1 x 2048,
                                                                          # --shape B:T) beside transformers' Qwen3
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -33,16 +34,19 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.bench_inference import build_hf_model, build_inference_model, default_mhar_impl
+from benchmarks.bench_training import build_step
+from benchmarks.common import apply_settings, kernel_settings, microbatch, tuned_lines
+from mhar.model.inference import generate
+from mhar.model.presets import PRESETS
+from mhar.model.routing import get_router
+
 
 def _op_fn(size: str, impl: str):
     """Every routing call of one microbatch, forward and backward (as ``bench_routing_op`` times it; ``impl`` one
     of its ``IMPLS``, its kernel settings set for this process)."""
-    import os
-
+    # lazy: triton (bench_routing_op), only for the op target
     from benchmarks.bench_routing_op import IMPLS, Case, _inputs, _microbatch
-    from benchmarks.common import apply_settings, kernel_settings, microbatch
-    from mhar.model.presets import PRESETS
-    from mhar.model.routing import get_router
     if impl not in IMPLS:
         raise SystemExit(f"error: op target {impl!r}: use one of {', '.join(IMPLS)}")
     name, settings = kernel_settings(impl)
@@ -67,20 +71,16 @@ def _op_fn(size: str, impl: str):
 def _train_fn(size: str, variant: str):
     """One optimizer step of the library's training step (benchmarks.bench_training.build_step: compiled
     pieces and fused AdamW, no CUDA graph so the profiler sees the kernels)."""
-    from benchmarks.bench_training import build_step
-
     step, batches, _ = build_step(size, variant, 8, "cuda", compile=True, graph=False)
     return lambda: step(batches[0], 5e-4)
 
 
 def _generate_fn(size: str, variant: str, new: int = 8):
-    """One ``Transformer.generate`` call of the inference benchmark's shapes (bf16, fused routing for routed
+    """One ``mhar.model.inference.generate`` call of the inference benchmark's shapes (bf16, fused routing for routed
     variants): the prefill of 8 x 512 random tokens and ``new`` decode steps. The top CPU operators are printed
     too (wall >> kernel time: the GPU waits for Python)."""
-    from benchmarks.bench_inference import build_inference_model
-
     model, contexts = build_inference_model(size, variant, "fused", 8, 8, 512, torch.device("cuda"), torch.bfloat16)
-    return lambda: model.generate(contexts, 1 + new)
+    return lambda: generate(model, contexts, 1 + new)
 
 
 _FORWARD_SHAPE = (1, 2048)
@@ -89,8 +89,6 @@ _FORWARD_SHAPE = (1, 2048)
 def _forward_fn(size: str, what: str):
     """Eager ``model(ids).logits`` under no_grad of our model (``baseline`` / ``mhar``: H=8, the paper configs'
     routing) or transformers' Qwen3ForCausalLM (``hf``), bf16, at ``_FORWARD_SHAPE``."""
-    from benchmarks.bench_inference import build_hf_model, build_inference_model, default_mhar_impl
-
     B, T = _FORWARD_SHAPE
     dev = torch.device("cuda")
     if what == "hf":
@@ -120,7 +118,7 @@ _CATEGORIES = (
 
 def _routing_kernel_names() -> tuple[str, ...]:
     """Names of the fused router's Triton kernels (every ``*_kernel`` of mhar.model.routing._kernels)."""
-    from mhar.model.routing import _kernels
+    from mhar.model.routing import _kernels  # lazy: the Triton kernels (triton), only on a GPU
     return tuple(sorted(n for n in dir(_kernels) if n.endswith("_kernel") and n.startswith("_")))
 
 
@@ -234,7 +232,6 @@ def _profile(kind: str, size: str, what: str, iters: int = 3, stack: str | None 
 def _ncu(size: str, impl: str) -> None:
     """One microbatch of the routing op (``_op_fn``) between cudaProfilerStart / Stop, after two to autotune: run
     under ``ncu --profile-from-start off``, Nsight Compute sees only the kernels of one tuned microbatch."""
-    from benchmarks.common import tuned_lines
     fn = _op_fn(size, impl)
     for _ in range(2):
         fn()

@@ -34,10 +34,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from analysis.load.bench import bench_variant
 from benchmarks.common import command_line, microbatch, write_csv
 from mhar.model.presets import PRESETS
-from mhar.runs.provenance import git_info
+from mhar.model.residuals.open_attnres import layers_per_block
 from mhar.model.routing.names import SOURCE_GROUP, SOURCE_GROUP_MAX_HEAD, READ_GROUP
+from mhar.runs.provenance import git_info
 
 BYTES_PER_ELT = 2  # bf16 sources under autocast
 
@@ -164,7 +166,6 @@ def bound_rows(training: list[dict], hbm_gbps: float, fused: tuple = FUSED_VARIA
     ``hbm_gbps`` and throughput bound of ``fused`` and ``min``, and the measured ratio of the first variant of
     ``fused`` that the record holds at that size (an older record's variant names read as the current ones:
     ``analysis.load.bench.bench_variant``)."""
-    from analysis.load.bench import bench_variant
     fused = (fused,) if isinstance(fused, str) else tuple(fused)
     training = [r for r in training if r.get("mode", "step") != "trainer"]  # the step rows (same step, one each)
     rows = []
@@ -246,7 +247,6 @@ def block_layout_reads(n_layers: int, blocks: int, layout: str) -> list[tuple[in
         reads = [(1 + block_of[i], int(i > 0 and block_of[i - 1] == block_of[i])) for i in range(S2)]
         return reads + [(1 + blocks, 0)]
     if layout == "open_attnres":
-        from mhar.model.residuals.open_attnres import layers_per_block
         P = layers_per_block(n_layers, blocks)
         closed = [1 + sum(1 for l in range(i // 2) if (l + 1) % P == 0) for i in range(S2)]
         return [(c, 1) for c in closed]

@@ -19,8 +19,8 @@ Everything follows lm-eval's ``hf`` model (``HFLM``) so numbers are comparable:
   * ``loglikelihood_rolling``: lm-eval's rolling windows of ``max_length`` tokens
     (default: the model's training context ``cfg.max_seq_len``), first window
     prefixed with the prefix token; each token is predicted exactly once.
-  * ``generate_until``: greedy decoding with the model's static KV cache (``Transformer.generate`` ->
-    ``mhar.model.inference.Decoder``: on CUDA each step compiled and replayed as a CUDA graph);
+  * ``generate_until``: greedy decoding with the model's static KV cache (``mhar.model.inference.generate``
+    -> ``mhar.model.inference.Decoder``: on CUDA each step compiled and replayed as a CUDA graph);
     stops at the end-of-text token, at any ``until`` string or the end-of-text text (the
     output is cut before it) or after ``max_gen_toks`` tokens (aliases ``max_new_tokens``,
     ... as lm-eval's ``normalize_gen_kwargs``). A context longer than
@@ -46,7 +46,6 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
@@ -60,8 +59,6 @@ from .vocab import check_vocab
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-# Scored positions per output-head call of a model without ``hidden`` (logits given): bounds the fp32 block.
-_HEAD_CHUNK = 4096
 
 
 def _as_bool(name: str, value: Any) -> Optional[bool]:
@@ -297,13 +294,9 @@ class MharLM(TemplateLM):
         """(N, D) selected states (or logits) -> fp32 log p(tgt) (N,) and whether tgt is the argmax (N,)."""
         if self._split_head:
             return self.scorer.token_logprobs(h, tgt)
-        lp_tok, greedy = [], []
-        for s in range(0, h.shape[0], _HEAD_CHUNK):
-            lp = F.log_softmax(h[s: s + _HEAD_CHUNK].float(), dim=-1)  # (n, V)
-            t = tgt[s: s + _HEAD_CHUNK]
-            lp_tok.append(lp.gather(-1, t[:, None]).squeeze(-1))
-            greedy.append(lp.argmax(-1) == t)
-        return torch.cat(lp_tok), torch.cat(greedy)
+        from mhar.model.inference import chunked_logprobs, logit_logprobs  # lazy: as the scorer's in __init__
+
+        return chunked_logprobs(logit_logprobs, h, tgt)  # the library's chunks and formula, on given logits
 
     @torch.no_grad()
     def _score(self, inputs: list[list[int]], conts: list[list[int]]) -> list[tuple[float, bool]]:
@@ -432,10 +425,13 @@ class MharLM(TemplateLM):
         def hit(_row: int, toks: list[int]) -> bool:
             return bool(until) and any(s in self.tok_decode(toks) for s in until)
 
-        if not hasattr(self.model, "generate"):
-            raise ValueError("MharLM: generate_until needs a model with .generate (a mhar.model.transformer.Transformer)")
-        gen = self.model.generate(contexts, max_new, stop_ids=[self.eot_token_id], should_stop=hit,
-                                  use_cache=self.use_cache, max_length=self.max_length)
+        if not self._split_head:
+            raise ValueError("MharLM: generate_until needs a mhar.model.transformer.Transformer (a model with "
+                             "hidden and lm_head)")
+        from mhar.model.inference import generate  # lazy: as the scorer's in __init__
+
+        gen = generate(self.model, contexts, max_new, stop_ids=[self.eot_token_id], should_stop=hit,
+                       use_cache=self.use_cache, max_length=self.max_length)
         return [postprocess_generated_text(self.tok_decode(g), list(until), None) for g in gen]
 
     def _gen_settings(self, gen_kwargs: dict) -> tuple[list[str], int]:

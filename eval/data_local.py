@@ -9,6 +9,7 @@ name). Without a data directory the stock tasks load their Hugging Face hub data
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import logging
@@ -58,7 +59,7 @@ def check_task_folders(folders: Sequence[str | os.PathLike]) -> None:
 
 
 def _task_manager(**kwargs):
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # lazy: lm-eval (loads torch); this module imports without it
 
     check_task_folders(kwargs.get("include_path") or ())
 
@@ -99,7 +100,7 @@ def _local_entry(task: str, folders: Sequence[str | os.PathLike] = (TASKS_DIR,))
 
 
 def _task_yaml(task: str) -> dict:
-    from lm_eval.tasks._yaml_loader import load_yaml
+    from lm_eval.tasks._yaml_loader import load_yaml  # lazy: lm-eval (loads torch); this module imports without it
 
     entry = _local_entry(task)
     if entry is None:
@@ -112,8 +113,6 @@ def _task_yaml(task: str) -> dict:
 def unknown_task_message(task_name: str, known: Sequence[str], include_paths: Sequence[str | os.PathLike] = (),
                          where: Optional[str] = None) -> str:
     """One line: the unknown name (and the config key naming it), where it was looked up, the closest names."""
-    import difflib
-
     looked = "lm-eval's stock tasks" + "".join(f" + {p}" for p in include_paths)
     close = difflib.get_close_matches(task_name, known, n=3, cutoff=0.75)
     hint = f"did you mean {' / '.join(close)}? " if close else ""

@@ -30,7 +30,7 @@ import sys
 from typing import Optional, Sequence
 
 from mhar.env import data_dir as _data_dir
-from mhar.runs.atomic import name_max
+from mhar.atomic import name_max
 
 from .data_local import TASKS_DIR, _local_entry, _task_yaml, check_task_folders
 
@@ -55,7 +55,7 @@ def cli_argv(argv: Sequence[str], data_dir: Optional[str]) -> list[str]:
 def split_include_paths() -> None:
     """Make lm-eval's TaskManager read ``--include_path a:b`` as two folders (the form lm-eval's ``ls`` and
     ``validate`` help documents; its 0.4.13 TaskManager takes the string as one path)."""
-    import lm_eval.tasks
+    import lm_eval.tasks  # lazy: lm-eval, once the command runs (not when imported)
 
     base = lm_eval.tasks.TaskManager
     if getattr(base, "_splits_include_path", False):
@@ -95,7 +95,7 @@ def mhar_device_argv(argv: Sequence[str]) -> tuple[list[str], Optional[str]]:
         return argv, None
     device = _flag(argv, "--device")
     if device is None:
-        import torch
+        import torch  # lazy: torch, only to see whether a GPU is visible
 
         if _flag(argv, "--config", "-C") is None and not torch.cuda.is_available():  # a --config file may name one
             argv += ["--device", "cpu"]

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from mhar import env
 from mhar.model.residuals import display_record, routed_variants
-from mhar.runs.atomic import atomic_write_text, check_writable, os_error_line, read_json
+from mhar.atomic import atomic_write_text, check_writable, os_error_line, read_json
 from mhar.runs.checkpoint import load_model
 
 from mhar.runs import sidecar

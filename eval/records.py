@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mhar.runs.atomic import pid_alive
+from mhar.atomic import fsync_file, pid_alive
 
 LM_EVAL_DIR = "lm_eval"  # lm-eval's own output files (its --output_path) inside each task folder
 
@@ -98,7 +98,7 @@ def fill_missing_stderrs(metrics: dict, samples: list[dict], aggregations: dict,
     Uses lm-eval's own ``bootstrap_stderr`` on the task's aggregation function; updates
     ``metrics`` in place and returns ``{metric: how its stderr was obtained}``.
     """
-    from lm_eval.api.metrics import bootstrap_stderr
+    from lm_eval.api.metrics import bootstrap_stderr  # lazy: lm-eval (loads torch); this module imports without it
 
     how = {}
     for name in list(metrics):
@@ -169,14 +169,6 @@ def lm_eval_staging(task_dir: Path) -> Path:
     return task_dir / f"{_STAGING_PREFIX}{os.getpid()}-{time.time_ns()}"
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_lm_eval_files(tracker, res: dict, task_name: str, staging: Path, dest: Path) -> dict:
     """Write lm-eval's ``results_<date>.json`` and ``samples_<task>_<date>.jsonl`` with its own
     EvaluationTracker (what ``lm_eval --output_path DEST --log_samples`` does after an evaluation), staged
@@ -199,7 +191,7 @@ def write_lm_eval_files(tracker, res: dict, task_name: str, staging: Path, dest:
             raise OSError(f"lm-eval could not write its output files into {staging} (found {found}); "
                           "check the free space and permissions of the output folder")
         for p in found.values():
-            _fsync(p[0])
+            fsync_file(p[0])
         for (p,) in found.values():
             target = dest / p.parent.name / p.name
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -41,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mhar.runs.atomic import atomic_write_text, check_writable, name_max, os_error_line
+from mhar.atomic import atomic_write_text, check_writable, clean_stale_temps, name_max, os_error_line
 from mhar.runs.layout import run_info
 from mhar.runs.provenance import collect_provenance
 
@@ -121,7 +123,7 @@ class ModelSpec:
 
     def load(self):
         """Return ``(lm, info)``: an lm-eval LM and the settings that produced it."""
-        from lm_eval.api.registry import get_model
+        from lm_eval.api.registry import get_model  # lazy: lm-eval (loads torch); this module imports without it
 
         if self.kind == "hf":
             args: dict[str, Any] = {"pretrained": self.path[3:], "dtype": self.dtype or "auto"}
@@ -148,8 +150,6 @@ class ModelSpec:
 
 def _atomic_write(path: Path, text: str) -> None:
     """Same-folder temp + fsync + rename; a killed write's temp file goes at the next start."""
-    from mhar.runs.checkpoint import clean_stale_temps  # lazy: torch (see _model_file)
-
     clean_stale_temps(path.parent)
     atomic_write_text(path, text)
 
@@ -161,8 +161,8 @@ def _provenance(config: dict) -> dict:
 @contextlib.contextmanager
 def _caller_rng_kept():
     """lm-eval reseeds python/numpy/torch RNGs; give the caller (e.g. a training loop) its state back."""
-    import numpy as np
-    import torch
+    import numpy as np  # lazy: as torch below, only around an evaluation
+    import torch  # lazy: torch, only once a model is evaluated (bad input is refused first)
 
     py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
@@ -313,7 +313,7 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
     few-shot source (a fewshot or training split) and refused when it has none or is zero-shot by definition.
     GPQA's answer order is the seeded stock order on the hub path too. ``wandb_args`` (wandb.init arguments):
     the results and samples also go to Weights & Biases through lm-eval's own WandbLogger."""
-    from lm_eval.evaluator import simple_evaluate
+    from lm_eval.evaluator import simple_evaluate  # lazy: lm-eval (loads torch); this module imports without it
 
     n_docs = len(task.eval_docs)
     doc_ids = subset.doc_ids(n_docs)
@@ -322,7 +322,7 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
         kwargs["limit"] = len(doc_ids)
     elif subset.kind == "random":
         kwargs["samples"] = {task_name: doc_ids}
-    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.loggers import EvaluationTracker  # lazy: lm-eval (loads torch); this module imports without it
 
     lm_name, lm_args = lm_eval_model(model_info, model_path, lm)
     task_dir = Path(out_dir) / task_name
@@ -380,7 +380,7 @@ def evaluate_task(lm, model_info: dict, task, task_name: str, source: DataSource
 def _write_task_records(task_dir, records, lm_eval_files, task, task_name, res, metrics, stderr_source, wall,
                         n_docs, doc_ids, subset, source, model_path, model_info, identity, bootstrap_iters):
     """samples.jsonl, then results.json (the record: written last, atomically)."""
-    import lm_eval
+    import lm_eval  # lazy: lm-eval (loads torch); this module imports without it
 
     _atomic_write(task_dir / SAMPLES_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     settings = {"task": task_name, "model": model_path, "subset": str(subset), "bootstrap_iters": bootstrap_iters,
@@ -460,7 +460,7 @@ def evaluate_model(model_path: str | os.PathLike, tasks: Sequence[str] | str, ou
     if lm is None and path_file is not None and not path_file.is_file():
         raise FileNotFoundError(no_checkpoint_message(str(model_path)))
     if device is None:
-        import torch
+        import torch  # lazy: torch, only once a model is evaluated (bad input is refused first)
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     source = DataSource.from_env(data_dir, tasks_dir)
@@ -502,17 +502,14 @@ def _wandb_args(value: Optional[str | dict]) -> Optional[dict]:
     """``--wandb-args`` as wandb.init arguments (lm-eval's ``key=val,key2=val2``); ValueError when wandb is missing."""
     if not value:
         return None
-    import importlib.util
-
     if importlib.util.find_spec("wandb") is None:
         raise ValueError("--wandb-args: wandb is not installed; pip install wandb (or pip install -e '.[track]')")
-    import inspect
-
-    import wandb
+    import wandb  # lazy: optional wandb, only with --wandb
 
     if isinstance(value, dict):
         parsed = dict(value)
     else:
+        # lazy: lm-eval (loads torch); this module imports without it
         from lm_eval.utils import simple_parse_args_string
 
         parts = [p for p in value.replace(" ", ",").split(",") if p]

@@ -33,8 +33,8 @@ from typing import Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from mhar.model.config import config_hash  # noqa: E402
-from mhar.runs.atomic import atomic_write_text, os_error_line, read_json  # noqa: E402
-from mhar.runs.checkpoint import CheckpointError, atomic_torch_save, safe_torch_load, sha256_path  # noqa: E402
+from mhar.atomic import atomic_write_text, os_error_line, read_json, sha256_path  # noqa: E402
+from mhar.runs.checkpoint import CheckpointError, atomic_torch_save, safe_torch_load  # noqa: E402
 from mhar.runs.config import identity_hash, recorded_run_config  # noqa: E402
 from mhar.safe_yaml import read_yaml_file  # noqa: E402
 from mhar.runs.layout import data_key, run_dirs, run_relpath, trainer_alive, write_index  # noqa: E402

@@ -60,7 +60,7 @@ def test_data_dir_explicit_then_environment_then_hub(monkeypatch, tmp_path):
 def test_readers_take_the_explicit_data_dir_over_the_environment(monkeypatch, tmp_path):
     """Each former reader of MHAR_DATA_DIR honours an explicit directory (the workflow's data_dir) first."""
     from mhar.data.corpus import resolve_data_dir
-    from mhar.runs.config import DataConfig
+    from mhar.data.config import DataConfig
     from mhar.data.tokenizer import get_tokenizer
 
     given, other = tmp_path / "given", tmp_path / "other"

@@ -1,7 +1,9 @@
 """Data flows one way: the library (mhar/) never imports the evaluation (eval/) or analysis (analysis/) stages
 or workflow code; eval/ never imports analysis/ or workflow code; analysis/ never imports eval/, workflow code,
-torch or lm-eval (its environment, workflow/envs/analysis.yaml, has neither). Checked statically over every .py file (AST: plain, relative,
-function-local and importlib imports), and at run time for the trainer."""
+torch or lm-eval (its environment, workflow/envs/analysis.yaml, has neither). Checked statically over every .py
+file (AST: plain, relative, function-local and importlib imports), and at run time for the trainer. Also: no
+import cycle (function-level imports included), every lazy import says why, the lower floors of mhar/ import
+nothing above them, and a computation with one home (compile, loss, scoring) is called from there only."""
 from __future__ import annotations
 
 import ast
@@ -258,18 +260,22 @@ def test_no_import_cycles():
 
 
 # --- lazy imports ------------------------------------------------------------------------------------------
-# A function-level import of a project module stays only where importing it at module top would pull in a heavy or
-# optional dependency the importing module otherwise avoids (torch, triton, transformers, lm_eval, ...); the reason
-# is written beside it: a comment on the statement's line or the line directly above.
+# A function-level import (of a project module, a third-party package or the standard library) stays only where
+# importing it at module top would load a heavy or optional dependency the importing module otherwise avoids
+# (torch, triton, transformers, lm_eval, pandas, ...); the reason is written beside it: a comment on the
+# statement's line or the line directly above. Checked in the library, both stages, the benchmarks and scripts/.
+LAZY_PACKAGES = CYCLE_PACKAGES + ("benchmarks", "scripts")
+
+
 def _comment_lines(text: str) -> set[int]:
     """Lines holding a comment (tokens, so a '#' inside a string does not count)."""
     return {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(text).readline)
             if tok.type == tokenize.COMMENT}
 
 
-def uncommented_lazy_imports(root: Path, packages=CYCLE_PACKAGES) -> list[str]:
-    """'file:line: statement' of every import of a project module inside a function of ``packages`` with no
-    comment on its line(s) or on the line directly above."""
+def uncommented_lazy_imports(root: Path, packages=LAZY_PACKAGES) -> list[str]:
+    """'file:line: statement' of every import inside a function of ``packages`` (any module: project,
+    third-party or standard library) with no comment on its line(s) or on the line directly above."""
     bad = []
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
@@ -279,25 +285,22 @@ def uncommented_lazy_imports(root: Path, packages=CYCLE_PACKAGES) -> list[str]:
                 if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     continue
                 for node in ast.walk(fn):
-                    if isinstance(node, ast.Import):
-                        ours = any(a.name.split(".")[0] in packages for a in node.names)
-                    elif isinstance(node, ast.ImportFrom):
-                        ours = node.level > 0 or (node.module or "").split(".")[0] in packages
-                    else:
+                    if not isinstance(node, (ast.Import, ast.ImportFrom)):
                         continue
-                    if ours and not comments & set(range(node.lineno - 1, (node.end_lineno or node.lineno) + 1)):
+                    if not comments & set(range(node.lineno - 1, (node.end_lineno or node.lineno) + 1)):
                         bad.append(f"{path.relative_to(root)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
     return sorted(set(bad))  # a nested function's imports are walked once per enclosing function
 
 
 def test_checker_finds_uncommented_lazy_imports(tmp_path):
-    (tmp_path / "mhar").mkdir()
-    (tmp_path / "eval").mkdir()
+    for d in ("mhar", "eval", "benchmarks", "scripts"):
+        (tmp_path / d).mkdir()
     (tmp_path / "mhar" / "a.py").write_text(
         "from mhar.b import top  # module level: no reason needed\n"
+        "import os\n"
         "def f():\n"
-        "    import json\n"  # third-party / stdlib: not checked
-        "    import evaluate\n"  # not a project package, though its name starts like one
+        "    import json\n"  # the standard library counts too
+        "    import evaluate\n"  # a third-party package
         "    # torch: only when a model is built\n"
         "    from mhar.model import build\n"
         "    from mhar.runs import save  # torch\n"
@@ -308,11 +311,90 @@ def test_checker_finds_uncommented_lazy_imports(tmp_path):
     (tmp_path / "eval" / "e.py").write_text(
         "def h():\n    from mhar.runs.checkpoint import (\n        load_model,  # lazy: torch\n    )\n"
         "def k():\n    import eval.f\n")
+    (tmp_path / "benchmarks" / "b.py").write_text("def m():\n    import triton.testing\n")
+    (tmp_path / "scripts" / "s.py").write_text("def n():\n    import yaml  # lazy: a reason\n")
     assert uncommented_lazy_imports(tmp_path) == [
-        "eval/e.py:6: import eval.f", "mhar/a.py:11: from .d import y", "mhar/a.py:9: from mhar.c import x"]
+        "benchmarks/b.py:2: import triton.testing", "eval/e.py:6: import eval.f", "mhar/a.py:10: from mhar.c import x",
+        "mhar/a.py:12: from .d import y", "mhar/a.py:4: import json", "mhar/a.py:5: import evaluate"]
 
 
-def test_every_lazy_project_import_says_why():
+def test_every_lazy_import_says_why():
     bad = uncommented_lazy_imports(ROOT)
-    assert bad == [], ("function-level imports of project modules without a reason (move each to the module's "
-                       "top-level imports, or write why it stays lazy beside it):\n" + "\n".join(bad))
+    assert bad == [], ("function-level imports without a reason (move each to the module's top-level imports, "
+                       "or write why it stays lazy beside it):\n" + "\n".join(bad))
+
+
+# --- lower floors stay low -------------------------------------------------------------------------------
+# Inside mhar/: the generic I/O module (mhar/atomic.py) imports nothing of the project and no torch; data/ sits
+# below runs/; the model module imports nothing of inference (decoding and scoring import the model, and an
+# export ships the model without the runner); hf/ (the Llama / Qwen mapping included) sits below cpt/.
+FLOORS = [  # (files, forbidden module prefixes, why)
+    ("mhar/atomic.py", ("mhar", "eval", "analysis", "torch"), "generic I/O: the lowest floor, torch-free"),
+    ("mhar/data", ("mhar.runs", "mhar.training", "mhar.hf", "mhar.cpt"), "data/ sits below runs/"),
+    ("mhar/model/transformer.py", ("mhar.model.inference",), "inference imports the model, not the reverse"),
+    ("mhar/hf", ("mhar.cpt",), "hf/ holds the Llama / Qwen mapping; cpt/ sits above it"),
+]
+
+
+def floor_violations(root: Path) -> list[str]:
+    bad = []
+    for where, forbidden, why in FLOORS:
+        base = root / where
+        for path in sorted(base.rglob("*.py")) if base.is_dir() else [base] if base.is_file() else []:
+            for line, mod in imported_modules(path, root):
+                if any(mod == f or mod.startswith(f + ".") for f in forbidden):
+                    bad.append(f"{path.relative_to(root)}:{line}: imports {mod} ({why})")
+    return bad
+
+
+def test_lower_floors_import_nothing_above_them():
+    assert floor_violations(ROOT) == []
+
+
+def test_floor_checker_sees_a_climb(tmp_path):
+    (tmp_path / "mhar" / "data").mkdir(parents=True)
+    (tmp_path / "mhar" / "data" / "shards.py").write_text("from mhar.atomic import read_json\n"
+                                                          "def f():\n    from mhar.runs.config import DataConfig\n")
+    (tmp_path / "mhar" / "atomic.py").write_text("import json\nimport torch\n")
+    assert floor_violations(tmp_path) == [
+        "mhar/atomic.py:2: imports torch (generic I/O: the lowest floor, torch-free)",
+        "mhar/data/shards.py:3: imports mhar.runs.config.DataConfig (data/ sits below runs/)"]
+
+
+def test_eval_run_cleans_temp_files_without_torch(tmp_path):
+    """eval.run's record writes (a killed write's temp file removed first) load no torch."""
+    stale = tmp_path / ".results.json.999999999.tmp"  # no such pid
+    stale.write_text("half")
+    code = ("import sys, pathlib, eval.run; "
+            f"eval.run._atomic_write(pathlib.Path({str(tmp_path / 'results.json')!r}), 'x'); "
+            "print('torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["False"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def _calls(root: Path, packages, name: str) -> list[str]:
+    """'file:line' of every call of an attribute or function called ``name`` in ``packages``."""
+    out = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Call):
+                    f = node.func
+                    if (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")) == name:
+                        out.append(f"{path.relative_to(root)}:{node.lineno}")
+    return out
+
+
+@pytest.mark.parametrize("name,home", [
+    ("compile", ["mhar/model/compile.py"]),  # torch.compile: only through compile_fn
+    ("cross_entropy", ["mhar/model/transformer.py"]),  # the loss: lm_loss
+    ("log_softmax", ["mhar/model/inference/scoring.py"]),  # scoring: logit_logprobs
+])
+def test_one_home_per_computation(name, home):
+    calls = _calls(ROOT, ("mhar", "eval", "analysis", "benchmarks", "scripts"), name)
+    if name == "compile":  # re.compile and friends are not torch.compile
+        calls = [c for c in calls if "torch.compile(" in (ROOT / c.split(":")[0]).read_text().splitlines()[
+            int(c.split(":")[1]) - 1]]
+    assert [c.split(":")[0] for c in calls] == home and len(calls) == 1, calls

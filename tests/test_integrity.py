@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, clean_stale_temps, load_model, non_finite_tensor,
-                             read_checkpoint, save_model, sha256_path, verify_sha256)
+from mhar.atomic import clean_stale_temps, sha256_path
+from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, load_model, non_finite_tensor, read_checkpoint,
+                                  save_model, verify_sha256)
 from mhar.model.config import model_config
 from mhar.model.residuals import display_record
 from mhar.model.transformer import Transformer
@@ -229,11 +230,11 @@ def test_vocabulary_smaller_than_the_tokenizer_is_refused_by_the_lm_eval_adapter
 
 
 def _refusing_writes(monkeypatch, under: Path, code: int, only: str = ""):
-    """Writes through mhar.runs.atomic (every record and the writability probe) under ``under`` fail with ``code``:
+    """Writes through mhar.atomic (every record and the writability probe) under ``under`` fail with ``code``:
     a read-only or full file system, simulated (root ignores file modes)."""
     import builtins
 
-    import mhar.runs.atomic as A
+    import mhar.atomic as A
 
     def fake_open(path, mode="r", *a, **k):
         p = Path(path)

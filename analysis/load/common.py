@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import yaml
 
-from mhar.runs.atomic import read_json as atomic_read_json
+from mhar.atomic import read_json as atomic_read_json
 from mhar.safe_yaml import YAMLRefused, read_yaml_file, yaml_error_line
 
 

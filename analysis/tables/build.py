@@ -36,6 +36,8 @@ from typing import Optional, Sequence
 
 import yaml
 
+from mhar.atomic import atomic_write_text
+
 from ..load.common import AnalysisInputError, run_cli
 from .registry import TABLES, Build, builder, table_spec
 from .released import read_arms
@@ -77,7 +79,7 @@ def write_cpt_table(base_eval: str | Path, plain_eval: str | Path, mhar_eval: st
     if batch_check is not None:
         manifest["batch_check"] = batch_check
     mpath = out_prefix.with_name(out_prefix.name + ".manifest.yaml")
-    mpath.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    atomic_write_text(mpath, yaml.safe_dump(manifest, sort_keys=False))
     return make_table("cpt", [mpath], out_prefix, n_resamples=n_resamples, published=published)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from mhar.runs.atomic import atomic_write_text
+from mhar.atomic import atomic_write_text
 
 from mhar.runs import sidecar
 from .. import stats as st

@@ -37,8 +37,8 @@ evaluating the arms and the CPT gain / MHAR gain table are analysis, in ``eval.c
 from __future__ import annotations
 
 from mhar.cpt.convert import (CPTConversionError, ConversionReport, check_logits, check_tokens, convert_hf_llama,
-                      export_hf_llama, hf_state_dict_from_model, llama_model_config, load_hf_llama,
-                      map_llama_state_dict, save_converted)
+                              export_hf_llama, load_hf_llama, save_converted)
+from mhar.hf.stock import hf_state_dict_from_model, llama_model_config, map_llama_state_dict  # the mapping's home
 from mhar.cpt.batches import batch_hashes, compare_batch_logs
 from mhar.cpt.config import CPTBaseConfig, CPTConfig, CPTEvalConfig, arm_run_config, base_run_config, cpt_config_from_dict
 

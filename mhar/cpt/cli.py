@@ -11,7 +11,7 @@ from mhar.model.config import ConfigError
 from mhar.hf.export import ExportError, export_hf
 from mhar.cpt.convert import CPTConversionError, convert_hf_llama, save_converted
 from mhar.cpt.batches import compare_batch_logs
-from mhar.runs.atomic import os_error_line
+from mhar.atomic import os_error_line
 
 
 def main(argv: Optional[list[str]] = None) -> int:

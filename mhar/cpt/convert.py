@@ -5,11 +5,11 @@ onto ``Transformer`` (``qk_norm=False``, the checkpoint's tying / RoPE incl. Lla
 RMSNorm epsilon) in the ``mhar_delta`` or ``baseline`` form, then compares fp32 logits on a fixed
 token batch and raises :class:`CPTConversionError` unless the maximum absolute difference is 0.
 ``export_hf_llama`` writes a Llama-shaped baseline model as a transformers directory (through
-``mhar.hf.export_model``, which exports every variant).
+``mhar.hf.export_model``, which exports every variant). The config and weight-name mapping is
+:mod:`mhar.hf.stock`'s (``llama_model_config``, ``map_llama_state_dict``, ``hf_state_dict_from_model``).
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,117 +18,19 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from mhar.model.config import ConfigError, ModelConfig, model_config
+from mhar.atomic import atomic_write_json
+from mhar.hf.stock import StockCheckpointError, hf_state_dict_from_model, llama_model_config, map_llama_state_dict
+from mhar.model.config import ConfigError
 from mhar.model.transformer import Transformer
 from mhar.runs.checkpoint import save_model
 from mhar.runs.provenance import collect_provenance
 
-__all__ = ["CPTConversionError", "ConversionReport", "llama_model_config", "map_llama_state_dict",
-           "hf_state_dict_from_model", "load_hf_llama", "check_tokens", "check_logits", "convert_hf_llama",
+__all__ = ["CPTConversionError", "ConversionReport", "load_hf_llama", "check_tokens", "check_logits", "convert_hf_llama",
            "save_converted", "export_hf_llama"]
 
 
 class CPTConversionError(RuntimeError):
     """A Hugging Face checkpoint cannot be converted exactly (unsupported, or logits differ)."""
-
-
-# --- config -----------------------------------------------------------------------------------
-def _hf_rope(hf_cfg) -> tuple[float, Optional[dict]]:
-    """(rope_theta, Llama-3 scaling dict or None) from a transformers 4.x or 5.x Llama config."""
-    params = getattr(hf_cfg, "rope_parameters", None) or {}
-    legacy = getattr(hf_cfg, "rope_scaling", None) or {}
-    theta = params.get("rope_theta", getattr(hf_cfg, "rope_theta", None))
-    if theta is None:
-        raise CPTConversionError("Llama config has no rope_theta (rope_parameters.rope_theta or rope_theta)")
-    scaling = {**legacy, **params}
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type == "default":
-        return float(theta), None
-    if rope_type != "llama3":
-        raise CPTConversionError(
-            f"RoPE type {rope_type!r} is not supported by mhar.model.transformer (supported: default, llama3); "
-            "convert a checkpoint with one of those RoPE types")
-    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    missing = [k for k in keys if k not in scaling]
-    if missing:
-        raise CPTConversionError(f"llama3 RoPE scaling lacks {missing} in the checkpoint config")
-    return float(theta), {k: scaling[k] for k in keys}
-
-
-def llama_model_config(hf_cfg, variant: str = "mhar_delta", heads: int = 8,
-                       delta_block_layers: int = 4, routing_impl: str = "auto") -> ModelConfig:
-    """ModelConfig reproducing a transformers ``LlamaConfig`` (+ the chosen residual variant)."""
-    if getattr(hf_cfg, "model_type", None) != "llama":
-        raise CPTConversionError(
-            f"expected a Llama-family checkpoint (model_type 'llama'), got {getattr(hf_cfg, 'model_type', None)!r}")
-    act = getattr(hf_cfg, "hidden_act", "silu")
-    unsupported = {
-        "hidden_act": (act, act == "silu"),
-        "attention_bias": (getattr(hf_cfg, "attention_bias", False), not getattr(hf_cfg, "attention_bias", False)),
-        "mlp_bias": (getattr(hf_cfg, "mlp_bias", False), not getattr(hf_cfg, "mlp_bias", False)),
-        "pretraining_tp": (getattr(hf_cfg, "pretraining_tp", 1), getattr(hf_cfg, "pretraining_tp", 1) == 1),
-    }
-    bad = {k: v for k, (v, ok) in unsupported.items() if not ok}
-    if bad:
-        raise CPTConversionError(f"Llama features without an mhar.model.transformer equivalent: {bad} "
-                                 "(need silu MLP, no biases, pretraining_tp 1)")
-    theta, scaling = _hf_rope(hf_cfg)
-    d, nh = hf_cfg.hidden_size, hf_cfg.num_attention_heads
-    head_dim = getattr(hf_cfg, "head_dim", None) or d // nh
-    try:
-        return model_config(
-            vocab_size=hf_cfg.vocab_size, d_model=d, n_layers=hf_cfg.num_hidden_layers, n_heads=nh,
-            n_kv_heads=getattr(hf_cfg, "num_key_value_heads", None) or nh, d_ff=hf_cfg.intermediate_size,
-            head_dim=head_dim, max_seq_len=hf_cfg.max_position_embeddings, rope_theta=theta,
-            rope_scaling=scaling, norm_eps=float(hf_cfg.rms_norm_eps),
-            init_std=float(getattr(hf_cfg, "initializer_range", 0.02)),
-            tie_embeddings=bool(getattr(hf_cfg, "tie_word_embeddings", False)), qk_norm=False,
-            residual={"variant": variant, "heads": heads, "delta_block_layers": delta_block_layers,
-                      "routing_impl": routing_impl},
-        )
-    except ConfigError as e:
-        raise CPTConversionError(f"converted config is invalid: {e}") from e
-
-
-# --- weights ----------------------------------------------------------------------------------
-_LAYER_MAP = {  # ours (under layers.{i}.) <- transformers (under model.layers.{i}.)
-    "attn.q_proj.weight": "self_attn.q_proj.weight",
-    "attn.k_proj.weight": "self_attn.k_proj.weight",
-    "attn.v_proj.weight": "self_attn.v_proj.weight",
-    "attn.o_proj.weight": "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
-    "mlp.up_proj.weight": "mlp.up_proj.weight",
-    "mlp.down_proj.weight": "mlp.down_proj.weight",
-    "attn_norm.weight": "input_layernorm.weight",
-    "mlp_norm.weight": "post_attention_layernorm.weight",
-}
-_TOP_MAP = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight",
-            "lm_head.weight": "lm_head.weight"}
-
-
-def _name_pairs(n_layers: int, tied: bool) -> list[tuple[str, str]]:
-    pairs = [(ours, theirs) for ours, theirs in _TOP_MAP.items() if not (tied and ours == "lm_head.weight")]
-    for i in range(n_layers):
-        pairs += [(f"layers.{i}.{o}", f"model.layers.{i}.{t}") for o, t in _LAYER_MAP.items()]
-    return pairs
-
-
-def map_llama_state_dict(hf_sd: dict[str, Tensor], n_layers: int, tied: bool) -> dict[str, Tensor]:
-    """transformers ``LlamaForCausalLM`` state dict -> ``mhar.model.transformer.Transformer`` names (fp32).
-
-    The tensors alias the source's where they already are fp32 (no copy of an 8B model);
-    ``load_state_dict`` copies them into the converted model.
-    """
-    missing = [t for _, t in _name_pairs(n_layers, tied) if t not in hf_sd]
-    if missing:
-        raise CPTConversionError(f"checkpoint lacks {len(missing)} expected tensors, e.g. {missing[:3]}")
-    return {o: hf_sd[t].detach().to(torch.float32) for o, t in _name_pairs(n_layers, tied)}
-
-
-def hf_state_dict_from_model(model: Transformer) -> dict[str, Tensor]:
-    """The inverse map: a baseline Llama-shaped Transformer -> transformers names."""
-    sd = model.state_dict()
-    return {t: sd[o].detach().clone() for o, t in _name_pairs(model.cfg.n_layers, model.cfg.tie_embeddings)}
 
 
 # --- loading ----------------------------------------------------------------------------------
@@ -137,6 +39,7 @@ LlamaSource = Union[str, Path, "torch.nn.Module"]
 
 def load_hf_llama(src: LlamaSource, revision: Optional[str] = None):
     """A ``LlamaForCausalLM`` in fp32 eval mode from a directory, a hub name, or a model object."""
+    # lazy: transformers, only to load a checkpoint (the CPT config imports without it)
     from transformers import AutoModelForCausalLM
 
     if isinstance(src, torch.nn.Module):
@@ -211,13 +114,16 @@ def convert_hf_llama(src: LlamaSource, heads: int = 8, delta_block_layers: int =
     :class:`CPTConversionError` when the checkpoint is unsupported or when the
     converted logits differ from the original's by anything at all in fp32.
     """
-    import transformers
+    import transformers  # lazy: transformers (see load_hf_llama)
 
     t0 = time.time()
     hf = load_hf_llama(src, revision)
     hf_cfg = hf.config
-    cfg = llama_model_config(hf_cfg, variant, heads, delta_block_layers, routing_impl)
-    weights = map_llama_state_dict(hf.state_dict(), cfg.n_layers, cfg.tie_embeddings)
+    try:  # the Llama mapping is mhar.hf.stock's; its refusals are this conversion's
+        cfg = llama_model_config(hf_cfg, variant, heads, delta_block_layers, routing_impl)
+        weights = map_llama_state_dict(hf.state_dict(), cfg.n_layers, cfg.tie_embeddings)
+    except StockCheckpointError as e:
+        raise CPTConversionError(str(e)) from e
     try:
         model = Transformer(cfg)
     except ConfigError as e:
@@ -257,7 +163,7 @@ def save_converted(model: Transformer, report: ConversionReport, out: str | Path
     out.mkdir(parents=True, exist_ok=True)
     path = save_model(out / "model.pt", model, tokenizer, extra={"conversion": report.to_dict()})
     blob = {"report": report.to_dict(), "tokenizer": tokenizer, "provenance": collect_provenance(report.model_config)}
-    (out / "conversion.json").write_text(json.dumps(blob, indent=2, default=str))
+    atomic_write_json(out / "conversion.json", blob, indent=2)
     return path
 
 

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from mhar.data.corpus import DataError
 from mhar.data.shards import Shards, build_shards
-from mhar.runs.config import DataConfig
+from mhar.data.config import DataConfig
 
 __all__ = ["PackedTokens", "BatchOrder", "TrainData", "load_data", "unigram_entropy"]
 

@@ -30,7 +30,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from mhar import env
-from mhar.runs.config import DataConfig
+from mhar.data.config import DataConfig
 
 __all__ = ["DataError", "Corpus", "FileCorpus", "HubCorpus", "SyntheticCorpus", "resolve_corpus", "resolve_data_dir",
            "split_stream", "val_documents", "file_digest"]
@@ -117,7 +117,7 @@ def _file_documents(path: Path, text_field: str, encoding: Optional[str]) -> Ite
                     raise DataError(f"{path}:{lineno}: no field {text_field!r} (has {sorted(row)}); set data.text_field")
                 yield row[text_field]
     elif suffix == ".parquet":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: optional pyarrow, only for .parquet corpora
 
         pf = pq.ParquetFile(path)
         if text_field not in pf.schema_arrow.names:
@@ -175,7 +175,7 @@ class HubCorpus(Corpus):
     def splits(self) -> tuple[str, ...]:
         if self._splits is None:
             try:
-                import datasets
+                import datasets  # lazy: optional and slow to import: hub corpora only
 
                 names = datasets.get_dataset_split_names(self.path, self.config_name)
             except Exception as e:  # network, unknown name, missing package
@@ -185,7 +185,7 @@ class HubCorpus(Corpus):
 
     def documents(self, split: str) -> Iterator[str]:
         try:
-            import datasets
+            import datasets  # lazy: optional and slow to import: hub corpora only
 
             ds = datasets.load_dataset(self.path, self.config_name, split=split, streaming=True)
         except Exception as e:

@@ -9,12 +9,15 @@ batch order: :mod:`mhar.data.batches`.
 from __future__ import annotations
 
 import collections
+import ctypes
 import hashlib
 import itertools
 import json
+import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -27,8 +30,8 @@ from mhar import env
 from mhar.data.corpus import (Corpus, DataError, FileCorpus, SyntheticCorpus, file_digest, resolve_corpus,
                               resolve_data_dir, split_stream, val_documents)
 from mhar.data.tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
-from mhar.runs.atomic import atomic_write_text
-from mhar.runs.config import DataConfig
+from mhar.atomic import atomic_write_text
+from mhar.data.config import DataConfig
 
 __all__ = ["Shards", "build_shards", "SHARD_FORMAT"]
 
@@ -242,9 +245,6 @@ def _worker_init(enc: _Encoder, dtype: np.dtype) -> None:
     env.tokenizers_single_threaded()  # one core per worker process
     if sys.platform == "linux":  # a killed build takes its workers with it (no orphans finishing their task)
         try:
-            import ctypes
-            import signal
-
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
@@ -266,7 +266,6 @@ def _encoded(tasks: Iterator[tuple[list, int]], enc: _Encoder, dtype: np.dtype, 
         for task, chars in itertools.chain([first], [second] if second else [], tasks):
             yield enc.encode_task(task, dtype), chars
         return
-    import multiprocessing as mp
 
     # fork: workers inherit the tokenizer (nothing to pickle or import); elsewhere spawn
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() and sys.platform == "linux" else "spawn")

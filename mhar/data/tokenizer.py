@@ -9,6 +9,7 @@ Spec strings (``get_tokenizer(spec)``):
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Optional, Sequence
@@ -83,8 +84,6 @@ class HFTokenizer(Tokenizer):
 
 def _declared_special_tokens(folder: Path, backend) -> tuple[Optional[int], Optional[int]]:
     """(bos, eos) ids named by a ``tokenizer_config.json`` next to tokenizer.json (as transformers reads it)."""
-    import json
-
     cfg_path = folder / "tokenizer_config.json"
     if not cfg_path.is_file():
         return None, None
@@ -106,7 +105,7 @@ def get_tokenizer(spec: str, data_dir: Optional[str | os.PathLike] = None) -> To
         return ByteTokenizer()
     if spec.startswith("hf:"):
         try:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # lazy: optional transformers: hf: tokenizers only
         except ImportError as e:
             raise ValueError(f"tokenizer {spec!r} needs transformers: pip install 'mhar[data]'") from e
         try:
@@ -124,7 +123,7 @@ def get_tokenizer(spec: str, data_dir: Optional[str | os.PathLike] = None) -> To
         if p.is_dir():
             p = p / "tokenizer.json"
         if p.is_file():
-            from tokenizers import Tokenizer as _Tok
+            from tokenizers import Tokenizer as _Tok  # lazy: tokenizers, only for a tokenizer.json (byte needs none)
 
             backend = _Tok.from_file(str(p))
             bos, eos = _declared_special_tokens(p.parent, backend)

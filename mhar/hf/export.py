@@ -38,8 +38,8 @@ from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qw
 from transformers.utils import HF_MODULES_CACHE
 from transformers.utils import logging as hf_logging
 
-from mhar.runs.atomic import pid_alive, read_json
-from mhar.runs.checkpoint import MODEL_FILE, CheckpointError, file_sha256, load_model, read_checkpoint
+from mhar.atomic import file_sha256, pid_alive, read_json
+from mhar.runs.checkpoint import MODEL_FILE, CheckpointError, load_model, read_checkpoint
 from mhar.model.config import ModelConfig, stored_routing_impl, to_dict
 from mhar.model.residuals import display_record
 from mhar.model.transformer import Transformer

@@ -43,17 +43,23 @@ from pathlib import Path
 from typing import Optional, Union
 
 import torch
+from huggingface_hub import snapshot_download
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import Tensor
+from transformers import AutoConfig
+from transformers.utils import logging as hf_logging
 
-from mhar.runs.checkpoint import MODEL_FILE, file_sha256, non_finite_tensor, save_model
-from mhar.model.config import ConfigError, ModelConfig, model_config
+from mhar.atomic import file_sha256
+from mhar.runs.checkpoint import MODEL_FILE, non_finite_tensor, save_model
+from mhar.model.config import ConfigError, ModelConfig
 from mhar.model.transformer import Transformer
 from mhar.hf.authors import MODEL_TYPE as AUTHORS_TYPE
 from mhar.hf.authors import AuthorsFormatError, check_config_fields, convert_authors
 from mhar.hf.export import CHECK_TOL
 from mhar.hf.names import from_hf_state_dict, hf_name, model_config_from_mhar_fields
 from mhar.hf.modeling_mhar import MharForCausalLM
-from mhar.cpt.convert import CPTConversionError, _hf_rope, llama_model_config
+from mhar.hf.stock import StockCheckpointError, llama_model_config, qwen3_model_config
 from mhar.runs.provenance import collect_provenance
 
 SUPPORTED = ("mhar", "qwen3", "llama", AUTHORS_TYPE)
@@ -74,8 +80,6 @@ def resolve_source(src: Union[str, Path], revision: Optional[str] = None) -> tup
     if p.exists() or str(src).startswith((".", "/")) or str(src).count("/") != 1:
         raise ImportHFError(f"{src}: no such model directory (a hub name looks like 'org/name')")
     try:
-        from huggingface_hub import snapshot_download
-
         folder = snapshot_download(str(src), revision=revision, allow_patterns=[
             "*.json", "*.safetensors", "*.model", "tokenizer*", "merges.txt", "vocab.*"])
     except Exception as e:  # network, auth, missing repo
@@ -96,9 +100,6 @@ def read_config(folder: Path) -> dict:
 
 def read_tensors(folder: Path) -> dict[str, Tensor]:
     """Every tensor of the checkpoint (safetensors preferred; sharded via the index)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     index = folder / "model.safetensors.index.json"
     files: list[Path]
     if index.is_file():
@@ -131,37 +132,20 @@ def read_tensors(folder: Path) -> dict[str, Tensor]:
 
 # --- stock Qwen3 / Llama --------------------------------------------------------------------------------
 def stock_model_config(folder: Path, model_type: str, tensors: dict[str, Tensor]) -> ModelConfig:
-    """ModelConfig of a stock ``qwen3`` / ``llama`` checkpoint (transformers' config class parses it)."""
-    from transformers import AutoConfig
-
+    """ModelConfig of a stock ``qwen3`` / ``llama`` checkpoint (transformers' config class parses it; the
+    mapping is :mod:`mhar.hf.stock`'s)."""
     hf = AutoConfig.from_pretrained(str(folder))  # a registered model_type: no remote code
     tied = "lm_head.weight" not in tensors or bool(getattr(hf, "tie_word_embeddings", False))
     try:
-        if model_type == "llama":
-            cfg = llama_model_config(hf, variant="baseline", heads=1)
-            cfg.tie_embeddings = tied
-            if cfg.head_dim == cfg.d_model // cfg.n_heads:
-                cfg.head_dim = None  # the default, as the harness writes it
-            return cfg
-        bad = {"hidden_act": getattr(hf, "hidden_act", "silu") != "silu",
-               "attention_bias": bool(getattr(hf, "attention_bias", False)),
-               "use_sliding_window": bool(getattr(hf, "use_sliding_window", False)),
-               "layer_types": any(t != "full_attention" for t in (getattr(hf, "layer_types", None) or []))}
-        if any(bad.values()):
-            raise ImportHFError(f"Qwen3 features without an equivalent here: {[k for k, v in bad.items() if v]} "
-                                "(need silu MLP, no attention bias, no sliding window)")
-        theta, scaling = _hf_rope(hf)
-        d, nh = hf.hidden_size, hf.num_attention_heads
-        return model_config(
-            vocab_size=hf.vocab_size, d_model=d, n_layers=hf.num_hidden_layers, n_heads=nh,
-            n_kv_heads=getattr(hf, "num_key_value_heads", None) or nh, d_ff=hf.intermediate_size,
-            head_dim=None if (getattr(hf, "head_dim", None) or d // nh) == d // nh else hf.head_dim,
-            max_seq_len=hf.max_position_embeddings,
-            rope_theta=theta, rope_scaling=scaling, norm_eps=float(hf.rms_norm_eps),
-            init_std=float(getattr(hf, "initializer_range", 0.02)), tie_embeddings=tied, qk_norm=True,
-            residual={"variant": "baseline"})
-    except (CPTConversionError, ConfigError) as e:
+        if model_type == "qwen3":
+            return qwen3_model_config(hf, tied)
+        cfg = llama_model_config(hf, variant="baseline", heads=1)
+    except (StockCheckpointError, ConfigError) as e:
         raise ImportHFError(str(e)) from e
+    cfg.tie_embeddings = tied
+    if cfg.head_dim == cfg.d_model // cfg.n_heads:
+        cfg.head_dim = None  # the default, as the harness writes it
+    return cfg
 
 
 # --- check ----------------------------------------------------------------------------------------------
@@ -170,13 +154,12 @@ def check_import(model: Transformer, folder: Path, model_type: str, seed: int = 
     """Max |logits| difference against the directory loaded by a trusted implementation (None: none exists)."""
     if model_type == AUTHORS_TYPE:
         return None
-    from transformers.utils import logging as hf_logging
 
     if model_type == "mhar":
         loader = MharForCausalLM
         name = "mhar.hf.modeling_mhar.MharForCausalLM"
     else:
-        from transformers import AutoModelForCausalLM as loader
+        from transformers import AutoModelForCausalLM as loader  # the stock loader, only for qwen3 / llama
         name = f"transformers AutoModelForCausalLM ({model_type})"
     hf_logging.disable_progress_bar()
     try:

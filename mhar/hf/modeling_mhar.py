@@ -26,7 +26,6 @@ import importlib.util
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache
@@ -35,7 +34,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from mhar.hf.names import LAYER_MODULES, TOP_MODULES, model_config_from_mhar_fields
 from mhar.model.residuals import RESIDUALS
 from mhar.model.kv_cache import KVCache
-from mhar.model.transformer import Rotary, Transformer, rope_frequencies
+from mhar.model.transformer import Rotary, Transformer, lm_loss, rope_frequencies
 
 # transformers 5 renamed the cache argument / output field from ``past_key_values`` to ``cache``
 _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -157,8 +156,7 @@ class MharForCausalLM(MharPreTrainedModel, GenerationMixin):
         logits = self.lm_head(h[:, keep])
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten().to(logits.device),
-                                   ignore_index=-100)
+            loss = lm_loss(logits[:, :-1], labels[:, 1:].to(logits.device))[0]  # transformers' labels: unshifted
         out = CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: cache if use_cache else None})
         return out if return_dict is not False else out.to_tuple()
 

@@ -8,29 +8,46 @@ With ``qk_norm=False, tie_embeddings=False`` it is the Llama architecture
 The decoder loop never branches on the residual variant: see
 ``mhar.model.residuals.base.Residual``.
 
-Incremental decoding (``KVCache``, ``Transformer.generate``): attention keeps the
+Incremental decoding (``KVCache``; ``mhar.model.inference.generate``): attention keeps the
 keys/values of the positions already processed in a static, pre-allocated cache
 (per layer (B, n_kv, capacity, hd), written in place at each row's next position);
 every residual variant mixes only across depth, per token, so a step builds the
 residual state (and, for the routed variants, the depth sources) of the new
 positions only: a token's routed reads cost O(N d), nothing of the prompt's sources
 is kept or re-read. A cached step computes what the full forward computes at those
-positions. ``mhar.model.inference`` runs the decode steps compiled and CUDA-graph captured.
+positions. ``mhar.model.inference`` (which imports this module, never the reverse: an export ships the model
+without the runner) runs the decode steps compiled and CUDA-graph captured.
+
+The loss is :func:`lm_loss`, the one next-token cross-entropy of training, evaluation and the Hugging Face
+wrapper.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mhar.model.config import ModelConfig, model_config_from_dict
-from mhar.model.inference.decoding import decoder_for
 from mhar.model.kv_cache import AttnStep, KVCache
 from mhar.model.residuals import build_residual
+
+
+def lm_loss(logits: Tensor, labels: Tensor, z_weight: float = 0.0) -> tuple[Tensor, Tensor]:
+    """(mean next-token cross-entropy, CE + z_weight * z-loss), fp32 scalars, of ``logits`` (..., V) against
+    ``labels`` (...) already aligned with them (-100 = ignore). The z-loss is mean(logsumexp(logits)^2) over the
+    target positions (PaLM)."""
+    flat = logits.float().flatten(0, -2)  # (N, V)
+    target = labels.flatten()
+    loss = F.cross_entropy(flat, target, ignore_index=-100)
+    if not z_weight:
+        return loss, loss
+    mask = target != -100
+    z = (torch.logsumexp(flat, dim=-1).pow(2) * mask).sum() / mask.sum().clamp(min=1)
+    return loss, loss + z_weight * z
 
 
 class RMSNorm(nn.Module):
@@ -287,61 +304,7 @@ class Transformer(nn.Module):
         """(mean next-token cross-entropy, CE + z_weight * z-loss), fp32 scalars, from the final-normed
         hidden states ``h`` (B, T, D). The z-loss is mean(logsumexp(logits)^2) over target positions (PaLM).
         The training step (``mhar.training.step``) compiles this method on its own, so the fp32 logits stay fused."""
-        flat = self.lm_head(h).float().flatten(0, 1)  # (B*T, V)
-        target = labels.flatten()
-        loss = F.cross_entropy(flat, target, ignore_index=-100)
-        if not z_weight:
-            return loss, loss
-        mask = target != -100
-        z = (torch.logsumexp(flat, dim=-1).pow(2) * mask).sum() / mask.sum().clamp(min=1)
-        return loss, loss + z_weight * z
-
-    @torch.no_grad()
-    def generate(self, contexts: list[list[int]], max_new_tokens: int, stop_ids: Sequence[int] = (),
-                 should_stop: Optional[Callable[[int, list[int]], bool]] = None,
-                 use_cache: bool = True, max_length: Optional[int] = None) -> list[list[int]]:
-        """Greedy continuation of each context (token lists of any lengths); returns the new tokens.
-
-        A row stops at a token in ``stop_ids`` (not included), when ``should_stop(row,
-        generated)`` is true (the token that made it true is kept), or after
-        ``max_new_tokens``. With the cache (default) the decoding runs in ``mhar.model.inference.Decoder``
-        (static KV cache; on CUDA each step compiled and replayed as a CUDA graph; settings:
-        ``mhar.model.inference.decoder_for(model, compile=..., cuda_graphs=...)``). ``use_cache=False``
-        recomputes the whole sequence every step (the reference path; then ``max_length``
-        left-truncates each step's input).
-        """
-        if any(not c for c in contexts):
-            raise ValueError("generate: every context needs at least one token")
-        if use_cache:
-            return decoder_for(self).generate(contexts, max_new_tokens, stop_ids, should_stop)
-        dev = self.embed.weight.device
-        gen: list[list[int]] = [[] for _ in contexts]
-        active = list(range(len(contexts)))
-        stop = set(int(t) for t in stop_ids)
-        for _ in range(max_new_tokens):
-            if not active:
-                break
-            seqs = [(contexts[i] + gen[i])[-max_length:] if max_length else contexts[i] + gen[i] for i in active]
-            nxt = self.lm_head(self._last_states(seqs, dev)).float().argmax(-1)  # (B,)
-            still = []
-            for i, tok in zip(active, nxt.tolist()):
-                if tok in stop:
-                    continue
-                gen[i].append(tok)
-                if should_stop is not None and should_stop(i, gen[i]):
-                    continue
-                still.append(i)
-            active = still
-        return gen
-
-    def _last_states(self, seqs: list[list[int]], dev: torch.device) -> Tensor:
-        """Hidden state (B, D) at the last token of each (right-padded) sequence."""
-        lengths = torch.as_tensor([len(s) for s in seqs], dtype=torch.long, device=dev)
-        ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
-        for r, s in enumerate(seqs):
-            ids[r, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-        h = self.hidden(ids.to(dev))  # (B, T, D)
-        return h[torch.arange(len(seqs), device=dev), lengths - 1]
+        return lm_loss(self.lm_head(h), labels, z_weight)
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, *,
                 collect_routing: bool = False, z_weight: Optional[float] = None) -> ModelOutput:
@@ -361,9 +324,7 @@ class Transformer(nn.Module):
             logits = self.lm_head(h)  # (B, T, V)
         finally:
             routing, self.residual.routing_log = self.residual.routing_log, None
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+        loss = lm_loss(logits, labels)[0] if labels is not None else None
         return ModelOutput(logits=logits, loss=loss, routing=routing)
 
     def num_params(self, exclude_embedding: bool = False) -> int:

@@ -10,7 +10,7 @@ temp file while being hashed (no second read), fsynced; its ``<file>.sha256`` (`
 is written and fsynced as a pending ``.<file>.sha256.<pid>.tmp`` *before* the file is renamed into
 place; then the checksum is renamed beside it. A kill before the first rename leaves the old pair
 untouched; between the two renames it leaves the new file with its complete checksum pending, which
-:func:`verify_sha256` and :func:`clean_stale_temps` finish (other temp files of killed writes are
+:func:`verify_sha256` and :func:`mhar.atomic.clean_stale_temps` finish (other temp files of killed writes are
 removed at the next start). Every load checks the checksum first and refuses a file without one
 (:func:`verify_sha256`); loads never unpickle objects (``torch.load(weights_only=True)``).
 The bytes of a saved file depend only on its content (the archive's inner name is fixed),
@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from mhar.runs.atomic import _fsync_dir, _tmp_of, atomic_write_text, pid_alive
+from mhar.atomic import (atomic_write_text, file_sha256, fsync_dir, recorded_sha256, sha256_path, tmp_of,
+                         write_synced)
 from mhar.data.tokenizer import get_tokenizer
 from mhar.model.config import ConfigError, model_config_from_dict, stored_routing_impl, to_dict
 from mhar.model.transformer import Transformer
@@ -37,62 +37,6 @@ MODEL_FILE = "model.pt"
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, corrupt or of the wrong format."""
-
-
-_TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
-
-
-
-
-def clean_stale_temps(folder: str | os.PathLike) -> list[Path]:
-    """Remove temp files of killed writes (``.<name>.<pid>.tmp`` of a dead pid) in ``folder``.
-
-    A pending checksum whose file was already renamed into place is completed, not removed.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    removed = []
-    for tmp in sorted(folder.glob(".*.tmp")):
-        m = _TMP_RE.match(tmp.name)
-        if not m or not tmp.is_file() or pid_alive(int(m["pid"])):
-            continue
-        name = m["name"]
-        if name.endswith(".sha256"):
-            target = folder / name[: -len(".sha256")]
-            if target.is_file() and _pending_checksum_matches(target, tmp):
-                os.replace(tmp, sha256_path(target))
-                continue
-        tmp.unlink(missing_ok=True)
-        removed.append(tmp)
-    return removed
-
-
-# --- integrity ----------------------------------------------------------------------------------
-def sha256_path(path: str | os.PathLike) -> Path:
-    path = Path(path)
-    return path.with_name(path.name + ".sha256")
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _recorded(sidecar: Path) -> Optional[str]:
-    try:
-        word = sidecar.read_text().split()[0]
-    except (OSError, IndexError, UnicodeDecodeError):
-        return None
-    return word.lower() if len(word) == 64 else None
-
-
-def _pending_checksum_matches(target: Path, pending: Path) -> bool:
-    rec = _recorded(pending)
-    return rec is not None and rec == file_sha256(target)
 
 
 def write_sha256(path: str | os.PathLike, digest: Optional[str] = None) -> str:
@@ -121,10 +65,10 @@ def verify_sha256(path: str | os.PathLike, required: bool = True) -> Optional[st
                                   "incomplete or replaced); re-create it with the step that wrote it (train or "
                                   "convert again), or restore both files from where they came from")
         return actual
-    if side.is_file() and _recorded(side) == actual:
+    if side.is_file() and recorded_sha256(side) == actual:
         return actual
     for tmp in pending:
-        if _recorded(tmp) == actual:
+        if recorded_sha256(tmp) == actual:
             try:
                 os.replace(tmp, side)
             except OSError:  # its writer (or another reader) completed it just now, or a read-only copy
@@ -133,7 +77,7 @@ def verify_sha256(path: str | os.PathLike, required: bool = True) -> Optional[st
     if not side.is_file():
         raise CheckpointError(f"{path} has no checksum file {side.name} (only a pending one that does not "
                               "match it), so it is never loaded; re-create it with the step that wrote it")
-    raise CheckpointError(f"{path} fails its sha256 check (recorded in {side.name}: {_recorded(side)}, "
+    raise CheckpointError(f"{path} fails its sha256 check (recorded in {side.name}: {recorded_sha256(side)}, "
                           f"file: {actual}); the file is corrupt or was modified, refusing to load it")
 
 
@@ -164,13 +108,6 @@ class _HashingWriter:
             raise
 
 
-def _write_synced(path: Path, write) -> None:
-    with open(path, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
     """``torch.save`` atomically, with its ``.sha256`` beside it at every instant; returns the digest.
 
@@ -181,7 +118,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     side = sha256_path(path)
-    tmp, side_tmp = _tmp_of(path), _tmp_of(side)
+    tmp, side_tmp = tmp_of(path), tmp_of(side)
     try:
         holder: dict = {}
 
@@ -190,14 +127,14 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
             torch.save(obj, w)
 
         try:
-            _write_synced(tmp, write)
+            write_synced(tmp, write)
         except RuntimeError as e:  # torch's archive writer reports a failed write as a RuntimeError
             cause = holder["w"].error if "w" in holder else None
             if cause is not None and not isinstance(cause, Exception):  # KeyboardInterrupt, SystemExit
                 raise cause from None  # an interrupt (Ctrl-C) inside torch.save is the interrupt, not a failed write
             raise _write_failed(e, cause if isinstance(cause, OSError) else None, path) from None
         digest = holder["w"].sha.hexdigest()
-        _write_synced(side_tmp, lambda f: f.write(f"{digest}  {path.name}\n".encode()))
+        write_synced(side_tmp, lambda f: f.write(f"{digest}  {path.name}\n".encode()))
         os.replace(tmp, path)  # from here on the new file is valid: its checksum is complete beside it
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -206,9 +143,9 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> str:
     try:
         os.replace(side_tmp, side)
     except FileNotFoundError:  # a reader's verify_sha256 completed it first
-        if _recorded(side) != digest:
+        if recorded_sha256(side) != digest:
             raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return digest
 
 

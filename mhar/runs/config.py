@@ -37,6 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
+from mhar.data.config import DataConfig
 from mhar.model.choices import brief
 from mhar.model.config import (ConfigError, ModelConfig, config_hash, from_dict, inapplicable_knobs,
                                model_config_from_dict)
@@ -44,7 +45,7 @@ from mhar.runs.pairing import PAIRING_VARIES
 from mhar.safe_yaml import YAMLRefused, read_yaml_file, yaml_error_line, yaml_load
 
 __all__ = [
-    "MetaConfig", "DataConfig", "TrainConfig", "RunConfig", "load_run_config", "run_config_from_dict",
+    "MetaConfig", "TrainConfig", "RunConfig", "load_run_config", "run_config_from_dict",
     "parse_overrides", "apply_overrides", "identity_config", "identity_hash", "pairing_config", "pairing_hash",
     "recorded_run_config", "run_identity", "IDENTITY_EXCLUDE",
     "PAIRING_VARIES", "IDENTITY_LEN", "PATH_ID_LEN", "TRACKERS", "tracker_names", "drop_inapplicable_knobs",
@@ -60,29 +61,6 @@ class MetaConfig:
     name: str = "run"
     variant: Optional[str] = None
     size: Optional[str] = None
-
-
-@dataclass
-class DataConfig:
-    """Where text comes from, how it is tokenized, packed and split."""
-
-    # "tinyshakespeare" | "nltk_gutenberg" | "wikitext2" (local data dir), "hf:<path>[:<name>]" (hub),
-    # "synthetic:<n_tokens>" (deterministic Zipf tokens, no files), or a path to .txt/.jsonl/.parquet/dir
-    corpus: str = "tinyshakespeare"
-    text_field: str = "text"  # JSONL / parquet / hub column holding the document text
-    tokenizer: str = "byte"  # see mhar.data.tokenizer.get_tokenizer
-    seq_len: int = 256
-    # Validation when the corpus has no held-out split: "tail" = last val_fraction of every document
-    # (cut at a newline), "documents" = a deterministic val_fraction of documents (by content hash),
-    # "auto" = tail for < 100 documents, else documents.
-    holdout: str = "auto"
-    val_fraction: float = 0.05
-    val_tokens: int = 65536  # tokens evaluated at every evaluation (a fixed prefix of the val stream)
-    val_corpus: Optional[str] = None  # validate on another corpus (its validation split) instead
-    max_train_tokens: Optional[int] = None  # cap on tokenized training tokens (required for streamed hub data)
-    data_dir: Optional[str] = None  # local data mirror; default $MHAR_DATA_DIR
-    cache_dir: str = "results/cache/shards"
-    seed: Optional[int] = None  # data-order seed; default train.seed
 
 
 @dataclass

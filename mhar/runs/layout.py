@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mhar.runs.atomic import atomic_write_text, os_error_line, pid_alive, read_json
+from mhar.atomic import atomic_write_text, os_error_line, pid_alive, read_json
 from mhar.model.config import config_hash
 from mhar.runs.config import PATH_ID_LEN, RunConfig, identity_hash, recorded_run_config, run_identity
 from mhar.safe_yaml import read_yaml_file

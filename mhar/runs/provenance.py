@@ -55,7 +55,7 @@ def git_info(path: Path = _REPO_ROOT) -> dict:
 
 def _local_version() -> Optional[str]:
     try:
-        import tomllib
+        import tomllib  # lazy: Python >= 3.11 only (3.10: no version recorded)
 
         return tomllib.loads((_REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
     except Exception:
@@ -97,7 +97,7 @@ def hardware_info() -> dict:
         "driver": None,
     }
     try:
-        import torch
+        import torch  # lazy: the torch-free stages (analysis) record provenance too
 
         info["torch_threads"] = torch.get_num_threads()
         info["cuda"] = torch.version.cuda
@@ -131,7 +131,7 @@ def routing_pdl() -> Optional[bool]:
     (``mhar.model.routing._kernels.pdl_enabled``: on by default on sm_90+, ``MHAR_ROUTING_PDL=0`` off); False without
     CUDA; None if it cannot be determined (no Triton, an invalid setting)."""
     try:  # torch and the kernels load only here: this module stays importable without them
-        import torch
+        import torch  # lazy: the torch-free stages (analysis) record provenance too
 
         if not torch.cuda.is_available():
             return False

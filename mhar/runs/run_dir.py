@@ -34,10 +34,9 @@ import numpy as np
 import torch
 import yaml
 
-from mhar.runs.atomic import (atomic_write_bytes, atomic_write_json, atomic_write_text, check_writable, os_error_line,
-                              read_json)
-from mhar.runs.checkpoint import (CheckpointError, atomic_torch_save, clean_stale_temps, load_error_brief,
-                                  safe_torch_load, save_model, sha256_path)
+from mhar.atomic import (atomic_write_bytes, atomic_write_json, atomic_write_text, check_writable,
+                         clean_stale_temps, os_error_line, read_json, sha256_path)
+from mhar.runs.checkpoint import CheckpointError, atomic_torch_save, load_error_brief, safe_torch_load, save_model
 from mhar.runs.config import RunConfig, identity_hash, recorded_run_config
 from mhar.safe_yaml import dump_yaml, read_yaml_file, yaml_error_line
 from mhar.runs.pairing import differences

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from mhar.runs import provenance as run_provenance
-from mhar.runs.atomic import atomic_write_text
+from mhar.atomic import atomic_write_text
 
 SUFFIX = ".provenance.json"
 FOOTER = f"git commit, time and package versions in the `*{SUFFIX}` file beside it (not tracked)"

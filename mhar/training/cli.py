@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from mhar.data.corpus import DataError
 from mhar.model.config import ConfigError
-from mhar.runs.atomic import os_error_line
+from mhar.atomic import os_error_line
 from mhar.runs.checkpoint import CheckpointError
 from mhar.runs.config import identity_hash, load_run_config, pairing_hash
 from mhar.runs.run_dir import RunDirError

@@ -152,11 +152,13 @@ def even_batches(batches: list[tuple[Tensor, Tensor]], env: DistEnv) -> list[tup
 def wrap_model(model: nn.Module, env: DistEnv) -> nn.Module:
     """DDP (gradients averaged over ranks) or FSDP2 (attention/MLP of each layer sharded, then the root)."""
     if env.parallel == "ddp":
+        # lazy: only under torchrun (single-process training and eval import this module)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [env.device.index] if env.device.type == "cuda" else None
         return DDP(model, device_ids=ids)
     if env.parallel == "fsdp":
+        # lazy: only under torchrun (single-process training and eval import this module)
         from torch.distributed.fsdp import fully_shard
 
         # The decoder calls each block's sublayers (not Block.forward), so the units are the
@@ -190,6 +192,7 @@ def full_state(model: nn.Module, raw: nn.Module, opt: torch.optim.Optimizer, env
     """``(model state, optimizer state)`` as one process holds them; a collective call under FSDP2
     (gathered to CPU), the plain state dicts otherwise (``raw``: the unwrapped model)."""
     if env.parallel == "fsdp":
+        # lazy: only under torchrun (single-process training and eval import this module)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         return get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -200,6 +203,7 @@ def load_full_state(model: nn.Module, raw: nn.Module, opt: torch.optim.Optimizer
                     model_state: dict, optim_state: dict) -> None:
     """The inverse of :func:`full_state` (every rank passes the full states)."""
     if env.parallel == "fsdp":
+        # lazy: only under torchrun (single-process training and eval import this module)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         set_state_dict(model, opt, model_state_dict=model_state, optim_state_dict=optim_state,
@@ -213,6 +217,7 @@ def full_model_state(model: nn.Module, env: DistEnv) -> Optional[dict]:
     """Under FSDP2 the full model state (collective, on CPU); None otherwise (the unwrapped model holds it)."""
     if env.parallel != "fsdp":
         return None
+    # lazy: only under torchrun (single-process training and eval import this module)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

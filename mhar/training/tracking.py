@@ -50,7 +50,7 @@ import torch
 
 from mhar import env
 from mhar.model.config import ConfigError
-from mhar.runs.atomic import atomic_write_json, os_error_line
+from mhar.atomic import atomic_write_json, os_error_line
 from mhar.runs.config import RunConfig, run_identity, tracker_names
 from mhar.safe_yaml import dump_yaml
 

@@ -10,21 +10,16 @@ from benchmarks import bench_inference
 
 
 def test_cpu_smoke_writes_rows_with_provenance(tmp_path, monkeypatch):
-    """The benchmark times the library's user paths (the adapter's Scorer, Transformer.generate with the cache)
+    """The benchmark times the library's user paths (the adapter's Scorer, mhar.model.inference.generate with the cache)
     beside transformers' Qwen3 of the same shapes, and writes the issue's columns with their ratios."""
     calls, scored = [], []
-    real = bench_inference.build_model
-
-    def spy(cfg):
-        model = real(cfg)
-        orig = model.generate
-        model.generate = lambda *a, **k: calls.append(k.get("use_cache", True)) or orig(*a, **k)
-        return model
+    real = bench_inference.generate
+    monkeypatch.setattr(bench_inference, "generate",
+                        lambda *a, **k: calls.append(k.get("use_cache", True)) or real(*a, **k))
 
     import mhar.model.inference as inf
     orig_score = inf.Scorer.sequence_logprobs
     monkeypatch.setattr(inf.Scorer, "sequence_logprobs", lambda self, *a, **k: scored.append(1) or orig_score(self, *a, **k))
-    monkeypatch.setattr(bench_inference, "build_model", spy)
     out = tmp_path / "inference.csv"
     torch.set_num_threads(1)
     assert bench_inference.main(["--sizes", "debug", "--device", "cpu", "--shapes", "2:24:16", "--new", "3",
@@ -54,6 +49,7 @@ def test_gpu_fused_generation_equals_eager():
     """On the GPU, greedy decoding with fused routing (source groups, the score table of the paper configs)
     follows the eager reference (fp32)."""
     from mhar.model.config import model_config
+    from mhar.model.inference import generate
     from mhar.model.transformer import build_model
 
     outs = []
@@ -68,5 +64,5 @@ def test_gpu_fused_generation_equals_eager():
                     p.normal_(generator=torch.Generator().manual_seed(2))  # routing far from uniform
         model = model.cuda().eval()
         ctx = torch.randint(0, 257, (3, 20), generator=torch.Generator().manual_seed(1)).tolist()
-        outs.append((model.generate(ctx, 12), model.generate(ctx, 12, use_cache=False)))
+        outs.append((generate(model, ctx, 12), generate(model, ctx, 12, use_cache=False)))
     assert all(o == outs[0][0] for pair in outs for o in pair)

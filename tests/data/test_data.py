@@ -14,7 +14,7 @@ import torch
 from mhar.data.batches import BatchOrder, PackedTokens, TrainData, unigram_entropy
 from mhar.data.corpus import DataError, resolve_corpus
 from mhar.data.shards import build_shards
-from mhar.runs.config import DataConfig
+from mhar.data.config import DataConfig
 
 DATA_DIR = os.environ.get("MHAR_DATA_DIR")
 EOT = 256  # byte tokenizer
@@ -341,7 +341,7 @@ def test_tokenize_workers_env(monkeypatch, tmp_path):
 _KILLABLE_BUILD = """
 import sys, time
 import mhar.data.shards as D
-from mhar.runs.config import DataConfig
+from mhar.data.config import DataConfig
 D.PIECE_CHARS, D.TASK_CHARS, D.COMMIT_EVERY_S = 300, 2000, 0.0
 encode_task = D._Encoder.encode_task
 def slow(self, task, dtype):  # a slow tokenizer: the kill lands in the middle of the build

@@ -33,7 +33,8 @@ from eval.adapter import MharLM  # noqa: E402
 from eval.data_local import DataSource  # noqa: E402
 from eval.records import arguments_hash  # noqa: E402
 from eval.run import Subset, evaluate_model, main  # noqa: E402
-from mhar.runs.checkpoint import save_model, sha256_path, write_sha256  # noqa: E402
+from mhar.atomic import sha256_path  # noqa: E402
+from mhar.runs.checkpoint import save_model, write_sha256  # noqa: E402
 from mhar.model.config import model_config  # noqa: E402
 from mhar.model.transformer import Transformer  # noqa: E402
 from mhar.data.tokenizer import ByteTokenizer  # noqa: E402

@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("lm_eval")
 from mhar.model.config import model_config  # noqa: E402
 from mhar.model.transformer import build_model  # noqa: E402
-from mhar.runs.atomic import name_max  # noqa: E402
+from mhar.atomic import name_max  # noqa: E402
 from mhar.runs.checkpoint import save_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

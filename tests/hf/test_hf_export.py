@@ -5,7 +5,7 @@ cannot be imported (a ``sys.meta_path`` blocker): the routed variants through th
 ``modeling_mhar.py`` (``trust_remote_code=True``), the baseline as transformers' own ``Qwen3ForCausalLM`` /
 ``LlamaForCausalLM`` with no remote code. Its fp32 logits must equal the harness model's within 1e-5, its
 greedy ``generate()`` (KV cache, left-padded batch and a single prompt) must equal
-``mhar.model.transformer.Transformer.generate``, ``AutoTokenizer`` must encode as the byte tokenizer; importing the
+``mhar.model.inference.generate``, ``AutoTokenizer`` must encode as the byte tokenizer; importing the
 export back must give identical weights.
 """
 from __future__ import annotations
@@ -26,11 +26,13 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from mhar import __main__ as cli  # noqa: E402
-from mhar.runs.checkpoint import file_sha256, read_checkpoint, save_model  # noqa: E402
+from mhar.atomic import file_sha256  # noqa: E402
+from mhar.runs.checkpoint import read_checkpoint, save_model  # noqa: E402
 from mhar.model.config import model_config  # noqa: E402
 from mhar.hf import ExportError, export_hf, import_hf, ship  # noqa: E402
 from mhar.model.residuals import variant_names  # noqa: E402
 from mhar.runs.checkpoint import load_model  # noqa: E402
+from mhar.model.inference import generate  # noqa: E402
 from mhar.model.transformer import Transformer  # noqa: E402
 
 torch.set_num_threads(1)
@@ -246,7 +248,7 @@ def test_greedy_generation_with_the_kv_cache_equals_the_harness(exports, loaded)
             continue  # 4 training steps: near-uniform logits, no greedy path worth comparing
         assert res[label]["cache"] == ["DynamicCache", 5], label
         ctx = [list(p.encode()) for p in PROMPTS]
-        ours = e["model"].generate(ctx, NEW_TOKENS, stop_ids=[256])
+        ours = generate(e["model"], ctx, NEW_TOKENS, stop_ids=[256])
         theirs = [until_eos(row) for row in res[label]["batch"]]
         assert theirs == ours, label
         assert until_eos(res[label]["single"]) == ours[0], label

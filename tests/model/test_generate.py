@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from mhar.model.config import model_config
+from mhar.model.inference import generate
 from mhar.model.transformer import KVCache, build_model
 from mhar.model.residuals import RESIDUALS
 
@@ -56,9 +57,9 @@ def test_greedy_generation_cache_equals_recompute(variant, extra):
     g = torch.Generator().manual_seed(3)
     contexts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 12, 1, 8)]
     stop = lambda row, toks: row == 1 and len(toks) == 3  # noqa: E731  one row leaves the batch early
-    fast = model.generate(contexts, 10, should_stop=stop)
-    slow = model.generate(contexts, 10, should_stop=stop, use_cache=False)
-    alone = [model.generate([c], 10, use_cache=False)[0] for c in contexts]
+    fast = generate(model, contexts, 10, should_stop=stop)
+    slow = generate(model, contexts, 10, should_stop=stop, use_cache=False)
+    alone = [generate(model, [c], 10, use_cache=False)[0] for c in contexts]
     assert fast == slow
     assert [len(t) for t in fast] == [10, 3, 10, 10]
     assert fast[0] == alone[0] and fast[2:] == alone[2:] and fast[1] == alone[1][:3]
@@ -67,7 +68,7 @@ def test_greedy_generation_cache_equals_recompute(variant, extra):
 def test_generate_stops_at_stop_token():
     model = _model("baseline")
     ctx = [[3, 4, 5]]
-    free = model.generate(ctx, 6)[0]
-    assert model.generate(ctx, 6, stop_ids=[free[2]])[0] == free[: free.index(free[2])]
+    free = generate(model, ctx, 6)[0]
+    assert generate(model, ctx, 6, stop_ids=[free[2]])[0] == free[: free.index(free[2])]
     with pytest.raises(ValueError, match="at least one token"):
-        model.generate([[1], []], 3)
+        generate(model, [[1], []], 3)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mhar.model.config import model_config
-from mhar.model.inference import Decoder, Scorer, batch_bucket, score_length_bucket, use_router
+from mhar.model.inference import Decoder, Scorer, batch_bucket, generate, score_length_bucket, use_router
 from mhar.model.transformer import KVCache, build_model
 from mhar.model.residuals import RESIDUALS
 from mhar.model.routing import DecodeRouter, route_reference, routing_traceable
@@ -122,11 +122,11 @@ def test_greedy_generation_every_path_equals_recompute(variant):
     model = _model(variant)
     contexts = _contexts(3)
     stop = lambda row, toks: row == 1 and len(toks) == 3  # noqa: E731
-    ref = model.generate(contexts, 9, should_stop=stop, use_cache=False)
+    ref = generate(model, contexts, 9, should_stop=stop, use_cache=False)
     assert [len(t) for t in ref] == [9, 3, 9, 9, 9]
     for name, dec in _decoders(model).items():
         assert dec.generate(contexts, 9, should_stop=stop) == ref, name
-    alone = [model.generate([c], 9, use_cache=False)[0] for c in contexts]
+    alone = [generate(model, [c], 9, use_cache=False)[0] for c in contexts]
     assert ref[0] == alone[0] and ref[2:] == alone[2:] and ref[1] == alone[1][:3]
 
 
@@ -138,7 +138,7 @@ def test_decode_kernel_generation_equals_recompute(variant):
     variant's broadcast null source, MHAR-HW's several reads of one state."""
     model = _model(variant)
     contexts = _contexts(21, (4, 9, 2))
-    ref = model.generate(contexts, 5, use_cache=False)
+    ref = generate(model, contexts, 5, use_cache=False)
     assert Decoder(model, compile=False, cuda_graphs=False, kernel=True).generate(contexts, 5) == ref
     dec = Decoder(model, compile="whole", cuda_graphs="emulate", backend="aot_eager", kernel=True)
     assert dec.generate(contexts, 5) == ref and dec.router.kernel
@@ -168,7 +168,7 @@ def test_generate_uses_the_decoder_and_its_settings():
     assert decoder_for(model) is decoder_for(model)
     dec = decoder_for(model, cuda_graphs="emulate")
     assert dec.graphs() and not dec.compiled()  # CPU: compile off by default
-    model.generate(_contexts(7, (3, 4)), 4)
+    generate(model, _contexts(7, (3, 4)), 4)
     assert set(dec._caches) == {2}
     with pytest.raises(ValueError, match="needs the model on a CUDA device"):
         Decoder(model, cuda_graphs=True).graphs()
@@ -269,7 +269,7 @@ def test_gpu_graph_decoding_equals_eager(variant):
     greedy tokens; a second call of the same bucket replays the captured graph (no new capture)."""
     model = _model(variant, device="cuda")
     contexts = _contexts(13)
-    ref = model.generate(contexts, 10, use_cache=False)
+    ref = generate(model, contexts, 10, use_cache=False)
     dec = Decoder(model)  # defaults on CUDA: compile + graphs
     assert dec.compiled() and dec.graphs()
     assert dec.generate(contexts, 10) == ref
@@ -312,7 +312,7 @@ def test_gpu_bf16_scoring_and_decoding_within_tolerance(variant):
     assert diff <= 1e-2, (comp, eager)
     contexts = _contexts(15)
     out = Decoder(model).generate(contexts, 1 + 4)
-    assert [o[0] for o in out] == [t[0] for t in model.generate(contexts, 1, use_cache=False)]
+    assert [o[0] for o in out] == [t[0] for t in generate(model, contexts, 1, use_cache=False)]
 
 
 @pytest.mark.gpu
@@ -324,7 +324,7 @@ def test_gpu_fused_prefill_graph_decode_equals_eager():
     outs = []
     for impl in ["eager"] + impls[:1]:
         model = _model("mhar", device="cuda", heads=8, routing_impl=impl)
-        outs.append(model.generate(_contexts(16), 10))
+        outs.append(generate(model, _contexts(16), 10))
     assert outs[0] == outs[1]
 
 

@@ -272,7 +272,7 @@ def test_hashing_while_writing_gives_the_file_hash_and_a_checksum_is_never_missi
 def test_unwritable_run_dir_fails_before_any_data_is_loaded(tmp_path, capsys, monkeypatch, code, says):
     import builtins
 
-    import mhar.runs.atomic as A
+    import mhar.atomic as A
 
     run = tmp_path / "run"
 

@@ -25,13 +25,13 @@ _DRIVER = r"""
 import os, signal, sys, threading, time
 from pathlib import Path
 import mhar.training.cli as CLI
-from mhar.runs.atomic import _tmp_of
+from mhar.atomic import tmp_of
 
 out, cache = sys.argv[1], sys.argv[2]
 args = [*sys.argv[3:], f"data.cache_dir={cache}", "--out", out]
 first = CLI.main(["config/train/cpu_tiny.yaml", *args, "--stop-after", "1"])
 print("first run:", first, flush=True)
-fifo = _tmp_of(Path(out) / "checkpoint" / "state-00000002.pt")  # the temp file of the next checkpoint
+fifo = tmp_of(Path(out) / "checkpoint" / "state-00000002.pt")  # the temp file of the next checkpoint
 os.mkfifo(fifo)
 main_thread = threading.main_thread().ident
 

@@ -378,7 +378,7 @@ def test_cut_short_summary_is_rebuilt_and_records_are_atomic(corpus, tmp_path):
     assert T.train(cfg, run)["val_losses"] == summary["val_losses"]
     assert json.loads((run / "summary.json").read_text())["val_losses"] == summary["val_losses"]
     # a writer killed mid-write leaves the old record intact and a temp file the next start removes
-    code = ("import os, sys; from mhar.runs.atomic import atomic_write_bytes\n"
+    code = ("import os, sys; from mhar.atomic import atomic_write_bytes\n"
             "def half(f):\n    f.write(b'{\"trunc'); f.flush(); os._exit(9)\n"
             "atomic_write_bytes(sys.argv[1], half)\n")
     r = subprocess.run([sys.executable, "-c", code, str(run / "summary.json")], cwd=Path(__file__).parents[2])

@@ -170,7 +170,7 @@ def test_released_target_end_to_end_with_local_checkpoints(tmp_path):
     # each arm is pinned: a local folder by the hash of its config and weights; the block arm is the authors' layout
     prov = json.loads((tmp_path / "results/released/oar-0.6b-block/provenance.json").read_text())
     from mhar.hf.importer import content_sha256
-    from mhar.runs.checkpoint import file_sha256
+    from mhar.atomic import file_sha256
 
     want = content_sha256(block, {"model.safetensors": file_sha256(block / "model.safetensors")})
     assert prov["source"] == {"kind": "local", "folder": str(block.resolve()), "commit": None, "content_sha256": want}

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from _glue import start
 from mhar.hf.importer import ImportHFError, content_sha256, hub_commit, import_hf, resolve_source
-from mhar.runs.atomic import atomic_write_text
-from mhar.runs.checkpoint import file_sha256
+from mhar.atomic import atomic_write_text, file_sha256
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 log = start(sm)

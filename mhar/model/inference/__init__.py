@@ -1,6 +1,6 @@
 """Inference at training speed: log-likelihood scoring and greedy decoding, compiled and CUDA-graph captured.
 
-Two entry points, both used by ``Transformer.generate`` / ``eval.adapter.MharLM`` and timed by
+Two entry points, both used by ``eval.adapter.MharLM`` (``generate`` is the greedy entry point) and timed by
 ``benchmarks/bench_inference.py``, one runner each per model (``scorer_for(model)``, ``decoder_for(model)``):
 
 * ``scoring.Scorer``: the log-likelihood requests lm-eval sends (hidden states of padded batch / length buckets
@@ -15,9 +15,10 @@ CPU, bf16 on the GPU within 1e-2 on per-sample sums).
 """
 from __future__ import annotations
 
-from mhar.model.inference.decoding import Decoder, decoder_for
+from mhar.model.inference.decoding import Decoder, decoder_for, generate
 from mhar.model.inference.runner import CACHE_MULTIPLE, Runner, batch_bucket, use_router
-from mhar.model.inference.scoring import HEAD_CHUNK, Scorer, score_length_bucket, scorer_for
+from mhar.model.inference.scoring import (HEAD_CHUNK, Scorer, chunked_logprobs, logit_logprobs, score_length_bucket,
+                                          scorer_for)
 
-__all__ = ["Decoder", "Scorer", "Runner", "decoder_for", "scorer_for", "batch_bucket", "CACHE_MULTIPLE", "HEAD_CHUNK",
-           "score_length_bucket", "use_router"]
+__all__ = ["Decoder", "Scorer", "Runner", "decoder_for", "scorer_for", "generate", "batch_bucket", "CACHE_MULTIPLE",
+           "HEAD_CHUNK", "score_length_bucket", "use_router", "chunked_logprobs", "logit_logprobs"]

@@ -8,6 +8,12 @@ position's own sources: O(N d) per read, each source's mean square kept from its
 replayed once per token; the next token's ids stay on the device and the host reads each step's tokens one step
 behind (stop checks overlap the next step). CPU: the same step code eagerly (no graph), rows that stop leave the
 batch.
+
+:func:`generate` is the one greedy entry point (the lm-eval adapter's ``generate_until``, the benchmarks, the
+tests): with the cache through the model's ``Decoder``; ``use_cache=False`` recomputes the whole sequence every
+step (the reference path). Every path keeps its rows with one bookkeeping (``_Rows``), and the eager paths run
+one loop (``_greedy_loop``); the CUDA-graph path reads the same tokens one step behind. The model module imports
+nothing of this package (an export ships the model without the runner).
 """
 from __future__ import annotations
 
@@ -19,6 +25,88 @@ from torch import Tensor
 from mhar.model.inference.runner import CACHE_MULTIPLE, Runner, batch_bucket, round_up, runner_for, use_router
 from mhar.model.kv_cache import KVCache
 from mhar.model.routing import DecodeRouter
+
+
+class _Rows:
+    """Each row's new tokens and whether it goes on: a token in ``stop_ids`` ends a row (not kept);
+    ``should_stop(row, generated)`` true ends it (the token that made it true is kept)."""
+
+    def __init__(self, n: int, stop_ids: Sequence[int], should_stop: Optional[Callable[[int, list[int]], bool]]):
+        self.gen: list[list[int]] = [[] for _ in range(n)]
+        self.stop = set(int(t) for t in stop_ids)
+        self.should_stop = should_stop
+
+    def take(self, tokens: list[int], rows: list[int]) -> list[int]:
+        """Append each row's token (``tokens[j]`` for ``rows[j]``); the positions (in ``rows``) still going."""
+        keep = []
+        for j, i in enumerate(rows):
+            tok = tokens[j]
+            if tok in self.stop:
+                continue
+            self.gen[i].append(tok)
+            if self.should_stop is not None and self.should_stop(i, self.gen[i]):
+                continue
+            keep.append(j)
+        return keep
+
+
+def _greedy_loop(rows: _Rows, first: Tensor, step: Callable[[Tensor, list[int]], Tensor],
+                 drop: Callable[[Tensor], None], max_new_tokens: int) -> list[list[int]]:
+    """The greedy loop of the eager paths: ``first`` (one token per row), then for every token: keep it, let the
+    rows that stopped leave (``drop(kept row indices)``), ``step(tokens of the active rows, active rows)`` -> the
+    next tokens of those rows."""
+    nxt, active = first, list(range(len(rows.gen)))
+    for t in range(max_new_tokens):
+        keep = rows.take(nxt.tolist(), active)
+        if len(keep) != len(active):
+            idx = torch.as_tensor(keep, dtype=torch.long, device=nxt.device)
+            drop(idx)
+            nxt = nxt.index_select(0, idx)
+            active = [active[j] for j in keep]
+        if not active or t == max_new_tokens - 1:
+            break
+        nxt = step(nxt, active)
+    return rows.gen
+
+
+def _last_states(model, seqs: list[list[int]], dev: torch.device) -> Tensor:
+    """Hidden state (B, D) at the last token of each (right-padded) sequence, from the full forward."""
+    lengths = torch.as_tensor([len(s) for s in seqs], dtype=torch.long, device=dev)
+    ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    h = model.hidden(ids.to(dev))  # (B, T, D)
+    return h[torch.arange(len(seqs), device=dev), lengths - 1]
+
+
+@torch.no_grad()
+def generate(model, contexts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = (),
+             should_stop: Optional[Callable[[int, list[int]], bool]] = None, use_cache: bool = True,
+             max_length: Optional[int] = None) -> list[list[int]]:
+    """Greedy continuation of each context (token lists of any lengths) by ``model`` (a
+    ``mhar.model.transformer.Transformer``); returns the new tokens.
+
+    A row stops at a token in ``stop_ids`` (not included), when ``should_stop(row, generated)`` is true (the
+    token that made it true is kept), or after ``max_new_tokens``. With the cache (default) the decoding runs in
+    the model's :class:`Decoder` (static KV cache; on CUDA each step compiled and replayed as a CUDA graph;
+    settings: ``decoder_for(model, compile=..., cuda_graphs=...)``). ``use_cache=False`` recomputes the whole
+    sequence every step (the reference path; then ``max_length`` left-truncates each step's input)."""
+    if any(len(c) == 0 for c in contexts):
+        raise ValueError("generate: every context needs at least one token")
+    if use_cache:
+        return decoder_for(model).generate(contexts, max_new_tokens, stop_ids, should_stop)
+    rows = _Rows(len(contexts), stop_ids, should_stop)
+    if not contexts or max_new_tokens <= 0:
+        return rows.gen
+    dev = model.embed.weight.device
+
+    def next_tokens(active) -> Tensor:
+        seqs = [list(contexts[i]) + rows.gen[i] for i in active]
+        seqs = [s[-max_length:] for s in seqs] if max_length else seqs
+        return model.lm_head(_last_states(model, seqs, dev)).float().argmax(-1)  # (B,)
+
+    return _greedy_loop(rows, next_tokens(range(len(contexts))), lambda _nxt, active: next_tokens(active),
+                        lambda _idx: None, max_new_tokens)
 
 
 def _kv_dtype(model, device: torch.device) -> torch.dtype:
@@ -147,15 +235,14 @@ class Decoder(Runner):
     @torch.no_grad()
     def generate(self, contexts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int] = (),
                  should_stop: Optional[Callable[[int, list[int]], bool]] = None) -> list[list[int]]:
-        """Greedy continuation of each context; see ``Transformer.generate``."""
+        """Greedy continuation of each context; see :func:`generate`."""
         model = self.model
-        gen: list[list[int]] = [[] for _ in contexts]
+        rows = _Rows(len(contexts), stop_ids, should_stop)
         if any(len(c) == 0 for c in contexts):
             raise ValueError("generate: every context needs at least one token")
         if not contexts or max_new_tokens <= 0:
-            return gen
+            return rows.gen
         dev = self._device()
-        stop = set(int(t) for t in stop_ids)
         n = len(contexts)
         lengths = [len(c) for c in contexts]
         T = max(lengths)
@@ -176,33 +263,10 @@ class Decoder(Runner):
         h = model.hidden(ids.to(dev), cache, lens)  # the prefill, with the model's own router
         nxt = model.lm_head(h[torch.arange(B, device=dev), lens - 1]).float().argmax(-1)  # (B,)
         del h
-        active = list(range(n))
-
-        def take(tokens: list[int], rows: list[int]) -> list[int]:
-            """Append each active row's token; return the positions (in ``rows``) of the rows still going."""
-            keep = []
-            for j, i in enumerate(rows):
-                tok = tokens[j]
-                if tok in stop:
-                    continue
-                gen[i].append(tok)
-                if should_stop is not None and should_stop(i, gen[i]):
-                    continue
-                keep.append(j)
-            return keep
 
         if not graphs:
-            for t in range(max_new_tokens):
-                keep = take(nxt.tolist(), active)
-                if len(keep) != len(active):
-                    rows = torch.as_tensor(keep, dtype=torch.long, device=dev)
-                    cache.keep_rows(rows)
-                    nxt = nxt.index_select(0, rows)
-                    active = [active[j] for j in keep]
-                if not active or t == max_new_tokens - 1:
-                    break
-                nxt = self.run_step(nxt[:, None], cache)
-            return gen
+            return _greedy_loop(rows, nxt, lambda tokens, _active: self.run_step(tokens[:, None], cache),
+                                cache.keep_rows, max_new_tokens)
 
         # CUDA graphs: all B rows step together (finished and padding rows are ignored); the host reads the
         # tokens of step t - 1 while step t runs
@@ -220,7 +284,7 @@ class Decoder(Runner):
             events.append(ev)
 
         enqueue_read(0, nxt)
-        still = list(active)
+        still = list(range(n))
         for t in range(1, max_new_tokens + 1):
             if t < max_new_tokens:
                 cap.graph.replay()
@@ -228,13 +292,13 @@ class Decoder(Runner):
             if events[t - 1] is not None:
                 events[t - 1].synchronize()
             toks = host[t - 1].tolist()
-            keep = take([toks[i] for i in still], still)
+            keep = rows.take([toks[i] for i in still], still)
             still = [still[j] for j in keep]
             if not still:
                 break
         if cuda:
             torch.cuda.current_stream(dev).synchronize()
-        return gen
+        return rows.gen
 
 
 def decoder_for(model, **settings) -> Decoder:
@@ -242,4 +306,4 @@ def decoder_for(model, **settings) -> Decoder:
     return runner_for(model, "_mhar_decoder", Decoder, settings)
 
 
-__all__ = ["Decoder", "decoder_for"]
+__all__ = ["Decoder", "decoder_for", "generate"]

@@ -23,11 +23,32 @@ from mhar.model.routing.decode import available as decode_kernel_available
 HEAD_CHUNK = 1024  # scored positions per output-head call: bounds the (positions, vocabulary) logits block
 
 
-def _head_logprobs(model, h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """(log p(target) fp32 (N,), target is the argmax (N,)) from states h (N, D); compiled, one pass over the
-    logits (the fp32 log-softmax is fused into the gather and the argmax)."""
-    lp = F.log_softmax(model.lm_head(h).float(), dim=-1)
+def logit_logprobs(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """(log p(target) fp32 (N,), target is the argmax (N,)) from logits (N, V): the one scoring formula."""
+    lp = F.log_softmax(logits.float(), dim=-1)
     return lp.gather(-1, targets[:, None]).squeeze(-1), lp.argmax(-1) == targets
+
+
+def _head_logprobs(model, h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`logit_logprobs` from states h (N, D) through the output head; compiled, one pass over the
+    logits (the fp32 log-softmax is fused into the gather and the argmax)."""
+    return logit_logprobs(model.lm_head(h), targets)
+
+
+def chunked_logprobs(fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], h: Tensor, targets: Tensor,
+                     dynamic: bool = False) -> tuple[Tensor, Tensor]:
+    """``fn`` (states or logits (n, .), targets (n,)) -> (log-probabilities, greedy flags) over ``HEAD_CHUNK``
+    positions at a time, concatenated; ``dynamic``: mark each chunk's length dynamic (a compiled ``fn``)."""
+    lps, greedy = [], []
+    for s in range(0, h.shape[0], HEAD_CHUNK):
+        x, t = h[s: s + HEAD_CHUNK], targets[s: s + HEAD_CHUNK]
+        if dynamic and x.shape[0] > 1:
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(t, 0)
+        lp, g = fn(x, t)
+        lps.append(lp)
+        greedy.append(g)
+    return torch.cat(lps), torch.cat(greedy)
 
 
 def score_length_bucket(T: int) -> int:
@@ -156,16 +177,7 @@ class Scorer(Runner):
             if self._head_c is None:
                 self._head_c = self._compile_fn(_head_logprobs)
             fn = lambda x, t: self._head_c(self.model, x, t)  # noqa: E731
-        lps, greedy = [], []
-        for s in range(0, h.shape[0], HEAD_CHUNK):
-            x, t = h[s: s + HEAD_CHUNK], targets[s: s + HEAD_CHUNK]
-            if self.compiled() and x.shape[0] > 1:
-                torch._dynamo.mark_dynamic(x, 0)
-                torch._dynamo.mark_dynamic(t, 0)
-            lp, g = fn(x, t)
-            lps.append(lp)
-            greedy.append(g)
-        return torch.cat(lps), torch.cat(greedy)
+        return chunked_logprobs(fn, h, targets, dynamic=self.compiled())
 
     @torch.no_grad()
     def sequence_logprobs(self, ids: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
@@ -187,4 +199,4 @@ def scorer_for(model, **settings) -> Scorer:
     return runner_for(model, "_mhar_scorer", Scorer, settings)
 
 
-__all__ = ["Scorer", "scorer_for", "score_length_bucket", "HEAD_CHUNK"]
+__all__ = ["Scorer", "scorer_for", "score_length_bucket", "HEAD_CHUNK", "chunked_logprobs", "logit_logprobs"]

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from mhar.model.choices import ROUTING_IMPLS
+from mhar.model.compile import compile_fn
 from mhar.model.routing.decode import available as decode_kernel_available, decode_read
 from mhar.model.routing.base import Router
 from mhar.model.routing.names import resolve_routing_impl
@@ -41,12 +42,12 @@ class EagerRouter(Router):
 
 
 class CompiledRouter(EagerRouter):
-    """Same math, the per-read function compiled with torch.compile."""
+    """Same math, the per-read function compiled (``mhar.model.compile.compile_fn``)."""
 
     name = "compile"
 
     def __init__(self):
-        super().__init__(torch.compile(route_reference, dynamic=False))
+        super().__init__(compile_fn(route_reference, dynamic=False))
 
 
 class AutoRouter(Router):

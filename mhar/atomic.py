@@ -1,8 +1,12 @@
-"""Atomic file writes (same-folder temp file + fsync + rename), without torch: a crash or kill never
-leaves a half-written record; readers see the old file or the new one. Every record of the project is written
-through here (JSON with :func:`atomic_write_json`; weights and training states through
-:func:`mhar.runs.checkpoint.atomic_torch_save`, built on the same temp-file rule), and read back with
-:func:`read_json`.
+"""Generic file I/O of every stage, without torch (the lowest floor: imports nothing of the project).
+
+Atomic writes (same-folder temp file ``.<name>.<pid>.tmp`` + fsync + rename + fsync of the folder): a crash or
+kill never leaves a half-written record; readers see the old file or the new one. Every record of the project
+is written through here (JSON with :func:`atomic_write_json`; weights and training states through
+:func:`mhar.runs.checkpoint.atomic_torch_save`, built on :func:`tmp_of` and :func:`write_synced`), and read
+back with :func:`read_json`. :func:`clean_stale_temps` removes the temp files of killed writes (a pending
+``.sha256`` whose file was already renamed into place is completed instead: :func:`sha256_path`,
+:func:`file_sha256`); :func:`pid_alive` tells whether a temp file's, lock's or staging folder's owner lives.
 
 Also the one-line wording of operating-system errors (:func:`os_error_line`: disk full, read-only, no
 permission) and :func:`check_writable`, which a command calls on its output folder before long work.
@@ -10,16 +14,20 @@ permission) and :func:`check_writable`, which a command calls on its output fold
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "read_json", "check_writable",
-           "os_error_line", "name_max"]
+           "os_error_line", "name_max", "tmp_of", "fsync_dir", "fsync_file", "write_synced", "clean_stale_temps",
+           "pid_alive", "sha256_path", "file_sha256", "recorded_sha256"]
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a folder (a rename in it is durable); a file system that cannot is left as it is."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -32,8 +40,26 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _tmp_of(path: Path) -> Path:
+def fsync_file(path: str | os.PathLike) -> None:
+    """fsync a file written by someone else (e.g. lm-eval's output files) before it is renamed into place."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tmp_of(path: Path) -> Path:
+    """The same-folder temp file of this process's write of ``path`` (:func:`clean_stale_temps` knows the form)."""
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def write_synced(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Create ``path``, let ``write`` fill it, flush and fsync it."""
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: "bytes | Callable[[BinaryIO], None]") -> Path:
@@ -42,20 +68,14 @@ def atomic_write_bytes(path: str | os.PathLike, data: "bytes | Callable[[BinaryI
     On any failure (a full disk included) the temp file is removed and ``path`` keeps its old content."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_of(path)
+    tmp = tmp_of(path)
     try:
-        with open(tmp, "wb") as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(tmp, data if callable(data) else lambda f: f.write(data))
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
@@ -169,3 +189,55 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# --- temp files of killed writes ------------------------------------------------------------------
+_TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+
+
+def sha256_path(path: str | os.PathLike) -> Path:
+    """The checksum file beside ``path`` (``<file>.sha256``, ``sha256sum -c`` format)."""
+    path = Path(path)
+    return path.with_name(path.name + ".sha256")
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def recorded_sha256(sidecar: Path) -> Optional[str]:
+    """The digest a checksum file records (None: unreadable or not a sha256)."""
+    try:
+        word = sidecar.read_text().split()[0]
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
+    return word.lower() if len(word) == 64 else None
+
+
+def clean_stale_temps(folder: str | os.PathLike) -> list[Path]:
+    """Remove temp files of killed writes (``.<name>.<pid>.tmp`` of a dead pid) in ``folder``; returns them.
+
+    A pending checksum whose file was already renamed into place is completed, not removed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for tmp in sorted(folder.glob(".*.tmp")):
+        m = _TMP_RE.match(tmp.name)
+        if not m or not tmp.is_file() or pid_alive(int(m["pid"])):
+            continue
+        name = m["name"]
+        if name.endswith(".sha256"):
+            target = folder / name[: -len(".sha256")]
+            rec = recorded_sha256(tmp)
+            if target.is_file() and rec is not None and rec == file_sha256(target):
+                os.replace(tmp, sha256_path(target))
+                continue
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
