@@ -68,3 +68,67 @@ def test_architecture_is_a_short_map():
 
 def test_path_check_sees_a_missing_path():
     assert named_paths("| `mhar/nope.py` | x |\n`analysis/load/<x>.py` `mhar/model/` ") == {"mhar/nope.py", "mhar/model/"}
+
+
+# --- the stage/package table of docs/ARCHITECTURE.md is the import graph's FORBIDDEN rule --------------------
+_STAGE_HEADER = "| stage | package | environment | may import |"
+_NAMES = {"torch": "torch", "lm-eval": "lm_eval"}  # how the table spells third-party packages
+
+
+def stage_table(text: str) -> dict[str, tuple[set[str], set[str]]]:
+    """package -> (project packages it may import, names it must never import) from the stage table:
+    backticked folders (``mhar/``'s torch-free modules count as ``mhar``); 'itself' = none of the others;
+    after 'never': folders or third-party names."""
+    lines = text.splitlines()
+    start = lines.index(_STAGE_HEADER)
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        _stage, package, _env, may = (c.strip() for c in line.strip("|").split("|"))
+        allowed_part, _, never_part = may.partition("never")
+        allowed = {m for m in re.findall(r"`([\w]+)/`", allowed_part)}
+        never = set(re.findall(r"`([\w]+)/`", never_part)) | {_NAMES.get(w, w) for w in
+                                                              re.findall(r"\b(torch|lm-eval)\b", never_part)}
+        for pkg in re.findall(r"`([\w]+)/`", package):
+            rows[pkg] = (allowed, never)
+    return rows
+
+
+def table_mismatches(rows: dict, forbidden: dict, stages: set[str]) -> list[str]:
+    """Where the table and ``forbidden`` (package -> forbidden top-level names) disagree."""
+    bad = []
+    for pkg, banned in forbidden.items():
+        if pkg not in rows:
+            bad.append(f"{pkg}/: no row in the stage table")
+            continue
+        allowed, never = rows[pkg]
+        want = stages - {pkg} - set(banned)  # the project packages the rule lets it import
+        if allowed != want:
+            bad.append(f"{pkg}/: the table lets it import {sorted(allowed)}, the rule {sorted(want)}")
+        if not never <= set(banned):
+            bad.append(f"{pkg}/: the table forbids {sorted(never - set(banned))}, the rule does not")
+    return bad
+
+
+def test_stage_table_matches_the_import_rule():
+    from tests.test_import_graph import FORBIDDEN, WORKFLOW
+
+    rows = stage_table((REPO / "docs" / "ARCHITECTURE.md").read_text())
+    stages = set(FORBIDDEN) | {"workflow"}
+    assert all(WORKFLOW <= set(banned) for banned in FORBIDDEN.values())  # no stage imports workflow code
+    assert table_mismatches(rows, FORBIDDEN, stages) == []
+    assert rows["workflow"][0] == set(FORBIDDEN)  # the workflow may import every stage
+
+
+def test_stage_table_check_sees_a_difference():
+    text = (f"{_STAGE_HEADER}\n|---|---|---|---|\n| a | `mhar/` | x | itself |\n"
+            "| b | `eval/` | x | `mhar/`, `analysis/` |\n| c | `analysis/` | x | `mhar/`; never `eval/`, torch |\n")
+    rows = stage_table(text)
+    assert rows == {"mhar": (set(), set()), "eval": ({"mhar", "analysis"}, set()),
+                    "analysis": ({"mhar"}, {"eval", "torch"})}
+    forbidden = {"mhar": {"eval", "analysis", "workflow"}, "eval": {"analysis", "workflow"},
+                 "analysis": {"eval", "lm_eval", "workflow"}}
+    assert table_mismatches(rows, forbidden, {"mhar", "eval", "analysis", "workflow"}) == [
+        "eval/: the table lets it import ['analysis', 'mhar'], the rule ['mhar']",
+        "analysis/: the table forbids ['torch'], the rule does not"]

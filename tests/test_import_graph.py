@@ -330,6 +330,7 @@ def test_every_lazy_import_says_why():
 # export ships the model without the runner); hf/ (the Llama / Qwen mapping included) sits below cpt/.
 FLOORS = [  # (files, forbidden module prefixes, why)
     ("mhar/atomic.py", ("mhar", "eval", "analysis", "torch"), "generic I/O: the lowest floor, torch-free"),
+    ("mhar/safe_yaml.py", ("mhar", "eval", "analysis", "torch"), "the YAML reader: the lowest floor, torch-free"),
     ("mhar/data", ("mhar.runs", "mhar.training", "mhar.hf", "mhar.cpt"), "data/ sits below runs/"),
     ("mhar/model/transformer.py", ("mhar.model.inference",), "inference imports the model, not the reverse"),
     ("mhar/hf", ("mhar.cpt",), "hf/ holds the Llama / Qwen mapping; cpt/ sits above it"),
