@@ -196,11 +196,8 @@ class ProbeFigureInput:
         self.routing = {k: np.asarray(v) for k, v in d["routing_mean"].items()}
         variant = str(d.get("variant") or path.stem)
         heads = d.get("routing_heads")
-        try:
-            display = display_of(d, variant, path)
-        except AnalysisInputError:  # an older probe JSON without its display record, and no registry here
-            display = None
-        display = display or {"display": variant, "order": 100, "shows_heads": False}
+        # a probe JSON without its display record (eval.probe before it recorded one): its variant name
+        display = display_of(d) or {"display": variant, "order": 100, "shows_heads": False}
         self.label = variant_label(display, heads if isinstance(heads, int) else None)
         self.size = d.get("size") if isinstance(d.get("size"), str) else None
         self.order = (*size_key(self.size or ""), display.get("order", 100), heads or 0, self.label)

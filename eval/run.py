@@ -271,14 +271,22 @@ def weights_sha256(model_path: str) -> Optional[str]:
 
 
 def model_identity(model_path: str, lm: Any, sha: Optional[str] = None) -> dict:
-    """``run`` (the exported model's run identity), ``display`` (its variant's display record, when the model
-    carries one: the tables name the variant by it) and ``weights_sha256`` of an exported model."""
+    """``run`` (the exported model's run identity), ``display`` (its variant's display record, as summary.json
+    records it: the tables name the variant by it, without the residual registry) and ``weights_sha256`` of an
+    exported model. The display is the model's own (``extra.display``, written by mhar.train), else the
+    registry's for the variant the model was built as (an imported released checkpoint)."""
     if str(model_path).startswith("hf:"):
         return {"run": None, "weights_sha256": None}
     extra = (getattr(lm, "blob", None) or {}).get("extra") or {}
-    shown = {"display": extra["display"]} if isinstance(extra.get("display"), dict) else {}
-    return {"run": extra.get("run"), **shown,
-            "weights_sha256": sha if sha is not None else weights_sha256(model_path)}
+    run = extra.get("run")
+    out = {"run": run, "weights_sha256": sha if sha is not None else weights_sha256(model_path)}
+    res = run.get("residual") if isinstance(run, dict) else None
+    if isinstance(extra.get("display"), dict):
+        out["display"] = extra["display"]
+    elif isinstance(res, dict) and isinstance(res.get("variant"), str):
+        from mhar.model.residuals import display_record  # lazy: torch (see _model_file); loaded with the model
+        out["display"] = display_record(res["variant"])
+    return out
 
 
 def load_task(task_name: str, source: DataSource, task_manager, num_fewshot: Optional[int] = None):

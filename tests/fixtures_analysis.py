@@ -13,9 +13,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-CONFIG_HASH = "abc123def0"
-
-
 def run_config(variant: str, size: str, seed: int, heads: Optional[int] = None, label: Optional[str] = None,
                overrides: Sequence[str] = ()):
     """The resolved run config mhar.train would record for such a run (tinyshakespeare, byte, seq_len 128)."""
@@ -27,24 +24,31 @@ def run_config(variant: str, size: str, seed: int, heads: Optional[int] = None, 
                                   *overrides])
 
 
+def run_records(variant: str, size: str, seed: int, heads: Optional[int] = None, label: Optional[str] = None,
+                overrides: Sequence[str] = ()) -> tuple:
+    """(run config, ``run`` block, ``display`` record) as current mhar.train records them in summary.json (and
+    eval.run copies into results.json)."""
+    from mhar.model.residuals import display_record
+    from mhar.runs.config import run_identity
+
+    cfg = run_config(variant, size, seed, heads, label, overrides)
+    return cfg, run_identity(cfg), display_record(variant)
+
+
 def write_run(root: Path, variant: str, size: str, seed: int, tail: float, heads: Optional[int] = None,
-              heads_in_summary: bool = True, steps: int = 200, every: int = 20, tail_k: int = 3,
-              label: Optional[str] = None, config_hash: str = CONFIG_HASH, run_block: bool = False,
+              steps: int = 200, every: int = 20, tail_k: int = 3, label: Optional[str] = None,
               root_dir: Optional[Path] = None, overrides: Sequence[str] = ()) -> Path:
     """One run dir whose validation curve ends at ``tail`` (tail-mean of the last ``tail_k`` evals).
 
-    Like mhar.train: config.yaml is the resolved run config (``overrides`` are run-config overrides, e.g.
-    ``data.seed=7`` or ``model.residual.hyper_n=2``) and the folder is ``runs/<label>/<size>/seed<k>/<rid>``.
-    Without ``run_block`` the summary is an older one: the flat keys (``variant`` = the run label, ``config_hash``)
-    and no ``run`` block, the residual section only in config.yaml (heads also in the summary if asked). With
-    ``run_block`` it carries the ``run`` record of current mhar.train; ``root_dir`` puts the run anywhere (its
+    Like current mhar.train: config.yaml is the resolved run config (``overrides`` are run-config overrides, e.g.
+    ``data.seed=7`` or ``model.residual.hyper_n=2``), summary.json carries the ``run`` block and the ``display``
+    record, and the folder is ``runs/<label>/<size>/seed<k>/<rid>``; ``root_dir`` puts the run anywhere (its
     path then says nothing about the run)."""
-    from mhar.runs.config import run_identity
     from mhar.safe_yaml import dump_yaml
     from mhar.runs.layout import run_relpath
 
     label = label or variant
-    cfg = run_config(variant, size, seed, heads, label, overrides)
+    cfg, run, display = run_records(variant, size, seed, heads, label, overrides)
     d = root_dir or root / run_relpath(cfg)
     d.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(zlib.crc32(f"{variant}{size}{seed}{heads}".encode()))
@@ -61,17 +65,11 @@ def write_run(root: Path, variant: str, size: str, seed: int, tail: float, heads
             lines.append({"split": "val", "step": s, "val_loss": curve[evals.index(s)], "tokens": s * tok_per_step,
                           "wall_s": s * s_per_step, "flops": s * flops_per_step})
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    summary = {"variant": label, "size": size, "seed": seed, "config_hash": config_hash, "steps": steps,
+    summary = {"variant": variant, "size": size, "seed": seed, "identity": run["identity"], "steps": steps,
                "tokens": steps * tok_per_step, "tail_mean_val_loss": float(np.mean(curve[-tail_k:])),
                "tail_k": tail_k, "final_val_loss": curve[-1], "val_losses": [[s, v] for s, v in zip(evals, curve)],
                "wall_s": steps * s_per_step, "flops": steps * flops_per_step, "params": 1000,
-               "tokens_per_s": tok_per_step / s_per_step, "peak_mem_gb": 0.1}
-    if heads is not None and heads_in_summary:
-        summary["heads"] = heads
-    if run_block:
-        summary["run"] = run_identity(cfg)
-        summary["identity"] = summary["run"]["identity"]
-        del summary["config_hash"]
+               "tokens_per_s": tok_per_step / s_per_step, "peak_mem_gb": 0.1, "run": run, "display": display}
     (d / "summary.json").write_text(json.dumps(summary))
     (d / "config.yaml").write_text(dump_yaml(cfg.to_dict()))
     return d / "summary.json"
@@ -91,14 +89,15 @@ def make_runs(root: Path, sizes=("tiny", "100M"), seeds=(0, 1, 2), effects: Opti
                 noise = 0.002 * np.cos(3.0 * seed + i)
                 label = f"{variant}_h{heads}" if variant == "mhar" and heads != 4 else variant
                 out.append(write_run(root, variant, size, seed, base_level + shock + eff + noise, heads,
-                                     heads_in_summary=(i % 2 == 0), label=label))
+                                     label=label))
     return out
 
 
 def write_eval(eval_dir: Path, model_path: str, tasks: dict[str, np.ndarray | tuple], groups=None,
-               metric: str = "acc", run: Optional[dict] = None) -> Path:
+               metric: str = "acc", run: Optional[dict] = None, display: Optional[dict] = None) -> Path:
     """Eval dir: tasks maps name -> per-doc 0/1 array (stored as ``metric``), or (loglik, words) for a
-    perplexity task."""
+    perplexity task; ``run`` and ``display``: the records eval.run copies from the model (None: a model that
+    records no run, e.g. hf:<name>)."""
     for task, vals in tasks.items():
         d = eval_dir / task
         d.mkdir(parents=True, exist_ok=True)
@@ -115,11 +114,19 @@ def write_eval(eval_dir: Path, model_path: str, tasks: dict[str, np.ndarray | tu
                 rec["group"] = int(groups[i])
             lines.append(json.dumps(rec))
         (d / "samples.jsonl").write_text("\n".join(lines) + "\n")
-        res = {"model": model_path, "n": n, "subset": "first:200"}
-        if run is not None:
-            res["run"] = run
+        res = {"model": model_path, "n": n, "subset": "first:200", "run": run}
+        if display is not None:
+            res["display"] = display
         (d / "results.json").write_text(json.dumps(res))
     return eval_dir
+
+
+def write_run_eval(run_dir: Path, tasks: dict, **kw) -> Path:
+    """``run_dir/eval``: an evaluation of the run's model.pt, with the run block and display record that eval.run
+    copies from it (write_eval's keywords)."""
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    return write_eval(Path(run_dir) / "eval", str(Path(run_dir) / "model.pt"), tasks, run=summary["run"],
+                      display=summary["display"], **kw)
 
 
 def make_downstream(root: Path, n: int = 200, acc_gain: float = 0.15, seed: int = 0,
@@ -141,8 +148,8 @@ def make_downstream(root: Path, n: int = 200, acc_gain: float = 0.15, seed: int 
     for variant, heads, lam, h, ll in (("baseline", None, lam_b, hs, ll_b), ("mhar", 4, lam_m, hs_m, ll_m)):
         run = write_run(root, variant, "100M", 0, 3.0, heads,
                         overrides=[f"data.tokenizer={tokenizer}"] if tokenizer else ()).parent
-        dirs.append(write_eval(run / "eval", str(run / "model.pt"),
-                               {"lambada_openai": lam, "hellaswag": h, "wikitext": (ll, words)}, groups=groups))
+        dirs.append(write_run_eval(run, {"lambada_openai": lam, "hellaswag": h, "wikitext": (ll, words)},
+                                   groups=groups))
     return dirs, {"lam_b": lam_b, "lam_m": lam_m, "hs_b": hs, "hs_m": hs_m, "ll_b": ll_b, "ll_m": ll_m,
                   "words": words, "groups": groups}
 

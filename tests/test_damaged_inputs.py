@@ -12,7 +12,7 @@ import torch
 import fixtures_analysis as fx
 from analysis import figures
 from analysis.load.common import AnalysisInputError
-from analysis.load.runs import residual_from_config
+from analysis.load.runs import run_setup
 from analysis.load.samples import align, load_eval_task, metric_arrays
 from analysis.tables.build import main as tables_main
 
@@ -114,7 +114,7 @@ def test_yaml_python_tags_are_refused_and_never_run(tmp_path, capsys):
     run = fx.write_run(tmp_path, "mhar", "tiny", 0, 2.0, heads=4)
     (run.parent / "config.yaml").write_text(f"model:\n  residual: {tag}\n")
     with pytest.raises(AnalysisInputError, match="YAML tag"):
-        residual_from_config(run.parent)
+        run_setup(run.parent)
     assert not marker.exists() and not (tmp_path / "r").exists()
 
 

@@ -82,6 +82,24 @@ def test_eval_checks_every_task_first_and_records_the_weights(tmp_path, capsys):
     assert res["weights_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
     assert res["run"] == read_checkpoint(model)["extra"]["run"] and res["run"]["label"] == "tiny"
     assert res["display"] == read_checkpoint(model)["extra"]["display"]  # the tables' name of the variant
+    from analysis.load.runs import identify_eval  # the analysis identifies the evaluation from the record alone
+
+    assert identify_eval(out)["label"] == "tiny"
+
+
+def test_an_imported_model_without_a_display_record_gets_its_variants():
+    """A model whose export carries no display record (an imported released checkpoint: import-hf writes the run
+    block only) is evaluated with the registry's display record of the variant it was built as."""
+    from types import SimpleNamespace
+
+    from eval.run import model_identity
+    from mhar.model.residuals import display_record
+
+    run = {"label": "rel", "residual": {"variant": "attnres", "heads": 1}, "size": "0.6B", "seed": 0,
+           "pairing": "released-g", "identity": "released:x", "released": "x"}
+    got = model_identity("m.pt", SimpleNamespace(blob={"extra": {"run": run}}), sha="ab")
+    assert got == {"run": run, "weights_sha256": "ab", "display": display_record("attnres")}
+    assert model_identity("hf:org/m", None) == {"run": None, "weights_sha256": None}
 
 
 # --- issue 44: a model without its checksum is never loaded, anywhere -----------------------------------

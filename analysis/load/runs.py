@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from mhar.model.config import ResidualConfig
-from mhar.runs.config import identity_config, pairing_hash, recorded_run_config
 
-from .common import AnalysisInputError, is_finite_number, read_json, read_mapping, read_yaml
+from .common import AnalysisInputError, is_finite_number, read_json, read_mapping
 
 
 @dataclass
@@ -27,7 +26,7 @@ class RunSummary:
     variant: str
     size: str
     seed: int
-    pairing: str  # pairing hash (mhar.runs.config.pairing_hash); else the record's config_hash
+    pairing: str  # pairing hash (mhar.runs.config.pairing_hash; "released-<group>" for a released arm)
     heads: Optional[int]
     tail_mean_val_loss: float
     val_losses: list[tuple[int, float]] = field(default_factory=list)
@@ -70,45 +69,26 @@ def residual_knobs(residual: dict) -> tuple:
                  and k in defaults and residual[k] != defaults[k])
 
 
-def _display_record(d: Any) -> Optional[dict]:
+# The one command that converts the records of earlier harness versions (the readers name it when they refuse one).
+MIGRATE_RECORDS = "python scripts/migrate_records.py --results RESULTS_DIR"
+
+
+def _old_record(where: Any, what: str) -> AnalysisInputError:
+    return AnalysisInputError(f"{where}: a record of an earlier harness version ({what}); convert it once with "
+                              f"`{MIGRATE_RECORDS}`")
+
+
+def display_of(record: dict) -> Optional[dict]:
+    """The display record {display, order, shows_heads[, heads]} the record carries (``display``: written by
+    the trainer into summary.json, by ``eval.run`` into results.json, by ``eval.probe`` into its JSON, from the
+    variant's class attributes); None when it has none."""
+    d = record.get("display")
     if not (isinstance(d, dict) and isinstance(d.get("display"), str)):
         return None
     out = {"display": d["display"], "order": int(d.get("order", 100)), "shows_heads": bool(d.get("shows_heads"))}
     if d.get("heads") is not None:
         out["heads"] = int(d["heads"])
     return out
-
-
-def display_of(record: dict, variant: str, where: Any) -> Optional[dict]:
-    """The variant's display record {display, order, shows_heads[, heads]}: the record's own ``display``
-    (summary.json, or its ``run`` block), else the residual registry's (``mhar.model.residuals.display_record``);
-    None when the registry does not know the variant (a user's module that is not importable here)."""
-    run = record.get("run") if isinstance(record.get("run"), dict) else {}
-    for d in (record.get("display"), run.get("display")):
-        if _display_record(d) is not None:
-            return _display_record(d)
-    try:  # lazy: the registry imports torch, which the analysis environment lacks; recorded displays need neither
-        from mhar.model.residuals import display_record
-    except ImportError as e:
-        raise AnalysisInputError(f"{where}: no 'display' record, and the residual registry that gives a variant's "
-                                 f"display cannot be imported here ({e}); run the table where mhar imports "
-                                 "(e.g. the eval environment), or re-record the run") from None
-    try:
-        return _display_record(display_record(variant))
-    except ValueError:  # ConfigError: not registered
-        return None
-
-
-def residual_from_config(run_dir: Path) -> dict:
-    """The run's resolved ``model.residual`` section from ``config.yaml`` ({} when absent)."""
-    cfg = read_mapping(Path(run_dir) / "config.yaml")
-    for keys in (("model", "residual"), ("residual",)):
-        node: Any = cfg
-        for k in keys:
-            node = node.get(k) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            return node
-    return {}
 
 
 def run_setup(run_dir: Path) -> dict:
@@ -131,78 +111,57 @@ def run_setup(run_dir: Path) -> dict:
     return out
 
 
-def _config_identity(run_dir: Path, where: Path) -> Optional[dict]:
-    """The identity config (mhar.runs.config.identity_config) of the run dir's config.yaml; None without one."""
-    cfg_p = Path(run_dir) / "config.yaml"
-    if not cfg_p.is_file():
-        return None
-    raw = read_yaml(cfg_p)
-    try:
-        return identity_config(recorded_run_config(raw))
-    except ValueError as e:  # ConfigError
-        raise AnalysisInputError(f"{cfg_p}: not a valid run config ({e}); the run cannot be identified") from None
+def is_released(run: dict) -> bool:
+    """A released checkpoint's run block (workflow/scripts/import_released.py): never trained here, so no
+    ``config``; it pairs by its declared ``pairing`` ("released-<group>")."""
+    return isinstance(run.get("released"), str)
 
 
-def run_identity(record: dict, where: Path, run_dir: Optional[Path] = None) -> dict:
-    """What run a record (summary.json / results.json) belongs to, from its ``run`` block, never from the path:
-    {label, variant, heads, display, knobs, residual, size, seed, data_seed, identity, pairing, config,
-    config_hash, where}.
+def run_identity(record: dict, where: Any) -> dict:
+    """What run a record (summary.json / results.json) belongs to, from its ``run`` block and ``display`` record,
+    never from the path: {label, variant, heads, display, knobs, residual, size, seed, data_seed, identity,
+    pairing, config, where}.
 
-    ``config`` is the run's identity config (``run.config``; else that of the run dir's config.yaml), None when
-    neither is there (an evaluation record without it); then ``config_hash`` (the resolved config without
-    residual section and seeds) and ``data_seed`` are all that pairing (mhar.runs.pairing) can check. Records
-    without a ``run`` block are read from their flat keys and config.yaml's ``model.residual``."""
-    run = record.get("run") if isinstance(record.get("run"), dict) else {}
+    One record shape, the current one: ``run`` = :func:`mhar.runs.config.run_identity` (label, residual, size,
+    seed, data_seed, identity, pairing, config), or a released checkpoint's block (``released``, no config), and
+    ``display``. A record without them (an earlier harness version's) is refused with one line naming the file
+    and the script that converts it."""
+    run = record.get("run")
+    if not isinstance(run, dict):
+        raise _old_record(where, "no 'run' block")
     config = run.get("config") if isinstance(run.get("config"), dict) else None
-    if config is None and run_dir is not None:
-        config = _config_identity(run_dir, where)
-    res = run.get("residual") if isinstance(run.get("residual"), dict) else {}
-    if not res and config is not None:
-        res = (config.get("model") or {}).get("residual") or {}
-    if not res and run_dir is not None:
-        res = residual_from_config(run_dir)
-    label = run.get("label") or record.get("variant")
-    size, seed = run.get("size", record.get("size")), run.get("seed", record.get("seed"))
-    for k, v in (("variant (run.label)", label), ("size", size), ("seed", seed)):
-        if v is None:
-            raise AnalysisInputError(f"{where}: missing field {k!r} (neither the 'run' block nor the flat key; "
-                                     "see docs/ARCHITECTURE.md 'Run directory')")
-    variant = res.get("variant") or record.get("residual_variant")
-    heads = res.get("heads") if res.get("heads") is not None else record.get("heads", record.get("residual_heads"))
-    display = display_of(record, str(variant or label), where)
-    if not variant:
-        # a record without a residual section: its flat 'variant' (the run label) is the residual variant
-        if display is None:
-            raise AnalysisInputError(
-                f"{where}: run label {label!r} is not a residual variant and neither the record's run.residual nor "
-                "config.yaml with model.residual.variant is there; keep config.yaml beside summary.json")
-        variant = label
-    variant = str(variant)
-    if display is None:  # a variant the registry here does not know: its run label, after the registered ones
-        display = {"display": str(label), "order": 100, "shows_heads": False, "heads": heads}
-    elif display["display"] == variant != label:  # a variant without a display name of its own: its run label
-        display = {**display, "display": str(label)}
+    if config is None and not is_released(run):
+        raise _old_record(where, "its 'run' block has no 'config'")
+    display = display_of(record)
+    if display is None:
+        raise _old_record(where, "no 'display' record")
+    res = run.get("residual")
+    for k, v in (("label", run.get("label")), ("residual.variant", isinstance(res, dict) and res.get("variant")),
+                 ("size", run.get("size")), ("seed", run.get("seed")), ("pairing", run.get("pairing")),
+                 ("identity", run.get("identity"))):
+        if v is None or v is False or v == "":
+            raise AnalysisInputError(f"{where}: missing field 'run.{k}' (see docs/ARCHITECTURE.md 'Run directory'); "
+                                     "the record is damaged: re-run the step that wrote it")
+    label, variant, seed = str(run["label"]), str(res["variant"]), run["seed"]
+    heads = res.get("heads")
+    if display["display"] == variant != label:  # a variant without a display name of its own: its run label
+        display = {**display, "display": label}
     if display.get("shows_heads"):
         if heads is None:
-            raise AnalysisInputError(
-                f"{where}: variant {variant!r} needs the routing head count, but neither run.residual.heads, the "
-                "summary field 'heads' nor config.yaml: model.residual.heads is present")
+            raise AnalysisInputError(f"{where}: variant {variant!r} needs the routing head count, but "
+                                     "run.residual.heads is missing; re-run the step that wrote it")
     else:  # a head count the variant fixes (single-head routing: 1), or none
         heads = display.get("heads")
-    data_seed = run.get("data_seed", seed)
+    data_seed = run.get("data_seed")
     if config is not None:
-        train_seed, cfg_data_seed = (config.get("train") or {}).get("seed"), (config.get("data") or {}).get("seed")
+        train_seed, data_seed = (config.get("train") or {}).get("seed"), (config.get("data") or {}).get("seed")
         if train_seed is not None and int(train_seed) != int(seed):
             raise AnalysisInputError(f"{where}: the record says seed {seed} but its config says train.seed "
                                      f"{train_seed}; the records of this run disagree: re-run the step that wrote it")
-        data_seed = cfg_data_seed if cfg_data_seed is not None else data_seed
-    pairing = str(run.get("pairing") or "") or (pairing_hash(config) if config else "")
-    cfg_hash = str(run.get("config_hash") or record.get("config_hash") or "")
-    return {"label": str(label), "variant": variant, "heads": None if heads is None else int(heads), "display": display,
+    return {"label": label, "variant": variant, "heads": None if heads is None else int(heads), "display": display,
             "knobs": residual_knobs(res), "residual": {k: v for k, v in res.items() if k != "routing_impl"},
-            "size": str(size), "seed": int(seed), "data_seed": None if data_seed is None else int(data_seed),
-            "identity": str(run.get("identity") or run.get("identity_hash") or record.get("identity") or ""),
-            "pairing": pairing or cfg_hash, "config": config, "config_hash": cfg_hash, "where": str(where)}
+            "size": str(run["size"]), "seed": int(seed), "data_seed": None if data_seed is None else int(data_seed),
+            "identity": str(run["identity"]), "pairing": str(run["pairing"]), "config": config, "where": str(where)}
 
 
 _SUMMARY_NUMBERS = ("steps", "tokens", "wall_s", "flops", "params", "tokens_per_s", "peak_mem_gb", "tail_k")
@@ -212,9 +171,8 @@ def load_summary(path: str | os.PathLike) -> RunSummary:
     """Read ``summary.json`` (a file or a run directory holding one).
 
     The run's identity (label, residual config, size, seeds, identity config and pairing hash) comes from the
-    summary's ``run`` block; a summary without one is read from its flat keys (``variant`` = the label,
-    ``size``, ``seed``, ``config_hash``, ``heads``) and the run dir's ``config.yaml`` (see run_identity).
-    Moving a run folder never changes what it is.
+    summary's ``run`` block and its display from ``display`` (see run_identity): moving a run folder never
+    changes what it is.
     """
     p = Path(path)
     if p.is_dir():
@@ -232,7 +190,7 @@ def load_summary(path: str | os.PathLike) -> RunSummary:
     if bad:
         raise AnalysisInputError(f"{p}: non-finite {', '.join(bad[:3])} (not a finite number: a diverged or damaged "
                                  "run); a table cannot compare it: retrain it or leave it out of the inputs")
-    ident = run_identity(d, p, p.parent)
+    ident = run_identity(d, p)
     try:
         vl = [(int(s), float(v)) for s, v in d.get("val_losses") or []]
     except (TypeError, ValueError):
@@ -268,13 +226,9 @@ def describe_run(ident: dict, where: Any) -> str:
 
 
 def identify_eval(eval_dir: str | os.PathLike) -> dict:
-    """Which run an eval dir belongs to: run_identity's dict plus ``model``.
-
-    Read from the ``run`` block that ``eval.run`` copies from the model into each
-    ``<task>/results.json``; results without it are traced to the run directory of the recorded model path
-    (``model`` / ``model_path`` / ``pretrained``: the directory holding ``summary.json``). Never from
-    the eval dir's own path.
-    """
+    """Which run an eval dir belongs to: run_identity's dict plus ``model``, read from the ``run`` block and
+    ``display`` record that ``eval.run`` copies from the model into each ``<task>/results.json``; never from
+    the eval dir's own path."""
     root = Path(eval_dir)
     rps = sorted(root.glob("*/results.json"))
     if not rps:
@@ -282,32 +236,11 @@ def identify_eval(eval_dir: str | os.PathLike) -> dict:
                                  "(python -m eval.run ... --out DIR)")
     res = read_json(rps[0])
     res = res if isinstance(res, dict) else {}
-    model = next((res[k] for k in ("model", "model_path", "model_name", "pretrained") if isinstance(res.get(k), str)),
-                 None)
-    c = run_dir = None
-    if model is not None:
-        c = Path(model.removeprefix("hf:"))
-        if not c.is_absolute():  # relative to the working directory of the workflow that wrote it
-            base = next((a for a in root.resolve().parents if (a / c).parent.is_dir()), None)
-            c = (base / c) if base is not None else c
-        run_dir = next((d for d in (c, c.parent) if (d / "summary.json").is_file()), None)
-    if isinstance(res.get("run"), dict):
-        run = res["run"]
-        if run_dir is not None and _display_record(res.get("display")) is None and \
-                _display_record(run.get("display")) is None:
-            # the training run's display record, as its summary gives Table 1 (an eval record carries none;
-            # the registry here may not know a user's variant): one name for the variant in every table
-            summary = read_json(run_dir / "summary.json")
-            summary = summary if isinstance(summary, dict) else {}
-            variant_of = lambda r: ((r.get("run") or {}).get("residual") or {}).get("variant")  # noqa: E731
-            shown = _display_record(summary.get("display")) if variant_of(summary) == variant_of(res) else None
-            res = {**res, "display": shown} if shown is not None else res
-        info = run_identity(res, rps[0])
-        info["model"] = model
-        return info
-    if run_dir is not None:
-        return {**load_summary(run_dir).ident, "model": str(c)}
-    raise AnalysisInputError(
-        f"{rps[0]}: cannot tell which run was evaluated: no 'run' block and no model path whose run directory "
-        "holds summary.json; re-evaluate with the current eval.run (it records the run) or keep the run dir")
-
+    model = res.get("model") if isinstance(res.get("model"), str) else None
+    if "run" in res and res["run"] is None and (model or "").startswith("hf:"):
+        raise AnalysisInputError(f"{rps[0]}: evaluated from {model}, a model that records no training run, so no "
+                                 "table can pair it; evaluate a model.pt (mhar.train's export, or import-hf with its "
+                                 "run record)")
+    info = run_identity(res, rps[0])
+    info["model"] = model
+    return info

@@ -53,37 +53,23 @@ def pairing_difference(a: dict, b: dict, ignore: Sequence[str] = ()) -> Optional
     """None when runs ``a`` and ``b`` may be paired, else the first field that differs, as
     'field (value of a vs value of b)'.
 
-    ``a`` / ``b`` are run records as the analysis reads them: keys ``config`` (the identity config, None for a
-    record without one), ``size``, ``seed``, ``data_seed``, ``pairing`` (pairing hash), ``config_hash`` (what a
-    record without ``run.config`` carries instead: the hash of the resolved config without residual section and
-    seeds; "" when none) and ``where``. With both configs: they may differ under :data:`PAIRING_VARIES` and
-    ``ignore`` alone.
-    Two records without ``run.config`` that declare a ``run.pairing`` (released checkpoints' arms, never trained
-    here) pair when size, seeds and pairing agree; two records with a ``config_hash`` when it agrees."""
+    ``a`` / ``b`` are run records as the analysis reads them: keys ``config`` (the identity config; None for a
+    released checkpoint, never trained here), ``size``, ``seed``, ``data_seed``, ``pairing`` (pairing hash, or
+    "released-<group>") and ``where``. Two trained runs: their configs may differ under :data:`PAIRING_VARIES`
+    and ``ignore`` alone. Two released checkpoints pair when size, seed and declared pairing agree. A trained run
+    and a released checkpoint never pair (one's data order and schedule are unknown)."""
     skip = tuple(PAIRING_VARIES) + tuple(ignore)
     if a["config"] is not None and b["config"] is not None:
         d = first_difference(a["config"], b["config"], ignore=skip)
         return None if d is None else f"{d[0]} ({_short(d[1])} vs {_short(d[2])})"
-    checks = [("size", a["size"], b["size"])]
-    if "train.seed" not in skip:
-        checks.append(("seed", a["seed"], b["seed"]))
-    if "data.seed" not in skip:
-        checks.append(("data seed", a["data_seed"], b["data_seed"]))
-    for name, va, vb in checks:
-        if va != vb:
-            return f"{name} ({_short(va)} vs {_short(vb)})"
     if a["config"] is None and b["config"] is None:
-        if not a["config_hash"] and not b["config_hash"] and a["pairing"] and b["pairing"]:
-            # arms that were never trained here (released checkpoints: run.pairing "released-<group>", no
-            # run.config): they pair as their run blocks declare, within the size and seed checked above
-            if a["pairing"] != b["pairing"]:
-                return f"pairing ({_short(a['pairing'])} vs {_short(b['pairing'])})"
-            return None
-        if a["config_hash"] and b["config_hash"] and a["config_hash"] != b["config_hash"]:
-            return (f"config_hash ({a['config_hash']} vs {b['config_hash']}: the resolved config without the "
-                    "residual section and seeds)")
-        if a["config_hash"] and b["config_hash"]:
-            return None
-    old = a if a["config"] is None else b
-    return (f"an unknown part of the resolved config ({old['where']} is a record without run.config, "
-            "so the pairing cannot be checked; re-evaluate it with the current eval.run)")
+        checks = [("size", a["size"], b["size"]), ("pairing", a["pairing"], b["pairing"])]
+        if "train.seed" not in skip:
+            checks.insert(1, ("seed", a["seed"], b["seed"]))
+        for name, va, vb in checks:
+            if va != vb:
+                return f"{name} ({_short(va)} vs {_short(vb)})"
+        return None
+    released = a if a["config"] is None else b
+    return (f"training (a run trained here vs {released['where']}, a released checkpoint whose data order and "
+            "schedule are unknown)")

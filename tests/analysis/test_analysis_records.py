@@ -114,8 +114,8 @@ def test_a_recorded_display_names_and_orders_the_row(tmp_path):
     """summary.json's `display` (what the trainer records) is read as it is, without the registry."""
     paths = []
     for seed in (0, 1):
-        paths.append(fx.write_run(tmp_path, "baseline", "tiny", seed, 3.0 + 0.01 * seed, run_block=True))
-        p = fx.write_run(tmp_path, "mhar", "tiny", seed, 2.9 + 0.01 * seed, 8, run_block=True)
+        paths.append(fx.write_run(tmp_path, "baseline", "tiny", seed, 3.0 + 0.01 * seed))
+        p = fx.write_run(tmp_path, "mhar", "tiny", seed, 2.9 + 0.01 * seed, 8)
         d = json.loads(p.read_text())
         d["display"] = {"display": "routed", "order": -1, "shows_heads": True}
         p.write_text(json.dumps(d))
@@ -172,7 +172,7 @@ def test_a_toy_task_names_its_primary_metric_in_its_yaml(tmp_path):
     dirs = []
     for variant, heads, shift in (("baseline", None, 0.0), ("mhar", 4, 1.0)):
         run = fx.write_run(tmp_path, variant, "100M", 0, 3.0, heads).parent
-        d = fx.write_eval(run / "eval", str(run / "model.pt"), {"toy_spelling": acc})
+        d = fx.write_run_eval(run, {"toy_spelling": acc})
         lines = [json.loads(x) for x in (d / "toy_spelling" / "samples.jsonl").read_text().splitlines()]
         for rec, v in zip(lines, acc_norm):  # acc is the same for both arms; acc_norm differs for mhar
             rec["metrics"]["acc_norm"] = float(v if not shift else 1.0)
@@ -201,7 +201,7 @@ def test_a_declared_primary_metric_the_records_lack_is_refused_not_replaced(tmp_
     dirs = []
     for variant, heads in (("baseline", None), ("mhar", 4)):
         run = fx.write_run(tmp_path, variant, "100M", 0, 3.0, heads).parent
-        d = fx.write_eval(run / "eval", str(run / "model.pt"), {"toy_spelling": (rng.random(40) < 0.5).astype(float)})
+        d = fx.write_run_eval(run, {"toy_spelling": (rng.random(40) < 0.5).astype(float)})
         rp = d / "toy_spelling" / "results.json"
         rp.write_text(json.dumps({**json.loads(rp.read_text()), "lm_eval": {"config": config}}))
         dirs.append(d)

@@ -36,7 +36,7 @@ def _notes(prefix: Path) -> str:
 def test_tables_without_a_baseline_say_so(tmp_path, capsys):
     """Only MHAR runs (the README's Pieces): Table 1 and the seed table name the row that found no baseline, in
     the table's notes and in one stderr line, instead of a silent row of '-'."""
-    runs = [fx.write_run(tmp_path, "mhar", "tiny", s, 3.9 + 0.01 * s, 4, run_block=True) for s in (0, 1)]
+    runs = [fx.write_run(tmp_path, "mhar", "tiny", s, 3.9 + 0.01 * s, 4) for s in (0, 1)]
     for kind in ("table1", "seeds"):
         err = _cli(kind, runs, tmp_path / kind, capsys)
         assert len(err) == 1 and err[0].startswith(f"{kind}: no baseline run among the inputs: MHAR H=4 tiny")
@@ -52,8 +52,8 @@ def test_tables_without_a_baseline_say_so(tmp_path, capsys):
 def test_tables_name_the_field_in_which_the_runs_differ(tmp_path, capsys):
     """A baseline that differs beyond model.residual (another size) is not paired: the note names both runs and
     the first differing field, as mhar.runs.pairing.pairing_difference gives it."""
-    var = fx.write_run(tmp_path, "mhar", "tiny", 0, 3.9, 4, run_block=True)
-    base = fx.write_run(tmp_path, "baseline", "100M", 0, 3.1, run_block=True)
+    var = fx.write_run(tmp_path, "mhar", "tiny", 0, 3.9, 4)
+    base = fx.write_run(tmp_path, "baseline", "100M", 0, 3.1)
     diff = pairing_difference(load_summary(var).ident, load_summary(base).ident)
     assert diff is not None
     for kind in ("table1", "seeds"):
@@ -65,27 +65,26 @@ def test_tables_name_the_field_in_which_the_runs_differ(tmp_path, capsys):
 def test_heads_sweep_of_one_head_count_says_why(tmp_path, capsys):
     """A head sweep with one H at a size: nothing to compare with; the nearest other H (another size) is named
     with the field the runs differ in."""
-    h4 = fx.write_run(tmp_path, "mhar", "tiny", 0, 3.9, 4, run_block=True)
-    h8 = fx.write_run(tmp_path, "mhar", "100M", 0, 3.0, 8, run_block=True)
+    h4 = fx.write_run(tmp_path, "mhar", "tiny", 0, 3.9, 4)
+    h8 = fx.write_run(tmp_path, "mhar", "100M", 0, 3.0, 8)
     err = _cli("heads", [h4, h8], tmp_path / "h", capsys)
     diff = pairing_difference(load_summary(h4).ident, load_summary(h8).ident)
     assert len(err) == 2 and all(e.startswith("heads: runs ") for e in err)
     assert err[0].endswith(f"differ in {diff} (beyond model.residual): not paired") and str(h4) in err[0]
-    alone = fx.write_run(tmp_path / "alone", "mhar", "tiny", 0, 3.9, 4, run_block=True)
+    alone = fx.write_run(tmp_path / "alone", "mhar", "tiny", 0, 3.9, 4)
     err = _cli("heads", [alone], tmp_path / "h1", capsys)
     assert len(err) == 1 and err[0].startswith("heads: no run of another head count among the inputs: MHAR H=4")
 
 
 def _run_with_eval(root: Path, variant: str, values: dict, heads=None, display=None, **kw) -> tuple[Path, Path]:
-    """A run dir as mhar.train leaves it (summary.json with its ``display`` record when given) and its eval dir
-    as eval.run writes it (each results.json carries the model's ``run`` block, not the display record)."""
-    summary = fx.write_run(root, variant, "tiny", 0, 3.9, heads, run_block=True, **kw)
+    """A run dir as mhar.train leaves it (summary.json with its ``display`` record, ``display`` when given) and its
+    eval dir as eval.run writes it (each results.json carries the model's ``run`` block and display record)."""
+    summary = fx.write_run(root, variant, "tiny", 0, 3.9, heads, **kw)
     record = json.loads(summary.read_text())
     if display is not None:
         record["display"] = display
         summary.write_text(json.dumps(record))
-    return summary, fx.write_eval(summary.parent / "eval", str(summary.parent / "model.pt"), values,
-                                  run=record["run"])
+    return summary, fx.write_run_eval(summary.parent, values)
 
 
 def test_downstream_names_a_variant_as_table1_does(tmp_path):

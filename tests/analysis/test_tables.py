@@ -194,18 +194,24 @@ def test_heads_table_finds_planted_u_shape(runs, tmp_path):
     assert pd.isna(tiny.loc[1, "delta"])
 
 
-def test_heads_read_from_config_yaml_when_absent_from_summary(tmp_path):
-    p = fx.write_run(tmp_path, "mhar", "tiny", 0, 3.0, heads=16, heads_in_summary=False, label="mhar_h16")
-    assert "heads" not in json.loads(p.read_text())
-    s = load_summary(p)  # the summary's variant is the label; config.yaml has the residual section
+def test_a_summary_of_an_earlier_shape_is_refused_naming_the_script(tmp_path, capsys):
+    """Summaries without the run block (flat keys, residual section in config.yaml), without run.config, or
+    without the display record: one line naming the file and the script that converts them."""
+    p = fx.write_run(tmp_path, "mhar", "tiny", 0, 3.0, heads=16, label="mhar_h16")
+    cur = json.loads(p.read_text())
+    s = load_summary(p)
     assert (s.variant, s.heads, s.name, run_label(s)) == ("mhar", 16, "mhar_h16", "MHAR H=16")
-    (p.parent / "config.yaml").unlink()
-    with pytest.raises(AnalysisInputError, match="not a residual variant"):
-        load_summary(p)  # the label alone does not say what was run
-    q = fx.write_run(tmp_path, "mhar", "tiny", 1, 3.0, heads=16, heads_in_summary=False)
-    (q.parent / "config.yaml").unlink()
-    with pytest.raises(AnalysisInputError, match="head count"):
-        load_summary(q)
+    flat = {k: v for k, v in cur.items() if k not in ("run", "display")}
+    no_config = {**cur, "run": {k: v for k, v in cur["run"].items() if k != "config"}}
+    no_display = {k: v for k, v in cur.items() if k != "display"}
+    for old, what in ((flat, "no 'run' block"), (no_config, "no 'config'"), (no_display, "no 'display'")):
+        p.write_text(json.dumps(old))
+        with pytest.raises(AnalysisInputError, match=what) as e:
+            load_summary(p)
+        assert str(p) in str(e.value) and "python scripts/migrate_records.py" in str(e.value)
+        assert tables_main(["table1", "--inputs", str(p), "--out", str(tmp_path / "t")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and "scripts/migrate_records.py" in err[0], err
 
 
 def test_a_new_variant_needs_no_display_entry(tmp_path, monkeypatch):
@@ -217,10 +223,10 @@ def test_a_new_variant_needs_no_display_entry(tmp_path, monkeypatch):
     paths = []
     for seed in (0, 1):
         shock = 0.03 * seed
-        paths.append(fx.write_run(tmp_path, "baseline", "tiny", seed, 4.0 + shock, run_block=True))
+        paths.append(fx.write_run(tmp_path, "baseline", "tiny", seed, 4.0 + shock))
         # a variant outside mhar.model.residuals is found through its module, as a user's run config names it
         paths.append(fx.write_run(tmp_path, "toy_gated", "tiny", seed, 4.0 + shock - 0.05 + 0.001 * seed,
-                                  1, label="toy_gate", run_block=True,
+                                  1, label="toy_gate",
                                   overrides=["model.residual.module=tests.toy_variant"]))
     s = load_summary(paths[1])
     assert (s.variant, run_label(s)) == ("toy_gated", "toy_gate")
@@ -455,15 +461,30 @@ def test_cost_table_reads_scoring_records_beside_older_ones(tmp_path):
                for n in t.notes)
 
 
-def test_identify_eval_with_relative_model_path(tmp_path):
-    """Like the workflow: eval dir results/eval/<hash>/<label>/<size>/seed<k>/<ehash>, model path relative."""
-    run = fx.write_run(tmp_path / "results", "mhar", "tiny", 1, 3.0, heads=8, heads_in_summary=False,
-                       label="mhar_h8").parent
-    rel = run.relative_to(tmp_path) / "model.pt"
-    ev = tmp_path / "results" / "eval" / "hash" / "mhar_h8" / "tiny" / "seed1" / "e1"
-    fx.write_eval(ev, str(rel), {"lambada_openai": np.ones(5)})
+def test_identify_eval_reads_the_run_block_and_refuses_earlier_results(tmp_path):
+    """results.json: the run block and display record eval.run copies from the model; never the path. One of an
+    earlier eval.run (no run block: it was traced through the model path) is refused naming the script; one of
+    a model that records no run (hf:<name>) says so."""
+    run = fx.write_run(tmp_path / "results", "mhar", "tiny", 1, 3.0, heads=8, label="mhar_h8").parent
+    summary = json.loads((run / "summary.json").read_text())
+    ev = tmp_path / "results" / "eval" / "somewhere"
+    fx.write_eval(ev, str(run / "model.pt"), {"lambada_openai": np.ones(5)}, run=summary["run"],
+                  display=summary["display"])
     info = identify_eval(ev)
-    assert (info["variant"], info["size"], info["seed"], info["heads"]) == ("mhar", "tiny", 1, 8)
+    assert (info["variant"], info["size"], info["seed"], info["heads"], info["label"]) == ("mhar", "tiny", 1, 8,
+                                                                                           "mhar_h8")
+    old = tmp_path / "old"
+    fx.write_eval(old, str(run / "model.pt"), {"lambada_openai": np.ones(5)})  # run: None, no display
+    for drop in ("run", "display"):
+        rec = json.loads((ev / "lambada_openai" / "results.json").read_text())
+        del rec[drop]
+        (old / "lambada_openai" / "results.json").write_text(json.dumps(rec))
+        with pytest.raises(AnalysisInputError, match="scripts/migrate_records.py") as e:
+            identify_eval(old)
+        assert str(old / "lambada_openai" / "results.json") in str(e.value)
+    hf = fx.write_eval(tmp_path / "hf", "hf:org/model", {"lambada_openai": np.ones(5)})
+    with pytest.raises(AnalysisInputError, match="records no training run"):
+        identify_eval(hf)
 
 
 # --- report -----------------------------------------------------------------------------------------------
@@ -544,10 +565,10 @@ def test_run_identity_comes_from_the_record_not_the_path(tmp_path):
             label = "mhar_h8" if variant == "mhar" else variant
             where = tmp_path / "moved" / f"x{seed}{variant}"  # a path that says nothing about the run
             paths.append(fx.write_run(tmp_path, variant, "100M", seed, tail + 0.01 * np.sin(seed), heads=heads,
-                                      label=label, run_block=True, root_dir=where))
+                                      label=label, root_dir=where))
             (where / "config.yaml").unlink()  # the run block alone identifies it
             s = json.loads((where / "summary.json").read_text())
-            s["variant"] = "renamed"  # flat keys are only a fallback
+            s["variant"] = "renamed"  # flat keys are not read
             (where / "summary.json").write_text(json.dumps(s))
     t = table1(paths)
     rows = {r["method"]: r for r in t.rows}
@@ -556,12 +577,11 @@ def test_run_identity_comes_from_the_record_not_the_path(tmp_path):
     assert rows["MHAR H=8"]["run_label"] == "mhar_h8" and ident["pairing"] in rows["MHAR H=8"]["pairing"].split(",")
 
 
-def _eval_of(tmp_path, variant, heads, seed, values, config_hash=fx.CONFIG_HASH, task="lambada_openai"):
+def _eval_of(tmp_path, variant, heads, seed, values, lr="1e-3", task="lambada_openai"):
     label = "mhar_h8" if variant == "mhar" else variant
-    run = {"label": label, "residual": {"variant": variant, "heads": heads or 1}, "size": "100M", "seed": seed,
-           "config_hash": config_hash}
-    return fx.write_eval(tmp_path / "evals" / f"e{variant}{seed}{config_hash}", "hf:somewhere/model",
-                         {task: np.asarray(values, float)}, run=run)
+    _, run, display = fx.run_records(variant, "100M", seed, heads, label, [f"train.lr={lr}"])
+    return fx.write_eval(tmp_path / "evals" / f"e{variant}{seed}{lr}", f"results/runs/{label}/model.pt",
+                         {task: np.asarray(values, float)}, run=run, display=display)
 
 
 def test_downstream_b4_c0_is_not_reproduced_by_the_bootstrap_ci(tmp_path):
@@ -596,11 +616,10 @@ def test_downstream_several_seeds_use_the_seed_as_unit(tmp_path):
 
 def test_downstream_mismatched_config_or_seeds_exit_2(tmp_path, capsys):
     v = np.r_[np.ones(20), np.zeros(20)]
-    dirs = [_eval_of(tmp_path, "baseline", None, 0, v, config_hash="aaa"), _eval_of(tmp_path, "mhar", 8, 0, v,
-                                                                                    config_hash="bbb")]
+    dirs = [_eval_of(tmp_path, "baseline", None, 0, v, lr="1e-4"), _eval_of(tmp_path, "mhar", 8, 0, v, lr="3e-3")]
     assert tables_main(["downstream", "--inputs", *map(str, dirs), "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and str(dirs[0]) in err[0] and str(dirs[1]) in err[0] and "config_hash" in err[0]
+    assert len(err) == 1 and str(dirs[0]) in err[0] and str(dirs[1]) in err[0] and "train.lr" in err[0]
     dirs2 = [_eval_of(tmp_path, "baseline", None, 0, v), _eval_of(tmp_path, "baseline", None, 1, v),
              _eval_of(tmp_path, "mhar", 8, 0, v)]
     assert tables_main(["downstream", "--inputs", *map(str, dirs2), "--out", str(tmp_path / "d")]) == 2

@@ -26,6 +26,7 @@ from analysis.tables.build import make_table, main as tables_main
 from analysis.tables.cpt import cpt_table
 from analysis.tables.downstream import downstream_table
 from analysis.tables.table1 import table1
+from mhar.model.residuals import display_record
 from mhar.runs.config import load_run_config, run_identity
 
 
@@ -143,7 +144,8 @@ def _eval(tmp_path, variant, seed, values, heads=None, overrides=(), task="lamba
     cfg = fx.run_config(variant, "100M", seed, heads, label, overrides)
     run = run_identity(cfg)
     d = tmp_path / "evals" / f"{label}-{seed}-{run['identity'][:6]}"
-    return fx.write_eval(d, "hf:somewhere/model", {task: np.asarray(values, float)}, run=run)
+    return fx.write_eval(d, f"/r/runs/{label}/model.pt", {task: np.asarray(values, float)}, run=run,
+                         display=display_record(variant))
 
 
 def test_downstream_refuses_other_data_seeds(tmp_path, capsys):
@@ -220,12 +222,12 @@ def _cpt_dirs(tmp_path, plain_over=(), mhar_over=(), n=400):
                                   ("mhar", "mhar_delta", [*delta, *mhar_over], 0.34)):
         cfg = load_run_config(None, common + [f"model.residual.variant={variant}", f"meta.name=cpt_{arm}",
                                               f"train.init_from=/r/cpt/init/{arm}/model.pt", *over])
-        arms[arm] = (run_identity(cfg), (u < p).astype(float))
+        arms[arm] = (run_identity(cfg), display_record(variant), (u < p).astype(float))
     dirs = [fx.write_eval(tmp_path / "cpt" / "base", "hf:/models/base", {"gsm8k": (u < 0.2).astype(float)},
                           metric="exact_match,strict-match")]
-    for arm, (run, v) in arms.items():
+    for arm, (run, display, v) in arms.items():
         dirs.append(fx.write_eval(tmp_path / "cpt" / arm, f"/r/cpt/runs/{arm}/model.pt", {"gsm8k": v},
-                                  metric="exact_match,strict-match", run=run))
+                                  metric="exact_match,strict-match", run=run, display=display))
     return dirs
 
 
@@ -263,24 +265,25 @@ def test_report_says_the_papers_cpt_evidence_is_single_run(tmp_path):
     assert cpt.index("Unit of evidence") < cpt.index("| task / metric")
 
 
-def test_older_records_still_pair(tmp_path, capsys):
-    """Summaries written before run.config (flat config_hash, config.yaml beside them) pair through config.yaml;
-    older eval records through their recorded config_hash and data seed."""
-    paths = _table1_runs(tmp_path)  # older summaries: no run block
-    assert all("run" not in json.loads(Path(p).read_text()) for p in paths)
-    assert next(r for r in table1(paths).rows if r["variant"] == "mhar")["n_pairs"] == 3
+def test_records_of_earlier_shapes_are_refused_naming_the_script(tmp_path, capsys):
+    """Summaries written before run.config (flat config_hash, config.yaml beside them) and eval records that
+    carry a config_hash instead of run.config no longer pair through a second rule: the tables refuse them with
+    one line naming the record and the script that converts them."""
+    paths = _table1_runs(tmp_path)
+    old_summary = json.loads(Path(paths[0]).read_text())
+    old_summary = {**{k: v for k, v in old_summary.items() if k not in ("run", "display")}, "config_hash": "aaa"}
+    Path(paths[0]).write_text(json.dumps(old_summary))
+    assert tables_main(["table1", "--inputs", *map(str, paths), "--out", str(tmp_path / "t")]) == 2
+    err = _error_line(capsys)
+    assert str(paths[0]) in err and "scripts/migrate_records.py" in err
     v = np.r_[np.ones(20), np.zeros(20)]
-    old = lambda label, variant, heads, h, ds: {"label": label, "residual": {"variant": variant, "heads": heads},  # noqa
-                                                "size": "100M", "seed": 0, "data_seed": ds, "config_hash": h}
-    a = fx.write_eval(tmp_path / "o" / "a", "x", {"lambada_openai": v}, run=old("baseline", "baseline", 1, "aaa", 0))
-    b = fx.write_eval(tmp_path / "o" / "b", "x", {"lambada_openai": v}, run=old("mhar_h8", "mhar", 8, "aaa", 0))
-    c = fx.write_eval(tmp_path / "o" / "c", "x", {"lambada_openai": v}, run=old("mhar_h8", "mhar", 8, "aaa", 7))
-    assert len(downstream_table([a, b], n_resamples=99).rows) == 1
-    assert tables_main(["downstream", "--inputs", str(a), str(c), "--out", str(tmp_path / "d")]) == 2
-    assert "data seed (7 vs 0)" in _error_line(capsys)  # the variant first, then the reference
-    new = _eval(tmp_path, "mhar", 0, v, heads=8)  # an older baseline record against a current one: unknown
+    old = {"label": "baseline", "residual": {"variant": "baseline", "heads": 1}, "size": "100M", "seed": 0,
+           "data_seed": 0, "config_hash": "aaa"}
+    a = fx.write_eval(tmp_path / "o" / "a", "x", {"lambada_openai": v}, run=old, display=display_record("baseline"))
+    new = _eval(tmp_path, "mhar", 0, v, heads=8)
     assert tables_main(["downstream", "--inputs", str(a), str(new), "--out", str(tmp_path / "d")]) == 2
-    assert "re-evaluate" in _error_line(capsys)
+    err = _error_line(capsys)
+    assert str(a / "lambada_openai" / "results.json") in err and "scripts/migrate_records.py" in err
 
 
 def test_released_arms_pair_by_their_declared_pairing(tmp_path, capsys):
@@ -292,8 +295,15 @@ def test_released_arms_pair_by_their_declared_pairing(tmp_path, capsys):
                                          "data_seed": None, "pairing": f"released-{group}",
                                          "identity": f"released:/hf/{label}", "released": f"/hf/{label}"}
     w = lambda name, variant, group: fx.write_eval(tmp_path / name, "x", {"lambada_openai": v},  # noqa
-                                                   run=arm(name, variant, group))
+                                                   run=arm(name, variant, group), display=display_record(variant))
     base, mh, other = w("rel_base", "baseline", "g"), w("rel_mhar", "mhar", "g"), w("rel_other", "mhar", "h")
     assert len(downstream_table([base, mh], n_resamples=99).rows) == 1
     assert tables_main(["downstream", "--inputs", str(base), str(other), "--out", str(tmp_path / "d")]) == 2
     assert "pairing ('released-h' vs 'released-g')" in _error_line(capsys)
+    # a run trained here never pairs with a released arm of its size and seed
+    rel = fx.write_eval(tmp_path / "rel_100m", "x", {"lambada_openai": v}, display=display_record("baseline"),
+                        run={**arm("rel_100m", "baseline", "g"), "size": "100M"})
+    trained = _eval(tmp_path, "mhar", 0, v, heads=4)
+    assert tables_main(["downstream", "--inputs", str(rel), str(trained), "--out", str(tmp_path / "d")]) == 2
+    err = _error_line(capsys)
+    assert "a released checkpoint" in err and str(rel) in err

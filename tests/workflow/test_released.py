@@ -183,7 +183,9 @@ def _arm_eval(tmp_path: Path, label: str, variant: str, values: dict, group: str
     run = {"label": label, "residual": {"variant": variant, "heads": 1}, "size": size, "seed": 0,
            "data_seed": None, "pairing": f"released-{group}", "identity": f"released:/hf/{label}",
            "released": f"/hf/{label}", "source": {"kind": "hub", "repo": f"org/{label}", "commit": "ab" * 20}}
-    return fx.write_eval(tmp_path / label, "x", values, run=run)
+    from mhar.model.residuals import display_record  # what eval.run records beside the run block
+
+    return fx.write_eval(tmp_path / label, "x", values, run=run, display=display_record(variant))
 
 
 ARMS = {"base": {"published": {"source": "oar-readme-0.6b", "scale": "0.6B", "method": "baseline"}},
