@@ -14,8 +14,9 @@ Older summaries (flat ``variant`` = run label, ``config_hash``, heads in ``confi
 without ``config``; or no ``display``) get both blocks from the run folder's ``config.yaml`` and the residual
 registry, keeping the label, pairing and identity they were read with. Older results.json (no ``run`` block, or one
 with a ``config_hash`` instead of ``config``) get the blocks of the run folder of the model they name (the folder
-holding ``summary.json`` beside, or above, the model file); without a ``display`` they get the registry's. Every
-other key of a record is kept as it was; nothing is retrained or re-evaluated.
+holding ``summary.json`` beside, or above, the model file); one with a current run block but no ``display`` gets
+that run's display record, else the registry's. Every other key of a record is kept as it was; nothing is
+retrained or re-evaluated.
 
 Everything is planned first: a record that cannot be converted (a config.yaml that does not load, a seed or size
 that disagrees with its config, a variant whose module does not import here) refuses the migration with one
@@ -148,7 +149,13 @@ def plan_migration(results: str | Path) -> Plan:
             if not res.get("variant"):
                 plan.left.append(f"{rp}: its run block names no residual variant")
                 continue
-            plan.writes[rp] = {**d, "display": _display(str(res["variant"]), res.get("module"), rp)}
+            run_dir = _model_run_dir(rp, d)
+            s = summaries.get(run_dir.resolve()) if run_dir is not None else None
+            if s is not None and s["run"].get("residual", {}).get("variant") == res["variant"]:
+                display = s["display"]  # its training run's (a user's variant need not import here)
+            else:
+                display = _display(str(res["variant"]), res.get("module"), rp)
+            plan.writes[rp] = {**d, "display": display}
             continue
         run_dir = _model_run_dir(rp, d)
         if run_dir is None:
