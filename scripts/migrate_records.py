@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from mhar.model.config import ConfigError  # noqa: E402
 from mhar.model.residuals import display_record, import_variant_module  # noqa: E402
-from mhar.runs.atomic import atomic_write_text, os_error_line, read_json  # noqa: E402
+from mhar.atomic import atomic_write_text, os_error_line, read_json  # noqa: E402
 from mhar.runs.config import recorded_run_config, run_identity  # noqa: E402
 from mhar.safe_yaml import read_yaml_file  # noqa: E402
 
