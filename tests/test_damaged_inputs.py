@@ -100,7 +100,7 @@ def test_yaml_python_tags_are_refused_and_never_run(tmp_path, capsys):
     tag = f'!!python/object/apply:os.system ["touch {marker}"]'
     # a command-line override
     _refused(capsys, ["config/train/debug.yaml", f"train.lr={tag}", "--out", str(tmp_path / "r")],
-             "override train.lr: YAML tag", "is refused", main=CLI.main)
+             "override 'train.lr': YAML tag", "is refused", main=CLI.main)
     # a config file
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"train:\n  lr: {tag}\n")

@@ -29,6 +29,7 @@ import fixtures_analysis as fx  # noqa: E402
 from test_workflow import REPO, bench_standins, configfiles, job_counts, load, snakemake  # noqa: E402
 
 from analysis.tables import released as rel  # noqa: E402
+from analysis.tables.registry import TABLES  # noqa: E402
 from analysis.tables.build import main as tables_main  # noqa: E402
 from analysis import verdict as vd  # noqa: E402
 from analysis.load.common import AnalysisInputError  # noqa: E402
@@ -166,7 +167,7 @@ def test_released_target_end_to_end_with_local_checkpoints(tmp_path):
     assert float(cmp[0]["published_delta"]) == pytest.approx(0.114 - 0.082)
     assert {r["published_commit"] for r in rows} == {"83d2b8de82c2fbb981c7decca67d13d9db348da6"}
     md = (out / "released.md").read_text()
-    assert rel.TITLE in md and "README.md @ 83d2b8de82c2fbb981c7decca67d13d9db348da6" in md and "main.tex @" in md
+    assert TABLES["released"].title in md and "README.md @ 83d2b8de82c2fbb981c7decca67d13d9db348da6" in md and "main.tex @" in md
     # each arm is pinned: a local folder by the hash of its config and weights; the block arm is the authors' layout
     prov = json.loads((tmp_path / "results/released/oar-0.6b-block/provenance.json").read_text())
     from mhar.hf.importer import content_sha256
