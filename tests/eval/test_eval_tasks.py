@@ -417,7 +417,7 @@ def test_local_tasks_load_without_lm_eval_warnings(caplog):
 def test_a_declared_primary_metric_the_task_does_not_produce_is_one_error_line(tmp_path, capsys):
     """`metadata: primary_metric: f1` on a task that computes acc was evaluated and tabulated on acc without a
     word: refused in one line naming the task, the metric and the metrics it produces, before anything runs."""
-    from eval.run import check_primary_metric
+    from eval.task_setup import check_primary_metric
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"context": f"the number {i} is", "answer": str(i)}) + "\n" for i in range(4)))
