@@ -399,3 +399,16 @@ def test_one_home_per_computation(name, home):
         calls = [c for c in calls if "torch.compile(" in (ROOT / c.split(":")[0]).read_text().splitlines()[
             int(c.split(":")[1]) - 1]]
     assert [c.split(":")[0] for c in calls] == home and len(calls) == 1, calls
+
+
+# --- module size ---------------------------------------------------------------------------------------------
+LONG_OK = {"mhar/model/routing/_kernels.py"}  # the Triton kernels: one file of @triton.jit functions
+
+
+def test_no_module_over_600_lines_but_the_triton_kernels():
+    """A module that grows past 600 lines holds more than one concept: split it (issue 55)."""
+    long = sorted(f"{p.relative_to(ROOT)} ({n})" for pkg in ("mhar", "eval", "analysis", "benchmarks", "scripts",
+                                                              "workflow")
+                  for p in (ROOT / pkg).rglob("*.py")
+                  if (n := len(p.read_text().splitlines())) > 600 and str(p.relative_to(ROOT)) not in LONG_OK)
+    assert long == []
