@@ -19,7 +19,9 @@ if str(REPO) not in sys.path:
 from mhar.model.config import ConfigError, config_hash  # noqa: E402
 from mhar.runs.config import run_config_from_dict  # noqa: E402
 from mhar.runs.layout import EVAL_LAYOUT, RUN_LAYOUT, data_key, run_key  # noqa: E402
-from analysis.tables.registry import TABLES  # noqa: E402  (stdlib only: every table's record)
+
+# stdlib only: every table's record
+from analysis.tables.registry import TABLES  # noqa: E402
 
 RESULTS = config["results_dir"].rstrip("/")
 REPORTS = config["reports_dir"].rstrip("/")
@@ -148,7 +150,7 @@ def _workflow_key(key, label, size):
     from variants.<label>, the rest from size_overrides.<size> where that block sets it, else the train block.
     """
     if key == "model.residual" or key.startswith("model.residual."):
-        return f"variants.{label}" + key[len("model.residual") :]
+        return f"variants.{label}{key[len('model.residual'):]}"
     node = config.get("size_overrides", {}).get(size) or {}
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None

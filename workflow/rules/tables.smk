@@ -12,11 +12,16 @@ TABLE_INPUTS = {  # a record's input kind -> the files of this config
     "released_evals": lambda: RELEASED_RESULTS,
     "bench": bench_csvs,
 }
-TABLE_OPTIONS = {  # table-specific options of a builder (analysis.tables.registry.Build.options)
-    "released": {
-        "arms": {label: {"published": arm["published"]} for label, arm in RELEASED.items()}
-    },
-}
+TABLE_OPTIONS = (
+    {  # table-specific options of a builder (analysis.tables.registry.Build.options)
+        "released": {
+            "arms": {
+                label: {"published": arm["published"]}
+                for label, arm in RELEASED.items()
+            }
+        },
+    }
+)
 BUILT_HERE = [name for name, spec in TABLES.items() if spec.inputs in TABLE_INPUTS]
 
 
@@ -29,6 +34,8 @@ rule table:
         f"{LOGS}/reports/{STUDY_HASH}/{{table}}.log",
     benchmark:
         f"{BENCHMARKS}/reports/{STUDY_HASH}/{{table}}.tsv"
+    wildcard_constraints:
+        table="|".join(BUILT_HERE),
     conda:
         "../envs/analysis.yaml"
     params:
@@ -37,7 +44,5 @@ rule table:
         resamples=config["stats"]["resamples"],
         published=config.get("published", {}),
         options=lambda w: TABLE_OPTIONS.get(w.table, {}),
-    wildcard_constraints:
-        table="|".join(BUILT_HERE),
     script:
         "../scripts/table.py"
